@@ -1,0 +1,92 @@
+//! Command-line interface: one subcommand per role of the `warmpath` binary.
+
+use std::{net::SocketAddrV4, path::PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+
+/// warmpath: KV-cache-aware inference routing for vLLM.
+#[derive(Debug, Parser)]
+#[command(name = "warmpath", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node agent.
+    Agent(AgentArgs),
+}
+
+/// Options of `warmpath agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Intercept connections to VIP:PORT and send them to TARGET:PORT instead, in the kernel
+    /// (cgroup/connect4). Repeatable. Example: `--redirect 127.77.0.1:8000=127.0.0.1:8100`.
+    #[arg(long = "redirect", value_name = "VIP:PORT=TARGET:PORT", value_parser = parse_redirect)]
+    pub redirects: Vec<Redirect>,
+
+    /// cgroup v2 directory whose processes are intercepted (default: the cgroup v2 root, i.e.
+    /// every process on the node).
+    #[arg(long, value_name = "DIR")]
+    pub cgroup: Option<PathBuf>,
+
+    /// Where bpffs is (mounted there if absent).
+    #[arg(long, value_name = "DIR", default_value = crate::ebpf::DEFAULT_BPFFS)]
+    pub bpffs: PathBuf,
+}
+
+/// One `--redirect` rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redirect {
+    pub vip: SocketAddrV4,
+    pub target: SocketAddrV4,
+}
+
+fn parse_redirect(s: &str) -> Result<Redirect, String> {
+    let (vip, target) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected VIP:PORT=TARGET:PORT"))?;
+    let parse = |what: &str, v: &str| {
+        v.trim().parse::<SocketAddrV4>().map_err(|e| {
+            format!("{what} `{v}`: {e} (expected an IPv4 address and port, e.g. 127.77.0.1:8000)")
+        })
+    };
+    Ok(Redirect {
+        vip: parse("VIP", vip)?,
+        target: parse("target", target)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_redirect_rules() {
+        let r = parse_redirect("127.77.0.1:8000=127.0.0.1:8100").unwrap();
+        assert_eq!(r.vip, "127.77.0.1:8000".parse().unwrap());
+        assert_eq!(r.target, "127.0.0.1:8100".parse().unwrap());
+        assert!(
+            parse_redirect("127.77.0.1:8000")
+                .unwrap_err()
+                .contains("VIP:PORT=TARGET:PORT")
+        );
+        assert!(
+            parse_redirect("x=127.0.0.1:1")
+                .unwrap_err()
+                .contains("VIP `x`")
+        );
+        assert!(
+            parse_redirect("127.0.0.1:1=[::1]:2")
+                .unwrap_err()
+                .contains("target")
+        );
+    }
+
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,45 @@
+//! Forwarding aya-log records from the eBPF programs into `tracing`.
+//!
+//! aya-log decodes records with the `log` crate; the tracing subscriber installed by
+//! `telemetry::init_tracing` bridges `log` into `tracing`, so BPF records appear with the
+//! agent's own logs (target = the program's module path).
+
+#![allow(unsafe_code)] // one audited call: registering the ring buffer's fd with tokio
+
+use aya::Ebpf;
+use aya_log::EbpfLogger;
+use tokio::io::unix::AsyncFd;
+
+use super::Error;
+
+/// Starts draining the programs' log ring buffer on the current tokio runtime.
+///
+/// Returns `Ok(None)` when the object has no log map (no program logs anything).
+pub fn spawn_forwarder(bpf: &mut Ebpf) -> Result<Option<tokio::task::JoinHandle<()>>, Error> {
+    let logger = match EbpfLogger::init(bpf) {
+        Ok(logger) => logger,
+        Err(aya_log::Error::MapNotFound) => return Ok(None),
+        Err(err) => return Err(Error::Log(err.to_string())),
+    };
+    // SAFETY: the EbpfLogger owns the ring buffer's map fd, which stays open and unchanged
+    // until the logger (owned by the AsyncFd) is dropped.
+    let registered =
+        unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) };
+    let mut logger = registered.map_err(|err| Error::Io {
+        what: "register BPF log ring buffer".into(),
+        source: std::io::Error::other(err.to_string()),
+    })?;
+    Ok(Some(tokio::spawn(async move {
+        loop {
+            let mut guard = match logger.readable_mut().await {
+                Ok(guard) => guard,
+                Err(err) => {
+                    tracing::warn!(%err, "BPF log forwarding stopped");
+                    return;
+                }
+            };
+            guard.get_inner_mut().flush();
+            guard.clear_ready();
+        }
+    })))
+}

@@ -1,0 +1,77 @@
+//! The kernel data path: loading warmpath's eBPF object, attaching it, and typed access to its
+//! maps.
+//!
+//! The object is embedded at build time (`build.rs`, feature `bpf`); a binary built without it
+//! reports [`Error::NotEmbedded`] instead of looking for files at run time.
+
+mod bpffs;
+mod cgroup;
+mod logs;
+mod redirector;
+
+pub use bpffs::{DEFAULT_BPFFS, ensure_bpffs, is_bpffs};
+pub use cgroup::{ChildCgroup, cgroup2_root, find_cgroup2_mount};
+pub use redirector::{Counters, Redirector};
+
+/// The compiled eBPF object, when this binary was built with the `bpf` feature.
+#[cfg(feature = "bpf")]
+pub const OBJECT: Option<&[u8]> = Some(aya::include_bytes_aligned!(concat!(
+    env!("OUT_DIR"),
+    "/warmpath-ebpf"
+)));
+/// The compiled eBPF object, when this binary was built with the `bpf` feature.
+#[cfg(not(feature = "bpf"))]
+pub const OBJECT: Option<&[u8]> = None;
+
+/// Everything that can go wrong on the kernel data path.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("this warmpath binary was built without its eBPF object (feature `bpf` off)")]
+    NotEmbedded,
+    #[error("no cgroup v2 hierarchy is mounted (none listed in /proc/self/mounts)")]
+    NoCgroup2,
+    #[error("loading the eBPF object failed: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("eBPF program `{name}`: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("eBPF map `{name}`: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("eBPF object lacks `{0}`; agent and object are out of sync")]
+    Missing(&'static str),
+    #[error("BPF log forwarding: {0}")]
+    Log(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why the kernel data path cannot run here, or `None` if it can.
+///
+/// Checked before loading so that callers (the agent, the BPF tests) can say exactly what is
+/// missing instead of surfacing a raw `EPERM` from the verifier.
+pub fn unavailable_reason() -> Option<String> {
+    if OBJECT.is_none() {
+        return Some(Error::NotEmbedded.to_string());
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Some(format!(
+            "loading eBPF programs needs root (CAP_BPF + CAP_NET_ADMIN); running as uid {}",
+            nix::unistd::geteuid()
+        ));
+    }
+    if let Err(err) = cgroup2_root() {
+        return Some(err.to_string());
+    }
+    None
+}

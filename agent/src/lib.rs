@@ -1,0 +1,9 @@
+//! warmpath: a node-local, KV-cache-aware inference router for vLLM.
+//!
+//! The binary (`src/main.rs`) is a thin CLI over this library; the end-to-end suites in
+//! `tests/` drive the same modules.
+
+pub mod agent;
+pub mod cli;
+pub mod ebpf;
+pub mod telemetry;

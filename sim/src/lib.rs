@@ -1,0 +1,1 @@
+//! vLLM-compatible engine simulator (see docs/sim.md).

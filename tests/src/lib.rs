@@ -1,0 +1,5 @@
+//! Shared harness for warmpath's end-to-end suites: privilege gates, child processes that
+//! clean up after themselves, and waiting on conditions instead of sleeping.
+
+pub mod gate;
+pub mod process;

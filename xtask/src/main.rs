@@ -1,0 +1,74 @@
+//! `cargo xtask`: the project's build, test and demo entry points.
+//!
+//! Every command checks (and where it can, installs) its own prerequisites, so the two README
+//! commands work on a fresh machine.
+
+mod ebpf;
+mod setup;
+mod shell;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "warmpath build, test and demo tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install prerequisites only (LLVM 22, rust-src for nightly, bpf-linker, Python test clients).
+    Setup,
+    /// Build the eBPF programs (release, BTF) into target/bpfel-unknown-none/release/.
+    BuildEbpf,
+    /// Build the workspace with the eBPF object embedded.
+    Build {
+        /// Optimised build.
+        #[arg(long)]
+        release: bool,
+    },
+    /// The README test command: fmt check, clippy, unit, integration and BPF tests.
+    Test,
+    /// Run the demo.
+    Demo,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Task::Setup => setup::all(),
+        Task::BuildEbpf => ebpf::build().map(|path| println!("{}", path.display())),
+        Task::Build { release } => build(release),
+        Task::Test => test(),
+        Task::Demo => demo(),
+    }
+}
+
+fn build(release: bool) -> Result<()> {
+    let object = ebpf::build()?;
+    let mut cmd = shell::cargo(["build", "--workspace", "--exclude", "warmpath-ebpf"]);
+    if release {
+        cmd.arg("--release");
+    }
+    shell::run(cmd.env(ebpf::OBJECT_ENV, &object))
+}
+
+fn test() -> Result<()> {
+    setup::all()?;
+    let object = ebpf::build()?;
+    shell::run(&mut shell::cargo(["fmt", "--all", "--", "--check"]))?;
+    shell::run(
+        shell::cargo(["clippy", "--all-targets", "--", "-D", "warnings"])
+            .env(ebpf::OBJECT_ENV, &object),
+    )?;
+    shell::run(shell::cargo(["test"]).env(ebpf::OBJECT_ENV, &object))
+}
+
+fn demo() -> Result<()> {
+    // TODO(#6): the sim fleet + agent + policy comparison demo replaces this.
+    anyhow::bail!(
+        "the demo (simulator fleet + agent + routing comparison) lands with issue #6; \
+         until then `cargo xtask test` exercises what exists"
+    )
+}

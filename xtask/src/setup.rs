@@ -1,0 +1,108 @@
+//! Prerequisites: found, or installed, or one clear message saying what to install.
+
+use std::path::Path;
+
+use anyhow::{Result, bail};
+
+use crate::shell;
+
+/// LLVM that bpf-linker must link against: the same major version as nightly rustc's LLVM.
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+const LLVM_PACKAGES: [&str; 2] = ["llvm-22-dev", "libclang-22-dev"];
+/// Python packages the end-to-end suites use as real third-party clients.
+const PYTHON_REQUIREMENTS: &str = "tests/python/requirements.txt";
+
+/// Everything the test and demo commands need.
+pub fn all() -> Result<()> {
+    bpf_toolchain()?;
+    python_clients()
+}
+
+/// nightly + rust-src + bpf-linker (built against LLVM 22).
+pub fn bpf_toolchain() -> Result<()> {
+    if !shell::on_path("rustup") {
+        bail!("rustup is required (the eBPF programs build with the nightly toolchain)");
+    }
+    let nightly = std::process::Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--version"])
+        .output();
+    if !nightly.is_ok_and(|o| o.status.success()) {
+        bail!("the nightly toolchain is missing: run `rustup toolchain install nightly`");
+    }
+    let components = std::process::Command::new("rustup")
+        .args(["component", "list", "--toolchain", "nightly", "--installed"])
+        .output()?;
+    if !String::from_utf8_lossy(&components.stdout)
+        .lines()
+        .any(|l| l.starts_with("rust-src"))
+    {
+        shell::run(std::process::Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+    if !shell::on_path("bpf-linker") {
+        llvm()?;
+        shell::run(
+            shell::cargo([
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ])
+            .env("LLVM_PREFIX", LLVM_PREFIX),
+        )?;
+    }
+    Ok(())
+}
+
+/// LLVM 22 development files, from apt when we are root on Debian.
+fn llvm() -> Result<()> {
+    if Path::new(LLVM_PREFIX).join("bin/llvm-config").is_file() {
+        return Ok(());
+    }
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    if root && shell::on_path("apt-get") {
+        shell::run(std::process::Command::new("apt-get").args(["update", "-qq"]))?;
+        shell::run(
+            std::process::Command::new("apt-get")
+                .args(["install", "-y", "-qq"])
+                .args(LLVM_PACKAGES)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+        return Ok(());
+    }
+    bail!(
+        "bpf-linker needs LLVM 22 development files at {LLVM_PREFIX}: install them with \
+         `sudo apt-get install {}` (Debian bookworm-security or newer), then rerun",
+        LLVM_PACKAGES.join(" ")
+    )
+}
+
+/// The Python clients (openai, msgspec, pyzmq) the suites drive the system with.
+fn python_clients() -> Result<()> {
+    let requirements = shell::workspace_root().join(PYTHON_REQUIREMENTS);
+    if !requirements.is_file() {
+        return Ok(());
+    }
+    shell::run(
+        std::process::Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+            ])
+            .arg(requirements),
+    )
+}
