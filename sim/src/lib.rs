@@ -1,1 +1,4 @@
 //! vLLM-compatible engine simulator (see docs/sim.md).
+
+pub mod text;
+pub mod tokenizer;

@@ -33,6 +33,8 @@ enum Task {
     Test,
     /// Run the demo.
     Demo,
+    /// Retrain the built-in tokenizer into sim/assets/default-tokenizer/ (deterministic).
+    GenTokenizer,
 }
 
 fn main() -> Result<()> {
@@ -42,6 +44,16 @@ fn main() -> Result<()> {
         Task::Build { release } => build(release),
         Task::Test => test(),
         Task::Demo => demo(),
+        Task::GenTokenizer => shell::run(&mut shell::cargo([
+            "run",
+            "--release",
+            "--package",
+            "warmpath-sim",
+            "--bin",
+            "warmpath-train-tokenizer",
+            "--",
+            "sim/assets/default-tokenizer",
+        ])),
     }
 }
 

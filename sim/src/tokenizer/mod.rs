@@ -1,0 +1,170 @@
+//! Tokenisation shared by the simulator and the router: HuggingFace `tokenizer.json` (+ the
+//! chat template and added tokens from `tokenizer_config.json`), or the built-in default.
+//!
+//! The default is a byte-level BPE tokenizer trained by this project (see `train.rs`) and
+//! embedded in the binary, so simulator and router agree out of the box with no download.
+
+mod chat;
+pub mod train;
+
+use std::{collections::HashSet, path::Path, str::FromStr};
+
+pub use chat::ChatMessage;
+
+/// End of text / EOS of the built-in tokenizer.
+pub const EOS: &str = "<|endoftext|>";
+/// Beginning of text / BOS of the built-in tokenizer.
+pub const BOS: &str = "<|begin_of_text|>";
+/// ChatML turn start.
+pub const IM_START: &str = "<|im_start|>";
+/// ChatML turn end.
+pub const IM_END: &str = "<|im_end|>";
+
+const DEFAULT_TOKENIZER_JSON: &str = include_str!("../../assets/default-tokenizer/tokenizer.json");
+const DEFAULT_TOKENIZER_CONFIG: &str =
+    include_str!("../../assets/default-tokenizer/tokenizer_config.json");
+
+/// Tokenizer errors, with the file or step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {message}")]
+    Load { path: String, message: String },
+    #[error("tokenization failed: {0}")]
+    Encode(String),
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("this tokenizer has no chat template")]
+    NoChatTemplate,
+}
+
+/// A loaded tokenizer plus what vLLM takes from `tokenizer_config.json`.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat: Option<chat::ChatTemplate>,
+    eos_id: Option<u32>,
+    /// Ids whose text is a plain word with a leading space: what the simulator "generates".
+    word_ids: Vec<u32>,
+}
+
+impl Tokenizer {
+    /// The embedded default tokenizer.
+    pub fn builtin() -> Self {
+        Self::from_parts(
+            DEFAULT_TOKENIZER_JSON,
+            Some(DEFAULT_TOKENIZER_CONFIG),
+            "<builtin>",
+        )
+        .expect("the embedded tokenizer is valid (checked by unit tests)")
+    }
+
+    /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self, Error> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            std::fs::read_to_string(&path).map_err(|e| Error::Load {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            })
+        };
+        let json = read("tokenizer.json")?;
+        let config = dir
+            .join("tokenizer_config.json")
+            .is_file()
+            .then(|| read("tokenizer_config.json"))
+            .transpose()?;
+        Self::from_parts(&json, config.as_deref(), &dir.display().to_string())
+    }
+
+    fn from_parts(json: &str, config: Option<&str>, origin: &str) -> Result<Self, Error> {
+        let load_err = |message: String| Error::Load {
+            path: origin.to_string(),
+            message,
+        };
+        let config: serde_json::Value = match config {
+            Some(c) => serde_json::from_str(c)
+                .map_err(|e| load_err(format!("tokenizer_config.json: {e}")))?,
+            None => serde_json::Value::Null,
+        };
+        let mut inner =
+            tokenizers::Tokenizer::from_str(json).map_err(|e| load_err(e.to_string()))?;
+        chat::merge_added_tokens(&mut inner, &config);
+        let chat = chat::ChatTemplate::from_config(&config).map_err(|e| load_err(e.to_string()))?;
+        let eos_id = chat
+            .as_ref()
+            .and_then(|c| c.eos_token())
+            .and_then(|t| inner.token_to_id(t));
+        let word_ids = word_ids(&inner);
+        Ok(Self {
+            inner,
+            chat,
+            eos_id,
+            word_ids,
+        })
+    }
+
+    /// Token ids of `text`; `add_special_tokens` as vLLM uses it (true for completions, false
+    /// for rendered chat prompts, whose template adds BOS itself).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, Error> {
+        self.inner
+            .encode_fast(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| Error::Encode(e.to_string()))
+    }
+
+    /// Text of `ids`.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, Error> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| Error::Encode(e.to_string()))
+    }
+
+    /// Renders a chat conversation to the prompt text the engine tokenizes.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, Error> {
+        self.chat
+            .as_ref()
+            .ok_or(Error::NoChatTemplate)?
+            .render(messages, add_generation_prompt)
+    }
+
+    /// The EOS token id, if the tokenizer declares one.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos_id
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Ids that decode to a single plain word with a leading space (never empty).
+    pub fn word_ids(&self) -> &[u32] {
+        &self.word_ids
+    }
+}
+
+fn word_ids(inner: &tokenizers::Tokenizer) -> Vec<u32> {
+    let specials: HashSet<u32> = inner.get_added_tokens_decoder().keys().copied().collect();
+    let mut ids: Vec<u32> = (0..inner.get_vocab_size(true) as u32)
+        .filter(|id| !specials.contains(id))
+        .filter(|id| {
+            inner.decode(&[*id], true).is_ok_and(|t| {
+                t.len() > 2 && t.starts_with(' ') && t[1..].chars().all(|c| c.is_ascii_lowercase())
+            })
+        })
+        .collect();
+    if ids.is_empty() {
+        // Unusual vocabularies: fall back to anything that is not special.
+        ids = (0..inner.get_vocab_size(true) as u32)
+            .filter(|id| !specials.contains(id))
+            .collect();
+    }
+    ids
+}
+
+#[cfg(test)]
+mod tests;
