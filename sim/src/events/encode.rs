@@ -1,0 +1,251 @@
+//! msgpack encoding of KV event batches in both of vLLM's wire eras.
+//!
+//! - Array era (v0.9 .. v0.23): each event is an array whose first element is the tag, with
+//!   every declared field present (trailing nils included).
+//! - Map era (v0.26+): each event is a map with a "type" key; fields whose default is None are
+//!   omitted when None, fields without a default are always present.
+//!
+//! The batch envelope is `[ts, [events...], data_parallel_rank]` in both eras.
+
+use rmp::encode as mp;
+
+use crate::engine::kv_cache::{BlockHash, KvEvent};
+
+/// Which wire era to produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WireFormat {
+    /// Events as tagged arrays (vLLM up to ~v0.23).
+    Array,
+    /// Events as maps with a "type" key (vLLM ~v0.26+).
+    #[default]
+    Map,
+}
+
+/// How block hashes are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HashEncoding {
+    /// Low 64 bits of the digest as an unsigned int (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1).
+    #[default]
+    Int,
+    /// The raw 32-byte digest as msgpack bin.
+    Bytes,
+}
+
+/// Encoding settings for one engine's publisher.
+#[derive(Debug, Clone, Default)]
+pub struct Encoder {
+    pub format: WireFormat,
+    pub hashes: HashEncoding,
+    pub dp_rank: Option<u32>,
+    /// LoRA adapters in the order their ids are assigned (id = position + 1).
+    pub loras: Vec<String>,
+}
+
+/// The int form of a block hash: the digest's low 64 bits, big-endian.
+pub fn hash_to_u64(h: &BlockHash) -> u64 {
+    u64::from_be_bytes(
+        h[24..32]
+            .try_into()
+            .expect("a 32-byte digest has bytes 24..32"),
+    )
+}
+
+type Buf = Vec<u8>;
+
+fn w<E: std::fmt::Debug>(r: Result<(), E>) {
+    r.expect("writing msgpack to a Vec cannot fail");
+}
+
+fn str(buf: &mut Buf, s: &str) {
+    w(mp::write_str(buf, s));
+}
+
+fn nil(buf: &mut Buf) {
+    w(mp::write_nil(buf).map(|_| ()));
+}
+
+fn opt_str(buf: &mut Buf, s: Option<&str>) {
+    match s {
+        Some(s) => str(buf, s),
+        None => nil(buf),
+    }
+}
+
+fn uint(buf: &mut Buf, v: u64) {
+    w(mp::write_uint(buf, v).map(|_| ()));
+}
+
+fn array_len(buf: &mut Buf, n: usize) {
+    w(mp::write_array_len(buf, n as u32).map(|_| ()));
+}
+
+impl Encoder {
+    /// One batch's msgpack payload.
+    pub fn batch(&self, ts: f64, events: &[KvEvent]) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(64 + events.len() * 128);
+        array_len(&mut buf, 3);
+        w(mp::write_f64(&mut buf, ts));
+        array_len(&mut buf, events.len());
+        for e in events {
+            match self.format {
+                WireFormat::Array => self.event_array(&mut buf, e),
+                WireFormat::Map => self.event_map(&mut buf, e),
+            }
+        }
+        match self.dp_rank {
+            Some(r) => uint(&mut buf, u64::from(r)),
+            None => nil(&mut buf),
+        }
+        buf
+    }
+
+    fn hash(&self, buf: &mut Buf, h: &BlockHash) {
+        match self.hashes {
+            HashEncoding::Int => uint(buf, hash_to_u64(h)),
+            HashEncoding::Bytes => w(mp::write_bin(buf, h)),
+        }
+    }
+
+    fn hashes(&self, buf: &mut Buf, hs: &[BlockHash]) {
+        array_len(buf, hs.len());
+        for h in hs {
+            self.hash(buf, h);
+        }
+    }
+
+    fn lora_id(&self, name: Option<&str>) -> Option<u64> {
+        let name = name?;
+        self.loras
+            .iter()
+            .position(|l| l == name)
+            .map(|p| p as u64 + 1)
+    }
+
+    fn event_array(&self, buf: &mut Buf, e: &KvEvent) {
+        match e {
+            KvEvent::Stored {
+                hashes,
+                parent,
+                token_ids,
+                block_size,
+                lora_name,
+                extra_keys,
+            } => {
+                array_len(buf, 12);
+                str(buf, "BlockStored");
+                self.hashes(buf, hashes);
+                self.opt_hash(buf, parent.as_ref());
+                tokens(buf, token_ids);
+                uint(buf, *block_size as u64);
+                self.opt_uint(buf, self.lora_id(lora_name.as_deref()));
+                str(buf, "GPU");
+                opt_str(buf, lora_name.as_deref());
+                extra(buf, extra_keys);
+                uint(buf, 0);
+                str(buf, "full_attention");
+                nil(buf);
+            }
+            KvEvent::Removed { hashes } => {
+                array_len(buf, 4);
+                str(buf, "BlockRemoved");
+                self.hashes(buf, hashes);
+                str(buf, "GPU");
+                uint(buf, 0);
+            }
+            KvEvent::AllCleared => {
+                array_len(buf, 1);
+                str(buf, "AllBlocksCleared");
+            }
+        }
+    }
+
+    fn event_map(&self, buf: &mut Buf, e: &KvEvent) {
+        match e {
+            KvEvent::Stored {
+                hashes,
+                parent,
+                token_ids,
+                block_size,
+                lora_name,
+                extra_keys,
+            } => {
+                w(mp::write_map_len(buf, 10).map(|_| ()));
+                str(buf, "type");
+                str(buf, "BlockStored");
+                str(buf, "block_hashes");
+                self.hashes(buf, hashes);
+                str(buf, "parent_block_hash");
+                self.opt_hash(buf, parent.as_ref());
+                str(buf, "token_ids");
+                tokens(buf, token_ids);
+                str(buf, "block_size");
+                uint(buf, *block_size as u64);
+                str(buf, "lora_id");
+                self.opt_uint(buf, self.lora_id(lora_name.as_deref()));
+                str(buf, "medium");
+                str(buf, "GPU");
+                str(buf, "lora_name");
+                opt_str(buf, lora_name.as_deref());
+                str(buf, "extra_keys");
+                extra(buf, extra_keys);
+                str(buf, "group_idx");
+                uint(buf, 0);
+                // kv_cache_spec_kind has a None default but is set for full attention.
+                str(buf, "kv_cache_spec_kind");
+                str(buf, "full_attention");
+            }
+            KvEvent::Removed { hashes } => {
+                w(mp::write_map_len(buf, 4).map(|_| ()));
+                str(buf, "type");
+                str(buf, "BlockRemoved");
+                str(buf, "block_hashes");
+                self.hashes(buf, hashes);
+                str(buf, "medium");
+                str(buf, "GPU");
+                str(buf, "group_idx");
+                uint(buf, 0);
+            }
+            KvEvent::AllCleared => {
+                w(mp::write_map_len(buf, 1).map(|_| ()));
+                str(buf, "type");
+                str(buf, "AllBlocksCleared");
+            }
+        }
+    }
+
+    fn opt_hash(&self, buf: &mut Buf, h: Option<&BlockHash>) {
+        match h {
+            Some(h) => self.hash(buf, h),
+            None => nil(buf),
+        }
+    }
+
+    fn opt_uint(&self, buf: &mut Buf, v: Option<u64>) {
+        match v {
+            Some(v) => uint(buf, v),
+            None => nil(buf),
+        }
+    }
+}
+
+fn tokens(buf: &mut Buf, ids: &[u32]) {
+    array_len(buf, ids.len());
+    for t in ids {
+        uint(buf, u64::from(*t));
+    }
+}
+
+fn extra(buf: &mut Buf, keys: &[Option<Vec<String>>]) {
+    array_len(buf, keys.len());
+    for k in keys {
+        match k {
+            Some(items) => {
+                array_len(buf, items.len());
+                for s in items {
+                    str(buf, s);
+                }
+            }
+            None => nil(buf),
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Starting engines: one or many in this process, each with its own HTTP server, KV cache,
+//! scheduler, metrics and event publisher.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use tokio::{net::TcpListener, sync::mpsc, task::JoinHandle};
+
+use crate::{
+    api::{Faults, ServedModel, router},
+    engine::{EVENT_QUEUE, EngineConfig, EngineHandle, Vocabulary},
+    events::{Encoder, Publisher, ReplayLayout, Started},
+    tokenizer::Tokenizer,
+};
+
+/// Where one engine publishes KV events.
+#[derive(Debug, Clone)]
+pub struct EventsSpec {
+    pub endpoint: String,
+    /// None: vLLM's bind/connect rule.
+    pub bind: Option<bool>,
+    pub replay_endpoint: Option<String>,
+    pub topic: String,
+    pub buffer_steps: usize,
+    pub replay_layout: ReplayLayout,
+    pub encoder: Encoder,
+    pub drop_every: Option<u64>,
+}
+
+/// Everything needed to start one engine.
+#[derive(Debug, Clone)]
+pub struct EngineSpec {
+    pub model: String,
+    pub loras: Vec<String>,
+    pub max_model_len: usize,
+    pub engine: EngineConfig,
+    pub faults: Faults,
+    pub listen: SocketAddr,
+    pub events: Option<EventsSpec>,
+}
+
+/// A started engine and where to reach it.
+#[derive(Debug)]
+pub struct RunningEngine {
+    pub http: SocketAddr,
+    pub served: Arc<ServedModel>,
+    pub server: JoinHandle<()>,
+    pub publisher: Option<Started>,
+}
+
+/// Start-up failures, naming the address involved.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Events(#[from] crate::events::PublisherError),
+}
+
+/// Starts one engine on the current runtime.
+pub async fn start_engine(
+    spec: EngineSpec,
+    tokenizer: Arc<Tokenizer>,
+) -> Result<RunningEngine, StartError> {
+    let listener = TcpListener::bind(spec.listen)
+        .await
+        .map_err(|source| StartError::Listen {
+            addr: spec.listen,
+            source,
+        })?;
+    let http = listener.local_addr().map_err(|source| StartError::Listen {
+        addr: spec.listen,
+        source,
+    })?;
+    let (events_tx, publisher) = match spec.events {
+        Some(ev) => {
+            let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+            let publisher = Publisher {
+                endpoint: ev.endpoint,
+                bind: ev.bind,
+                replay_endpoint: ev.replay_endpoint,
+                topic: ev.topic,
+                buffer_steps: ev.buffer_steps,
+                replay_layout: ev.replay_layout,
+                encoder: ev.encoder,
+                drop_every: ev.drop_every,
+            };
+            (Some(tx), Some(publisher.start(rx).await?))
+        }
+        None => (None, None),
+    };
+    let vocabulary = Vocabulary {
+        generation_ids: tokenizer.word_ids().into(),
+        eos: tokenizer.eos_id(),
+    };
+    let seed = spec.engine.seed;
+    let engine = EngineHandle::spawn(spec.engine, vocabulary, events_tx);
+    let served = Arc::new(ServedModel::new(
+        spec.model,
+        spec.loras,
+        spec.max_model_len,
+        tokenizer,
+        engine,
+        spec.faults,
+        seed,
+    ));
+    let app = router(served.clone());
+    let server = tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            tracing::error!(%err, "simulator HTTP server stopped");
+        }
+    });
+    Ok(RunningEngine {
+        http,
+        served,
+        server,
+        publisher,
+    })
+}
