@@ -17,7 +17,7 @@ pub enum Command {
     /// Run the node agent.
     Agent(AgentArgs),
     /// Run vLLM-compatible engine simulators (one or a fleet) in this process.
-    Sim(warmpath_sim::cli::SimArgs),
+    Sim(Box<warmpath_sim::cli::SimArgs>),
 }
 
 /// Options of `warmpath agent`.

@@ -9,7 +9,7 @@ async fn main() -> anyhow::Result<()> {
     warmpath::telemetry::init_tracing();
     match cli.command {
         Command::Agent(args) => warmpath::agent::run(args).await?,
-        Command::Sim(args) => run_sim(args).await?,
+        Command::Sim(args) => run_sim(*args).await?,
     }
     Ok(())
 }

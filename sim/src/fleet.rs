@@ -108,6 +108,12 @@ pub async fn start_engine(
         seed,
     ));
     let app = router(served.clone());
+    // Small SSE chunks must not wait for delayed ACKs (Nagle).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(%err, "TCP_NODELAY");
+        }
+    });
     let server = tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             tracing::error!(%err, "simulator HTTP server stopped");

@@ -1,5 +1,6 @@
 //! Shared harness for warmpath's end-to-end suites: privilege gates, child processes that
-//! clean up after themselves, and waiting on conditions instead of sleeping.
+//! clean up after themselves, simulator fleets, and waiting on conditions instead of sleeping.
 
 pub mod gate;
 pub mod process;
+pub mod sim;

@@ -4,6 +4,7 @@
 //! itself), the program is attached to it, and a real client process (python3) inside it
 //! connects to the VIP 127.77.0.1:8000. Nothing listens on the VIP, so only a working
 //! rewrite can reach the listener; a process outside the cgroup gets "connection refused".
+#![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
 
 use std::{
     io::ErrorKind,

@@ -74,7 +74,31 @@ fn test() -> Result<()> {
         shell::cargo(["clippy", "--all-targets", "--", "-D", "warnings"])
             .env(ebpf::OBJECT_ENV, &object),
     )?;
-    shell::run(shell::cargo(["test"]).env(ebpf::OBJECT_ENV, &object))
+    shell::run(shell::cargo(["test"]).env(ebpf::OBJECT_ENV, &object))?;
+    python_suites(&object)
+}
+
+/// The suites that drive warmpath with real third-party Python clients (openai, msgspec,
+/// pyzmq) against the `warmpath` binary.
+fn python_suites(object: &std::path::Path) -> Result<()> {
+    shell::run(
+        shell::cargo(["build", "--package", "warmpath", "--bin", "warmpath"])
+            .env(ebpf::OBJECT_ENV, object),
+    )?;
+    let bin = shell::target_dir().join("debug").join("warmpath");
+    shell::run(
+        std::process::Command::new("python3")
+            .args([
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "tests/python",
+            ])
+            .env("WARMPATH_BIN", bin)
+            .current_dir(shell::workspace_root()),
+    )
 }
 
 fn demo() -> Result<()> {

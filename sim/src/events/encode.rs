@@ -169,7 +169,7 @@ impl Encoder {
                 lora_name,
                 extra_keys,
             } => {
-                w(mp::write_map_len(buf, 10).map(|_| ()));
+                w(mp::write_map_len(buf, 11).map(|_| ()));
                 str(buf, "type");
                 str(buf, "BlockStored");
                 str(buf, "block_hashes");
@@ -247,5 +247,113 @@ fn extra(buf: &mut Buf, keys: &[Option<Vec<String>>]) {
             }
             None => nil(buf),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmpv::Value;
+
+    use super::*;
+
+    fn stored() -> KvEvent {
+        KvEvent::Stored {
+            hashes: vec![[1; 32], [2; 32]],
+            parent: Some([9; 32]),
+            token_ids: (0..32).collect(),
+            block_size: 16,
+            lora_name: Some("sql".into()),
+            extra_keys: vec![
+                Some(vec!["sql".into(), "salt".into()]),
+                Some(vec!["sql".into()]),
+            ],
+        }
+    }
+
+    fn decode(buf: &[u8]) -> Value {
+        let mut cursor = buf;
+        let v = rmpv::decode::read_value(&mut cursor).expect("valid msgpack");
+        assert!(cursor.is_empty(), "no trailing bytes");
+        v
+    }
+
+    #[test]
+    fn map_era_event_is_a_complete_map() {
+        let enc = Encoder {
+            loras: vec!["sql".into()],
+            ..Default::default()
+        };
+        let batch = decode(&enc.batch(
+            1.5,
+            &[
+                stored(),
+                KvEvent::Removed {
+                    hashes: vec![[1; 32]],
+                },
+                KvEvent::AllCleared,
+            ],
+        ));
+        let Value::Array(items) = batch else { panic!() };
+        assert_eq!(items[0], Value::F64(1.5));
+        assert_eq!(items[2], Value::Nil);
+        let Value::Array(events) = &items[1] else {
+            panic!()
+        };
+        let Value::Map(first) = &events[0] else {
+            panic!()
+        };
+        let get = |k: &str| {
+            first
+                .iter()
+                .find(|(key, _)| key.as_str() == Some(k))
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(first.len(), 11);
+        assert_eq!(get("type"), Some(Value::from("BlockStored")));
+        assert_eq!(get("lora_id"), Some(Value::from(1u64)));
+        assert_eq!(
+            get("parent_block_hash"),
+            Some(Value::from(hash_to_u64(&[9; 32])))
+        );
+        assert_eq!(get("kv_cache_spec_sliding_window"), None);
+        let Value::Map(removed) = &events[1] else {
+            panic!()
+        };
+        assert_eq!(removed.len(), 4);
+    }
+
+    #[test]
+    fn array_era_event_carries_every_field_and_bytes_hashes() {
+        let enc = Encoder {
+            format: WireFormat::Array,
+            hashes: HashEncoding::Bytes,
+            dp_rank: Some(3),
+            loras: vec![],
+        };
+        let Value::Array(items) = decode(&enc.batch(2.0, &[stored()])) else {
+            panic!()
+        };
+        assert_eq!(items[2], Value::from(3u64));
+        let Value::Array(events) = &items[1] else {
+            panic!()
+        };
+        let Value::Array(fields) = &events[0] else {
+            panic!()
+        };
+        assert_eq!(fields.len(), 12);
+        assert_eq!(fields[0], Value::from("BlockStored"));
+        assert_eq!(
+            fields[1],
+            Value::Array(vec![Value::Binary(vec![1; 32]), Value::Binary(vec![2; 32])])
+        );
+        assert_eq!(fields[5], Value::Nil, "unknown LoRA has no id");
+        assert_eq!(fields[11], Value::Nil);
+    }
+
+    #[test]
+    fn int_hash_is_the_low_64_bits_big_endian() {
+        let mut h = [0u8; 32];
+        h[24..].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
+        assert_eq!(hash_to_u64(&h), 0x0102_0304_0506_0708);
     }
 }

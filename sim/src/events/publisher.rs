@@ -106,7 +106,9 @@ impl Publisher {
                         buf.pop_front();
                     }
                 }
-                let dropped = self.drop_every.is_some_and(|n| n > 0 && (seq + 1) % n == 0);
+                let dropped = self
+                    .drop_every
+                    .is_some_and(|n| n > 0 && (seq + 1).is_multiple_of(n));
                 if !dropped {
                     let frames = vec![
                         Bytes::from(self.topic.clone().into_bytes()),

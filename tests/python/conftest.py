@@ -1,0 +1,56 @@
+"""Fixtures: real `warmpath sim` processes on loopback, stopped after each test."""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+BIN = os.environ.get("WARMPATH_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "target", "debug", "warmpath"))
+
+
+class Sim:
+    def __init__(self, proc, ready):
+        self.proc = proc
+        self.engines = ready["engines"]
+
+    def url(self, i=0):
+        return "http://" + self.engines[i]["http"]
+
+    def events(self, i=0):
+        return self.engines[i]["kv_events"]
+
+    def replay(self, i=0):
+        return self.engines[i]["kv_replay"]
+
+
+@pytest.fixture
+def start_sim():
+    started = []
+
+    def start(*flags):
+        cmd = [BIN, "sim", "--port", "0", "--profile", "tiny", *flags]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        started.append(proc)
+        line = proc.stdout.readline()
+        assert line, f"{cmd} exited with {proc.wait()}"
+        return Sim(proc, json.loads(line))
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def wait_until(what, check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)

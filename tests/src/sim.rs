@@ -1,0 +1,143 @@
+//! Simulator engines for end-to-end tests: real HTTP and ZeroMQ sockets on loopback, in this
+//! process, started from the same flags as `warmpath sim`.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures::StreamExt;
+use warmpath_sim::{cli::SimArgs, fleet::RunningEngine};
+
+#[derive(Parser)]
+struct Wrap {
+    #[command(flatten)]
+    sim: SimArgs,
+}
+
+/// Engines started for one test; their tasks end with the test's runtime.
+#[derive(Debug)]
+pub struct Fleet {
+    pub engines: Vec<RunningEngine>,
+}
+
+impl Fleet {
+    /// Starts engines from `warmpath sim` flags (`--port 0` style, loopback only).
+    pub async fn start(flags: &[&str]) -> Self {
+        let args = Wrap::try_parse_from(std::iter::once("sim").chain(flags.iter().copied()))
+            .expect("valid sim flags")
+            .sim;
+        let engines = warmpath_sim::cli::start(&args)
+            .await
+            .expect("simulator starts");
+        Self { engines }
+    }
+
+    /// Base URL of engine `i`.
+    pub fn url(&self, i: usize) -> String {
+        format!("http://{}", self.engines[i].http)
+    }
+
+    /// KV event endpoint of engine `i`.
+    pub fn events(&self, i: usize) -> String {
+        self.engines[i]
+            .publisher
+            .as_ref()
+            .expect("events enabled")
+            .events_endpoint
+            .clone()
+    }
+}
+
+/// What a streamed completion looked like to the client.
+#[derive(Debug, Clone)]
+pub struct Streamed {
+    pub ttft: Duration,
+    pub text: String,
+    pub usage: Option<serde_json::Value>,
+    pub chunks: usize,
+    pub finish_reason: Option<String>,
+}
+
+/// POSTs a streaming completion and reads it to the end.
+pub async fn stream_completion(
+    client: &reqwest::Client,
+    base: &str,
+    body: serde_json::Value,
+) -> Streamed {
+    let start = Instant::now();
+    let resp = client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(resp.status(), 200, "stream status");
+    let mut stream = resp.bytes_stream();
+    let mut buf = Vec::new();
+    let mut out = Streamed {
+        ttft: Duration::ZERO,
+        text: String::new(),
+        usage: None,
+        chunks: 0,
+        finish_reason: None,
+    };
+    while let Some(bytes) = stream.next().await {
+        buf.extend_from_slice(&bytes.expect("stream bytes"));
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..end + 2).collect();
+            let line = std::str::from_utf8(&event).expect("utf-8").trim();
+            let data = line.strip_prefix("data: ").expect("SSE data line");
+            if data == "[DONE]" {
+                return out;
+            }
+            let v: serde_json::Value = serde_json::from_str(data).expect("chunk is JSON");
+            if let Some(choice) = v["choices"].get(0) {
+                let text = choice["text"].as_str().unwrap_or("");
+                if !text.is_empty() && out.ttft.is_zero() {
+                    out.ttft = start.elapsed();
+                }
+                out.text.push_str(text);
+                out.chunks += 1;
+                if let Some(r) = choice["finish_reason"].as_str() {
+                    out.finish_reason = Some(r.to_string());
+                }
+            }
+            if v["usage"].is_object() {
+                out.usage = Some(v["usage"].clone());
+            }
+        }
+    }
+    panic!("stream ended without [DONE]");
+}
+
+/// Waits until `check` returns Some, polling every 10 ms, or panics after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A scraped Prometheus counter or gauge value (first series with that name).
+pub async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+}

@@ -1,0 +1,297 @@
+//! The engine simulator, end to end over HTTP: prefix caching, KV pressure, errors, determinism.
+#![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
+
+use std::time::Duration;
+
+use serde_json::json;
+use warmpath_e2e::sim::{Fleet, metric, stream_completion, wait_for};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// `n` token ids derived from `seed` (all inside the built-in vocabulary).
+fn tokens(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| 100 + (seed.wrapping_mul(7919) + i * 31) % 5000)
+        .collect()
+}
+
+fn prompt(shared: &[u32], unique_seed: u32, unique: usize) -> Vec<u32> {
+    let mut p = shared.to_vec();
+    p.extend(tokens(unique_seed, unique));
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_prefix_is_served_from_cache_and_ttft_drops_with_the_uncached_part() {
+    let fleet = Fleet::start(&[
+        "--port",
+        "0",
+        "--profile",
+        "llama-3.1-8b-h100",
+        "--time-scale",
+        "0.5",
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let base = fleet.url(0);
+    let shared = tokens(1, 4096);
+    let body = |p: Vec<u32>| {
+        json!({"model": "sim-llama", "prompt": p, "max_tokens": 4, "stream": true,
+                                     "stream_options": {"include_usage": true}, "ignore_eos": true})
+    };
+    let cold = stream_completion(&client, &base, body(prompt(&shared, 2, 100))).await;
+    let warm = stream_completion(&client, &base, body(prompt(&shared, 3, 100))).await;
+    assert_eq!(
+        cold.usage.as_ref().unwrap()["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
+    assert_eq!(
+        warm.usage.as_ref().unwrap()["prompt_tokens_details"]["cached_tokens"],
+        4096,
+        "all 256 shared full blocks"
+    );
+    assert_eq!(warm.usage.as_ref().unwrap()["completion_tokens"], 4);
+    // Cold prefills 4196 tokens, warm 100: modelled ~0.21 s vs ~0.006 s (x0.5 wall).
+    assert!(
+        warm.ttft * 4 < cold.ttft,
+        "warm {:?} vs cold {:?}",
+        warm.ttft,
+        cold.ttft
+    );
+    let hits = metric(&client, &base, "vllm:prefix_cache_hits_total").await;
+    let queries = metric(&client, &base, "vllm:prefix_cache_queries_total").await;
+    assert_eq!((hits, queries), (4096.0, 2.0 * 4196.0));
+}
+
+/// Hit rate of a cyclic workload over `groups` prefixes of `prefix` tokens, 3 rounds.
+async fn cyclic_hit_rate(num_gpu_blocks: usize, groups: u32, prefix: usize) -> (f64, usize) {
+    let blocks = num_gpu_blocks.to_string();
+    let fleet = Fleet::start(&[
+        "--port",
+        "0",
+        "--profile",
+        "tiny",
+        "--time-scale",
+        "0.2",
+        "--num-gpu-blocks",
+        &blocks,
+        "--max-model-len",
+        "1024",
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let base = fleet.url(0);
+    for round in 0..3u32 {
+        for g in 0..groups {
+            let p = prompt(&tokens(1000 + g, prefix), round * 100 + g, 16);
+            let body =
+                json!({"model": "sim-llama", "prompt": p, "max_tokens": 2, "ignore_eos": true});
+            let r = client
+                .post(format!("{base}/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    }
+    let hits = metric(&client, &base, "vllm:prefix_cache_hits_total").await;
+    let queries = metric(&client, &base, "vllm:prefix_cache_queries_total").await;
+    let cache: serde_json::Value = client
+        .get(format!("{base}/sim/cache"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    (hits / queries, cache["blocks"].as_array().unwrap().len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_pressure_evicts_and_the_hit_rate_falls_as_lru_predicts() {
+    // 4 groups x 512-token prefixes = 128 blocks of working set (+ unique tails).
+    // Roomy cache: rounds 2 and 3 hit every prefix: 2/3 x 512/528 = 0.646.
+    let (roomy, _) = cyclic_hit_rate(1024, 4, 512).await;
+    assert!(
+        (roomy - 2.0 / 3.0 * 512.0 / 528.0).abs() < 0.01,
+        "roomy hit rate {roomy:.3}"
+    );
+    // 64 blocks hold two prefixes: cycling over four under LRU evicts each before its reuse.
+    let (tight, cached) = cyclic_hit_rate(64, 4, 512).await;
+    assert!(tight < 0.05, "tight hit rate {tight:.3}");
+    assert!(cached <= 64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_use_vllm_bodies_and_status_codes() {
+    let fleet = Fleet::start(&[
+        "--port",
+        "0",
+        "--profile",
+        "tiny",
+        "--max-model-len",
+        "256",
+        "--num-gpu-blocks",
+        "64",
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let base = fleet.url(0);
+    let post = |path: &'static str, body: String| {
+        let client = client.clone();
+        let url = format!("{base}{path}");
+        async move {
+            let r = client
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let (s, v) = post(
+        "/v1/completions",
+        json!({"model": "nope", "prompt": "hi"}).to_string(),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["type"].as_str(), v["error"]["code"].as_u64()),
+        (404, Some("NotFoundError"), Some(404))
+    );
+    assert_eq!(v["error"]["message"], "The model `nope` does not exist.");
+    let (s, v) = post("/v1/completions", "{not json".into()).await;
+    assert_eq!(
+        (s, v["error"]["type"].as_str()),
+        (400, Some("BadRequestError"))
+    );
+    let (s, v) = post(
+        "/v1/completions",
+        json!({"prompt": tokens(1, 300)}).to_string(),
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length is 256"),
+        "{v}"
+    );
+    let (s, _) = post(
+        "/v1/completions",
+        json!({"prompt": "hi", "n": 2}).to_string(),
+    )
+    .await;
+    assert_eq!(s, 400);
+    let (s, _) = post(
+        "/v1/chat/completions",
+        json!({"model": "sim-llama"}).to_string(),
+    )
+    .await;
+    assert_eq!(s, 400);
+    let (s, _) = post("/v1/completions", json!({"prompt": [999_999]}).to_string()).await;
+    assert_eq!(s, 400);
+    let r = client.get(format!("{base}/nope")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_503_and_crash_turns_health_red() {
+    let fleet = Fleet::start(&[
+        "--port",
+        "0",
+        "--profile",
+        "tiny",
+        "--max-waiting",
+        "0",
+        "--fault-crash-after",
+        "1",
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let base = fleet.url(0);
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"prompt": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"prompt": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 500, "second request crashes the engine");
+    wait_for("health 503", WAIT, || {
+        let client = client.clone();
+        let url = format!("{base}/health");
+        async move { (client.get(url).send().await.ok()?.status() == 503).then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_seed_same_output_and_stop_strings_cut() {
+    let a = Fleet::start(&["--port", "0", "--profile", "tiny", "--seed", "7"]).await;
+    let b = Fleet::start(&["--port", "0", "--profile", "tiny", "--seed", "7"]).await;
+    let client = reqwest::Client::new();
+    let body = json!({"prompt": "The quick brown fox", "max_tokens": 12, "ignore_eos": true, "stream": true});
+    let ra = stream_completion(&client, &a.url(0), body.clone()).await;
+    let rb = stream_completion(&client, &b.url(0), body).await;
+    assert_eq!(ra.text, rb.text);
+    assert_eq!(ra.chunks, 13, "12 tokens and the final chunk");
+    let words: Vec<&str> = ra.text.split_whitespace().collect();
+    let stop = words[3];
+    let body = json!({"prompt": "The quick brown fox", "max_tokens": 12, "ignore_eos": true, "stream": true, "stop": [stop]});
+    let stopped = stream_completion(&client, &a.url(0), body).await;
+    assert_eq!(stopped.finish_reason.as_deref(), Some("stop"));
+    assert!(
+        !stopped.text.contains(stop),
+        "{:?} still contains {stop:?}",
+        stopped.text
+    );
+    assert!(ra.text.starts_with(&stopped.text));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_runs_independent_engines() {
+    let fleet = Fleet::start(&[
+        "--port",
+        "0",
+        "--replicas",
+        "3",
+        "--profile",
+        "tiny",
+        "--kv-events-port",
+        "0",
+    ])
+    .await;
+    assert_eq!(fleet.engines.len(), 3);
+    let client = reqwest::Client::new();
+    let p = tokens(5, 64);
+    for _ in 0..2 {
+        let r = client
+            .post(format!("{}/v1/completions", fleet.url(0)))
+            .json(&json!({"prompt": p, "max_tokens": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(
+        metric(&client, &fleet.url(0), "vllm:prefix_cache_hits_total").await,
+        48.0
+    );
+    assert_eq!(
+        metric(&client, &fleet.url(1), "vllm:prefix_cache_queries_total").await,
+        0.0
+    );
+    let endpoints: std::collections::HashSet<_> = (0..3).map(|i| fleet.events(i)).collect();
+    assert_eq!(endpoints.len(), 3, "each engine publishes on its own port");
+}
