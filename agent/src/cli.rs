@@ -18,6 +18,9 @@ pub enum Command {
     Agent(AgentArgs),
     /// Run vLLM-compatible engine simulators (one or a fleet) in this process.
     Sim(Box<warmpath_sim::cli::SimArgs>),
+    /// Benchmarks (see docs/benchmarks.md).
+    #[command(subcommand)]
+    Bench(crate::bench::BenchCommand),
 }
 
 /// Options of `warmpath agent`.

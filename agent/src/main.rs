@@ -10,6 +10,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Agent(args) => warmpath::agent::run(args).await?,
         Command::Sim(args) => run_sim(*args).await?,
+        Command::Bench(cmd) => warmpath::bench::run(cmd).await?,
     }
     Ok(())
 }

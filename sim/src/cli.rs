@@ -54,6 +54,9 @@ pub struct SimArgs {
     pub data_parallel_rank: Option<u32>,
     #[arg(long, default_value_t = 4096)]
     pub num_gpu_blocks: usize,
+    /// Blocks of a CPU tier that catches GPU evictions (events with medium "CPU"); 0 = none.
+    #[arg(long, default_value_t = 0)]
+    pub cpu_offload_blocks: usize,
     /// Tokens per KV block (must match the router's setting).
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -190,6 +193,7 @@ impl SimArgs {
             engine: EngineConfig {
                 block_size: self.block_size,
                 num_gpu_blocks: self.num_gpu_blocks,
+                cpu_offload_blocks: self.cpu_offload_blocks,
                 limits: Limits {
                     max_num_seqs: self.max_num_seqs,
                     max_num_batched_tokens: self.max_num_batched_tokens,

@@ -165,3 +165,21 @@ def test_replay_fills_dropped_batches(start_sim, layout):
     for s in missing:
         DECODERS["map"].decode(replayed[s])
     ctx.destroy(linger=0)
+
+
+def test_cpu_tier_events_carry_medium_cpu(start_sim):
+    sim = start_sim("--kv-events-port", "0", "--num-gpu-blocks", "8", "--cpu-offload-blocks", "32", "--max-model-len", "128")
+    ctx = zmq.Context()
+    sub = Subscriber(ctx, sim)
+    for seed in range(4):
+        post(sim.url(), "/v1/completions", {"prompt": prompt_tokens(300 + seed, 64), "max_tokens": 1})
+    events = [e for f in sub.drain() for e in DECODERS["map"].decode(f[2]).events]
+    cpu_stored = [e for e in events if type(e).__name__ == "MapBlockStored" and e.medium == "CPU"]
+    gpu_removed = [h for e in events if type(e).__name__ == "MapBlockRemoved" and e.medium == "GPU" for h in e.block_hashes]
+    assert cpu_stored and gpu_removed
+    assert {h for e in cpu_stored for h in e.block_hashes} <= set(gpu_removed), "the CPU tier holds GPU victims"
+    assert all(len(e.token_ids) == 16 and len(e.block_hashes) == 1 for e in cpu_stored)
+    # The first request's prefix comes back from the CPU tier: reported as cached.
+    _, body = post(sim.url(), "/v1/completions", {"prompt": prompt_tokens(300, 64), "max_tokens": 1})
+    assert json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    ctx.destroy(linger=0)

@@ -64,8 +64,14 @@ async fn shared_prefix_is_served_from_cache_and_ttft_drops_with_the_uncached_par
 }
 
 /// Hit rate of a cyclic workload over `groups` prefixes of `prefix` tokens, 3 rounds.
-async fn cyclic_hit_rate(num_gpu_blocks: usize, groups: u32, prefix: usize) -> (f64, usize) {
+async fn cyclic_hit_rate(
+    num_gpu_blocks: usize,
+    cpu_blocks: usize,
+    groups: u32,
+    prefix: usize,
+) -> (f64, usize, usize) {
     let blocks = num_gpu_blocks.to_string();
+    let cpu = cpu_blocks.to_string();
     let fleet = Fleet::start(&[
         "--port",
         "0",
@@ -75,6 +81,8 @@ async fn cyclic_hit_rate(num_gpu_blocks: usize, groups: u32, prefix: usize) -> (
         "0.2",
         "--num-gpu-blocks",
         &blocks,
+        "--cpu-offload-blocks",
+        &cpu,
         "--max-model-len",
         "1024",
     ])
@@ -105,22 +113,27 @@ async fn cyclic_hit_rate(num_gpu_blocks: usize, groups: u32, prefix: usize) -> (
         .json()
         .await
         .unwrap();
-    (hits / queries, cache["blocks"].as_array().unwrap().len())
+    let len = |k: &str| cache[k].as_array().unwrap().len();
+    (hits / queries, len("blocks"), len("cpu_blocks"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_pressure_evicts_and_the_hit_rate_falls_as_lru_predicts() {
     // 4 groups x 512-token prefixes = 128 blocks of working set (+ unique tails).
     // Roomy cache: rounds 2 and 3 hit every prefix: 2/3 x 512/528 = 0.646.
-    let (roomy, _) = cyclic_hit_rate(1024, 4, 512).await;
+    let (roomy, _, _) = cyclic_hit_rate(1024, 0, 4, 512).await;
     assert!(
         (roomy - 2.0 / 3.0 * 512.0 / 528.0).abs() < 0.01,
         "roomy hit rate {roomy:.3}"
     );
     // 64 blocks hold two prefixes: cycling over four under LRU evicts each before its reuse.
-    let (tight, cached) = cyclic_hit_rate(64, 4, 512).await;
+    let (tight, cached, _) = cyclic_hit_rate(64, 0, 4, 512).await;
     assert!(tight < 0.05, "tight hit rate {tight:.3}");
     assert!(cached <= 64);
+    // The same GPU cache with a CPU tier big enough for the rest: prefixes come back from CPU.
+    let (tiered, gpu, cpu) = cyclic_hit_rate(64, 256, 4, 512).await;
+    assert!(tiered > 0.6, "tiered hit rate {tiered:.3}");
+    assert!(gpu <= 64 && cpu > 0 && cpu <= 256, "gpu {gpu} cpu {cpu}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

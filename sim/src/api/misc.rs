@@ -105,17 +105,21 @@ pub async fn reset_prefix_cache(State(s): State<Arc<ServedModel>>) -> Response {
     }
 }
 
-/// `GET /sim/cache`: every cached block, as the int and the bytes form events would carry.
+/// `GET /sim/cache`: every cached block per tier, as the int and the bytes form events carry.
 pub async fn cached_blocks(State(s): State<Arc<ServedModel>>) -> Response {
+    let list = |hashes: &[crate::engine::kv_cache::BlockHash]| -> Vec<serde_json::Value> {
+        hashes
+            .iter()
+            .map(|h| json!({"hash_int": crate::events::hash_to_u64(h), "hash_hex": hex::encode(h)}))
+            .collect()
+    };
     match s.engine.cached_blocks().await {
-        Ok(hashes) => {
-            let blocks: Vec<_> = hashes
-                .iter()
-                .map(|h| json!({"hash_int": crate::events::hash_to_u64(h), "hash_hex": hex::encode(h)}))
-                .collect();
-            Json(json!({"block_size": s.engine.config().block_size, "blocks": blocks}))
-                .into_response()
-        }
+        Ok(cached) => Json(json!({
+            "block_size": s.engine.config().block_size,
+            "blocks": list(&cached.gpu),
+            "cpu_blocks": list(&cached.cpu),
+        }))
+        .into_response(),
         Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }

@@ -17,18 +17,23 @@ pub struct FreeList {
 impl FreeList {
     /// A queue holding blocks `0..n` in order.
     pub fn with_all(n: usize) -> Self {
-        let mut list = Self {
+        let mut list = Self::empty(n);
+        for id in 0..n as u32 {
+            list.push_back(id);
+        }
+        list
+    }
+
+    /// An empty queue over ids `0..n`.
+    pub fn empty(n: usize) -> Self {
+        Self {
             prev: vec![NIL; n],
             next: vec![NIL; n],
             in_list: vec![false; n],
             head: NIL,
             tail: NIL,
             len: 0,
-        };
-        for id in 0..n as u32 {
-            list.push_back(id);
         }
-        list
     }
 
     pub fn len(&self) -> usize {

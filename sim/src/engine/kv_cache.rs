@@ -10,11 +10,14 @@
 //!
 //! Every store, eviction and clear is recorded as a [`KvEvent`] for the event publisher.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use sha2::{Digest, Sha256};
 
-use super::free_list::FreeList;
+use super::{
+    cpu_tier::{BlockMeta, CpuTier},
+    free_list::FreeList,
+};
 
 /// A block's content hash (sha256 digest).
 pub type BlockHash = [u8; 32];
@@ -42,6 +45,23 @@ impl ExtraKeys {
     }
 }
 
+/// Where a cached block lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Medium {
+    Gpu,
+    Cpu,
+}
+
+impl Medium {
+    /// The `medium` string vLLM puts in events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gpu => "GPU",
+            Self::Cpu => "CPU",
+        }
+    }
+}
+
 /// A change to the set of cached blocks, in the order it happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvEvent {
@@ -52,9 +72,11 @@ pub enum KvEvent {
         block_size: usize,
         lora_name: Option<String>,
         extra_keys: Vec<Option<Vec<String>>>,
+        medium: Medium,
     },
     Removed {
         hashes: Vec<BlockHash>,
+        medium: Medium,
     },
     AllCleared,
 }
@@ -63,6 +85,8 @@ pub enum KvEvent {
 struct Block {
     ref_cnt: u32,
     hash: Option<BlockHash>,
+    /// Kept for the CPU tier's events when the block is offloaded.
+    meta: Option<Arc<BlockMeta>>,
 }
 
 /// The GPU block pool.
@@ -73,6 +97,7 @@ pub struct BlockPool {
     blocks: Vec<Block>,
     free: FreeList,
     cached: HashMap<BlockHash, u32>,
+    cpu: Option<CpuTier>,
     events: Vec<KvEvent>,
 }
 
@@ -86,8 +111,61 @@ impl BlockPool {
             blocks: vec![Block::default(); num_blocks],
             free: FreeList::with_all(num_blocks),
             cached: HashMap::new(),
+            cpu: None,
             events: Vec::new(),
         }
+    }
+
+    /// Adds a CPU tier of `blocks` blocks (`--cpu-offload-blocks`).
+    pub fn with_cpu_tier(mut self, blocks: usize) -> Self {
+        self.cpu = (blocks > 0).then(|| CpuTier::new(blocks));
+        self
+    }
+
+    /// How many blocks after a GPU hit continue in the CPU tier (not taken).
+    pub fn cpu_prefix_len(&self, hashes: &[BlockHash]) -> usize {
+        self.cpu.as_ref().map_or(0, |cpu| {
+            hashes.iter().take_while(|h| cpu.contains(h)).count()
+        })
+    }
+
+    /// Takes blocks out of the CPU tier to load them back to the GPU.
+    pub fn take_from_cpu(&mut self, hashes: &[BlockHash]) {
+        let Some(cpu) = &mut self.cpu else { return };
+        let taken: Vec<BlockHash> = hashes
+            .iter()
+            .filter(|h| cpu.take(h).is_some())
+            .copied()
+            .collect();
+        if !taken.is_empty() {
+            self.events.push(KvEvent::Removed {
+                hashes: taken,
+                medium: Medium::Cpu,
+            });
+        }
+    }
+
+    /// Copies an evicted GPU block into the CPU tier, recording both events.
+    fn offload(&mut self, hash: BlockHash, meta: Option<Arc<BlockMeta>>) {
+        let (Some(cpu), Some(meta)) = (&mut self.cpu, meta) else {
+            return;
+        };
+        let evicted = cpu.insert(hash, meta.clone());
+        if let Some(old) = evicted {
+            self.events.push(KvEvent::Removed {
+                hashes: vec![old],
+                medium: Medium::Cpu,
+            });
+        }
+        self.events.push(KvEvent::Stored {
+            hashes: vec![hash],
+            parent: meta.parent,
+            token_ids: meta.tokens.clone(),
+            block_size: self.block_size,
+            lora_name: meta.lora_name.clone(),
+            extra_keys: vec![meta.extra.clone()],
+            medium: Medium::Cpu,
+        });
     }
 
     pub fn block_size(&self) -> usize {
@@ -184,15 +262,22 @@ impl BlockPool {
         for _ in 0..n {
             let id = self.free.pop_front().expect("length checked above");
             let block = &mut self.blocks[id as usize];
+            let meta = block.meta.take();
             if let Some(h) = block.hash.take() {
                 self.cached.remove(&h);
-                evicted.push(h);
+                evicted.push((h, meta));
             }
             block.ref_cnt = 1;
             out.push(id);
         }
         if !evicted.is_empty() {
-            self.events.push(KvEvent::Removed { hashes: evicted });
+            self.events.push(KvEvent::Removed {
+                hashes: evicted.iter().map(|(h, _)| *h).collect(),
+                medium: Medium::Gpu,
+            });
+            for (h, meta) in evicted {
+                self.offload(h, meta);
+            }
         }
         Some(out)
     }
@@ -219,6 +304,14 @@ impl BlockPool {
                 continue;
             }
             block.hash = Some(h);
+            block.meta = self.cpu.is_some().then(|| {
+                Arc::new(BlockMeta {
+                    parent: i.checked_sub(1).map(|p| hashes[p]),
+                    tokens: tokens[i * self.block_size..(i + 1) * self.block_size].to_vec(),
+                    extra: extra.for_block(i),
+                    lora_name: extra.lora_name.clone(),
+                })
+            });
             self.cached.insert(h, blocks[i]);
         }
         self.record_stored(hashes, run_start..end, tokens, extra);
@@ -242,6 +335,7 @@ impl BlockPool {
             block_size: bs,
             lora_name: extra.lora_name.clone(),
             extra_keys: run.map(|i| extra.for_block(i)).collect(),
+            medium: Medium::Gpu,
         });
     }
 
@@ -264,8 +358,12 @@ impl BlockPool {
         }
         for block in &mut self.blocks {
             block.hash = None;
+            block.meta = None;
         }
         self.cached.clear();
+        if let Some(cpu) = &mut self.cpu {
+            cpu.clear();
+        }
         self.events.push(KvEvent::AllCleared);
         true
     }
@@ -275,9 +373,16 @@ impl BlockPool {
         std::mem::take(&mut self.events)
     }
 
-    /// Every cached block hash (for tests and the `/sim/cache` endpoint).
+    /// Every cached GPU block hash, sorted (for tests and the `/sim/cache` endpoint).
     pub fn cached_hashes(&self) -> Vec<BlockHash> {
         let mut v: Vec<_> = self.cached.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Every CPU-tier block hash, sorted.
+    pub fn cpu_hashes(&self) -> Vec<BlockHash> {
+        let mut v: Vec<_> = self.cpu.iter().flat_map(|c| c.hashes().copied()).collect();
         v.sort_unstable();
         v
     }

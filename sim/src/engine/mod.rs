@@ -1,5 +1,6 @@
 //! The engine model: KV block pool, scheduler, step timing and the engine task.
 
+pub mod cpu_tier;
 mod free_list;
 pub mod kv_cache;
 pub mod metrics;
@@ -8,4 +9,6 @@ pub mod sequence;
 mod task;
 pub mod timing;
 
-pub use task::{EVENT_QUEUE, EngineConfig, EngineDead, EngineHandle, StepEvents, Vocabulary};
+pub use task::{
+    CachedBlocks, EVENT_QUEUE, EngineConfig, EngineDead, EngineHandle, StepEvents, Vocabulary,
+};

@@ -149,17 +149,19 @@ impl Scheduler {
             if seq.hashes.len() < seq.tokens.len() / self.pool.block_size() {
                 seq.hashes = self.pool.hash_blocks(&seq.tokens, &seq.extra);
             }
-            let max_hit = (seq.tokens.len() - 1) / self.pool.block_size();
-            let hit = self
-                .pool
-                .cached_prefix_len(&seq.hashes[..max_hit.min(seq.hashes.len())]);
-            let computed = hit * self.pool.block_size();
+            let max_hit = ((seq.tokens.len() - 1) / self.pool.block_size()).min(seq.hashes.len());
+            let hit = self.pool.cached_prefix_len(&seq.hashes[..max_hit]);
+            // The prefix may continue in the CPU tier: those blocks are loaded, not prefilled.
+            let cpu_hit = self.pool.cpu_prefix_len(&seq.hashes[hit..max_hit]);
+            let computed = (hit + cpu_hit) * self.pool.block_size();
             let want = (seq.tokens.len() - computed).min(*budget);
             let new_blocks = (computed + want).div_ceil(self.pool.block_size()) - hit;
             if !self.pool.can_admit(&seq.hashes[..hit], new_blocks) {
                 break;
             }
             let mut seq = self.waiting.pop_front().expect("front exists");
+            self.pool.take_from_cpu(&seq.hashes[hit..hit + cpu_hit]);
+            work.cpu_loaded_tokens += cpu_hit * self.pool.block_size();
             let mut blocks = self.pool.touch_prefix(&seq.hashes[..hit]);
             blocks.extend(
                 self.pool

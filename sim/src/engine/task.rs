@@ -34,6 +34,8 @@ pub const EVENT_QUEUE: usize = 100_000;
 pub struct EngineConfig {
     pub block_size: usize,
     pub num_gpu_blocks: usize,
+    /// CPU-tier blocks (0: no CPU tier).
+    pub cpu_offload_blocks: usize,
     pub limits: Limits,
     pub profile: Profile,
     pub time_scale: f64,
@@ -57,8 +59,15 @@ pub struct StepEvents {
 enum Command {
     Submit(NewRequest),
     Reset(oneshot::Sender<bool>),
-    CachedBlocks(oneshot::Sender<Vec<BlockHash>>),
+    CachedBlocks(oneshot::Sender<CachedBlocks>),
     Crash,
+}
+
+/// The engine's cached blocks per tier, each sorted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CachedBlocks {
+    pub gpu: Vec<BlockHash>,
+    pub cpu: Vec<BlockHash>,
 }
 
 /// A cheap handle to a running engine.
@@ -95,7 +104,8 @@ impl EngineHandle {
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
-        let pool = BlockPool::new(config.num_gpu_blocks, config.block_size, config.seed);
+        let pool = BlockPool::new(config.num_gpu_blocks, config.block_size, config.seed)
+            .with_cpu_tier(config.cpu_offload_blocks);
         let engine = Engine {
             sched: Scheduler::new(config.limits, pool),
             config: config.clone(),
@@ -134,7 +144,7 @@ impl EngineHandle {
     }
 
     /// Hashes of every cached block, sorted.
-    pub async fn cached_blocks(&self) -> Result<Vec<BlockHash>, EngineDead> {
+    pub async fn cached_blocks(&self) -> Result<CachedBlocks, EngineDead> {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Command::CachedBlocks(tx))
@@ -205,7 +215,10 @@ impl Engine {
                 self.publish();
             }
             Command::CachedBlocks(reply) => {
-                let _ = reply.send(self.sched.pool.cached_hashes());
+                let _ = reply.send(CachedBlocks {
+                    gpu: self.sched.pool.cached_hashes(),
+                    cpu: self.sched.pool.cpu_hashes(),
+                });
             }
             Command::Crash => {
                 self.sched.fail_all("engine crashed (injected fault)");

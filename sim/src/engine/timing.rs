@@ -4,6 +4,7 @@
 //! step = overhead
 //!      + prefill_tokens / prefill_tokens_per_s                      (compute bound)
 //!      + prefill_tokens * context_tokens * attn_s_per_token_pair    (attention over context)
+//!      + cpu_loaded_tokens * cpu_load_s_per_token                   (CPU tier -> GPU copy)
 //!      + [decode_seqs > 0] * (decode_base_s                          (weights read once)
 //!                             + decode_seqs * decode_per_seq_s
 //!                             + kv_tokens_read * kv_read_s_per_token) (KV read, memory bound)
@@ -23,6 +24,7 @@ pub struct Profile {
     pub decode_base_s: f64,
     pub decode_per_seq_s: f64,
     pub kv_read_s_per_token: f64,
+    pub cpu_load_s_per_token: f64,
     pub overhead_s: f64,
 }
 
@@ -37,6 +39,8 @@ pub struct StepWork {
     pub decode_seqs: usize,
     /// Context tokens whose KV the decode sequences read.
     pub kv_tokens_read: usize,
+    /// Prefix tokens loaded back from the CPU tier instead of prefilled.
+    pub cpu_loaded_tokens: usize,
 }
 
 /// Llama-3.1-8B (bf16) on one H100 SXM.
@@ -47,6 +51,8 @@ pub const LLAMA_8B_H100: Profile = Profile {
     decode_base_s: 0.006,
     decode_per_seq_s: 0.000_02,
     kv_read_s_per_token: 4.0e-8,
+    // 128 KiB of KV per token over ~25 GB/s of PCIe 5 (effective).
+    cpu_load_s_per_token: 5.0e-6,
     overhead_s: 0.000_5,
 };
 
@@ -58,6 +64,8 @@ pub const LLAMA_70B_H100_TP4: Profile = Profile {
     decode_base_s: 0.014,
     decode_per_seq_s: 0.000_05,
     kv_read_s_per_token: 2.5e-8,
+    // 320 KiB per token split over 4 GPUs' PCIe links.
+    cpu_load_s_per_token: 3.2e-6,
     overhead_s: 0.001,
 };
 
@@ -69,6 +77,7 @@ pub const TINY: Profile = Profile {
     decode_base_s: 0.001,
     decode_per_seq_s: 0.000_001,
     kv_read_s_per_token: 0.0,
+    cpu_load_s_per_token: 0.000_000_5,
     overhead_s: 0.000_1,
 };
 
@@ -86,6 +95,7 @@ impl Profile {
         let mut s = self.overhead_s;
         s += work.prefill_tokens as f64 / self.prefill_tokens_per_s;
         s += work.prefill_context_pairs as f64 * self.attn_s_per_token_pair;
+        s += work.cpu_loaded_tokens as f64 * self.cpu_load_s_per_token;
         if work.decode_seqs > 0 {
             s += self.decode_base_s
                 + work.decode_seqs as f64 * self.decode_per_seq_s

@@ -130,6 +130,7 @@ impl Encoder {
                 block_size,
                 lora_name,
                 extra_keys,
+                medium,
             } => {
                 array_len(buf, 12);
                 str(buf, "BlockStored");
@@ -138,18 +139,18 @@ impl Encoder {
                 tokens(buf, token_ids);
                 uint(buf, *block_size as u64);
                 self.opt_uint(buf, self.lora_id(lora_name.as_deref()));
-                str(buf, "GPU");
+                str(buf, medium.as_str());
                 opt_str(buf, lora_name.as_deref());
                 extra(buf, extra_keys);
                 uint(buf, 0);
                 str(buf, "full_attention");
                 nil(buf);
             }
-            KvEvent::Removed { hashes } => {
+            KvEvent::Removed { hashes, medium } => {
                 array_len(buf, 4);
                 str(buf, "BlockRemoved");
                 self.hashes(buf, hashes);
-                str(buf, "GPU");
+                str(buf, medium.as_str());
                 uint(buf, 0);
             }
             KvEvent::AllCleared => {
@@ -168,6 +169,7 @@ impl Encoder {
                 block_size,
                 lora_name,
                 extra_keys,
+                medium,
             } => {
                 w(mp::write_map_len(buf, 11).map(|_| ()));
                 str(buf, "type");
@@ -183,7 +185,7 @@ impl Encoder {
                 str(buf, "lora_id");
                 self.opt_uint(buf, self.lora_id(lora_name.as_deref()));
                 str(buf, "medium");
-                str(buf, "GPU");
+                str(buf, medium.as_str());
                 str(buf, "lora_name");
                 opt_str(buf, lora_name.as_deref());
                 str(buf, "extra_keys");
@@ -194,14 +196,14 @@ impl Encoder {
                 str(buf, "kv_cache_spec_kind");
                 str(buf, "full_attention");
             }
-            KvEvent::Removed { hashes } => {
+            KvEvent::Removed { hashes, medium } => {
                 w(mp::write_map_len(buf, 4).map(|_| ()));
                 str(buf, "type");
                 str(buf, "BlockRemoved");
                 str(buf, "block_hashes");
                 self.hashes(buf, hashes);
                 str(buf, "medium");
-                str(buf, "GPU");
+                str(buf, medium.as_str());
                 str(buf, "group_idx");
                 uint(buf, 0);
             }
@@ -255,6 +257,7 @@ mod tests {
     use rmpv::Value;
 
     use super::*;
+    use crate::engine::kv_cache::Medium;
 
     fn stored() -> KvEvent {
         KvEvent::Stored {
@@ -267,6 +270,7 @@ mod tests {
                 Some(vec!["sql".into(), "salt".into()]),
                 Some(vec!["sql".into()]),
             ],
+            medium: Medium::Gpu,
         }
     }
 
@@ -289,6 +293,7 @@ mod tests {
                 stored(),
                 KvEvent::Removed {
                     hashes: vec![[1; 32]],
+                    medium: Medium::Cpu,
                 },
                 KvEvent::AllCleared,
             ],

@@ -111,7 +111,7 @@ fn freed_blocks_stay_cached_until_evicted_lru_tail_first() {
     let removed: Vec<_> = events
         .iter()
         .filter_map(|e| match e {
-            KvEvent::Removed { hashes } => Some(hashes.clone()),
+            KvEvent::Removed { hashes, .. } => Some(hashes.clone()),
             _ => None,
         })
         .collect();
@@ -131,4 +131,46 @@ fn reset_refused_while_in_use_then_clears() {
     assert!(pool.reset());
     assert!(pool.cached_hashes().is_empty());
     assert_eq!(pool.take_events().last(), Some(&KvEvent::AllCleared));
+}
+
+#[test]
+fn cpu_tier_catches_gpu_evictions_and_reports_them() {
+    let mut pool = BlockPool::new(2, 4, 0).with_cpu_tier(1);
+    let extra = ExtraKeys::default();
+    let a = tokens(8, 0);
+    let (blocks_a, _) = admit(&mut pool, &a, &extra);
+    pool.free(&blocks_a);
+    let a_hashes = pool.hash_blocks(&a, &extra);
+    pool.take_events();
+    // Two new blocks evict both of a's: the tail first (to CPU), then the head, which
+    // pushes the tail out of the one-block CPU tier.
+    let (_blocks_b, _) = admit(&mut pool, &tokens(8, 500), &extra);
+    let events = pool.take_events();
+    let cpu_stored: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            KvEvent::Stored {
+                hashes,
+                medium: Medium::Cpu,
+                token_ids,
+                parent,
+                ..
+            } => Some((hashes[0], token_ids.clone(), *parent)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cpu_stored.len(), 2);
+    assert_eq!(
+        cpu_stored[0],
+        (a_hashes[1], a[4..8].to_vec(), Some(a_hashes[0]))
+    );
+    assert_eq!(cpu_stored[1], (a_hashes[0], a[0..4].to_vec(), None));
+    assert!(events.contains(&KvEvent::Removed {
+        hashes: vec![a_hashes[1]],
+        medium: Medium::Cpu
+    }));
+    assert_eq!(pool.cpu_hashes(), vec![a_hashes[0]]);
+    assert_eq!(pool.cpu_prefix_len(&a_hashes), 1);
+    pool.take_from_cpu(&a_hashes[..1]);
+    assert!(pool.cpu_hashes().is_empty());
 }

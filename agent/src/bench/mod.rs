@@ -1,0 +1,36 @@
+//! `warmpath bench ...`: measurements that back the numbers in docs/benchmarks.md.
+
+mod proc_stat;
+mod sim_streams;
+
+use clap::Subcommand;
+
+pub use sim_streams::SimStreamsArgs;
+
+/// Benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Streams through a simulator fleet (a separate `warmpath sim` process): SSE chunks per
+    /// second and the simulator's CPU use.
+    SimStreams(SimStreamsArgs),
+}
+
+/// Errors that end a benchmark.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Setup(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs a benchmark and prints its report.
+pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
+    match cmd {
+        BenchCommand::SimStreams(args) => sim_streams::run(args).await,
+    }
+}
