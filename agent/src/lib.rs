@@ -7,4 +7,5 @@ pub mod agent;
 pub mod bench;
 pub mod cli;
 pub mod ebpf;
+pub mod kv_index;
 pub mod telemetry;

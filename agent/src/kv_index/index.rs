@@ -1,0 +1,437 @@
+//! `KvIndex`: the store plus its sources — applying decoded batches in order per source,
+//! speculative entries, clearing and removing sources, and health.
+
+use std::{
+    collections::VecDeque,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use parking_lot::{Mutex, RwLock};
+
+use super::{
+    DEFAULT_TIER_WEIGHTS, RouterKey, Tier,
+    entry::{MAX_SOURCES, Upsert},
+    health::{HealthState, SourceStatus},
+    keys::block_key,
+    store::{FastMap, Match, Store},
+    wire::{Batch, Event, Removed, Stored},
+};
+
+/// Default cap on (block, source) entries.
+pub const DEFAULT_MAX_ENTRIES: usize = 20_000_000;
+/// How long a speculative entry waits for the engine's event.
+pub const DEFAULT_SPECULATIVE_TTL: Duration = Duration::from_secs(2);
+/// How long a source stays unsure after an unrecoverable gap (its entries were cleared).
+pub const DEFAULT_UNSURE_SETTLE: Duration = Duration::from_secs(10);
+
+/// Index settings.
+#[derive(Debug, Clone)]
+pub struct IndexConfig {
+    /// Tokens per block; must match vLLM's --block-size.
+    pub block_size: usize,
+    pub max_entries: usize,
+    pub tier_weights: [f64; Tier::COUNT],
+    pub speculative_ttl: Duration,
+    pub unsure_settle: Duration,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            max_entries: DEFAULT_MAX_ENTRIES,
+            tier_weights: DEFAULT_TIER_WEIGHTS,
+            speculative_ttl: DEFAULT_SPECULATIVE_TTL,
+            unsure_settle: DEFAULT_UNSURE_SETTLE,
+        }
+    }
+}
+
+/// A source's identity in the index (dense, reused after removal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceId(pub u32);
+
+/// Who a source is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceInfo {
+    pub pod: String,
+    pub rank: Option<u32>,
+}
+
+#[derive(Debug)]
+struct SourceState {
+    /// engine hash -> (router key, tiers held as a bitmask).
+    engine: FastMap<(u64, u8)>,
+    speculative: VecDeque<(Instant, Vec<RouterKey>)>,
+    health: HealthState,
+    status: SourceStatus,
+    last_event_block_size: Option<u32>,
+}
+
+#[derive(Debug)]
+struct Source {
+    info: SourceInfo,
+    state: Mutex<SourceState>,
+}
+
+/// The index shared by ingestion and routing.
+#[derive(Debug)]
+pub struct KvIndex {
+    store: Store,
+    sources: RwLock<Vec<Option<Arc<Source>>>>,
+    config: IndexConfig,
+}
+
+impl KvIndex {
+    pub fn new(config: IndexConfig) -> Self {
+        Self {
+            store: Store::new(config.max_entries, config.tier_weights),
+            sources: RwLock::new(Vec::new()),
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &IndexConfig {
+        &self.config
+    }
+
+    /// Registers a source; its entries start empty and its state `Waiting`.
+    pub fn add_source(&self, info: SourceInfo) -> SourceId {
+        let source = Arc::new(Source {
+            state: Mutex::new(SourceState {
+                engine: FastMap::default(),
+                speculative: VecDeque::new(),
+                health: HealthState::Waiting,
+                status: SourceStatus {
+                    pod: info.pod.clone(),
+                    rank: info.rank,
+                    ..Default::default()
+                },
+                last_event_block_size: None,
+            }),
+            info,
+        });
+        let mut sources = self.sources.write();
+        if let Some(free) = sources.iter().position(Option::is_none) {
+            sources[free] = Some(source);
+            return SourceId(free as u32);
+        }
+        assert!(
+            (sources.len() as u32) < MAX_SOURCES,
+            "more than {MAX_SOURCES} sources"
+        );
+        sources.push(Some(source));
+        SourceId(sources.len() as u32 - 1)
+    }
+
+    fn source(&self, id: SourceId) -> Option<Arc<Source>> {
+        self.sources.read().get(id.0 as usize).cloned().flatten()
+    }
+
+    /// Removes a source and all its entries (work proportional to its entries).
+    pub fn remove_source(&self, id: SourceId) {
+        self.clear(id);
+        if let Some(slot) = self.sources.write().get_mut(id.0 as usize) {
+            *slot = None;
+        }
+    }
+
+    /// Drops every entry of a source (AllBlocksCleared, engine restart, lost events).
+    pub fn clear(&self, id: SourceId) {
+        let Some(source) = self.source(id) else {
+            return;
+        };
+        let mut st = source.state.lock();
+        for (_, (key, tiers)) in st.engine.drain() {
+            for tier in Tier::ALL.into_iter().filter(|t| tiers & t.bit() != 0) {
+                self.store.remove(RouterKey(key), id.0, tier, false);
+            }
+        }
+        for (_, keys) in st.speculative.drain(..) {
+            for key in keys {
+                self.store.remove(key, id.0, Tier::Gpu, true);
+            }
+        }
+    }
+
+    /// Applies one batch of a source's events, in order.
+    pub fn apply(&self, id: SourceId, batch: &Batch, seq: u64) {
+        let Some(source) = self.source(id) else {
+            return;
+        };
+        self.store.tick();
+        let mut st = source.state.lock();
+        st.status.batches += 1;
+        st.status.last_seq = Some(seq);
+        if st.health == HealthState::Waiting {
+            st.health = HealthState::Healthy;
+        }
+        for event in &batch.events {
+            match event {
+                Event::Stored(s) => self.apply_stored(id, &mut st, s),
+                Event::Removed(r) => self.apply_removed(id, &mut st, r),
+                Event::AllCleared => {
+                    drop(st);
+                    self.clear(id);
+                    st = source.state.lock();
+                    // A cleared engine is a known state: whatever was unsure is settled.
+                    st.health = HealthState::Healthy;
+                }
+                Event::Unknown => st.status.malformed += 1,
+            }
+        }
+        let event_block_size = st.last_event_block_size;
+        if st
+            .status
+            .check_mismatch(self.config.block_size, event_block_size)
+        {
+            tracing::warn!(pod = %source.info.pod, rank = ?source.info.rank, reason = st.status.key_mismatch.as_deref().unwrap_or(""), "KV index keys do not match this engine");
+        }
+    }
+
+    fn apply_stored(&self, id: SourceId, st: &mut SourceState, s: &Stored) {
+        let bs = self.config.block_size;
+        if !s.reusable {
+            st.status.ignored_groups += 1;
+            return;
+        }
+        if s.block_size as usize != bs {
+            st.status.block_size_mismatches += 1;
+            st.last_event_block_size = Some(s.block_size);
+            return;
+        }
+        if s.token_ids.len() != s.hashes.len() * bs {
+            st.status.malformed += 1;
+            return;
+        }
+        let mut parent = match s.parent {
+            None => None,
+            Some(p) => match st.engine.get(&p.0) {
+                Some(&(key, _)) => Some(RouterKey(key)),
+                None => {
+                    // The parent chain is unknown (joined mid-stream or lost): these blocks
+                    // cannot be keyed, and no request could reach them through the index.
+                    st.status.orphans += s.hashes.len() as u64;
+                    return;
+                }
+            },
+        };
+        for (i, hash) in s.hashes.iter().enumerate() {
+            let extra = s
+                .extra_keys
+                .get(i)
+                .and_then(|e| e.as_deref())
+                .unwrap_or(&[]);
+            let key = block_key(
+                parent,
+                &s.token_ids[i * bs..(i + 1) * bs],
+                extra.iter().map(String::as_str),
+            );
+            let slot = st.engine.entry(hash.0).or_insert((key.0, 0));
+            slot.0 = key.0;
+            slot.1 |= s.tier.bit();
+            if self.store.insert(key, id.0, s.tier, false) == Upsert::Confirmed {
+                st.status.confirmed += 1;
+            }
+            parent = Some(key);
+        }
+        st.status.blocks_stored += s.hashes.len() as u64;
+    }
+
+    fn apply_removed(&self, id: SourceId, st: &mut SourceState, r: &Removed) {
+        if !r.reusable {
+            st.status.ignored_groups += 1;
+            return;
+        }
+        for hash in &r.hashes {
+            let Some(slot) = st.engine.get_mut(&hash.0) else {
+                st.status.unknown_removals += 1;
+                continue;
+            };
+            if slot.1 & r.tier.bit() == 0 {
+                st.status.unknown_removals += 1;
+                continue;
+            }
+            slot.1 &= !r.tier.bit();
+            let (key, left) = *slot;
+            if left == 0 {
+                st.engine.remove(&hash.0);
+            }
+            self.store.remove(RouterKey(key), id.0, r.tier, false);
+            st.status.blocks_removed += 1;
+        }
+    }
+
+    /// Records that the router sent a request with `keys` to `id`: the keys count as held
+    /// (GPU) until the engine's event confirms them or the TTL expires.
+    pub fn speculate(&self, id: SourceId, keys: &[RouterKey], now: Instant) {
+        let Some(source) = self.source(id) else {
+            return;
+        };
+        self.store.tick();
+        for key in keys {
+            self.store.insert(*key, id.0, Tier::Gpu, true);
+        }
+        let mut st = source.state.lock();
+        if !keys.is_empty() {
+            st.status.routed += 1;
+            st.speculative
+                .push_back((now + self.config.speculative_ttl, keys.to_vec()));
+        }
+    }
+
+    /// Expires speculative entries whose TTL passed; settles unsure sources whose grace
+    /// period passed.
+    pub fn sweep(&self, now: Instant) {
+        let sources: Vec<(SourceId, Arc<Source>)> = self
+            .sources
+            .read()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.clone().map(|s| (SourceId(i as u32), s)))
+            .collect();
+        for (id, source) in sources {
+            let mut st = source.state.lock();
+            while st
+                .speculative
+                .front()
+                .is_some_and(|(deadline, _)| *deadline <= now)
+            {
+                let (_, keys) = st.speculative.pop_front().expect("front checked");
+                for key in keys {
+                    self.store.remove(key, id.0, Tier::Gpu, true);
+                }
+            }
+            if let HealthState::Unsure { since, .. } = st.health
+                && now.duration_since(since) >= self.config.unsure_settle
+            {
+                st.health = HealthState::Healthy;
+            }
+        }
+    }
+
+    /// Marks a source unsure after lost events: its entries are dropped (they may include
+    /// blocks the engine evicted meanwhile) and prefix scores are not to be trusted until the
+    /// engine clears or restarts, or the settle period passes without new losses.
+    pub fn mark_unsure(&self, id: SourceId, reason: String, now: Instant) {
+        self.clear(id);
+        let Some(source) = self.source(id) else {
+            return;
+        };
+        let mut st = source.state.lock();
+        st.status.unrecoverable_gaps += 1;
+        tracing::warn!(pod = %source.info.pod, rank = ?source.info.rank, %reason, "KV index unsure for this source");
+        st.health = HealthState::Unsure { reason, since: now };
+    }
+
+    /// The engine restarted (seq back to 0): its cache is gone, so are its entries.
+    pub fn restarted(&self, id: SourceId) {
+        self.clear(id);
+        if let Some(source) = self.source(id) {
+            let mut st = source.state.lock();
+            st.status.restarts += 1;
+            st.health = HealthState::Healthy;
+        }
+    }
+
+    /// Counts a garbage payload.
+    pub fn note_malformed(&self, id: SourceId) {
+        if let Some(s) = self.source(id) {
+            s.state.lock().status.malformed += 1;
+        }
+    }
+
+    /// Counts a gap and whether replay filled it.
+    pub fn note_gap(&self, id: SourceId, replayed: u64) {
+        if let Some(s) = self.source(id) {
+            let mut st = s.state.lock();
+            st.status.gaps += 1;
+            st.status.replayed += replayed;
+        }
+    }
+
+    /// Whether the router may use this source's prefix scores.
+    pub fn trusted(&self, id: SourceId) -> bool {
+        self.source(id)
+            .is_some_and(|s| s.state.lock().health == HealthState::Healthy)
+    }
+
+    /// Status of every source, with entry counts.
+    pub fn status(&self) -> Vec<(SourceId, SourceStatus)> {
+        let sources = self.sources.read().clone();
+        sources
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let s = s.as_ref()?;
+                let st = s.state.lock();
+                let mut status = st.status.clone();
+                (status.state, status.reason) = match &st.health {
+                    HealthState::Waiting => {
+                        ("waiting", Some("no KV events received yet".to_string()))
+                    }
+                    HealthState::Healthy => ("healthy", None),
+                    HealthState::Unsure { reason, .. } => ("unsure", Some(reason.clone())),
+                };
+                status.entries = st.engine.len();
+                Some((SourceId(i as u32), status))
+            })
+            .collect()
+    }
+
+    /// Longest consecutive prefix per source and tier-weighted score.
+    pub fn lookup(&self, chain: &[RouterKey], out: &mut Vec<Match>) {
+        self.store.lookup(chain, out);
+    }
+
+    /// Who holds `key` (tests and diagnostics): (source, tier, speculative).
+    pub fn holders(&self, key: RouterKey) -> Vec<(SourceId, Tier, bool)> {
+        self.store
+            .holders_of(key)
+            .into_iter()
+            .map(|h| (SourceId(h.source()), h.tier(), h.speculative()))
+            .collect()
+    }
+
+    /// Every key a source holds per its events, with tiers (tests and diagnostics).
+    pub fn source_keys(&self, id: SourceId) -> Vec<(u64, RouterKey, u8)> {
+        let Some(source) = self.source(id) else {
+            return Vec::new();
+        };
+        let st = source.state.lock();
+        let mut v: Vec<_> = st
+            .engine
+            .iter()
+            .map(|(h, (k, t))| (*h, RouterKey(*k), *t))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// (block, source) entries in the store.
+    pub fn len(&self) -> usize {
+        self.store.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.store.is_empty()
+    }
+
+    pub fn evicted(&self) -> usize {
+        self.store.evicted()
+    }
+
+    /// Bytes held: the store's tables plus every source's engine-hash map.
+    pub fn bytes(&self) -> usize {
+        let per_engine_slot = std::mem::size_of::<(u64, (u64, u8))>() + 1;
+        let engine: usize = self
+            .sources
+            .read()
+            .iter()
+            .flatten()
+            .map(|s| s.state.lock().engine.capacity() * per_engine_slot)
+            .sum();
+        self.store.bytes() + engine
+    }
+}

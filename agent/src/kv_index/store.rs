@@ -1,0 +1,246 @@
+//! The concurrent prefix index: router key -> the sources (pods or DP ranks) holding it, per
+//! tier.
+//!
+//! - 64 shards, each a hash table behind its own `RwLock`; a lookup holds one shard's read
+//!   lock for one probe, so readers never wait for more than a single key operation of a writer.
+//! - Writers are the per-source ingestion tasks (in order per source) and the router's
+//!   speculative inserts.
+//! - Memory is bounded by `max_entries` (block, source) entries: a shard over its share evicts
+//!   its least recently touched eighth (epochs are bumped by lookups and writes).
+//! - Per source, a map engine hash -> router key (+ tiers) resolves BlockRemoved and makes
+//!   removing a source or an AllBlocksCleared proportional to that source's entries.
+
+use std::{
+    collections::HashMap,
+    hash::{BuildHasherDefault, Hasher},
+    sync::atomic::{AtomicU32, AtomicUsize, Ordering},
+};
+
+use parking_lot::RwLock;
+
+use super::{
+    RouterKey, Tier,
+    entry::{Entry, Holder, Spill, Upsert},
+};
+
+const SHARDS: usize = 64;
+
+/// Keys are already uniform hashes; shards take the low 6 bits, this mixes the rest.
+#[derive(Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v >> 6).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(26);
+    }
+}
+
+/// HashMap keyed by already-random u64s.
+pub type FastMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: FastMap<Entry>,
+    spill: Spill,
+    /// (block, source) entries in this shard.
+    holders: usize,
+}
+
+/// How well one source's blocks match a request's key chain.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Match {
+    pub source: u32,
+    /// Longest consecutive prefix of the chain that the source holds, in blocks.
+    pub blocks: usize,
+    /// Sum over those blocks of the best tier weight the source holds each in.
+    pub score: f64,
+}
+
+/// The shared index.
+#[derive(Debug)]
+pub struct Store {
+    shards: Vec<RwLock<Shard>>,
+    max_per_shard: usize,
+    epoch: AtomicU32,
+    holders: AtomicUsize,
+    evicted: AtomicUsize,
+    weights: [f64; Tier::COUNT],
+}
+
+impl Store {
+    /// An empty index bounded to about `max_entries` (block, source) entries.
+    pub fn new(max_entries: usize, weights: [f64; Tier::COUNT]) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            max_per_shard: max_entries.div_ceil(SHARDS).max(8),
+            epoch: AtomicU32::new(1),
+            holders: AtomicUsize::new(0),
+            evicted: AtomicUsize::new(0),
+            weights,
+        }
+    }
+
+    fn shard(&self, key: RouterKey) -> &RwLock<Shard> {
+        &self.shards[(key.0 as usize) & (SHARDS - 1)]
+    }
+
+    /// Advances the LRU clock (called once per ingested batch and per routing decision).
+    pub fn tick(&self) -> u32 {
+        self.epoch.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn now(&self) -> u32 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Adds (or confirms) `source` as a holder of `key` in `tier`.
+    pub fn insert(&self, key: RouterKey, source: u32, tier: Tier, speculative: bool) -> Upsert {
+        let epoch = self.now();
+        let mut shard = self.shard(key).write();
+        let shard = &mut *shard;
+        let entry = shard.map.entry(key.0).or_insert_with(|| Entry::new(epoch));
+        entry.touch(epoch);
+        let outcome = entry.upsert(&mut shard.spill, Holder::new(source, tier, speculative));
+        if outcome == Upsert::New {
+            shard.holders += 1;
+            self.holders.fetch_add(1, Ordering::Relaxed);
+            if shard.holders > self.max_per_shard {
+                self.evict(shard);
+            }
+        }
+        outcome
+    }
+
+    /// Removes `source` from `key` in `tier` (only if still speculative, when asked).
+    pub fn remove(&self, key: RouterKey, source: u32, tier: Tier, only_speculative: bool) -> bool {
+        let mut shard = self.shard(key).write();
+        let shard = &mut *shard;
+        let Some(entry) = shard.map.get_mut(&key.0) else {
+            return false;
+        };
+        let removed = entry.remove(&mut shard.spill, source, tier, only_speculative);
+        if removed {
+            shard.holders -= 1;
+            self.holders.fetch_sub(1, Ordering::Relaxed);
+        }
+        if entry.is_empty() {
+            shard.map.remove(&key.0);
+        }
+        removed
+    }
+
+    /// Drops the least recently touched eighth of a shard's keys.
+    fn evict(&self, shard: &mut Shard) {
+        let mut epochs: Vec<u32> = shard.map.values().map(Entry::epoch).collect();
+        let cut = epochs.len() / 8;
+        if cut == 0 {
+            return;
+        }
+        let (_, threshold, _) = epochs.select_nth_unstable(cut);
+        let threshold = *threshold;
+        let spill = &mut shard.spill;
+        let mut dropped = 0;
+        shard.map.retain(|_, e| {
+            if e.epoch() <= threshold {
+                dropped += e.clear(spill);
+                false
+            } else {
+                true
+            }
+        });
+        shard.holders -= dropped;
+        self.holders.fetch_sub(dropped, Ordering::Relaxed);
+        self.evicted.fetch_add(dropped, Ordering::Relaxed);
+    }
+
+    /// For every source holding a prefix of `chain`: the longest consecutive run from the
+    /// first block and its tier-weighted score. `out` is cleared first.
+    pub fn lookup(&self, chain: &[RouterKey], out: &mut Vec<Match>) {
+        out.clear();
+        let epoch = self.now();
+        // `out` holds the sources still matching; `alive` marks who matched this block.
+        let mut alive: Vec<(u32, f64)> = Vec::new();
+        for (i, key) in chain.iter().enumerate() {
+            alive.clear();
+            {
+                let shard = self.shard(*key).read();
+                let Some(entry) = shard.map.get(&key.0) else {
+                    break;
+                };
+                entry.touch(epoch);
+                entry.for_each(&shard.spill, |h| {
+                    let w = self.weights[h.tier() as usize];
+                    match alive.iter_mut().find(|(s, _)| *s == h.source()) {
+                        Some((_, best)) => *best = best.max(w),
+                        None => alive.push((h.source(), w)),
+                    }
+                });
+            }
+            if i == 0 {
+                out.extend(alive.iter().map(|&(source, w)| Match {
+                    source,
+                    blocks: 1,
+                    score: w,
+                }));
+            } else {
+                let mut any = false;
+                for m in out.iter_mut().filter(|m| m.blocks == i) {
+                    if let Some(&(_, w)) = alive.iter().find(|(s, _)| *s == m.source) {
+                        m.blocks += 1;
+                        m.score += w;
+                        any = true;
+                    }
+                }
+                if !any {
+                    break;
+                }
+            }
+            if out.is_empty() {
+                break;
+            }
+        }
+    }
+
+    /// Every (source, tier) holding `key` (tests and diagnostics).
+    pub fn holders_of(&self, key: RouterKey) -> Vec<Holder> {
+        let shard = self.shard(key).read();
+        let mut v = Vec::new();
+        if let Some(e) = shard.map.get(&key.0) {
+            e.for_each(&shard.spill, |h| v.push(h));
+        }
+        v
+    }
+
+    /// (block, source) entries currently indexed.
+    pub fn len(&self) -> usize {
+        self.holders.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Entries dropped by LRU eviction so far.
+    pub fn evicted(&self) -> usize {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Bytes held by the shards' tables and spill lists (allocated capacity).
+    pub fn bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = s.read();
+                s.map.capacity() * (std::mem::size_of::<(u64, Entry)>() + 1) + s.spill.bytes()
+            })
+            .sum()
+    }
+}

@@ -1,0 +1,262 @@
+//! Ingestion I/O: one ZeroMQ SUB per event source, feeding the tracker and the index, with
+//! replay over a DEALER when batches go missing.
+//!
+//! The SUB connects to the engine's PUB, or binds for engines configured to connect (vLLM's
+//! bind/connect rule, mirrored). The zeromq crate reconnects and resubscribes by itself; an
+//! engine that restarts shows up as sequence numbers starting again from 0.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+use super::{
+    KvIndex, SourceId,
+    tracker::{SeqTracker, Step},
+    wire::decode_batch,
+};
+
+/// The replay end marker: -1 as a signed 8-byte big-endian integer.
+const END_SEQ: [u8; 8] = [0xff; 8];
+/// How long a replay may take before the gap is declared unrecoverable.
+pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Where one source publishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceConfig {
+    pub pod: String,
+    /// Data-parallel rank, when the pod runs several.
+    pub rank: Option<u32>,
+    /// The engine's KV events endpoint (`tcp://host:port`).
+    pub endpoint: String,
+    /// Bind instead of connecting (the engine connects to us).
+    pub bind: bool,
+    /// The engine's replay endpoint, if it has one.
+    pub replay: Option<String>,
+    /// Topic prefix to subscribe to ("" = all).
+    pub topic: String,
+}
+
+/// Failures opening a subscription.
+#[derive(Debug, thiserror::Error)]
+pub enum SubscribeError {
+    #[error("KV events {endpoint}: {source}")]
+    Socket {
+        endpoint: String,
+        #[source]
+        source: zeromq::ZmqError,
+    },
+}
+
+/// Opens the subscription and spawns the ingestion task for an already registered source.
+pub async fn spawn(
+    index: Arc<KvIndex>,
+    id: SourceId,
+    cfg: SourceConfig,
+) -> Result<tokio::task::JoinHandle<()>, SubscribeError> {
+    let mut sub = SubSocket::new();
+    let err = |source| SubscribeError::Socket {
+        endpoint: cfg.endpoint.clone(),
+        source,
+    };
+    if cfg.bind {
+        sub.bind(&cfg.endpoint).await.map_err(err)?;
+    } else {
+        sub.connect(&cfg.endpoint).await.map_err(err)?;
+    }
+    sub.subscribe(&cfg.topic).await.map_err(err)?;
+    Ok(tokio::spawn(ingest(index, id, cfg, sub)))
+}
+
+async fn ingest(index: Arc<KvIndex>, id: SourceId, cfg: SourceConfig, mut sub: SubSocket) {
+    let mut tracker = SeqTracker::default();
+    loop {
+        let frames = match sub.recv().await {
+            Ok(msg) => msg.into_vec(),
+            Err(err) => {
+                tracing::warn!(pod = %cfg.pod, %err, "KV event subscription ended");
+                return;
+            }
+        };
+        let Some((seq, payload)) = split_frames(&frames) else {
+            index.note_malformed(id);
+            continue;
+        };
+        match tracker.observe(seq) {
+            Step::Duplicate => continue,
+            Step::Apply => {}
+            Step::Restart => index.restarted(id),
+            Step::JoinedLate { missed } => {
+                // Without history the index is a subset of the engine's cache: sound, just
+                // blind to older blocks. Replay makes it complete when the buffer reaches 0.
+                if let Some(replay) = &cfg.replay
+                    && let Ok(batches) = fetch_replay(replay, 0, seq).await
+                    && covers(&batches, 0, seq)
+                {
+                    apply_all(&index, id, &batches);
+                    index.note_gap(id, missed);
+                }
+            }
+            Step::Gap { from } => recover(&index, id, &cfg, from, seq).await,
+        }
+        apply_payload(&index, id, seq, payload);
+    }
+}
+
+/// Fills `from..until` by replay, or marks the source unsure.
+async fn recover(index: &KvIndex, id: SourceId, cfg: &SourceConfig, from: u64, until: u64) {
+    let lost = until - from;
+    let Some(replay) = &cfg.replay else {
+        index.note_gap(id, 0);
+        index.mark_unsure(
+            id,
+            format!("lost batches {from}..{until} and no replay endpoint is configured"),
+            Instant::now(),
+        );
+        return;
+    };
+    match fetch_replay(replay, from, until).await {
+        Ok(batches) if covers(&batches, from, until) => {
+            apply_all(index, id, &batches);
+            index.note_gap(id, lost);
+        }
+        Ok(batches) => {
+            index.note_gap(id, 0);
+            let got = batches
+                .first()
+                .map_or("nothing".into(), |(s, _)| format!("from {s}"));
+            index.mark_unsure(
+                id,
+                format!("lost batches {from}..{until}; replay buffer returned {got}"),
+                Instant::now(),
+            );
+        }
+        Err(e) => {
+            index.note_gap(id, 0);
+            index.mark_unsure(
+                id,
+                format!("lost batches {from}..{until}; replay failed: {e}"),
+                Instant::now(),
+            );
+        }
+    }
+}
+
+fn covers(batches: &[(u64, Bytes)], from: u64, until: u64) -> bool {
+    batches.len() as u64 == until - from
+        && batches
+            .iter()
+            .enumerate()
+            .all(|(i, (s, _))| *s == from + i as u64)
+}
+
+fn apply_all(index: &KvIndex, id: SourceId, batches: &[(u64, Bytes)]) {
+    for (seq, payload) in batches {
+        apply_payload(index, id, *seq, payload);
+    }
+}
+
+fn apply_payload(index: &KvIndex, id: SourceId, seq: u64, payload: &[u8]) {
+    match decode_batch(payload) {
+        Ok(batch) => index.apply(id, &batch, seq),
+        Err(err) => {
+            // Its events are lost: the view may now be wrong in either direction.
+            index.note_malformed(id);
+            index.mark_unsure(
+                id,
+                format!("undecodable batch {seq}: {err}"),
+                Instant::now(),
+            );
+        }
+    }
+}
+
+/// `[topic, seq (8 bytes BE), payload]` -> (seq, payload).
+fn split_frames(frames: &[Bytes]) -> Option<(u64, &[u8])> {
+    let [_topic, seq, payload] = frames else {
+        return None;
+    };
+    let seq: [u8; 8] = seq.as_ref().try_into().ok()?;
+    Some((u64::from_be_bytes(seq), payload.as_ref()))
+}
+
+/// Asks a replay endpoint for every buffered batch `>= from`; keeps those `< until`.
+/// Understands both reply layouts (v0.25 `[b"", seq, payload]`, v0.26 `[b"", topic, seq,
+/// payload]`).
+pub async fn fetch_replay(
+    endpoint: &str,
+    from: u64,
+    until: u64,
+) -> Result<Vec<(u64, Bytes)>, String> {
+    let work = async {
+        let mut dealer = DealerSocket::new();
+        dealer.connect(endpoint).await.map_err(|e| e.to_string())?;
+        let request = ZmqMessage::try_from(vec![
+            Bytes::new(),
+            Bytes::copy_from_slice(&from.to_be_bytes()),
+        ])
+        .map_err(|e| e.to_string())?;
+        dealer.send(request).await.map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        loop {
+            let frames = dealer.recv().await.map_err(|e| e.to_string())?.into_vec();
+            let body = match frames.split_first() {
+                Some((first, rest)) if first.is_empty() => rest,
+                _ => &frames[..],
+            };
+            let (seq, payload) = match body {
+                [seq, payload] => (seq, payload),
+                [_topic, seq, payload] => (seq, payload),
+                _ => {
+                    return Err(format!(
+                        "unexpected replay reply of {} frames",
+                        frames.len()
+                    ));
+                }
+            };
+            let seq: [u8; 8] = seq
+                .as_ref()
+                .try_into()
+                .map_err(|_| "replay seq is not 8 bytes".to_string())?;
+            if seq == END_SEQ {
+                return Ok(out);
+            }
+            let seq = u64::from_be_bytes(seq);
+            if (from..until).contains(&seq) {
+                out.push((seq, payload.clone()));
+            }
+        }
+    };
+    tokio::time::timeout(REPLAY_TIMEOUT, work)
+        .await
+        .map_err(|_| format!("no END after {REPLAY_TIMEOUT:?}"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_must_be_topic_seq_payload() {
+        let ok = [
+            Bytes::new(),
+            Bytes::copy_from_slice(&5u64.to_be_bytes()),
+            Bytes::from_static(b"x"),
+        ];
+        assert_eq!(split_frames(&ok), Some((5, &b"x"[..])));
+        assert_eq!(split_frames(&ok[..2]), None);
+        let short_seq = [Bytes::new(), Bytes::from_static(b"123"), Bytes::new()];
+        assert_eq!(split_frames(&short_seq), None);
+    }
+
+    #[test]
+    fn coverage_needs_every_seq() {
+        let b = |s: u64| (s, Bytes::new());
+        assert!(covers(&[b(3), b(4)], 3, 5));
+        assert!(!covers(&[b(4)], 3, 5));
+        assert!(!covers(&[b(3), b(5)], 3, 5));
+    }
+}
