@@ -64,6 +64,8 @@ struct SourceState {
     /// engine hash -> (router key, tiers held as a bitmask).
     engine: FastMap<(u64, u8)>,
     speculative: VecDeque<(Instant, Vec<RouterKey>)>,
+    /// The latest deadline per speculated key (a renewed speculation outlives older records).
+    spec_deadline: FastMap<Instant>,
     health: HealthState,
     status: SourceStatus,
     last_event_block_size: Option<u32>,
@@ -102,6 +104,7 @@ impl KvIndex {
             state: Mutex::new(SourceState {
                 engine: FastMap::default(),
                 speculative: VecDeque::new(),
+                spec_deadline: FastMap::default(),
                 health: HealthState::Waiting,
                 status: SourceStatus {
                     pod: info.pod.clone(),
@@ -148,10 +151,9 @@ impl KvIndex {
                 self.store.remove(RouterKey(key), id.0, tier, false);
             }
         }
-        for (_, keys) in st.speculative.drain(..) {
-            for key in keys {
-                self.store.remove(key, id.0, Tier::Gpu, true);
-            }
+        st.speculative.clear();
+        for (key, _) in st.spec_deadline.drain() {
+            self.store.remove(RouterKey(key), id.0, Tier::Gpu, true);
         }
     }
 
@@ -275,9 +277,12 @@ impl KvIndex {
         }
         let mut st = source.state.lock();
         if !keys.is_empty() {
+            let deadline = now + self.config.speculative_ttl;
             st.status.routed += 1;
-            st.speculative
-                .push_back((now + self.config.speculative_ttl, keys.to_vec()));
+            for key in keys {
+                st.spec_deadline.insert(key.0, deadline);
+            }
+            st.speculative.push_back((deadline, keys.to_vec()));
         }
     }
 
@@ -300,7 +305,10 @@ impl KvIndex {
             {
                 let (_, keys) = st.speculative.pop_front().expect("front checked");
                 for key in keys {
-                    self.store.remove(key, id.0, Tier::Gpu, true);
+                    if st.spec_deadline.get(&key.0).is_some_and(|d| *d <= now) {
+                        st.spec_deadline.remove(&key.0);
+                        self.store.remove(key, id.0, Tier::Gpu, true);
+                    }
                 }
             }
             if let HealthState::Unsure { since, .. } = st.health
@@ -435,3 +443,6 @@ impl KvIndex {
         self.store.bytes() + engine
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -73,6 +73,7 @@ pub async fn spawn(
 
 async fn ingest(index: Arc<KvIndex>, id: SourceId, cfg: SourceConfig, mut sub: SubSocket) {
     let mut tracker = SeqTracker::default();
+    let replay = cfg.replay.clone().map(ZmqReplay);
     loop {
         let frames = match sub.recv().await {
             Ok(msg) => msg.into_vec(),
@@ -85,31 +86,74 @@ async fn ingest(index: Arc<KvIndex>, id: SourceId, cfg: SourceConfig, mut sub: S
             index.note_malformed(id);
             continue;
         };
-        match tracker.observe(seq) {
-            Step::Duplicate => continue,
-            Step::Apply => {}
-            Step::Restart => index.restarted(id),
-            Step::JoinedLate { missed } => {
-                // Without history the index is a subset of the engine's cache: sound, just
-                // blind to older blocks. Replay makes it complete when the buffer reaches 0.
-                if let Some(replay) = &cfg.replay
-                    && let Ok(batches) = fetch_replay(replay, 0, seq).await
-                    && covers(&batches, 0, seq)
-                {
-                    apply_all(&index, id, &batches);
-                    index.note_gap(id, missed);
-                }
-            }
-            Step::Gap { from } => recover(&index, id, &cfg, from, seq).await,
-        }
-        apply_payload(&index, id, seq, payload);
+        on_batch(&index, id, &mut tracker, seq, payload, replay.as_ref()).await;
     }
 }
 
+/// Where lost batches can be fetched from.
+pub trait Replay {
+    /// Every buffered batch with `from <= seq < until`, in order.
+    fn fetch(
+        &self,
+        from: u64,
+        until: u64,
+    ) -> impl std::future::Future<Output = Result<Vec<(u64, Bytes)>, String>> + Send;
+}
+
+/// A vLLM replay endpoint (ROUTER) reached over a DEALER.
+#[derive(Debug, Clone)]
+pub struct ZmqReplay(pub String);
+
+impl Replay for ZmqReplay {
+    async fn fetch(&self, from: u64, until: u64) -> Result<Vec<(u64, Bytes)>, String> {
+        fetch_replay(&self.0, from, until).await
+    }
+}
+
+/// Handles one arriving batch of a source: order, gaps (replay or unsure), restarts,
+/// duplicates, then applies it.
+pub async fn on_batch<R: Replay>(
+    index: &KvIndex,
+    id: SourceId,
+    tracker: &mut SeqTracker,
+    seq: u64,
+    payload: &[u8],
+    replay: Option<&R>,
+) {
+    match tracker.observe(seq) {
+        Step::Apply => {}
+        Step::Restart { missed } => {
+            index.restarted(id);
+            if missed > 0 {
+                recover(index, id, replay, 0, seq).await;
+            }
+        }
+        Step::JoinedLate { missed } => {
+            // Without history the index is a subset of the engine's cache: sound, just
+            // blind to older blocks. Replay makes it complete when the buffer reaches 0.
+            if let Some(replay) = replay
+                && let Ok(batches) = replay.fetch(0, seq).await
+                && covers(&batches, 0, seq)
+            {
+                apply_all(index, id, &batches);
+                index.note_gap(id, missed);
+            }
+        }
+        Step::Gap { from } => recover(index, id, replay, from, seq).await,
+    }
+    apply_payload(index, id, seq, payload);
+}
+
 /// Fills `from..until` by replay, or marks the source unsure.
-async fn recover(index: &KvIndex, id: SourceId, cfg: &SourceConfig, from: u64, until: u64) {
+async fn recover<R: Replay>(
+    index: &KvIndex,
+    id: SourceId,
+    replay: Option<&R>,
+    from: u64,
+    until: u64,
+) {
     let lost = until - from;
-    let Some(replay) = &cfg.replay else {
+    let Some(replay) = replay else {
         index.note_gap(id, 0);
         index.mark_unsure(
             id,
@@ -118,7 +162,7 @@ async fn recover(index: &KvIndex, id: SourceId, cfg: &SourceConfig, from: u64, u
         );
         return;
     };
-    match fetch_replay(replay, from, until).await {
+    match replay.fetch(from, until).await {
         Ok(batches) if covers(&batches, from, until) => {
             apply_all(index, id, &batches);
             index.note_gap(id, lost);

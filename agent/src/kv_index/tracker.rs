@@ -1,8 +1,9 @@
 //! Sequence tracking for one event source (pure; the subscriber does the I/O).
 //!
-//! vLLM numbers batches from 0 per process. A jump forward is a gap (replay it); a return to 0
-//! is an engine restart (its cache is gone); anything else older is a duplicate (e.g. a batch
-//! both replayed and delivered live) and is skipped.
+//! vLLM numbers batches from 0 per process. A jump forward is a gap (replay it); a number
+//! lower than expected is an engine restart (its cache is gone) — batches 0..seq of the new
+//! process were lost if seq > 0. ZeroMQ never redelivers, and replayed batches always precede
+//! the live one that revealed the gap, so there are no duplicates to skip.
 
 /// What to do with an arriving batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,10 +14,9 @@ pub enum Step {
     JoinedLate { missed: u64 },
     /// Batches `from..seq` were lost: replay them, then apply this one.
     Gap { from: u64 },
-    /// The engine restarted: drop the source's entries, then apply this one.
-    Restart,
-    /// Already applied: skip.
-    Duplicate,
+    /// The engine restarted: drop the source's entries, recover batches `0..missed` of the
+    /// new process (replay), then apply this one.
+    Restart { missed: u64 },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -25,15 +25,14 @@ pub struct SeqTracker {
 }
 
 impl SeqTracker {
-    /// Classifies `seq` and advances past it (except for duplicates).
+    /// Classifies `seq` and advances past it.
     pub fn observe(&mut self, seq: u64) -> Step {
         let step = match self.next {
             None if seq == 0 => Step::Apply,
             None => Step::JoinedLate { missed: seq },
             Some(n) if seq == n => Step::Apply,
-            Some(_) if seq == 0 => Step::Restart,
             Some(n) if seq > n => Step::Gap { from: n },
-            Some(_) => return Step::Duplicate,
+            Some(_) => Step::Restart { missed: seq },
         };
         self.next = Some(seq + 1);
         step
@@ -55,10 +54,14 @@ mod tests {
         assert_eq!(t.observe(0), Step::Apply);
         assert_eq!(t.observe(1), Step::Apply);
         assert_eq!(t.observe(4), Step::Gap { from: 2 });
-        assert_eq!(t.observe(3), Step::Duplicate);
         assert_eq!(t.observe(5), Step::Apply);
-        assert_eq!(t.observe(0), Step::Restart);
+        assert_eq!(t.observe(0), Step::Restart { missed: 0 });
         assert_eq!(t.observe(1), Step::Apply);
+        assert_eq!(
+            t.observe(1),
+            Step::Restart { missed: 1 },
+            "restarted and lost batch 0"
+        );
         let mut late = SeqTracker::default();
         assert_eq!(late.observe(7), Step::JoinedLate { missed: 7 });
         assert_eq!(late.next(), Some(8));

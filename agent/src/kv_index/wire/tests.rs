@@ -179,6 +179,13 @@ fn garbage_is_an_error() {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 2000,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0xbad_f00d),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
     #[test]
     fn never_panics_on_random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         let _ = decode_batch(&bytes);
