@@ -47,6 +47,18 @@ pub struct RunningEngine {
     pub publisher: Option<Started>,
 }
 
+impl RunningEngine {
+    /// Stops the engine: its HTTP server and event publisher close their sockets, the engine
+    /// task ends with its last handle. Like killing a vLLM process.
+    pub fn shutdown(self) {
+        self.server.abort();
+        if let Some(p) = self.publisher {
+            p.task.abort();
+            p.replay_task.abort();
+        }
+    }
+}
+
 /// Start-up failures, naming the address involved.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

@@ -2,5 +2,6 @@
 //! clean up after themselves, simulator fleets, and waiting on conditions instead of sleeping.
 
 pub mod gate;
+pub mod index;
 pub mod process;
 pub mod sim;

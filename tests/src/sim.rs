@@ -22,13 +22,16 @@ pub struct Fleet {
 impl Fleet {
     /// Starts engines from `warmpath sim` flags (`--port 0` style, loopback only).
     pub async fn start(flags: &[&str]) -> Self {
+        Self::try_start(flags).await.expect("simulator starts")
+    }
+
+    /// Like `start`, returning the start-up error (e.g. a port still in use).
+    pub async fn try_start(flags: &[&str]) -> Result<Self, warmpath_sim::cli::Error> {
         let args = Wrap::try_parse_from(std::iter::once("sim").chain(flags.iter().copied()))
             .expect("valid sim flags")
             .sim;
-        let engines = warmpath_sim::cli::start(&args)
-            .await
-            .expect("simulator starts");
-        Self { engines }
+        let engines = warmpath_sim::cli::start(&args).await?;
+        Ok(Self { engines })
     }
 
     /// Base URL of engine `i`.

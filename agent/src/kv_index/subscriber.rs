@@ -21,6 +21,8 @@ use super::{
 
 /// The replay end marker: -1 as a signed 8-byte big-endian integer.
 const END_SEQ: [u8; 8] = [0xff; 8];
+/// Silence after which the replay endpoint is asked for batches that may have been lost.
+pub const IDLE_PROBE: Duration = Duration::from_secs(1);
 /// How long a replay may take before the gap is declared unrecoverable.
 pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -75,9 +77,18 @@ async fn ingest(index: Arc<KvIndex>, id: SourceId, cfg: SourceConfig, mut sub: S
     let mut tracker = SeqTracker::default();
     let replay = cfg.replay.clone().map(ZmqReplay);
     loop {
-        let frames = match sub.recv().await {
-            Ok(msg) => msg.into_vec(),
-            Err(err) => {
+        let received = match &replay {
+            Some(_) => tokio::time::timeout(IDLE_PROBE, sub.recv()).await.ok(),
+            None => Some(sub.recv().await),
+        };
+        let frames = match received {
+            // Quiet: a lost LAST batch would otherwise go unnoticed until the next one.
+            None => {
+                catch_up(&index, id, &mut tracker, replay.as_ref()).await;
+                continue;
+            }
+            Some(Ok(msg)) => msg.into_vec(),
+            Some(Err(err)) => {
                 tracing::warn!(pod = %cfg.pod, %err, "KV event subscription ended");
                 return;
             }
@@ -87,6 +98,27 @@ async fn ingest(index: Arc<KvIndex>, id: SourceId, cfg: SourceConfig, mut sub: S
             continue;
         };
         on_batch(&index, id, &mut tracker, seq, payload, replay.as_ref()).await;
+    }
+}
+
+/// After a quiet period, asks the replay endpoint for anything newer than what was applied.
+async fn catch_up<R: Replay>(
+    index: &KvIndex,
+    id: SourceId,
+    tracker: &mut SeqTracker,
+    replay: Option<&R>,
+) {
+    let (Some(replay), Some(next)) = (replay, tracker.next()) else {
+        return;
+    };
+    let Ok(batches) = replay.fetch(next, u64::MAX).await else {
+        return;
+    };
+    if !batches.is_empty() {
+        index.note_gap(id, batches.len() as u64);
+    }
+    for (seq, payload) in batches {
+        on_batch(index, id, tracker, seq, &payload, Some(replay)).await;
     }
 }
 

@@ -77,6 +77,7 @@ impl Publisher {
         })?;
         let buffer: Buffer = Arc::new(Mutex::new(VecDeque::new()));
         let mut replay_endpoint = None;
+        let mut replay_task = tokio::spawn(async {});
         if let Some(replay) = &self.replay_endpoint {
             let mut router = RouterSocket::new();
             let bound =
@@ -88,7 +89,7 @@ impl Publisher {
                         source,
                     })?;
             replay_endpoint = Some(bound.to_string());
-            tokio::spawn(serve_replay(
+            replay_task = tokio::spawn(serve_replay(
                 router,
                 buffer.clone(),
                 self.topic.clone(),
@@ -126,6 +127,7 @@ impl Publisher {
         });
         Ok(Started {
             task,
+            replay_task,
             events_endpoint,
             replay_endpoint,
         })
@@ -136,6 +138,8 @@ impl Publisher {
 #[derive(Debug)]
 pub struct Started {
     pub task: JoinHandle<()>,
+    /// The replay endpoint's task (finished at once when there is none).
+    pub replay_task: JoinHandle<()>,
     pub events_endpoint: String,
     pub replay_endpoint: Option<String>,
 }
