@@ -182,7 +182,7 @@ async fn engine_restart_drops_old_entries_and_the_subscriber_reconnects() {
         // A new process: a different seed, so its block hashes differ from the old ones.
         let mut flags = flags;
         flags[flags.len() - 1] = "2";
-        Some(Fleet::try_start(&flags).await.ok()?)
+        Fleet::try_start(&flags).await.ok()
     })
     .await;
     let base = fleet.url(0);
