@@ -1,5 +1,6 @@
 //! `warmpath bench ...`: measurements that back the numbers in docs/benchmarks.md.
 
+pub mod index;
 mod proc_stat;
 mod sim_streams;
 
@@ -13,6 +14,8 @@ pub enum BenchCommand {
     /// Streams through a simulator fleet (a separate `warmpath sim` process): SSE chunks per
     /// second and the simulator's CPU use.
     SimStreams(SimStreamsArgs),
+    /// KV index: ingestion rate, lookup latency, bytes per entry, memory under the cap.
+    Index(index::IndexBenchArgs),
 }
 
 /// Errors that end a benchmark.
@@ -32,5 +35,8 @@ pub enum Error {
 pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
     match cmd {
         BenchCommand::SimStreams(args) => sim_streams::run(args).await,
+        BenchCommand::Index(args) => tokio::task::spawn_blocking(move || index::run(args))
+            .await
+            .map_err(|e| Error::Setup(format!("index benchmark panicked: {e}"))),
     }
 }

@@ -10,7 +10,7 @@
 //! block), multimodal ids, and `cache_salt` (only the block starting at token 0). They are
 //! hashed as length-prefixed strings in the engine's order.
 
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64_with_seed};
 
 /// A block's identity in warmpath's key space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -43,18 +43,21 @@ impl RequestExtras {
 }
 
 /// Key of one block given its parent's key, its tokens and its extra keys.
-pub fn block_key<'a>(
-    parent: Option<RouterKey>,
-    tokens: &[u32],
-    extra: impl IntoIterator<Item = &'a str>,
-) -> RouterKey {
+pub fn block_key<'a>(parent: Option<RouterKey>, tokens: &[u32], extra: impl IntoIterator<Item = &'a str>) -> RouterKey {
+    let mut extra = extra.into_iter().peekable();
+    // Common case (no extra keys, blocks up to 64 tokens): one-shot hash of a stack buffer.
+    if extra.peek().is_none() && tokens.len() <= 64 {
+        let mut buf = [0u8; 9 + 256];
+        write_header(&mut buf, parent);
+        for (i, t) in tokens.iter().enumerate() {
+            buf[9 + i * 4..13 + i * 4].copy_from_slice(&t.to_le_bytes());
+        }
+        return RouterKey(xxh3_64_with_seed(&buf[..9 + tokens.len() * 4], KEY_SEED));
+    }
     let mut h = Xxh3::with_seed(KEY_SEED);
-    h.update(
-        &parent
-            .map_or(0, |p| p.0 ^ 0x9e37_79b9_7f4a_7c15)
-            .to_le_bytes(),
-    );
-    h.update(&[u8::from(parent.is_some())]);
+    let mut header = [0u8; 9];
+    write_header(&mut header, parent);
+    h.update(&header);
     // Tokens as little-endian u32s, hashed through a stack buffer (no allocation).
     let mut buf = [0u8; 256];
     for chunk in tokens.chunks(64) {
@@ -68,6 +71,12 @@ pub fn block_key<'a>(
         h.update(key.as_bytes());
     }
     RouterKey(h.digest())
+}
+
+/// Parent key (or 0) and a presence byte: the same 9 bytes whichever path hashes them.
+fn write_header(buf: &mut [u8], parent: Option<RouterKey>) {
+    buf[..8].copy_from_slice(&parent.map_or(0, |p| p.0 ^ 0x9e37_79b9_7f4a_7c15).to_le_bytes());
+    buf[8] = u8::from(parent.is_some());
 }
 
 /// Keys of every full block of `tokens` (a request's key chain).
@@ -124,6 +133,17 @@ mod tests {
         );
         // Same inputs, same key; parent None differs from parent 0.
         assert_eq!(block_key(None, &t[..16], []), plain[0]);
+        // The one-shot and streaming paths agree (70 tokens takes the streaming path).
+        let long: Vec<u32> = (0..70).collect();
+        let mut h = Xxh3::with_seed(KEY_SEED);
+        let mut header = [0u8; 9];
+        write_header(&mut header, None);
+        h.update(&header);
+        for t in &long {
+            h.update(&t.to_le_bytes());
+        }
+        assert_eq!(block_key(None, &long, []).0, h.digest());
+        assert_eq!(block_key(None, &long[..64], []).0, xxh3_64_with_seed(&[&header[..], &long[..64].iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>()].concat(), KEY_SEED));
         assert_ne!(block_key(Some(RouterKey(0)), &t[..16], []), plain[0]);
     }
 }

@@ -87,7 +87,29 @@ impl<'a> Reader<'a> {
     }
 
     /// An integer as raw 64 bits: unsigned as is, negative as two's complement.
+    #[inline]
     pub fn int(&mut self) -> Result<u64, Error> {
+        // Fast paths for what token ids and hashes use: fixint, uint16, uint32, uint64.
+        let rest = &self.buf[self.pos..];
+        match rest {
+            [m @ 0x00..=0x7f, ..] => {
+                self.pos += 1;
+                return Ok(u64::from(*m));
+            }
+            [0xcd, a, b, ..] => {
+                self.pos += 3;
+                return Ok(u64::from(u16::from_be_bytes([*a, *b])));
+            }
+            [0xce, a, b, c, d, ..] => {
+                self.pos += 5;
+                return Ok(u64::from(u32::from_be_bytes([*a, *b, *c, *d])));
+            }
+            [0xcf, tail @ ..] if tail.len() >= 8 => {
+                self.pos += 9;
+                return Ok(u64::from_be_bytes(tail[..8].try_into().expect("length checked")));
+            }
+            _ => {}
+        }
         let m = self.peek()?;
         let v = match m {
             0x00..=0x7f => {

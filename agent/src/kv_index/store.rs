@@ -24,6 +24,78 @@ use super::{
 };
 
 const SHARDS: usize = 64;
+/// Keys probed per round of a lookup.
+const CHUNK: usize = 256;
+
+thread_local! {
+    static LOOKUP_SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// Per-thread buffers of `lookup`: for each probed position, (source, best weight) pairs.
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Up to `INLINE` hits per position, flat.
+    inline: Vec<(u32, f64)>,
+    len: Vec<u8>,
+    /// Positions with more hits than fit inline.
+    overflow: Vec<(u16, u32, f64)>,
+    order: Vec<u16>,
+    spilled: Vec<(u32, f64)>,
+}
+
+const INLINE: usize = 4;
+
+impl Scratch {
+    fn reset(&mut self, n: usize) {
+        self.inline.clear();
+        self.inline.resize(n * INLINE, (0, 0.0));
+        self.len.clear();
+        self.len.resize(n, 0);
+        self.overflow.clear();
+    }
+
+    /// Records that `source` holds position `i` with weight `w` (keeping the best tier).
+    fn add(&mut self, i: usize, source: u32, w: f64) {
+        let n = usize::from(self.len[i]);
+        let slots = &mut self.inline[i * INLINE..i * INLINE + n.min(INLINE)];
+        if let Some(hit) = slots.iter_mut().find(|(s, _)| *s == source) {
+            hit.1 = hit.1.max(w);
+            return;
+        }
+        if let Some(hit) = self
+            .overflow
+            .iter_mut()
+            .find(|(p, s, _)| usize::from(*p) == i && *s == source)
+        {
+            hit.2 = hit.2.max(w);
+            return;
+        }
+        if n < INLINE {
+            self.inline[i * INLINE + n] = (source, w);
+        } else {
+            self.overflow.push((i as u16, source, w));
+        }
+        self.len[i] = self.len[i].saturating_add(1);
+    }
+
+    /// Hits of position `i`.
+    fn hits(&mut self, i: usize) -> &[(u32, f64)] {
+        let n = usize::from(self.len[i]);
+        if n <= INLINE {
+            return &self.inline[i * INLINE..i * INLINE + n];
+        }
+        self.spilled.clear();
+        self.spilled
+            .extend_from_slice(&self.inline[i * INLINE..(i + 1) * INLINE]);
+        self.spilled.extend(
+            self.overflow
+                .iter()
+                .filter(|(p, _, _)| usize::from(*p) == i)
+                .map(|&(_, s, w)| (s, w)),
+        );
+        &self.spilled
+    }
+}
 
 /// Keys are already uniform hashes; shards take the low 6 bits, this mixes the rest.
 #[derive(Default, Clone, Copy)]
@@ -70,7 +142,6 @@ pub struct Store {
     shards: Vec<RwLock<Shard>>,
     max_per_shard: usize,
     epoch: AtomicU32,
-    holders: AtomicUsize,
     evicted: AtomicUsize,
     weights: [f64; Tier::COUNT],
 }
@@ -82,7 +153,6 @@ impl Store {
             shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
             max_per_shard: max_entries.div_ceil(SHARDS).max(8),
             epoch: AtomicU32::new(1),
-            holders: AtomicUsize::new(0),
             evicted: AtomicUsize::new(0),
             weights,
         }
@@ -111,7 +181,6 @@ impl Store {
         let outcome = entry.upsert(&mut shard.spill, Holder::new(source, tier, speculative));
         if outcome == Upsert::New {
             shard.holders += 1;
-            self.holders.fetch_add(1, Ordering::Relaxed);
             if shard.holders > self.max_per_shard {
                 self.evict(shard);
             }
@@ -129,7 +198,6 @@ impl Store {
         let removed = entry.remove(&mut shard.spill, source, tier, only_speculative);
         if removed {
             shard.holders -= 1;
-            self.holders.fetch_sub(1, Ordering::Relaxed);
         }
         if entry.is_empty() {
             shard.map.remove(&key.0);
@@ -157,58 +225,94 @@ impl Store {
             }
         });
         shard.holders -= dropped;
-        self.holders.fetch_sub(dropped, Ordering::Relaxed);
         self.evicted.fetch_add(dropped, Ordering::Relaxed);
     }
 
     /// For every source holding a prefix of `chain`: the longest consecutive run from the
     /// first block and its tier-weighted score. `out` is cleared first.
+    ///
+    /// Keys are probed a chunk at a time, grouped by shard: one read lock per shard per
+    /// chunk, and no atomic read-modify-write between probes, so the CPU overlaps their
+    /// cache misses. Probing stops after the chunk where the last source drops out.
     pub fn lookup(&self, chain: &[RouterKey], out: &mut Vec<Match>) {
         out.clear();
+        LOOKUP_SCRATCH.with_borrow_mut(|scratch| self.lookup_with(chain, out, scratch));
+    }
+
+    fn lookup_with(&self, chain: &[RouterKey], out: &mut Vec<Match>, scratch: &mut Scratch) {
         let epoch = self.now();
-        // `out` holds the sources still matching; `alive` marks who matched this block.
-        let mut alive: Vec<(u32, f64)> = Vec::new();
-        for (i, key) in chain.iter().enumerate() {
-            alive.clear();
-            {
-                let shard = self.shard(*key).read();
-                let Some(entry) = shard.map.get(&key.0) else {
-                    break;
-                };
-                entry.touch(epoch);
-                entry.for_each(&shard.spill, |h| {
-                    let w = self.weights[h.tier() as usize];
-                    match alive.iter_mut().find(|(s, _)| *s == h.source()) {
-                        Some((_, best)) => *best = best.max(w),
-                        None => alive.push((h.source(), w)),
+        // Indices into `out` of the sources still matching.
+        let mut active: Vec<usize> = Vec::new();
+        let mut start = 0;
+        while start < chain.len() {
+            let end = (start + CHUNK).min(chain.len());
+            self.probe(&chain[start..end], epoch, scratch);
+            for i in start..end {
+                let hits = scratch.hits(i - start);
+                if i == 0 {
+                    for &(source, w) in hits {
+                        active.push(out.len());
+                        out.push(Match {
+                            source,
+                            blocks: 1,
+                            score: w,
+                        });
                     }
-                });
-            }
-            if i == 0 {
-                out.extend(alive.iter().map(|&(source, w)| Match {
-                    source,
-                    blocks: 1,
-                    score: w,
-                }));
-            } else {
-                let mut any = false;
-                for m in out.iter_mut().filter(|m| m.blocks == i) {
-                    if let Some(&(_, w)) = alive.iter().find(|(s, _)| *s == m.source) {
-                        m.blocks += 1;
-                        m.score += w;
-                        any = true;
-                    }
+                } else {
+                    active.retain(|&m| match hits.iter().find(|(s, _)| *s == out[m].source) {
+                        Some(&(_, w)) => {
+                            out[m].blocks += 1;
+                            out[m].score += w;
+                            true
+                        }
+                        None => false,
+                    });
                 }
-                if !any {
-                    break;
+                if active.is_empty() {
+                    return;
                 }
             }
-            if out.is_empty() {
-                break;
-            }
+            start = end;
         }
     }
 
+    /// Fills `scratch` with the best-tier weight per source for each key of `keys`.
+    fn probe(&self, keys: &[RouterKey], epoch: u32, scratch: &mut Scratch) {
+        scratch.reset(keys.len());
+        // Counting sort of key positions by shard.
+        let mut counts = [0u16; SHARDS + 1];
+        for k in keys {
+            counts[(k.0 as usize & (SHARDS - 1)) + 1] += 1;
+        }
+        for i in 0..SHARDS {
+            counts[i + 1] += counts[i];
+        }
+        let mut next = counts;
+        scratch.order.clear();
+        scratch.order.resize(keys.len(), 0);
+        for (i, k) in keys.iter().enumerate() {
+            let shard = k.0 as usize & (SHARDS - 1);
+            scratch.order[next[shard] as usize] = i as u16;
+            next[shard] += 1;
+        }
+        for shard in 0..SHARDS {
+            let (from, to) = (counts[shard] as usize, counts[shard + 1] as usize);
+            if from == to {
+                continue;
+            }
+            let guard = self.shards[shard].read();
+            for j in from..to {
+                let i = scratch.order[j] as usize;
+                let Some(entry) = guard.map.get(&keys[i].0) else {
+                    continue;
+                };
+                entry.touch(epoch);
+                entry.for_each(&guard.spill, |h| {
+                    scratch.add(i, h.source(), self.weights[h.tier() as usize])
+                });
+            }
+        }
+    }
     /// Every (source, tier) holding `key` (tests and diagnostics).
     pub fn holders_of(&self, key: RouterKey) -> Vec<Holder> {
         let shard = self.shard(key).read();
@@ -221,7 +325,7 @@ impl Store {
 
     /// (block, source) entries currently indexed.
     pub fn len(&self) -> usize {
-        self.holders.load(Ordering::Relaxed)
+        self.shards.iter().map(|s| s.read().holders).sum()
     }
 
     pub fn is_empty(&self) -> bool {
