@@ -308,3 +308,49 @@ async fn a_fleet_runs_independent_engines() {
     let endpoints: std::collections::HashSet<_> = (0..3).map(|i| fleet.events(i)).collect();
     assert_eq!(endpoints.len(), 3, "each engine publishes on its own port");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stream_stops_mid_way_and_a_disconnect_aborts_it() {
+    use futures::StreamExt;
+    // A real-time 8B profile: 2,000 tokens take ~12 s, so the engine is still generating
+    // when the client gives up (the abort is then visible in its metrics).
+    let fleet = Fleet::start(&[
+        "--port",
+        "0",
+        "--profile",
+        "llama-3.1-8b-h100",
+        "--fault-stall-after-tokens",
+        "3",
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let base = fleet.url(0);
+    let body =
+        json!({"prompt": "stall here", "max_tokens": 2000, "ignore_eos": true, "stream": true});
+    let resp = client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    let mut text = String::new();
+    while text.matches("\"text\":\"").count() < 3 {
+        let bytes = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        text.push_str(std::str::from_utf8(&bytes).unwrap());
+    }
+    // Nothing more arrives: no fourth token, no [DONE].
+    let more = tokio::time::timeout(Duration::from_millis(300), stream.next()).await;
+    assert!(more.is_err(), "stream should stall, got {more:?}");
+    assert!(!text.contains("[DONE]"));
+    drop(stream);
+    wait_for("abort counted", WAIT, || {
+        let (client, base) = (client.clone(), base.clone());
+        async move { (metric(&client, &base, "vllm:request_aborted_total").await == 1.0).then_some(()) }
+    })
+    .await;
+}

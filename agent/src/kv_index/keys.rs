@@ -43,7 +43,11 @@ impl RequestExtras {
 }
 
 /// Key of one block given its parent's key, its tokens and its extra keys.
-pub fn block_key<'a>(parent: Option<RouterKey>, tokens: &[u32], extra: impl IntoIterator<Item = &'a str>) -> RouterKey {
+pub fn block_key<'a>(
+    parent: Option<RouterKey>,
+    tokens: &[u32],
+    extra: impl IntoIterator<Item = &'a str>,
+) -> RouterKey {
     let mut extra = extra.into_iter().peekable();
     // Common case (no extra keys, blocks up to 64 tokens): one-shot hash of a stack buffer.
     if extra.peek().is_none() && tokens.len() <= 64 {
@@ -75,7 +79,11 @@ pub fn block_key<'a>(parent: Option<RouterKey>, tokens: &[u32], extra: impl Into
 
 /// Parent key (or 0) and a presence byte: the same 9 bytes whichever path hashes them.
 fn write_header(buf: &mut [u8], parent: Option<RouterKey>) {
-    buf[..8].copy_from_slice(&parent.map_or(0, |p| p.0 ^ 0x9e37_79b9_7f4a_7c15).to_le_bytes());
+    buf[..8].copy_from_slice(
+        &parent
+            .map_or(0, |p| p.0 ^ 0x9e37_79b9_7f4a_7c15)
+            .to_le_bytes(),
+    );
     buf[8] = u8::from(parent.is_some());
 }
 
@@ -143,7 +151,20 @@ mod tests {
             h.update(&t.to_le_bytes());
         }
         assert_eq!(block_key(None, &long, []).0, h.digest());
-        assert_eq!(block_key(None, &long[..64], []).0, xxh3_64_with_seed(&[&header[..], &long[..64].iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>()].concat(), KEY_SEED));
+        assert_eq!(
+            block_key(None, &long[..64], []).0,
+            xxh3_64_with_seed(
+                &[
+                    &header[..],
+                    &long[..64]
+                        .iter()
+                        .flat_map(|t| t.to_le_bytes())
+                        .collect::<Vec<_>>()
+                ]
+                .concat(),
+                KEY_SEED
+            )
+        );
         assert_ne!(block_key(Some(RouterKey(0)), &t[..16], []), plain[0]);
     }
 }

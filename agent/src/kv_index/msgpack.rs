@@ -106,7 +106,9 @@ impl<'a> Reader<'a> {
             }
             [0xcf, tail @ ..] if tail.len() >= 8 => {
                 self.pos += 9;
-                return Ok(u64::from_be_bytes(tail[..8].try_into().expect("length checked")));
+                return Ok(u64::from_be_bytes(
+                    tail[..8].try_into().expect("length checked"),
+                ));
             }
             _ => {}
         }
@@ -134,6 +136,29 @@ impl<'a> Reader<'a> {
             _ => return Err(self.unexpected("an integer")),
         };
         Ok(v)
+    }
+
+    /// An array of unsigned integers that fit u32 (token ids), appended to `out`.
+    pub fn u32_array(&mut self, out: &mut Vec<u32>) -> Result<(), Error> {
+        let n = self.array_len()?;
+        out.reserve(n);
+        for _ in 0..n {
+            let rest = &self.buf[self.pos..];
+            let (v, used) = match rest {
+                [m @ 0x00..=0x7f, ..] => (u32::from(*m), 1),
+                [0xcc, a, ..] => (u32::from(*a), 2),
+                [0xcd, a, b, ..] => (u32::from(u16::from_be_bytes([*a, *b])), 3),
+                [0xce, a, b, c, d, ..] => (u32::from_be_bytes([*a, *b, *c, *d]), 5),
+                _ => {
+                    let v = self.int()?;
+                    out.push(u32::try_from(v).map_err(|_| Error::Invalid("integer exceeds u32"))?);
+                    continue;
+                }
+            };
+            self.pos += used;
+            out.push(v);
+        }
+        Ok(())
     }
 
     /// A float (or an integer, widened).

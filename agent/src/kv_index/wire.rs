@@ -241,15 +241,7 @@ fn field(r: &mut Reader<'_>, f: &mut Fields, name: &str) -> Result<(), WireError
             }
         }
         "parent_block_hash" => f.parent = if r.nil()? { None } else { Some(hash(r)?) },
-        "token_ids" => {
-            let n = r.array_len()?;
-            f.token_ids.reserve(n);
-            for _ in 0..n {
-                let t = u32::try_from(r.int()?)
-                    .map_err(|_| WireError::Shape("token id exceeds u32"))?;
-                f.token_ids.push(t);
-            }
-        }
+        "token_ids" => r.u32_array(&mut f.token_ids)?,
         "block_size" => {
             f.block_size =
                 u32::try_from(r.int()?).map_err(|_| WireError::Shape("block_size exceeds u32"))?

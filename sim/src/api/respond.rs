@@ -122,11 +122,16 @@ fn stream(responder: Responder) -> Response {
 impl Responder {
     /// Waits for output and writes every event available now into `buf`. True at the end.
     async fn next_events(&mut self, buf: &mut Vec<u8>) -> bool {
+        if self.stalled() {
+            // Injected stall: never another byte. The client gives up, hyper drops this
+            // stream, `rx` goes with it and the engine aborts the request.
+            std::future::pending::<()>().await;
+        }
         let mut next = self.rx.recv().await;
         loop {
             let done = self.on_stream_output(next, buf);
-            if done {
-                return true;
+            if done || self.stalled() {
+                return done;
             }
             match self.rx.try_recv() {
                 Ok(o) => next = Some(o),
@@ -155,7 +160,7 @@ impl Responder {
                     self.finish(buf, FinishReason::Stop);
                     return true;
                 }
-                self.stall_if_configured()
+                false
             }
             Some(Output::Finished(reason)) => {
                 let rest = self.asm.flush().to_string();
@@ -187,16 +192,11 @@ impl Responder {
     }
 
     /// Injected fault: stop producing output mid-stream (the client must give up).
-    fn stall_if_configured(&mut self) -> bool {
-        if self
-            .served
+    fn stalled(&self) -> bool {
+        self.served
             .faults
             .stall_after_tokens
             .is_some_and(|k| self.asm.tokens >= k)
-        {
-            self.rx.close();
-        }
-        false
     }
 
     fn finish(&mut self, buf: &mut Vec<u8>, reason: FinishReason) {
