@@ -194,7 +194,7 @@ async fn engine_restart_drops_old_entries_and_the_subscriber_reconnects() {
             index
                 .status()
                 .into_iter()
-                .find(|(_, s)| s.restarts >= 1)
+                .find(|(_, s)| s.restarts + s.reconnects >= 1)
                 .map(|_| ())
         }
     })

@@ -41,6 +41,8 @@ pub struct SourceStatus {
     pub replayed: u64,
     pub unrecoverable_gaps: u64,
     pub restarts: u64,
+    /// Times the publisher went away and came back (entries were dropped and resynced).
+    pub reconnects: u64,
     pub routed: u64,
     pub confirmed: u64,
     /// A human-readable warning when keys look like they never match the engine's.

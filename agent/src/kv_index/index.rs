@@ -343,6 +343,20 @@ impl KvIndex {
         }
     }
 
+    /// The subscription lost its publisher and connected again: what we hold may belong to
+    /// a process that is gone, so start over as a fresh subscriber (replay from 0 if the
+    /// engine's buffer reaches back, else a subset that fills as the engine stores).
+    pub fn reconnected(&self, id: SourceId) {
+        self.clear(id);
+        if let Some(source) = self.source(id) {
+            let mut st = source.state.lock();
+            st.status.reconnects += 1;
+            if st.health != HealthState::Waiting {
+                st.health = HealthState::Healthy;
+            }
+        }
+    }
+
     /// Counts a garbage payload.
     pub fn note_malformed(&self, id: SourceId) {
         if let Some(s) = self.source(id) {

@@ -39,7 +39,6 @@ struct Scratch {
     len: Vec<u8>,
     /// Positions with more hits than fit inline.
     overflow: Vec<(u16, u32, f64)>,
-    order: Vec<u16>,
     spilled: Vec<(u32, f64)>,
 }
 
@@ -231,9 +230,10 @@ impl Store {
     /// For every source holding a prefix of `chain`: the longest consecutive run from the
     /// first block and its tier-weighted score. `out` is cleared first.
     ///
-    /// Keys are probed a chunk at a time, grouped by shard: one read lock per shard per
-    /// chunk, and no atomic read-modify-write between probes, so the CPU overlaps their
-    /// cache misses. Probing stops after the chunk where the last source drops out.
+    /// Keys are probed a chunk at a time: one read lock per shard per chunk, then a tight
+    /// loop of independent probes with no atomic read-modify-write between them, so the CPU
+    /// overlaps their cache misses. Probing stops after the chunk where the last source
+    /// drops out.
     pub fn lookup(&self, chain: &[RouterKey], out: &mut Vec<Match>) {
         out.clear();
         LOOKUP_SCRATCH.with_borrow_mut(|scratch| self.lookup_with(chain, out, scratch));
@@ -277,42 +277,36 @@ impl Store {
     }
 
     /// Fills `scratch` with the best-tier weight per source for each key of `keys`.
+    ///
+    /// Read guards of every shard the chunk touches are taken first; then all keys are
+    /// looked up in one tight loop of independent probes (the CPU overlaps their cache
+    /// misses), and only then are the hits recorded.
     fn probe(&self, keys: &[RouterKey], epoch: u32, scratch: &mut Scratch) {
         scratch.reset(keys.len());
-        // Counting sort of key positions by shard.
-        let mut counts = [0u16; SHARDS + 1];
+        let mut guards: [Option<parking_lot::RwLockReadGuard<'_, Shard>>; SHARDS] =
+            std::array::from_fn(|_| None);
         for k in keys {
-            counts[(k.0 as usize & (SHARDS - 1)) + 1] += 1;
-        }
-        for i in 0..SHARDS {
-            counts[i + 1] += counts[i];
-        }
-        let mut next = counts;
-        scratch.order.clear();
-        scratch.order.resize(keys.len(), 0);
-        for (i, k) in keys.iter().enumerate() {
             let shard = k.0 as usize & (SHARDS - 1);
-            scratch.order[next[shard] as usize] = i as u16;
-            next[shard] += 1;
+            if guards[shard].is_none() {
+                guards[shard] = Some(self.shards[shard].read());
+            }
         }
-        for shard in 0..SHARDS {
-            let (from, to) = (counts[shard] as usize, counts[shard + 1] as usize);
-            if from == to {
-                continue;
-            }
-            let guard = self.shards[shard].read();
-            for j in from..to {
-                let i = scratch.order[j] as usize;
-                let Some(entry) = guard.map.get(&keys[i].0) else {
-                    continue;
-                };
-                entry.touch(epoch);
-                entry.for_each(&guard.spill, |h| {
-                    scratch.add(i, h.source(), self.weights[h.tier() as usize])
-                });
-            }
+        let found: Vec<Option<(&Entry, &Spill)>> = keys
+            .iter()
+            .map(|k| {
+                let guard = guards[k.0 as usize & (SHARDS - 1)].as_ref()?;
+                guard.map.get(&k.0).map(|e| (e, &guard.spill))
+            })
+            .collect();
+        for (i, hit) in found.into_iter().enumerate() {
+            let Some((entry, spill)) = hit else { continue };
+            entry.touch(epoch);
+            entry.for_each(spill, |h| {
+                scratch.add(i, h.source(), self.weights[h.tier() as usize])
+            });
         }
     }
+
     /// Every (source, tier) holding `key` (tests and diagnostics).
     pub fn holders_of(&self, key: RouterKey) -> Vec<Holder> {
         let shard = self.shard(key).read();

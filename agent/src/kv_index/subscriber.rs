@@ -11,7 +11,8 @@ use std::{
 };
 
 use bytes::Bytes;
-use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use futures::StreamExt;
+use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use super::{
     KvIndex, SourceId,
@@ -60,6 +61,7 @@ pub async fn spawn(
     cfg: SourceConfig,
 ) -> Result<tokio::task::JoinHandle<()>, SubscribeError> {
     let mut sub = SubSocket::new();
+    let monitor = sub.monitor();
     let err = |source| SubscribeError::Socket {
         endpoint: cfg.endpoint.clone(),
         source,
@@ -70,47 +72,77 @@ pub async fn spawn(
         sub.connect(&cfg.endpoint).await.map_err(err)?;
     }
     sub.subscribe(&cfg.topic).await.map_err(err)?;
-    Ok(tokio::spawn(ingest(index, id, cfg, sub)))
+    Ok(tokio::spawn(ingest(index, id, cfg, sub, monitor)))
 }
 
-async fn ingest(index: Arc<KvIndex>, id: SourceId, cfg: SourceConfig, mut sub: SubSocket) {
+async fn ingest(
+    index: Arc<KvIndex>,
+    id: SourceId,
+    cfg: SourceConfig,
+    mut sub: SubSocket,
+    mut monitor: futures::channel::mpsc::Receiver<SocketEvent>,
+) {
     let mut tracker = SeqTracker::default();
     let replay = cfg.replay.clone().map(ZmqReplay);
+    let mut lost_peer = false;
     loop {
-        let received = match &replay {
-            Some(_) => tokio::time::timeout(IDLE_PROBE, sub.recv()).await.ok(),
-            None => Some(sub.recv().await),
+        let idle = if replay.is_some() {
+            IDLE_PROBE
+        } else {
+            Duration::MAX
         };
-        let frames = match received {
-            // Quiet: a lost LAST batch would otherwise go unnoticed until the next one.
-            None => {
-                catch_up(&index, id, &mut tracker, replay.as_ref()).await;
-                continue;
-            }
-            Some(Ok(msg)) => msg.into_vec(),
-            Some(Err(err)) => {
-                tracing::warn!(pod = %cfg.pod, %err, "KV event subscription ended");
-                return;
-            }
-        };
-        let Some((seq, payload)) = split_frames(&frames) else {
-            index.note_malformed(id);
-            continue;
-        };
-        on_batch(&index, id, &mut tracker, seq, payload, replay.as_ref()).await;
+        tokio::select! {
+            // Connection events first: a batch from a new publisher must not be taken for
+            // the old one's.
+            biased;
+            event = monitor.next() => match event {
+                Some(SocketEvent::Disconnected(_)) => lost_peer = true,
+                Some(SocketEvent::Connected(..) | SocketEvent::Accepted(..)) if lost_peer => {
+                    // The publisher came back. It may be a new process whose sequence
+                    // numbers happen to continue past ours: never assume it is the same one.
+                    lost_peer = false;
+                    tracker = SeqTracker::default();
+                    index.reconnected(id);
+                    // The zeromq crate resubscribes on reconnect, but not always before the
+                    // new publisher starts sending; subscribing again is harmless.
+                    if let Err(err) = sub.subscribe(&cfg.topic).await {
+                        tracing::warn!(pod = %cfg.pod, %err, "resubscribe after reconnect failed");
+                    }
+                }
+                Some(_) => {}
+                // Monitor gone: keep ingesting without it.
+                None => monitor = futures::channel::mpsc::channel(1).1,
+            },
+            received = tokio::time::timeout(idle, sub.recv()) => match received {
+                // Quiet: a lost LAST batch would otherwise go unnoticed until the next one.
+                Err(_) => catch_up(&index, id, &mut tracker, replay.as_ref()).await,
+                Ok(Err(err)) => {
+                    tracing::warn!(pod = %cfg.pod, %err, "KV event subscription ended");
+                    return;
+                }
+                Ok(Ok(msg)) => {
+                    let frames = msg.into_vec();
+                    match split_frames(&frames) {
+                        Some((seq, payload)) => on_batch(&index, id, &mut tracker, seq, payload, replay.as_ref()).await,
+                        None => index.note_malformed(id),
+                    }
+                }
+            },
+        }
     }
 }
 
-/// After a quiet period, asks the replay endpoint for anything newer than what was applied.
+/// After a quiet period, asks the replay endpoint for anything newer than what was applied
+/// (everything, for a fresh subscriber): a lost last batch is found, and a live stream that
+/// stays silent is bridged by the replay buffer.
 async fn catch_up<R: Replay>(
     index: &KvIndex,
     id: SourceId,
     tracker: &mut SeqTracker,
     replay: Option<&R>,
 ) {
-    let (Some(replay), Some(next)) = (replay, tracker.next()) else {
-        return;
-    };
+    let Some(replay) = replay else { return };
+    let next = tracker.next().unwrap_or(0);
     let Ok(batches) = replay.fetch(next, u64::MAX).await else {
         return;
     };
