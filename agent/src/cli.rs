@@ -26,6 +26,47 @@ pub enum Command {
 /// Options of `warmpath agent`.
 #[derive(Debug, Args)]
 pub struct AgentArgs {
+    /// Where the routing proxy listens (with at least one --endpoint).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+
+    /// Admin listener: /status, /metrics, /ready, /live.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
+    pub admin: std::net::SocketAddr,
+
+    /// Served model name of the pool.
+    #[arg(long, default_value = "sim-llama")]
+    pub model: String,
+
+    /// A vLLM endpoint (`http://host:port`). Repeatable; the n-th --kv-events and
+    /// --kv-replay belong to the n-th endpoint.
+    #[arg(long = "endpoint", value_name = "URL")]
+    pub endpoints: Vec<String>,
+
+    /// KV events endpoint of the matching --endpoint (`tcp://host:port`).
+    #[arg(long = "kv-events", value_name = "ZMQ")]
+    pub kv_events: Vec<String>,
+
+    /// Replay endpoint of the matching --endpoint.
+    #[arg(long = "kv-replay", value_name = "ZMQ")]
+    pub kv_replay: Vec<String>,
+
+    /// HuggingFace tokenizer directory (default: the built-in one the simulator uses).
+    #[arg(long, value_name = "DIR")]
+    pub tokenizer: Option<PathBuf>,
+
+    /// Tokens per KV block; must match vLLM --block-size.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+
+    /// How endpoints are chosen.
+    #[arg(long, value_enum, default_value_t = crate::routing::Policy::Precise)]
+    pub policy: crate::routing::Policy,
+
+    /// Add x-warmpath-pod / -prefix-blocks / -score headers to responses.
+    #[arg(long)]
+    pub explain: bool,
+
     /// Intercept connections to VIP:PORT and send them to TARGET:PORT instead, in the kernel
     /// (cgroup/connect4). Repeatable. Example: `--redirect 127.77.0.1:8000=127.0.0.1:8100`.
     #[arg(long = "redirect", value_name = "VIP:PORT=TARGET:PORT", value_parser = parse_redirect)]

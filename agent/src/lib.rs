@@ -8,4 +8,7 @@ pub mod bench;
 pub mod cli;
 pub mod ebpf;
 pub mod kv_index;
+pub mod pool;
+pub mod proxy;
+pub mod routing;
 pub mod telemetry;

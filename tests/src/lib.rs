@@ -1,6 +1,7 @@
 //! Shared harness for warmpath's end-to-end suites: privilege gates, child processes that
 //! clean up after themselves, simulator fleets, and waiting on conditions instead of sleeping.
 
+pub mod agent;
 pub mod gate;
 pub mod index;
 pub mod process;

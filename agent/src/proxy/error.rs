@@ -1,0 +1,85 @@
+//! Every error the proxy answers with, as an OpenAI/vLLM error body, defined once.
+
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::{BodyExt, Full};
+
+use super::Body;
+
+/// An error answered to the client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct ProxyError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<&'static str>,
+}
+
+impl ProxyError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn model_not_found(model: &str) -> Self {
+        Self {
+            param: Some("model"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                format!("The model `{model}` does not exist."),
+            )
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "BadRequestError",
+            StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
+            StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => "BadGatewayError",
+            _ => "InternalServerError",
+        }
+    }
+
+    /// `{"error": {"message", "type", "param", "code"}}`.
+    pub fn body(&self) -> Bytes {
+        let v = serde_json::json!({"error": {"message": self.message, "type": self.kind(),
+            "param": self.param, "code": self.status.as_u16()}});
+        Bytes::from(v.to_string())
+    }
+
+    pub fn into_response(self) -> http::Response<Body> {
+        let mut resp = http::Response::new(
+            Full::new(self.body())
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        );
+        *resp.status_mut() = self.status;
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_is_openai_shaped() {
+        let v: serde_json::Value =
+            serde_json::from_slice(&ProxyError::model_not_found("x").body()).unwrap();
+        assert_eq!(v["error"]["type"], "NotFoundError");
+        assert_eq!(v["error"]["code"], 404);
+        assert_eq!(v["error"]["param"], "model");
+    }
+}

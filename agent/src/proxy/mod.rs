@@ -1,0 +1,301 @@
+//! The routing proxy: an OpenAI-compatible HTTP server (HTTP/1.1 keep-alive and h2c) that
+//! picks an endpoint per request and streams the engine's response back.
+//!
+//! request -> body (size-limited) -> parse (model, tokens, keys) -> candidates (index + load)
+//! -> rank (policy) -> speculate -> forward (retry before the first byte) -> stream back.
+
+mod admin;
+mod error;
+mod request;
+mod upstream;
+
+use std::{convert::Infallible, sync::Arc, time::Instant};
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{body::Incoming, service::service_fn};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use warmpath_sim::tokenizer::Tokenizer;
+
+pub use admin::serve_admin;
+pub use error::ProxyError;
+
+use crate::{
+    kv_index::KvIndex,
+    pool::Pool,
+    routing::{Candidate, RequestCtx, rank},
+};
+
+/// Errors of streamed bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body type of every response.
+pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+/// Largest request body accepted (413 beyond).
+pub const DEFAULT_MAX_BODY: usize = 16 * 1024 * 1024;
+/// Other endpoints tried when one fails before the first response byte.
+pub const DEFAULT_RETRIES: usize = 2;
+/// Header a client may send for session affinity.
+const SESSION_HEADER: &str = "x-session-id";
+
+/// Everything a request needs.
+#[derive(Debug)]
+pub struct Proxy {
+    pub pool: Pool,
+    pub index: Arc<KvIndex>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub max_body: usize,
+    pub retries: usize,
+    /// Add x-warmpath-* headers explaining each decision.
+    pub explain: bool,
+    client: upstream::UpstreamClient,
+}
+
+impl Proxy {
+    pub fn new(pool: Pool, index: Arc<KvIndex>, tokenizer: Arc<Tokenizer>, explain: bool) -> Self {
+        Self {
+            pool,
+            index,
+            tokenizer,
+            max_body: DEFAULT_MAX_BODY,
+            retries: DEFAULT_RETRIES,
+            explain,
+            client: upstream::client(),
+        }
+    }
+}
+
+/// Serves the proxy on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(err) => {
+                tracing::warn!(%err, "accept failed");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let proxy = proxy.clone();
+                async move { Ok::<_, Infallible>(handle(proxy, req).await) }
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            if let Err(err) = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%err, "client connection ended");
+            }
+        });
+    }
+}
+
+fn full(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> http::Response<Body> {
+    let mut resp = http::Response::new(
+        Full::new(body.into())
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    resp
+}
+
+async fn handle(proxy: Arc<Proxy>, req: http::Request<Incoming>) -> http::Response<Body> {
+    let kind = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/health") => return full(StatusCode::OK, "text/plain", ""),
+        (&Method::GET, "/v1/models") => return models(&proxy),
+        (&Method::POST, "/v1/completions") => Some(request::Kind::Completion),
+        (&Method::POST, "/v1/chat/completions") => Some(request::Kind::Chat),
+        _ => None,
+    };
+    match route(&proxy, kind, req).await {
+        Ok(resp) => resp,
+        Err(err) => {
+            let unread_body = err.status == StatusCode::PAYLOAD_TOO_LARGE;
+            let mut resp = err.into_response();
+            if unread_body {
+                // The rest of the body was never read: this connection cannot be reused.
+                resp.headers_mut()
+                    .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+            }
+            resp
+        }
+    }
+}
+
+fn models(proxy: &Proxy) -> http::Response<Body> {
+    let v = serde_json::json!({"object": "list", "data": [{"id": proxy.pool.model, "object": "model",
+        "owned_by": "warmpath", "root": proxy.pool.model, "parent": null}]});
+    full(StatusCode::OK, "application/json", v.to_string())
+}
+
+async fn route(
+    proxy: &Proxy,
+    kind: Option<request::Kind>,
+    req: http::Request<Incoming>,
+) -> Result<http::Response<Body>, ProxyError> {
+    let (parts, body) = req.into_parts();
+    let body = Limited::new(body, proxy.max_body)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                ProxyError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("Request body exceeds {} bytes.", proxy.max_body),
+                )
+            } else {
+                ProxyError::bad_request(format!("Could not read the request body: {e}"))
+            }
+        })?;
+    let body = body.to_bytes();
+    let session = parts
+        .headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let ctx = match kind {
+        Some(kind) => {
+            let parsed = request::parse(
+                kind,
+                &body,
+                &proxy.pool.model,
+                &proxy.tokenizer,
+                proxy.pool.block_size,
+            )?;
+            if parsed.model != proxy.pool.model {
+                return Err(ProxyError::model_not_found(&parsed.model));
+            }
+            RequestCtx {
+                keys: parsed.keys,
+                session,
+            }
+        }
+        // Other paths pass through to a least-loaded endpoint, without prefix information.
+        None => RequestCtx {
+            keys: Vec::new(),
+            session,
+        },
+    };
+    forward(proxy, &ctx, parts, body).await
+}
+
+/// Ranks, then tries endpoints best first until one answers (only failures before the first
+/// response byte are retried).
+async fn forward(
+    proxy: &Proxy,
+    ctx: &RequestCtx,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Result<http::Response<Body>, ProxyError> {
+    let pool = &proxy.pool;
+    let mut matches = Vec::new();
+    proxy.index.lookup(&ctx.keys, &mut matches);
+    let mut candidates: Vec<Candidate> = pool
+        .endpoints
+        .iter()
+        .map(|e| {
+            let source = e.source;
+            Candidate {
+                id: e.id,
+                matched_blocks: source
+                    .and_then(|s| matches.iter().find(|m| m.source == s.0))
+                    .map_or(0, |m| m.blocks),
+                prefix_trusted: source.is_some_and(|s| proxy.index.trusted(s)),
+                in_flight: e.in_flight(),
+                queued_prefill_blocks: e.queued_prefill_blocks(),
+                excluded: false,
+            }
+        })
+        .collect();
+    let mut last_error =
+        ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, "No endpoint is available.");
+    for _attempt in 0..=proxy.retries {
+        let Some(decision) = rank(pool.policy, ctx, &candidates, &pool.rotation) else {
+            break;
+        };
+        let chosen = decision.ranked[0];
+        let endpoint = &pool.endpoints[chosen.0];
+        let uncached = ctx.keys.len().saturating_sub(decision.prefix_blocks) as u64;
+        if let Some(source) = endpoint.source {
+            proxy.index.speculate(source, &ctx.keys, Instant::now());
+        }
+        tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), "routing decision");
+        let guard = endpoint.start(uncached);
+        let uri = format!(
+            "http://{}{}",
+            endpoint.authority,
+            parts.uri.path_and_query().map_or("/", |p| p.as_str())
+        );
+        let mut up = http::Request::builder()
+            .method(parts.method.clone())
+            .uri(uri);
+        for (name, value) in &parts.headers {
+            if name != http::header::HOST
+                && name != http::header::CONTENT_LENGTH
+                && name != http::header::CONNECTION
+            {
+                up = up.header(name, value);
+            }
+        }
+        let up = up
+            .body(Full::new(body.clone()))
+            .map_err(|e| ProxyError::bad_request(e.to_string()))?;
+        match proxy.client.request(up).await {
+            Ok(resp) if resp.status() != StatusCode::SERVICE_UNAVAILABLE => {
+                let (mut head, incoming) = resp.into_parts();
+                if proxy.explain {
+                    let h = &mut head.headers;
+                    let set = |h: &mut http::HeaderMap, k: &'static str, v: String| {
+                        if let Ok(v) = http::HeaderValue::from_str(&v) {
+                            h.insert(k, v);
+                        }
+                    };
+                    set(h, "x-warmpath-pod", endpoint.authority.clone());
+                    set(
+                        h,
+                        "x-warmpath-prefix-blocks",
+                        decision.prefix_blocks.to_string(),
+                    );
+                    set(h, "x-warmpath-score", format!("{:.3}", decision.score));
+                }
+                return Ok(http::Response::from_parts(
+                    head,
+                    upstream::Tracked::boxed(incoming, guard),
+                ));
+            }
+            Ok(_) => {
+                endpoint.note_failure();
+                last_error = ProxyError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{} is overloaded (503).", endpoint.authority),
+                );
+            }
+            Err(err) => {
+                endpoint.note_failure();
+                tracing::warn!(endpoint = %endpoint.authority, %err, "upstream request failed before a response; trying the next endpoint");
+                last_error = ProxyError::new(
+                    StatusCode::BAD_GATEWAY,
+                    format!("{} failed: {err}", endpoint.authority),
+                );
+            }
+        }
+        candidates[chosen.0].excluded = true;
+    }
+    Err(last_error)
+}

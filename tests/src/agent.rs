@@ -1,0 +1,42 @@
+//! The routing proxy started in-process from `warmpath agent` flags, in front of a fleet.
+
+use clap::Parser;
+use warmpath::{
+    agent::{Routing, start_routing},
+    cli::{Cli, Command},
+};
+
+use crate::sim::Fleet;
+
+/// Starts the proxy (ports 0) in front of every engine of `fleet`, with their events and
+/// replay endpoints, plus `extra` flags.
+pub async fn proxy(fleet: &Fleet, extra: &[&str]) -> Routing {
+    let mut args: Vec<String> = [
+        "warmpath",
+        "agent",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--explain",
+    ]
+    .map(String::from)
+    .to_vec();
+    for (i, engine) in fleet.engines.iter().enumerate() {
+        args.extend(["--endpoint".into(), fleet.url(i)]);
+        if let Some(p) = &engine.publisher {
+            args.extend(["--kv-events".into(), p.events_endpoint.clone()]);
+            if let Some(r) = &p.replay_endpoint {
+                args.extend(["--kv-replay".into(), r.clone()]);
+            }
+        }
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let Command::Agent(agent) = Cli::try_parse_from(args)
+        .expect("valid agent flags")
+        .command
+    else {
+        unreachable!("parsed an agent command")
+    };
+    start_routing(&agent).await.expect("proxy starts")
+}

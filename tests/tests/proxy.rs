@@ -1,0 +1,207 @@
+//! The routing proxy in front of a simulator fleet: prefix affinity, spreading, retries,
+//! errors and cancellation.
+#![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
+
+use std::time::Duration;
+
+use serde_json::json;
+use warmpath_e2e::{
+    agent::proxy,
+    sim::{Fleet, metric, wait_for},
+};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn shared_prompt(group: u32, question: u32) -> String {
+    let system: String = (0..60)
+        .map(|i| format!("rule {} of group {group} says be careful. ", i))
+        .collect();
+    format!("{system} Question number {question}: what now?")
+}
+
+async fn complete(client: &reqwest::Client, base: &str, prompt: &str) -> (String, u64) {
+    let body = json!({"model": "sim-llama", "prompt": prompt, "max_tokens": 2});
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let pod = r.headers()["x-warmpath-pod"].to_str().unwrap().to_string();
+    let v: serde_json::Value = r.json().await.unwrap();
+    (
+        pod,
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+    )
+}
+
+async fn fleet(n: &str) -> Fleet {
+    Fleet::start(&[
+        "--port",
+        "0",
+        "--replicas",
+        n,
+        "--profile",
+        "tiny",
+        "--kv-events-port",
+        "0",
+        "--kv-replay-port",
+        "0",
+    ])
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_prefixes_follow_their_cache_and_cold_ones_spread() {
+    let fleet = fleet("3").await;
+    let routing = proxy(&fleet, &[]).await;
+    let base = format!("http://{}", routing.listen);
+    let client = reqwest::Client::new();
+    // Three groups, first request of each is cold.
+    let mut homes = Vec::new();
+    for g in 0..3 {
+        homes.push(complete(&client, &base, &shared_prompt(g, 0)).await.0);
+    }
+    let distinct: std::collections::HashSet<_> = homes.iter().collect();
+    assert_eq!(distinct.len(), 3, "cold prefixes spread: {homes:?}");
+    // Every later request of a group lands where its prefix is cached, and hits the cache.
+    for q in 1..4 {
+        for g in 0..3 {
+            let (pod, cached) = complete(&client, &base, &shared_prompt(g, q)).await;
+            assert_eq!(pod, homes[g as usize], "group {g} question {q}");
+            assert!(cached > 0, "group {g} question {q} cached {cached}");
+        }
+    }
+    let status: serde_json::Value = client
+        .get(format!("http://{}/status", routing.admin))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["pods"].as_array().unwrap().len(), 3);
+    assert!(
+        status["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["index"]["confirmed"].as_u64().unwrap() > 0),
+        "{status}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_endpoint_is_retried_before_the_first_byte() {
+    // No KV events here: --kv-events is per endpoint, and the dead one has none.
+    let fleet = Fleet::start(&["--port", "0", "--profile", "tiny"]).await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let dead_url = format!("http://{dead}");
+    let routing = proxy(
+        &fleet,
+        &["--endpoint", &dead_url, "--policy", "round-robin"],
+    )
+    .await;
+    let base = format!("http://{}", routing.listen);
+    let client = reqwest::Client::new();
+    for i in 0..4 {
+        let (pod, _) = complete(&client, &base, &format!("hello {i}")).await;
+        assert_eq!(pod, fleet.engines[0].http.to_string());
+    }
+    let status: serde_json::Value = client
+        .get(format!("http://{}/status", routing.admin))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        status["pods"][1]["load"]["failures"].as_u64().unwrap() >= 1,
+        "{status}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_openai_errors() {
+    let fleet = fleet("1").await;
+    let routing = proxy(&fleet, &[]).await;
+    let base = format!("http://{}", routing.listen);
+    let client = reqwest::Client::new();
+    let post = |body: Vec<u8>| {
+        let (client, base) = (client.clone(), base.clone());
+        async move {
+            let r = client
+                .post(format!("{base}/v1/completions"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<serde_json::Value>().await.unwrap(),
+            )
+        }
+    };
+    let (s, v) = post(b"{nope".to_vec()).await;
+    assert_eq!(
+        (s, v["error"]["type"].as_str()),
+        (400, Some("BadRequestError"))
+    );
+    let (s, v) = post(
+        json!({"model": "other", "prompt": "x"})
+            .to_string()
+            .into_bytes(),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["message"].as_str()),
+        (404, Some("The model `other` does not exist."))
+    );
+    let (s, _) = post(vec![b' '; 17 * 1024 * 1024]).await;
+    assert_eq!(s, 413);
+    let models: serde_json::Value = client
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "sim-llama");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_disconnect_cancels_the_upstream_request() {
+    use futures::StreamExt;
+    let fleet = Fleet::start(&["--port", "0", "--profile", "llama-3.1-8b-h100"]).await;
+    let routing = proxy(&fleet, &[]).await;
+    let client = reqwest::Client::new();
+    let body = json!({"prompt": "tell me a long story", "max_tokens": 2000, "ignore_eos": true, "stream": true});
+    let resp = client
+        .post(format!("http://{}/v1/completions", routing.listen))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    tokio::time::timeout(WAIT, stream.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    drop(stream);
+    let sim = fleet.url(0);
+    wait_for("engine sees the abort", WAIT, || {
+        let (client, sim) = (client.clone(), sim.clone());
+        async move { (metric(&client, &sim, "vllm:request_aborted_total").await == 1.0).then_some(()) }
+    })
+    .await;
+}
