@@ -54,3 +54,50 @@ def wait_until(what, check, timeout=10.0):
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+@pytest.fixture
+def start_agent():
+    """A `warmpath agent` routing proxy in front of a simulator, both real processes."""
+    started = []
+
+    def start(sim, *flags):
+        import socket
+
+        def free():
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            s.close()
+            return port
+
+        listen, admin = free(), free()
+        cmd = [BIN, "agent", "--listen", f"127.0.0.1:{listen}", "--admin", f"127.0.0.1:{admin}", "--explain", *flags]
+        for e in sim.engines:
+            cmd += ["--endpoint", "http://" + e["http"]]
+            if e["kv_events"]:
+                cmd += ["--kv-events", e["kv_events"]]
+            if e["kv_replay"]:
+                cmd += ["--kv-replay", e["kv_replay"]]
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        started.append(proc)
+        import urllib.request
+
+        def ready():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1) as r:
+                    return r.status == 200
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read()
+                return False
+
+        wait_until("agent ready", ready)
+        return f"http://127.0.0.1:{listen}"
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
