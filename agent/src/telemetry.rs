@@ -3,7 +3,7 @@
 use tracing_subscriber::EnvFilter;
 
 /// Default filter when `RUST_LOG` is unset.
-const DEFAULT_FILTER: &str = "info";
+const DEFAULT_FILTER: &str = "info,zeromq=warn";
 
 /// Installs the fmt subscriber (stderr) and bridges the `log` crate into it, which is how
 /// aya-log records from the eBPF programs arrive. Safe to call more than once.

@@ -101,10 +101,29 @@ fn python_suites(object: &std::path::Path) -> Result<()> {
     )
 }
 
+/// The README's demo: a simulator fleet under KV pressure, the routing proxy in front of it,
+/// the same shared-prefix workload through each policy, one table.
 fn demo() -> Result<()> {
-    // TODO(#6): the sim fleet + agent + policy comparison demo replaces this.
-    anyhow::bail!(
-        "the demo (simulator fleet + agent + routing comparison) lands with issue #6; \
-         until then `cargo xtask test` exercises what exists"
+    let object = ebpf::build()?;
+    shell::run(
+        shell::cargo([
+            "build",
+            "--release",
+            "--package",
+            "warmpath",
+            "--bin",
+            "warmpath",
+        ])
+        .env(ebpf::OBJECT_ENV, &object),
+    )?;
+    let bin = shell::target_dir().join("release").join("warmpath");
+    let results = shell::target_dir().join("demo").join("compare.json");
+    if let Some(dir) = results.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    shell::run(
+        std::process::Command::new(bin)
+            .args(["bench", "compare", "--json"])
+            .arg(&results),
     )
 }

@@ -1,8 +1,10 @@
 //! `warmpath bench ...`: measurements that back the numbers in docs/benchmarks.md.
 
+pub mod compare;
 pub mod index;
 mod proc_stat;
 mod sim_streams;
+pub mod workload;
 
 use clap::Subcommand;
 
@@ -14,6 +16,8 @@ pub enum BenchCommand {
     /// Streams through a simulator fleet (a separate `warmpath sim` process): SSE chunks per
     /// second and the simulator's CPU use.
     SimStreams(SimStreamsArgs),
+    /// The same workload through each routing policy, in front of identical fresh fleets.
+    Compare(Box<compare::CompareArgs>),
     /// KV index: ingestion rate, lookup latency, bytes per entry, memory under the cap.
     Index(index::IndexBenchArgs),
 }
@@ -35,6 +39,7 @@ pub enum Error {
 pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
     match cmd {
         BenchCommand::SimStreams(args) => sim_streams::run(args).await,
+        BenchCommand::Compare(args) => compare::run(*args).await,
         BenchCommand::Index(args) => tokio::task::spawn_blocking(move || index::run(args))
             .await
             .map_err(|e| Error::Setup(format!("index benchmark panicked: {e}"))),

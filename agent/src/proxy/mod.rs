@@ -128,8 +128,10 @@ async fn handle(proxy: Arc<Proxy>, req: http::Request<Incoming>) -> http::Respon
             let mut resp = err.into_response();
             if unread_body {
                 // The rest of the body was never read: this connection cannot be reused.
-                resp.headers_mut()
-                    .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
             }
             resp
         }

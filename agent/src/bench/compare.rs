@@ -1,0 +1,340 @@
+//! `warmpath bench compare`: the same seeded workload through each routing policy in turn,
+//! each time in front of a fresh, identical simulator fleet (same seed, same KV capacity),
+//! then one side-by-side table with ratios to round-robin (a plain Service).
+
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use clap::{Args, Parser};
+use futures::StreamExt;
+
+use super::{Error, workload::SharedPrefix};
+use crate::routing::Policy;
+
+/// Options of `warmpath bench compare`.
+#[derive(Debug, Clone, Args)]
+pub struct CompareArgs {
+    #[command(flatten)]
+    pub workload: SharedPrefix,
+    /// Engines in each fleet.
+    #[arg(long, default_value_t = 4)]
+    pub replicas: u16,
+    /// KV blocks per engine (16 tokens each): small enough that the working set does not
+    /// fit in every engine.
+    #[arg(long, default_value_t = 640)]
+    pub num_gpu_blocks: usize,
+    #[arg(long, default_value = "llama-3.1-8b-h100")]
+    pub profile: String,
+    /// Wall seconds per modelled second.
+    #[arg(long, default_value_t = 0.25)]
+    pub time_scale: f64,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Policies to compare, in order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round-robin,least-loaded,session,precise"
+    )]
+    pub policies: Vec<Policy>,
+    /// Give up on a policy's run after this many wall seconds.
+    #[arg(long, default_value_t = 120.0)]
+    pub max_seconds: f64,
+    /// Write the results as JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// What one request looked like to the client (modelled seconds).
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    ttft: f64,
+    e2e: f64,
+    output_tokens: u64,
+}
+
+/// One policy's results.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    pub policy: String,
+    pub requests: usize,
+    pub errors: usize,
+    pub ttft_p50: f64,
+    pub ttft_p90: f64,
+    pub ttft_p99: f64,
+    pub e2e_p50: f64,
+    pub output_tokens_per_s: f64,
+    pub prefix_hit_ratio: f64,
+}
+
+#[derive(Parser)]
+struct SimWrap {
+    #[command(flatten)]
+    sim: warmpath_sim::cli::SimArgs,
+}
+
+pub async fn run(args: CompareArgs) -> Result<(), Error> {
+    let plan = Arc::new(args.workload.plan(args.seed));
+    println!(
+        "bench compare: {} requests ({} groups x {} users x {} rounds, {} shared + {} question tokens, {} output), {:.1} req/s, {} engines x {} blocks, profile {}, time-scale {}",
+        plan.len(),
+        args.workload.groups,
+        args.workload.users,
+        args.workload.rounds,
+        if args.workload.no_sharing {
+            0
+        } else {
+            args.workload.system_tokens
+        },
+        args.workload.question_tokens,
+        args.workload.output_tokens,
+        args.workload.rate,
+        args.replicas,
+        args.num_gpu_blocks,
+        args.profile,
+        args.time_scale
+    );
+    let mut rows = Vec::new();
+    for policy in &args.policies {
+        let row = run_policy(&args, *policy, plan.clone()).await?;
+        eprintln!(
+            "  {:<13} done: {} requests, p90 TTFT {:.3} s",
+            row.policy, row.requests, row.ttft_p90
+        );
+        rows.push(row);
+    }
+    print_table(&rows);
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&rows).map_err(|e| Error::Setup(e.to_string()))?;
+        std::fs::write(path, json).map_err(|source| Error::Io {
+            what: format!("write {}", path.display()),
+            source,
+        })?;
+        println!("results: {}", path.display());
+    }
+    Ok(())
+}
+
+async fn run_policy(
+    args: &CompareArgs,
+    policy: Policy,
+    plan: Arc<Vec<super::workload::Planned>>,
+) -> Result<Row, Error> {
+    let sim_flags = [
+        "sim",
+        "--port",
+        "0",
+        "--replicas",
+        &args.replicas.to_string(),
+        "--profile",
+        &args.profile,
+        "--time-scale",
+        &args.time_scale.to_string(),
+        "--num-gpu-blocks",
+        &args.num_gpu_blocks.to_string(),
+        "--max-model-len",
+        &(args.num_gpu_blocks * 16).min(32_768).to_string(),
+        "--seed",
+        &args.seed.to_string(),
+        "--kv-events-port",
+        "0",
+        "--kv-replay-port",
+        "0",
+    ];
+    let sim = SimWrap::try_parse_from(sim_flags)
+        .map_err(|e| Error::Setup(e.to_string()))?
+        .sim;
+    let engines = warmpath_sim::cli::start(&sim)
+        .await
+        .map_err(|e| Error::Setup(format!("simulator: {e}")))?;
+    let mut agent = vec![
+        "warmpath".to_string(),
+        "agent".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--admin".into(),
+        "127.0.0.1:0".into(),
+    ];
+    agent.extend([
+        "--policy".into(),
+        format!("{policy:?}")
+            .to_lowercase()
+            .replace("roundrobin", "round-robin")
+            .replace("leastloaded", "least-loaded"),
+    ]);
+    for e in &engines {
+        agent.extend(["--endpoint".into(), format!("http://{}", e.http)]);
+        if let Some(p) = &e.publisher {
+            agent.extend(["--kv-events".into(), p.events_endpoint.clone()]);
+            agent.extend(
+                p.replay_endpoint
+                    .iter()
+                    .flat_map(|r| ["--kv-replay".to_string(), r.clone()]),
+            );
+        }
+    }
+    let crate::cli::Command::Agent(agent) = crate::cli::Cli::try_parse_from(agent)
+        .map_err(|e| Error::Setup(e.to_string()))?
+        .command
+    else {
+        return Err(Error::Setup("agent flags did not parse as `agent`".into()));
+    };
+    let routing = crate::agent::start_routing(&agent)
+        .await
+        .map_err(|e| Error::Setup(format!("proxy: {e}")))?;
+    let url = format!("http://{}/v1/completions", routing.listen);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| Error::Setup(e.to_string()))?;
+
+    let start = tokio::time::Instant::now();
+    let scale = args.time_scale;
+    let tasks: Vec<_> = plan
+        .iter()
+        .cloned()
+        .map(|p| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep_until(start + p.at.mul_f64(scale)).await;
+                one_request(&client, &url, &p.prompt, p.max_tokens).await
+            })
+        })
+        .collect();
+    let deadline = start + Duration::from_secs_f64(args.max_seconds);
+    let mut samples = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        match tokio::time::timeout_at(deadline, t).await {
+            Ok(Ok(Some(s))) => samples.push(s),
+            _ => errors += 1,
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let (hits, queries) = engines.iter().fold((0u64, 0u64), |(h, q), e| {
+        let st = e.served.engine.stats();
+        (h + st.prefix_hits, q + st.prefix_queries)
+    });
+    drop(routing);
+    for e in engines {
+        e.shutdown();
+    }
+    let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft / scale).collect();
+    let mut e2e: Vec<f64> = samples.iter().map(|s| s.e2e / scale).collect();
+    ttft.sort_by(f64::total_cmp);
+    e2e.sort_by(f64::total_cmp);
+    let output: u64 = samples.iter().map(|s| s.output_tokens).sum();
+    Ok(Row {
+        policy: format!("{policy:?}"),
+        requests: samples.len(),
+        errors,
+        ttft_p50: quantile(&ttft, 0.5),
+        ttft_p90: quantile(&ttft, 0.9),
+        ttft_p99: quantile(&ttft, 0.99),
+        e2e_p50: quantile(&e2e, 0.5),
+        output_tokens_per_s: output as f64 / (wall / scale),
+        prefix_hit_ratio: if queries == 0 {
+            0.0
+        } else {
+            hits as f64 / queries as f64
+        },
+    })
+}
+
+/// Streams one completion; wall-clock TTFT (first text) and end-to-end, and output tokens.
+async fn one_request(
+    client: &reqwest::Client,
+    url: &str,
+    prompt: &str,
+    max_tokens: usize,
+) -> Option<Sample> {
+    let t0 = Instant::now();
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "stream": true,
+        "ignore_eos": true, "stream_options": {"include_usage": true}});
+    let resp = client.post(url).json(&body).send().await.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let mut stream = resp.bytes_stream();
+    let mut ttft = None;
+    let mut tail = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.ok()?;
+        if ttft.is_none()
+            && memchr::memmem::find(&chunk, b"\"text\":\"")
+                .is_some_and(|i| chunk.get(i + 8) != Some(&b'"'))
+        {
+            ttft = Some(t0.elapsed().as_secs_f64());
+        }
+        tail.extend_from_slice(&chunk);
+        if tail.len() > 4096 {
+            tail.drain(..tail.len() - 4096);
+        }
+    }
+    let e2e = t0.elapsed().as_secs_f64();
+    let tail = String::from_utf8_lossy(&tail);
+    let output_tokens = tail
+        .rsplit("\"completion_tokens\":")
+        .next()
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    Some(Sample {
+        ttft: ttft.unwrap_or(e2e),
+        e2e,
+        output_tokens,
+    })
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn print_table(rows: &[Row]) {
+    let base = rows.iter().find(|r| r.policy == "RoundRobin");
+    println!();
+    println!(
+        "| policy | requests | errors | TTFT p50 (s) | TTFT p90 (s) | TTFT p99 (s) | e2e p50 (s) | output tok/s | prefix hit % | p90 TTFT vs RR | throughput vs RR |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let ratio = |a: f64, b: Option<f64>| b.map_or("-".into(), |b| format!("{:.2}x", a / b));
+        println!(
+            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.2} | {:.0} | {:.1} | {} | {} |",
+            r.policy,
+            r.requests,
+            r.errors,
+            r.ttft_p50,
+            r.ttft_p90,
+            r.ttft_p99,
+            r.e2e_p50,
+            r.output_tokens_per_s,
+            r.prefix_hit_ratio * 100.0,
+            ratio(r.ttft_p90, base.map(|b| b.ttft_p90)),
+            ratio(r.output_tokens_per_s, base.map(|b| b.output_tokens_per_s)),
+        );
+    }
+    println!("(times in modelled seconds: wall-clock divided by --time-scale)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_of_a_known_run() {
+        let sorted: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&sorted, 0.5), 51.0);
+        assert_eq!(quantile(&sorted, 0.9), 90.0);
+        assert_eq!(quantile(&sorted, 0.99), 99.0);
+        assert_eq!(quantile(&[3.0], 0.9), 3.0);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+}

@@ -1,0 +1,151 @@
+//! Seeded workloads for `warmpath bench compare`.
+//!
+//! Shared-prefix groups (the shape llm-d publishes, scaled): G groups of U users; each group
+//! shares a system prompt of S tokens, each request adds a question of Q tokens and asks for
+//! O output tokens. Arrivals are Poisson at a given rate, in a seeded random order of users.
+
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng, seq::SliceRandom};
+use rand_chacha::ChaCha8Rng;
+use warmpath_sim::text::TextGen;
+
+/// Average characters per token of the built-in tokenizer on generated English text.
+const CHARS_PER_TOKEN: f64 = 3.85;
+
+/// Shape of a shared-prefix workload.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SharedPrefix {
+    /// Prefix groups (distinct system prompts).
+    #[arg(long, default_value_t = 16)]
+    pub groups: usize,
+    /// Users per group.
+    #[arg(long, default_value_t = 8)]
+    pub users: usize,
+    /// Questions each user asks.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
+    /// System-prompt tokens shared by a group.
+    #[arg(long, default_value_t = 2048)]
+    pub system_tokens: usize,
+    /// Question tokens per request.
+    #[arg(long, default_value_t = 128)]
+    pub question_tokens: usize,
+    /// Output tokens per request.
+    #[arg(long, default_value_t = 64)]
+    pub output_tokens: usize,
+    /// Poisson arrival rate, requests per modelled second (the default loads the demo fleet
+    /// past what round-robin can serve, and below what prefix-aware routing can).
+    #[arg(long, default_value_t = 28.0)]
+    pub rate: f64,
+    /// Share nothing: every request gets its own random system prompt (the control).
+    #[arg(long)]
+    pub no_sharing: bool,
+}
+
+/// One request to send.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    /// When to send it, from the start (modelled time).
+    pub at: Duration,
+    pub prompt: String,
+    pub max_tokens: usize,
+}
+
+impl SharedPrefix {
+    /// The requests, in arrival order; identical for the same seed.
+    pub fn plan(&self, seed: u64) -> Vec<Planned> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let chars = |tokens: usize| (tokens as f64 * CHARS_PER_TOKEN) as usize;
+        let systems: Vec<String> = (0..self.groups)
+            .map(|g| TextGen::new(seed ^ (g as u64 + 1) * 7919).text(chars(self.system_tokens)))
+            .collect();
+        let mut order: Vec<(usize, usize, usize)> = (0..self.groups)
+            .flat_map(|g| {
+                (0..self.users).flat_map(move |u| (0..self.rounds).map(move |r| (g, u, r)))
+            })
+            .collect();
+        order.shuffle(&mut rng);
+        // Users ask their questions in order: sort each user's rounds by appearance.
+        let mut at = Duration::ZERO;
+        let mut text = TextGen::new(seed ^ 0xabcdef);
+        order
+            .into_iter()
+            .map(|(g, u, r)| {
+                let gap: f64 = -(1.0 - rng.random::<f64>()).ln() / self.rate;
+                at += Duration::from_secs_f64(gap);
+                let system = if self.no_sharing {
+                    TextGen::new(rng.random()).text(chars(self.system_tokens))
+                } else {
+                    systems[g].clone()
+                };
+                let question = text.text(chars(self.question_tokens));
+                Planned {
+                    at,
+                    prompt: format!("{system}\nUser {u} asks question {r}: {question}"),
+                    max_tokens: self.output_tokens,
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> SharedPrefix {
+        SharedPrefix {
+            groups: 3,
+            users: 2,
+            rounds: 2,
+            system_tokens: 200,
+            question_tokens: 20,
+            output_tokens: 8,
+            rate: 10.0,
+            no_sharing: false,
+        }
+    }
+
+    #[test]
+    fn seeded_and_shaped() {
+        let a = shape().plan(1);
+        let b = shape().plan(1);
+        assert_eq!(a.len(), 12);
+        assert_eq!(
+            a.iter().map(|p| &p.prompt).collect::<Vec<_>>(),
+            b.iter().map(|p| &p.prompt).collect::<Vec<_>>()
+        );
+        assert_ne!(a[0].prompt, shape().plan(2)[0].prompt);
+        // Poisson: mean gap 1/rate (12 samples: loose bounds), arrivals increasing.
+        assert!(a.windows(2).all(|w| w[0].at <= w[1].at));
+        let mean = a.last().unwrap().at.as_secs_f64() / a.len() as f64;
+        assert!((0.03..0.3).contains(&mean), "{mean}");
+        // Exactly `groups` distinct system prompts.
+        let systems: std::collections::HashSet<_> = a
+            .iter()
+            .map(|p| p.prompt.split('\n').next().unwrap().to_string())
+            .collect();
+        assert_eq!(systems.len(), 3);
+        let mut control = shape();
+        control.no_sharing = true;
+        let c: std::collections::HashSet<_> = control
+            .plan(1)
+            .iter()
+            .map(|p| p.prompt.split('\n').next().unwrap().to_string())
+            .collect();
+        assert_eq!(c.len(), 12);
+    }
+
+    #[test]
+    fn long_run_arrival_rate_matches() {
+        let mut s = shape();
+        s.groups = 50;
+        s.users = 10;
+        s.rounds = 4;
+        s.system_tokens = 10;
+        let plan = s.plan(3);
+        let rate = plan.len() as f64 / plan.last().unwrap().at.as_secs_f64();
+        assert!((9.0..11.0).contains(&rate), "{rate}");
+    }
+}
