@@ -58,7 +58,7 @@ impl SharedPrefix {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let chars = |tokens: usize| (tokens as f64 * CHARS_PER_TOKEN) as usize;
         let systems: Vec<String> = (0..self.groups)
-            .map(|g| TextGen::new(seed ^ (g as u64 + 1) * 7919).text(chars(self.system_tokens)))
+            .map(|g| TextGen::new(seed ^ ((g as u64 + 1) * 7919)).text(chars(self.system_tokens)))
             .collect();
         let mut order: Vec<(usize, usize, usize)> = (0..self.groups)
             .flat_map(|g| {
