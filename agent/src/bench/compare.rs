@@ -37,7 +37,7 @@ pub struct CompareArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "round-robin,least-loaded,session,precise"
+        default_value = "round-robin,least-loaded,session,approximate,precise"
     )]
     pub policies: Vec<Policy>,
     /// Give up on a policy's run after this many wall seconds.

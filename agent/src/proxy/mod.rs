@@ -25,7 +25,7 @@ pub use error::ProxyError;
 use crate::{
     kv_index::KvIndex,
     pool::Pool,
-    routing::{Candidate, RequestCtx, rank},
+    routing::{Candidate, History, Policy, RequestCtx, rank},
 };
 
 /// Errors of streamed bodies.
@@ -50,12 +50,17 @@ pub struct Proxy {
     pub retries: usize,
     /// Add x-warmpath-* headers explaining each decision.
     pub explain: bool,
+    /// Routing history, for the approximate policy.
+    history: Option<History>,
     client: upstream::UpstreamClient,
 }
 
 impl Proxy {
     pub fn new(pool: Pool, index: Arc<KvIndex>, tokenizer: Arc<Tokenizer>, explain: bool) -> Self {
+        let history =
+            (pool.policy == Policy::Approximate).then(|| History::new(pool.endpoints.len()));
         Self {
+            history,
             pool,
             index,
             tokenizer,
@@ -208,17 +213,28 @@ async fn forward(
     let pool = &proxy.pool;
     let mut matches = Vec::new();
     proxy.index.lookup(&ctx.keys, &mut matches);
+    let history = proxy.history.as_ref().map(|h| h.lookup(&ctx.keys));
     let mut candidates: Vec<Candidate> = pool
         .endpoints
         .iter()
         .map(|e| {
             let source = e.source;
+            let (matched_blocks, prefix_trusted) = match &history {
+                Some(h) => (
+                    h.iter().find(|(id, _)| *id == e.id).map_or(0, |(_, b)| *b),
+                    true,
+                ),
+                None => (
+                    source
+                        .and_then(|s| matches.iter().find(|m| m.source == s.0))
+                        .map_or(0, |m| m.blocks),
+                    source.is_some_and(|s| proxy.index.trusted(s)),
+                ),
+            };
             Candidate {
                 id: e.id,
-                matched_blocks: source
-                    .and_then(|s| matches.iter().find(|m| m.source == s.0))
-                    .map_or(0, |m| m.blocks),
-                prefix_trusted: source.is_some_and(|s| proxy.index.trusted(s)),
+                matched_blocks,
+                prefix_trusted,
                 in_flight: e.in_flight(),
                 queued_prefill_blocks: e.queued_prefill_blocks(),
                 excluded: false,
@@ -236,6 +252,9 @@ async fn forward(
         let uncached = ctx.keys.len().saturating_sub(decision.prefix_blocks) as u64;
         if let Some(source) = endpoint.source {
             proxy.index.speculate(source, &ctx.keys, Instant::now());
+        }
+        if let Some(history) = &proxy.history {
+            history.record(chosen, &ctx.keys, Instant::now());
         }
         tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), "routing decision");
         let guard = endpoint.start(uncached);

@@ -13,7 +13,11 @@
 //! than recomputing the prefix elsewhere would be; so it can never pile requests onto an
 //! overloaded pod. An untrusted index (unsure, no events yet) counts as no match.
 
+mod history;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub use history::History;
 
 use crate::kv_index::RouterKey;
 
@@ -50,6 +54,9 @@ pub struct Candidate {
 pub enum Policy {
     /// Prefix-cache aware, load-balanced in blocks of prefill work (warmpath's default).
     Precise,
+    /// The same cost rule, with prefixes guessed from routing history instead of KV events
+    /// (what routers without an event index do).
+    Approximate,
     /// Rotate over endpoints, like a plain Service.
     RoundRobin,
     /// Fewest in-flight requests.
@@ -88,7 +95,7 @@ pub fn rank(
         }
     };
     let mut scored: Vec<(f64, u32, usize, &Candidate)> = match policy {
-        Policy::Precise => live
+        Policy::Precise | Policy::Approximate => live
             .iter()
             .map(|c| {
                 (

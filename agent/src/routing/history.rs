@@ -1,0 +1,81 @@
+//! Routing history: the approximate prefix signal, for engines without KV events.
+//!
+//! Every decision records the request's key chain for the chosen endpoint, as if the engine
+//! had cached it, for `HISTORY_TTL`; a bounded LRU caps it. It knows nothing of evictions —
+//! which is exactly why approximate routing is close to precise while caches are roomy and
+//! collapses under KV pressure (docs/benchmarks.md).
+
+use std::time::{Duration, Instant};
+
+use crate::kv_index::{IndexConfig, KvIndex, Match, RouterKey, SourceId, SourceInfo};
+
+use super::EndpointId;
+
+/// How long a routed chain is assumed cached.
+pub const HISTORY_TTL: Duration = Duration::from_secs(300);
+/// (block, endpoint) entries remembered at most.
+pub const HISTORY_ENTRIES: usize = 4_000_000;
+
+/// Per-pool routing history.
+#[derive(Debug)]
+pub struct History {
+    index: KvIndex,
+    sources: Vec<SourceId>,
+}
+
+impl History {
+    pub fn new(endpoints: usize) -> Self {
+        let index = KvIndex::new(IndexConfig {
+            max_entries: HISTORY_ENTRIES,
+            speculative_ttl: HISTORY_TTL,
+            ..Default::default()
+        });
+        let sources = (0..endpoints)
+            .map(|i| {
+                index.add_source(SourceInfo {
+                    pod: format!("history-{i}"),
+                    rank: None,
+                })
+            })
+            .collect();
+        Self { index, sources }
+    }
+
+    /// Consecutive prefix blocks each endpoint was routed, by endpoint.
+    pub fn lookup(&self, keys: &[RouterKey]) -> Vec<(EndpointId, usize)> {
+        let mut out: Vec<Match> = Vec::new();
+        self.index.lookup(keys, &mut out);
+        out.iter()
+            .filter_map(|m| {
+                self.sources
+                    .iter()
+                    .position(|s| s.0 == m.source)
+                    .map(|i| (EndpointId(i), m.blocks))
+            })
+            .collect()
+    }
+
+    /// Remembers that `keys` went to `endpoint`; expires old records.
+    pub fn record(&self, endpoint: EndpointId, keys: &[RouterKey], now: Instant) {
+        if let Some(source) = self.sources.get(endpoint.0) {
+            self.index.sweep(now);
+            self.index.speculate(*source, keys, now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembers_routed_chains_until_they_expire() {
+        let h = History::new(2);
+        let keys: Vec<RouterKey> = (1..=4).map(RouterKey).collect();
+        let t0 = Instant::now();
+        h.record(EndpointId(1), &keys, t0);
+        assert_eq!(h.lookup(&keys[..3]), vec![(EndpointId(1), 3)]);
+        h.record(EndpointId(0), &keys[..1], t0 + HISTORY_TTL * 2);
+        assert_eq!(h.lookup(&keys), vec![(EndpointId(0), 1)]);
+    }
+}
