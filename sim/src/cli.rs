@@ -7,8 +7,8 @@ use clap::{Args, ValueEnum};
 use crate::{
     api::Faults,
     engine::{EngineConfig, scheduler::Limits, timing::Profile},
-    events::{Encoder, HashEncoding, KvEventsConfig, ReplayLayout, WireFormat},
-    fleet::{EngineSpec, EventsSpec, RunningEngine, StartError, start_engine},
+    events::{Encoder, HashEncoding, KvEventsConfig, Publisher, ReplayLayout, WireFormat},
+    fleet::{EngineSpec, RunningEngine, StartError, start_engine},
     tokenizer::Tokenizer,
 };
 
@@ -221,7 +221,7 @@ impl SimArgs {
         i: u16,
         config: Option<&KvEventsConfig>,
         offset: impl Fn(u16) -> u16,
-    ) -> Result<Option<EventsSpec>, Error> {
+    ) -> Result<Option<Publisher>, Error> {
         let encoder = Encoder {
             format: match self.kv_events_format {
                 FormatArg::Array => WireFormat::Array,
@@ -243,7 +243,7 @@ impl SimArgs {
                     bind: Option<bool>,
                     replay: Option<String>,
                     topic: String,
-                    buffer_steps: usize| EventsSpec {
+                    buffer_steps: usize| Publisher {
             endpoint,
             bind,
             replay_endpoint: replay,

@@ -8,23 +8,9 @@ use tokio::{net::TcpListener, sync::mpsc, task::JoinHandle};
 use crate::{
     api::{Faults, ServedModel, router},
     engine::{EVENT_QUEUE, EngineConfig, EngineHandle, Vocabulary},
-    events::{Encoder, Publisher, ReplayLayout, Started},
+    events::{Publisher, Started},
     tokenizer::Tokenizer,
 };
-
-/// Where one engine publishes KV events.
-#[derive(Debug, Clone)]
-pub struct EventsSpec {
-    pub endpoint: String,
-    /// None: vLLM's bind/connect rule.
-    pub bind: Option<bool>,
-    pub replay_endpoint: Option<String>,
-    pub topic: String,
-    pub buffer_steps: usize,
-    pub replay_layout: ReplayLayout,
-    pub encoder: Encoder,
-    pub drop_every: Option<u64>,
-}
 
 /// Everything needed to start one engine.
 #[derive(Debug, Clone)]
@@ -35,7 +21,8 @@ pub struct EngineSpec {
     pub engine: EngineConfig,
     pub faults: Faults,
     pub listen: SocketAddr,
-    pub events: Option<EventsSpec>,
+    /// Where and how it publishes KV events, if it does.
+    pub events: Option<Publisher>,
 }
 
 /// A started engine and where to reach it.
@@ -88,18 +75,8 @@ pub async fn start_engine(
         source,
     })?;
     let (events_tx, publisher) = match spec.events {
-        Some(ev) => {
+        Some(publisher) => {
             let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-            let publisher = Publisher {
-                endpoint: ev.endpoint,
-                bind: ev.bind,
-                replay_endpoint: ev.replay_endpoint,
-                topic: ev.topic,
-                buffer_steps: ev.buffer_steps,
-                replay_layout: ev.replay_layout,
-                encoder: ev.encoder,
-                drop_every: ev.drop_every,
-            };
             (Some(tx), Some(publisher.start(rx).await?))
         }
         None => (None, None),
