@@ -2,7 +2,6 @@
 
 use bytes::Bytes;
 use http::StatusCode;
-use http_body_util::{BodyExt, Full};
 
 use super::Body;
 
@@ -56,17 +55,7 @@ impl ProxyError {
     }
 
     pub fn into_response(self) -> http::Response<Body> {
-        let mut resp = http::Response::new(
-            Full::new(self.body())
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        );
-        *resp.status_mut() = self.status;
-        resp.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
-        resp
+        super::full(self.status, "application/json", self.body())
     }
 }
 
