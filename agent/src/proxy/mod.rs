@@ -211,9 +211,11 @@ async fn forward(
     body: Bytes,
 ) -> Result<http::Response<Body>, ProxyError> {
     let pool = &proxy.pool;
-    let mut matches = Vec::new();
-    proxy.index.lookup(&ctx.keys, &mut matches);
     let history = proxy.history.as_ref().map(|h| h.lookup(&ctx.keys));
+    let mut matches = Vec::new();
+    if history.is_none() {
+        proxy.index.lookup(&ctx.keys, &mut matches);
+    }
     let mut candidates: Vec<Candidate> = pool
         .endpoints
         .iter()
