@@ -3,6 +3,7 @@
 pub mod compare;
 pub mod index;
 mod proc_stat;
+mod proxy;
 mod sim_streams;
 pub mod workload;
 
@@ -18,6 +19,8 @@ pub enum BenchCommand {
     SimStreams(SimStreamsArgs),
     /// The same workload through each routing policy, in front of identical fresh fleets.
     Compare(Box<compare::CompareArgs>),
+    /// What the proxy adds: latency vs direct (and nginx), requests/s per core, decision cost.
+    Proxy(proxy::ProxyBenchArgs),
     /// KV index: ingestion rate, lookup latency, bytes per entry, memory under the cap.
     Index(index::IndexBenchArgs),
 }
@@ -40,6 +43,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
     match cmd {
         BenchCommand::SimStreams(args) => sim_streams::run(args).await,
         BenchCommand::Compare(args) => compare::run(*args).await,
+        BenchCommand::Proxy(args) => proxy::run(args).await,
         BenchCommand::Index(args) => tokio::task::spawn_blocking(move || index::run(args))
             .await
             .map_err(|e| Error::Setup(format!("index benchmark panicked: {e}"))),

@@ -6,7 +6,7 @@
 
 mod admin;
 mod error;
-mod request;
+pub mod request;
 mod upstream;
 
 use std::{convert::Infallible, sync::Arc, time::Instant};

@@ -1,0 +1,446 @@
+//! `warmpath bench proxy`: what the proxy adds. Latency p50/p99 of small requests direct to a
+//! simulator vs through `warmpath agent` (and nginx as a plain L7 proxy, when installed),
+//! requests/s per proxy core, and the routing decision's cost including tokenization of a
+//! long chat prompt. Sim, agent and nginx run as separate processes; all on loopback.
+
+use std::{
+    process::Stdio,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use clap::Args;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use super::{Error, proc_stat};
+
+/// Options of `warmpath bench proxy`.
+#[derive(Debug, Clone, Args)]
+pub struct ProxyBenchArgs {
+    /// Sequential requests per target and kind for the latency figures.
+    #[arg(long, default_value_t = 3000)]
+    pub requests: usize,
+    /// Concurrent clients for the throughput figure.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Seconds of the throughput run per proxy.
+    #[arg(long, default_value_t = 8.0)]
+    pub duration_s: f64,
+    /// Tokens of the chat prompt in the decision benchmark.
+    #[arg(long, default_value_t = 8192)]
+    pub chat_tokens: usize,
+}
+
+struct Child(tokio::process::Child);
+
+impl Child {
+    fn terminate(&mut self) {
+        if let Some(pid) = self.0.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        // SIGTERM first: nginx's master then stops its workers (SIGKILL would orphan them).
+        if let Some(pid) = self.0.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+    }
+}
+
+fn free_port() -> Result<u16, Error> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| Error::Io {
+        what: "bind".into(),
+        source,
+    })?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|source| Error::Io {
+            what: "bind".into(),
+            source,
+        })
+}
+
+async fn spawn(args: &[String]) -> Result<(Child, u32), Error> {
+    let exe = std::env::current_exe().map_err(|source| Error::Io {
+        what: "current exe".into(),
+        source,
+    })?;
+    let child = tokio::process::Command::new(exe)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .env("TOKIO_WORKER_THREADS", "1")
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| Error::Io {
+            what: format!("start {args:?}"),
+            source,
+        })?;
+    let pid = child
+        .id()
+        .ok_or_else(|| Error::Setup("child exited".into()))?;
+    Ok((Child(child), pid))
+}
+
+async fn wait_ready(client: &reqwest::Client, url: &str) -> Result<(), Error> {
+    for _ in 0..500 {
+        if client
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(Error::Setup(format!("{url} never became ready")))
+}
+
+/// A target of the latency and throughput runs.
+struct Target {
+    name: &'static str,
+    base: String,
+    pid: Option<u32>,
+}
+
+pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(256)
+        .build()
+        .map_err(|e| Error::Setup(e.to_string()))?;
+    // The simulator answers as fast as it computes: modelled time is scaled to ~nothing.
+    let (mut sim, _) = spawn(
+        &[
+            "sim",
+            "--port",
+            "0",
+            "--profile",
+            "tiny",
+            "--time-scale",
+            "0.00001",
+            "--max-num-seqs",
+            "1024",
+        ]
+        .map(String::from),
+    )
+    .await?;
+    let mut line = String::new();
+    let stdout = sim
+        .0
+        .stdout
+        .take()
+        .ok_or_else(|| Error::Setup("no sim stdout".into()))?;
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .await
+        .map_err(|source| Error::Io {
+            what: "sim ready line".into(),
+            source,
+        })?;
+    let ready: serde_json::Value =
+        serde_json::from_str(&line).map_err(|e| Error::Setup(format!("sim ready line: {e}")))?;
+    let sim_addr = ready["engines"][0]["http"]
+        .as_str()
+        .ok_or_else(|| Error::Setup("no engine".into()))?
+        .to_string();
+    let (listen, admin) = (free_port()?, free_port()?);
+    let agent_args = [
+        "agent",
+        "--listen",
+        &format!("127.0.0.1:{listen}"),
+        "--admin",
+        &format!("127.0.0.1:{admin}"),
+        "--endpoint",
+        &format!("http://{sim_addr}"),
+    ]
+    .map(String::from);
+    let (_agent, agent_pid) = spawn(&agent_args).await?;
+    wait_ready(&client, &format!("http://127.0.0.1:{admin}/ready")).await?;
+    let mut targets = vec![
+        Target {
+            name: "direct",
+            base: format!("http://{sim_addr}"),
+            pid: None,
+        },
+        Target {
+            name: "warmpath",
+            base: format!("http://127.0.0.1:{listen}"),
+            pid: Some(agent_pid),
+        },
+    ];
+    let _nginx = match nginx(&sim_addr).await {
+        Ok(Some((child, port, worker))) => {
+            targets.push(Target {
+                name: "nginx",
+                base: format!("http://127.0.0.1:{port}"),
+                pid: Some(worker),
+            });
+            wait_ready(&client, &format!("http://127.0.0.1:{port}/health")).await?;
+            Some(child)
+        }
+        Ok(None) => {
+            println!("(nginx not installed: `apt-get install nginx-light` adds its row)");
+            None
+        }
+        Err(e) => {
+            println!("(nginx did not start: {e})");
+            None
+        }
+    };
+
+    println!(
+        "warmpath bench proxy: {} sequential requests per target and kind, one keep-alive connection each",
+        args.requests
+    );
+    println!();
+    println!(
+        "| target | non-streaming p50 | p99 | streaming p50 | p99 | added p50 (ns / st) | added p99 (ns / st) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let mut lat = Vec::new();
+    for stream in [false, true] {
+        lat.push(latencies(&client, &targets, args.requests, stream).await?);
+    }
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    for (i, t) in targets.iter().enumerate() {
+        let (ns, st) = (&lat[0][i], &lat[1][i]);
+        let (d_ns, d_st) = (&lat[0][0], &lat[1][0]);
+        println!(
+            "| {} | {:.0} us | {:.0} us | {:.0} us | {:.0} us | {:+.0} / {:+.0} us | {:+.0} / {:+.0} us |",
+            t.name,
+            us(ns.0),
+            us(ns.1),
+            us(st.0),
+            us(st.1),
+            us(ns.0) - us(d_ns.0),
+            us(st.0) - us(d_st.0),
+            us(ns.1) - us(d_ns.1),
+            us(st.1) - us(d_st.1)
+        );
+    }
+    println!();
+    println!(
+        "| proxy | concurrency | requests/s | proxy CPU (cores) | requests/s per proxy core |"
+    );
+    println!("|---|---|---|---|---|");
+    for t in targets.iter().filter(|t| t.pid.is_some()) {
+        let (rps, cores) = throughput(&client, t, args.concurrency, args.duration_s).await;
+        println!(
+            "| {} | {} | {rps:.0} | {cores:.2} | {:.0} |",
+            t.name,
+            args.concurrency,
+            rps / cores.max(0.01)
+        );
+    }
+    decision(args.chat_tokens);
+    if let Some(mut nginx) = _nginx {
+        // A graceful stop lets the master take its worker down with it.
+        nginx.terminate();
+        let _ = tokio::time::timeout(Duration::from_secs(5), nginx.0.wait()).await;
+    }
+    Ok(())
+}
+
+/// (p50, p99) per target, requests interleaved across targets so noise hits all alike.
+async fn latencies(
+    client: &reqwest::Client,
+    targets: &[Target],
+    n: usize,
+    stream: bool,
+) -> Result<Vec<(Duration, Duration)>, Error> {
+    let body = serde_json::json!({"prompt": "hello world", "max_tokens": if stream { 4 } else { 1 }, "stream": stream, "ignore_eos": true});
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(n); targets.len()];
+    for i in 0..n + 200 {
+        for (t, target) in targets.iter().enumerate() {
+            let t0 = Instant::now();
+            let resp = client
+                .post(format!("{}/v1/completions", target.base))
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| Error::Setup(format!("{}: {e}", target.name)))?;
+            let ok = resp.status().is_success();
+            resp.bytes()
+                .await
+                .map_err(|e| Error::Setup(e.to_string()))?;
+            if !ok {
+                return Err(Error::Setup(format!("{} answered an error", target.name)));
+            }
+            if i >= 200 {
+                samples[t].push(t0.elapsed());
+            }
+        }
+    }
+    Ok(samples
+        .into_iter()
+        .map(|mut s| {
+            s.sort_unstable();
+            (s[s.len() / 2], s[s.len() * 99 / 100])
+        })
+        .collect())
+}
+
+/// Closed-loop requests/s through a proxy and the CPU its process used meanwhile.
+async fn throughput(
+    client: &reqwest::Client,
+    target: &Target,
+    concurrency: usize,
+    secs: f64,
+) -> (f64, f64) {
+    let done = Arc::new(AtomicU64::new(0));
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let cpu0 = target.pid.and_then(proc_stat::cpu_time);
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (client, url, done) = (
+                client.clone(),
+                format!("{}/v1/completions", target.base),
+                done.clone(),
+            );
+            tokio::spawn(async move {
+                let body = serde_json::json!({"prompt": "hello world", "max_tokens": 1});
+                while Instant::now() < end {
+                    if let Ok(r) = client.post(&url).json(&body).send().await
+                        && r.bytes().await.is_ok()
+                    {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = match (cpu0, target.pid.and_then(proc_stat::cpu_time)) {
+        (Some(a), Some(b)) => (b - a).as_secs_f64() / wall,
+        _ => f64::NAN,
+    };
+    (done.load(Ordering::Relaxed) as f64 / wall, cpu)
+}
+
+/// nginx in front of the simulator, one worker, upstream keep-alive; (process, port, worker pid).
+async fn nginx(sim: &str) -> Result<Option<(Child, u16, u32)>, Error> {
+    let Some(bin) = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+    else {
+        return Ok(None);
+    };
+    let dir = std::env::temp_dir().join(format!("warmpath-bench-nginx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+        what: "nginx dir".into(),
+        source,
+    })?;
+    let port = free_port()?;
+    let conf = format!(
+        "worker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\nevents {{ worker_connections 4096; }}\n\
+         http {{\n access_log off;\n client_body_temp_path {d};\n proxy_temp_path {d};\n\
+         upstream sim {{ server {sim}; keepalive 256; }}\n\
+         server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_buffering off; }} }}\n}}\n",
+        d = dir.display()
+    );
+    let conf_path = dir.join("nginx.conf");
+    std::fs::write(&conf_path, conf).map_err(|source| Error::Io {
+        what: "nginx conf".into(),
+        source,
+    })?;
+    let child = tokio::process::Command::new(bin)
+        .arg("-c")
+        .arg(&conf_path)
+        .args(["-g", "daemon off;"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|source| Error::Io {
+            what: "start nginx".into(),
+            source,
+        })?;
+    let master = child
+        .id()
+        .ok_or_else(|| Error::Setup("nginx exited".into()))?;
+    // Its one worker is the process doing the proxying.
+    let mut worker = None;
+    for _ in 0..200 {
+        if let Ok(children) =
+            std::fs::read_to_string(format!("/proc/{master}/task/{master}/children"))
+        {
+            worker = children
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse().ok());
+        }
+        if worker.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let worker = worker.ok_or_else(|| Error::Setup("nginx worker not found".into()))?;
+    Ok(Some((Child(child), port, worker)))
+}
+
+/// The routing decision for a long chat prompt: parse, render, tokenize, key, rank.
+fn decision(tokens: usize) {
+    use crate::{
+        proxy::request::{Kind, parse},
+        routing::{Candidate, EndpointId, Policy, RequestCtx, rank},
+    };
+    let tok = warmpath_sim::tokenizer::Tokenizer::builtin();
+    let text = warmpath_sim::text::TextGen::new(11).text((tokens as f64 * 3.85) as usize);
+    let body = serde_json::json!({"model": "m", "messages": [{"role": "system", "content": text}, {"role": "user", "content": "Summarise."}]}).to_string();
+    let candidates: Vec<Candidate> = (0..8)
+        .map(|i| Candidate {
+            id: EndpointId(i),
+            matched_blocks: i * 10,
+            prefix_trusted: true,
+            in_flight: 1,
+            queued_prefill_blocks: 0,
+            excluded: false,
+        })
+        .collect();
+    let rotation = std::sync::atomic::AtomicUsize::new(0);
+    let mut samples = Vec::with_capacity(500);
+    let mut blocks = 0;
+    for _ in 0..520 {
+        let t0 = Instant::now();
+        let parsed = parse(Kind::Chat, body.as_bytes(), "m", &tok, 16).expect("well-formed body");
+        blocks = parsed.keys.len();
+        let d = rank(
+            Policy::Precise,
+            &RequestCtx {
+                keys: parsed.keys,
+                session: None,
+            },
+            &candidates,
+            &rotation,
+        );
+        std::hint::black_box(d);
+        samples.push(t0.elapsed());
+    }
+    samples.drain(..20);
+    samples.sort_unstable();
+    println!();
+    println!("| routing decision | prompt tokens | blocks | p50 | p99 |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| chat: parse + template + tokenize + keys + rank | ~{tokens} | {blocks} | {:.0} us | {:.0} us |",
+        samples[samples.len() / 2].as_secs_f64() * 1e6,
+        samples[samples.len() * 99 / 100].as_secs_f64() * 1e6
+    );
+}
