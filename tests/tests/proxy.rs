@@ -205,3 +205,26 @@ async fn a_client_disconnect_cancels_the_upstream_request() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_request_body_is_forwarded_intact() {
+    let fleet = Fleet::start(&["--port", "0", "--profile", "tiny"]).await;
+    let routing = proxy(&fleet, &[]).await;
+    let client = reqwest::Client::new();
+    // A streamed (chunked) request body: the proxy must not forward the client's framing.
+    let chunks: Vec<Result<&'static [u8], std::io::Error>> = vec![
+        Ok(br#"{"prompt": "hello "#),
+        Ok(br#"there", "max_tokens": 2}"#),
+    ];
+    let body = reqwest::Body::wrap_stream(futures::stream::iter(chunks));
+    let r = client
+        .post(format!("http://{}/v1/completions", routing.listen))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+}

@@ -271,7 +271,7 @@ async fn forward(
         for (name, value) in &parts.headers {
             if name != http::header::HOST
                 && name != http::header::CONTENT_LENGTH
-                && name != http::header::CONNECTION
+                && !hop_by_hop(name)
             {
                 up = up.header(name, value);
             }
@@ -282,6 +282,16 @@ async fn forward(
         match proxy.client.request(up).await {
             Ok(resp) if resp.status() != StatusCode::SERVICE_UNAVAILABLE => {
                 let (mut head, incoming) = resp.into_parts();
+                // Framing is hyper's job on each leg; hop-by-hop headers never cross.
+                let hop: Vec<http::HeaderName> = head
+                    .headers
+                    .keys()
+                    .filter(|n| hop_by_hop(n))
+                    .cloned()
+                    .collect();
+                for name in hop {
+                    head.headers.remove(name);
+                }
                 if proxy.explain {
                     let h = &mut head.headers;
                     let set = |h: &mut http::HeaderMap, k: &'static str, v: String| {
@@ -321,4 +331,18 @@ async fn forward(
         candidates[chosen.0].excluded = true;
     }
     Err(last_error)
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 7.6.1).
+fn hop_by_hop(name: &http::HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+    )
 }
