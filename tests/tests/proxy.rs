@@ -228,3 +228,50 @@ async fn a_chunked_request_body_is_forwarded_intact() {
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["usage"]["completion_tokens"], 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_prefix_spills_over_once_its_pod_is_busier_than_recomputing() {
+    // Real-time 8B timing: prefill takes long enough for a queue to form.
+    let fleet = Fleet::start(&[
+        "--port",
+        "0",
+        "--replicas",
+        "2",
+        "--profile",
+        "llama-3.1-8b-h100",
+        "--kv-events-port",
+        "0",
+        "--kv-replay-port",
+        "0",
+    ])
+    .await;
+    let routing = proxy(&fleet, &[]).await;
+    let base = format!("http://{}", routing.listen);
+    let client = reqwest::Client::new();
+    let system = shared_prompt(7, 0);
+    // Each request adds a long question: ~20 uncached blocks of prefill on top of the prefix.
+    let question = |q: u32| {
+        format!(
+            "{system} {}",
+            (0..60)
+                .map(|i| format!("detail {i} of question {q} matters. "))
+                .collect::<String>()
+        )
+    };
+    let (home, _) = complete(&client, &base, &question(0)).await;
+    let burst: Vec<_> = (1..=40)
+        .map(|q| {
+            let (client, base, prompt) = (client.clone(), base.clone(), question(q));
+            tokio::spawn(async move { complete(&client, &base, &prompt).await.0 })
+        })
+        .collect();
+    let mut pods = Vec::new();
+    for t in burst {
+        pods.push(t.await.unwrap());
+    }
+    let at_home = pods.iter().filter(|p| **p == home).count();
+    // Affinity keeps a share on the pod holding the prefix, but once its queued prefill work
+    // exceeds the cost of recomputing the prefix elsewhere, requests go to the other pod.
+    assert!(at_home >= 8, "only {at_home} of 40 stayed with the prefix");
+    assert!(at_home <= 32, "{at_home} of 40 piled onto the prefix's pod");
+}
