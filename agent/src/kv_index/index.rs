@@ -247,18 +247,20 @@ impl KvIndex {
             return;
         }
         for hash in &r.hashes {
-            let Some(slot) = st.engine.get_mut(&hash.0) else {
+            // One probe of the engine map: update or remove in place.
+            let std::collections::hash_map::Entry::Occupied(mut slot) = st.engine.entry(hash.0)
+            else {
                 st.status.unknown_removals += 1;
                 continue;
             };
-            if slot.1 & r.tier.bit() == 0 {
+            if slot.get().1 & r.tier.bit() == 0 {
                 st.status.unknown_removals += 1;
                 continue;
             }
-            slot.1 &= !r.tier.bit();
-            let (key, left) = *slot;
+            slot.get_mut().1 &= !r.tier.bit();
+            let (key, left) = *slot.get();
             if left == 0 {
-                st.engine.remove(&hash.0);
+                slot.remove();
             }
             self.store.remove(RouterKey(key), id.0, r.tier, false);
             st.status.blocks_removed += 1;

@@ -191,15 +191,18 @@ impl Store {
     pub fn remove(&self, key: RouterKey, source: u32, tier: Tier, only_speculative: bool) -> bool {
         let mut shard = self.shard(key).write();
         let shard = &mut *shard;
-        let Some(entry) = shard.map.get_mut(&key.0) else {
+        // One probe: update the entry and drop it in place when it empties.
+        let std::collections::hash_map::Entry::Occupied(mut entry) = shard.map.entry(key.0) else {
             return false;
         };
-        let removed = entry.remove(&mut shard.spill, source, tier, only_speculative);
+        let removed = entry
+            .get_mut()
+            .remove(&mut shard.spill, source, tier, only_speculative);
         if removed {
             shard.holders -= 1;
         }
-        if entry.is_empty() {
-            shard.map.remove(&key.0);
+        if entry.get().is_empty() {
+            entry.remove();
         }
         removed
     }
