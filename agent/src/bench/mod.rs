@@ -3,6 +3,7 @@
 pub mod compare;
 pub mod index;
 mod proc_stat;
+mod process;
 mod proxy;
 mod sim_streams;
 pub mod workload;

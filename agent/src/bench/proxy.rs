@@ -12,10 +12,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use super::{
+    Error, proc_stat,
+    process::{Child, free_port, spawn_self, spawn_sim},
+};
 use clap::Args;
-use tokio::io::{AsyncBufReadExt, BufReader};
-
-use super::{Error, proc_stat};
 
 /// Options of `warmpath bench proxy`.
 #[derive(Debug, Clone, Args)]
@@ -32,66 +33,6 @@ pub struct ProxyBenchArgs {
     /// Tokens of the chat prompt in the decision benchmark.
     #[arg(long, default_value_t = 8192)]
     pub chat_tokens: usize,
-}
-
-struct Child(tokio::process::Child);
-
-impl Child {
-    fn terminate(&mut self) {
-        if let Some(pid) = self.0.id().and_then(|p| i32::try_from(p).ok()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        // SIGTERM first: nginx's master then stops its workers (SIGKILL would orphan them).
-        if let Some(pid) = self.0.id().and_then(|p| i32::try_from(p).ok()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-    }
-}
-
-fn free_port() -> Result<u16, Error> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| Error::Io {
-        what: "bind".into(),
-        source,
-    })?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|source| Error::Io {
-            what: "bind".into(),
-            source,
-        })
-}
-
-async fn spawn(args: &[String]) -> Result<(Child, u32), Error> {
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
-        what: "current exe".into(),
-        source,
-    })?;
-    let child = tokio::process::Command::new(exe)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .env("TOKIO_WORKER_THREADS", "1")
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| Error::Io {
-            what: format!("start {args:?}"),
-            source,
-        })?;
-    let pid = child
-        .id()
-        .ok_or_else(|| Error::Setup("child exited".into()))?;
-    Ok((Child(child), pid))
 }
 
 async fn wait_ready(client: &reqwest::Client, url: &str) -> Result<(), Error> {
@@ -123,40 +64,19 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
         .build()
         .map_err(|e| Error::Setup(e.to_string()))?;
     // The simulator answers as fast as it computes: modelled time is scaled to ~nothing.
-    let (mut sim, _) = spawn(
-        &[
-            "sim",
-            "--port",
-            "0",
-            "--profile",
-            "tiny",
-            "--time-scale",
-            "0.00001",
-            "--max-num-seqs",
-            "1024",
-        ]
-        .map(String::from),
-    )
-    .await?;
-    let mut line = String::new();
-    let stdout = sim
-        .0
-        .stdout
-        .take()
-        .ok_or_else(|| Error::Setup("no sim stdout".into()))?;
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .await
-        .map_err(|source| Error::Io {
-            what: "sim ready line".into(),
-            source,
-        })?;
-    let ready: serde_json::Value =
-        serde_json::from_str(&line).map_err(|e| Error::Setup(format!("sim ready line: {e}")))?;
-    let sim_addr = ready["engines"][0]["http"]
-        .as_str()
-        .ok_or_else(|| Error::Setup("no engine".into()))?
-        .to_string();
+    let flags = [
+        "--port",
+        "0",
+        "--profile",
+        "tiny",
+        "--time-scale",
+        "0.00001",
+        "--max-num-seqs",
+        "1024",
+    ]
+    .map(String::from);
+    let (_sim, _, engines) = spawn_sim(&flags, 1).await?;
+    let sim_addr = engines[0].clone();
     let (listen, admin) = (free_port()?, free_port()?);
     let agent_args = [
         "agent",
@@ -168,7 +88,7 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
         &format!("http://{sim_addr}"),
     ]
     .map(String::from);
-    let (_agent, agent_pid) = spawn(&agent_args).await?;
+    let (_agent, agent_pid) = spawn_self(&agent_args, 1).await?;
     wait_ready(&client, &format!("http://127.0.0.1:{admin}/ready")).await?;
     let mut targets = vec![
         Target {

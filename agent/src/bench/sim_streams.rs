@@ -5,7 +5,6 @@
 //! read from /proc; the clients run here. Every loop is bounded by `--duration-s`.
 
 use std::{
-    process::Stdio,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -15,9 +14,8 @@ use std::{
 
 use clap::Args;
 use futures::StreamExt;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
-use super::{Error, proc_stat};
+use super::{Error, proc_stat, process::spawn_sim};
 
 /// Options of `warmpath bench sim-streams`.
 #[derive(Debug, Clone, Args)]
@@ -57,70 +55,29 @@ struct Tally {
 }
 
 pub async fn run(args: SimStreamsArgs) -> Result<(), Error> {
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
-        what: "find the warmpath binary".into(),
-        source,
-    })?;
     let per_engine = args.streams.div_ceil(usize::from(args.replicas.max(1)));
-    let mut child = tokio::process::Command::new(exe)
-        .args([
-            "sim",
-            "--port",
-            "0",
-            "--replicas",
-            &args.replicas.to_string(),
-            "--profile",
-            &args.profile,
-        ])
-        .args([
-            "--time-scale",
-            &args.time_scale.to_string(),
-            "--max-num-seqs",
-            &per_engine.max(1).to_string(),
-        ])
-        .args([
-            "--num-gpu-blocks",
-            "16384",
-            "--max-num-batched-tokens",
-            "16384",
-        ])
-        .env("TOKIO_WORKER_THREADS", args.sim_worker_threads.to_string())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| Error::Io {
-            what: "start warmpath sim".into(),
-            source,
-        })?;
-    let pid = child
-        .id()
-        .ok_or_else(|| Error::Setup("simulator exited at once".into()))?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| Error::Setup("no simulator stdout".into()))?;
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .await
-        .map_err(|source| Error::Io {
-            what: "read the simulator's ready line".into(),
-            source,
-        })?;
-    let ready: serde_json::Value = serde_json::from_str(&line)
-        .map_err(|e| Error::Setup(format!("simulator ready line `{}`: {e}", line.trim())))?;
-    let urls: Vec<String> = ready["engines"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|e| e["http"].as_str())
-                .map(|h| format!("http://{h}/v1/completions"))
-                .collect()
-        })
-        .unwrap_or_default();
-    if urls.is_empty() {
-        return Err(Error::Setup(format!("no engines in `{}`", line.trim())));
-    }
+    let flags = [
+        "--port",
+        "0",
+        "--replicas",
+        &args.replicas.to_string(),
+        "--profile",
+        &args.profile,
+        "--time-scale",
+        &args.time_scale.to_string(),
+        "--max-num-seqs",
+        &per_engine.max(1).to_string(),
+        "--num-gpu-blocks",
+        "16384",
+        "--max-num-batched-tokens",
+        "16384",
+    ]
+    .map(String::from);
+    let (_sim, pid, engines) = spawn_sim(&flags, args.sim_worker_threads).await?;
+    let urls: Vec<String> = engines
+        .iter()
+        .map(|h| format!("http://{h}/v1/completions"))
+        .collect();
 
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.streams)
@@ -161,7 +118,6 @@ pub async fn run(args: SimStreamsArgs) -> Result<(), Error> {
     for t in tasks {
         t.abort();
     }
-    let _ = child.kill().await;
 
     let secs = wall.as_secs_f64();
     let cores = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
