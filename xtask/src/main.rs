@@ -121,9 +121,12 @@ fn demo() -> Result<()> {
     if let Some(dir) = results.parent() {
         std::fs::create_dir_all(dir)?;
     }
+    let chart = results.with_extension("svg");
     shell::run(
         std::process::Command::new(bin)
             .args(["bench", "compare", "--json"])
-            .arg(&results),
+            .arg(&results)
+            .arg("--chart")
+            .arg(&chart),
     )
 }

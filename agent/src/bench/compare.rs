@@ -46,6 +46,9 @@ pub struct CompareArgs {
     /// Write the results as JSON here.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Write the TTFT CDF per policy as an SVG chart here.
+    #[arg(long, value_name = "FILE")]
+    pub chart: Option<PathBuf>,
 }
 
 /// What one request looked like to the client (modelled seconds).
@@ -68,6 +71,9 @@ pub struct Row {
     pub e2e_p50: f64,
     pub output_tokens_per_s: f64,
     pub prefix_hit_ratio: f64,
+    /// Every TTFT, sorted (for the chart).
+    #[serde(skip)]
+    pub ttfts: Vec<f64>,
 }
 
 #[derive(Parser)]
@@ -114,6 +120,14 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
             source,
         })?;
         println!("results: {}", path.display());
+    }
+    if let Some(path) = &args.chart {
+        let series: Vec<(String, Vec<f64>)> = rows
+            .iter()
+            .map(|r| (r.policy.clone(), r.ttfts.clone()))
+            .collect();
+        super::chart::ttft_cdf(path, &series)?;
+        println!("chart: {}", path.display());
     }
     Ok(())
 }
@@ -242,6 +256,7 @@ async fn run_policy(
         } else {
             hits as f64 / queries as f64
         },
+        ttfts: ttft,
     })
 }
 

@@ -1,5 +1,6 @@
 //! `warmpath bench ...`: measurements that back the numbers in docs/benchmarks.md.
 
+mod chart;
 pub mod compare;
 pub mod index;
 mod proc_stat;
