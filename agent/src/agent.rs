@@ -157,6 +157,7 @@ pub async fn start_routing(args: &AgentArgs) -> Result<Routing, Error> {
     tracing::info!(listen = %listen_addr, admin = %admin_addr, endpoints = n, policy = ?args.policy, "routing proxy ready");
     tasks.push(tokio::spawn(proxy::serve(main, proxy.clone())));
     tasks.push(tokio::spawn(proxy::serve_admin(admin, proxy.clone())));
+    tasks.push(tokio::spawn(proxy::scrape_loop(proxy.clone())));
     tasks.push(tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
         loop {

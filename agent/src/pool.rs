@@ -2,7 +2,7 @@
 
 use std::sync::{
     Arc,
-    atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
 };
 
 use serde::Serialize;
@@ -24,6 +24,11 @@ pub struct Endpoint {
     queued_prefill_blocks: AtomicU64,
     requests: AtomicU64,
     failures: AtomicU64,
+    /// From the engine's own /metrics (scraped): requests waiting and running, KV usage.
+    engine_waiting: AtomicU32,
+    engine_running: AtomicU32,
+    engine_kv_permille: AtomicU32,
+    scraped: AtomicBool,
 }
 
 /// The endpoints of one model and how to choose among them.
@@ -35,6 +40,8 @@ pub struct Pool {
     pub policy: Policy,
     pub endpoints: Vec<Arc<Endpoint>>,
     pub rotation: AtomicUsize,
+    /// Moving average of uncached prefill blocks per routed request, x16 (fixed point).
+    mean_prefill_x16: AtomicU64,
 }
 
 impl Pool {
@@ -56,6 +63,10 @@ impl Pool {
                     queued_prefill_blocks: AtomicU64::new(0),
                     requests: AtomicU64::new(0),
                     failures: AtomicU64::new(0),
+                    engine_waiting: AtomicU32::new(0),
+                    engine_running: AtomicU32::new(0),
+                    engine_kv_permille: AtomicU32::new(0),
+                    scraped: AtomicBool::new(false),
                 })
             })
             .collect();
@@ -65,7 +76,27 @@ impl Pool {
             policy,
             endpoints,
             rotation: AtomicUsize::new(0),
+            mean_prefill_x16: AtomicU64::new(0),
         }
+    }
+
+    /// Folds a routed request's uncached prefill blocks into the moving average (1/8 weight).
+    pub fn note_prefill(&self, blocks: u64) {
+        let old = self.mean_prefill_x16.load(Ordering::Relaxed);
+        let new = old - old / 8 + blocks * 16 / 8;
+        self.mean_prefill_x16.store(new, Ordering::Relaxed);
+    }
+
+    /// Prefill work queued at an endpoint, in blocks: what this proxy sent that has not
+    /// started answering, or — when the engine reports more waiting requests than that
+    /// explains (other routers, other agents) — its waiting count times the mean prefill.
+    pub fn work_ahead(&self, e: &Endpoint) -> u64 {
+        let own = e.queued_prefill_blocks();
+        if !e.scraped.load(Ordering::Relaxed) {
+            return own;
+        }
+        let mean = self.mean_prefill_x16.load(Ordering::Relaxed) / 16;
+        own.max(u64::from(e.engine_waiting.load(Ordering::Relaxed)) * mean)
     }
 }
 
@@ -76,6 +107,17 @@ impl Endpoint {
 
     pub fn queued_prefill_blocks(&self) -> u64 {
         self.queued_prefill_blocks.load(Ordering::Relaxed)
+    }
+
+    /// Records a scrape of the engine's /metrics.
+    pub fn set_engine_load(&self, waiting: u32, running: u32, kv_usage: f64) {
+        self.engine_waiting.store(waiting, Ordering::Relaxed);
+        self.engine_running.store(running, Ordering::Relaxed);
+        self.engine_kv_permille.store(
+            (kv_usage.clamp(0.0, 1.0) * 1000.0) as u32,
+            Ordering::Relaxed,
+        );
+        self.scraped.store(true, Ordering::Relaxed);
     }
 
     pub fn note_failure(&self) {
@@ -103,6 +145,11 @@ impl Endpoint {
             queued_prefill_blocks: self.queued_prefill_blocks(),
             requests: self.requests.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
+            engine: self.scraped.load(Ordering::Relaxed).then(|| EngineLoad {
+                waiting: self.engine_waiting.load(Ordering::Relaxed),
+                running: self.engine_running.load(Ordering::Relaxed),
+                kv_cache_usage: f64::from(self.engine_kv_permille.load(Ordering::Relaxed)) / 1000.0,
+            }),
         }
     }
 }
@@ -115,6 +162,16 @@ pub struct EndpointStatus {
     pub queued_prefill_blocks: u64,
     pub requests: u64,
     pub failures: u64,
+    /// The engine's own numbers, once scraped.
+    pub engine: Option<EngineLoad>,
+}
+
+/// What an engine's /metrics says about its load.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineLoad {
+    pub waiting: u32,
+    pub running: u32,
+    pub kv_cache_usage: f64,
 }
 
 /// A request in flight to an endpoint.
@@ -138,5 +195,29 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.first_byte();
         self.endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_ahead_counts_engine_queues_the_proxy_did_not_fill() {
+        let pool = Pool::new("m".into(), 16, Policy::Precise, vec![("a:1".into(), None)]);
+        let e = pool.endpoints[0].clone();
+        for _ in 0..64 {
+            pool.note_prefill(10);
+        }
+        let _guard = e.start(7);
+        assert_eq!(pool.work_ahead(&e), 7, "not scraped yet: own queue only");
+        e.set_engine_load(5, 2, 0.5);
+        let ahead = pool.work_ahead(&e);
+        assert!(
+            (45..=50).contains(&ahead),
+            "5 waiting x ~10 blocks, got {ahead}"
+        );
+        e.set_engine_load(0, 2, 0.5);
+        assert_eq!(pool.work_ahead(&e), 7);
     }
 }

@@ -84,6 +84,20 @@ async fn shared_prefixes_follow_their_cache_and_cold_ones_spread() {
         .await
         .unwrap();
     assert_eq!(status["pods"].as_array().unwrap().len(), 3);
+    // Each engine's own /metrics is scraped into the decision inputs.
+    let admin = format!("http://{}/status", routing.admin);
+    wait_for("engine load scraped", WAIT, || {
+        let (client, admin) = (client.clone(), admin.clone());
+        async move {
+            let s: serde_json::Value = client.get(admin).send().await.ok()?.json().await.ok()?;
+            s["pods"]
+                .as_array()?
+                .iter()
+                .all(|p| p["load"]["engine"]["waiting"].is_u64())
+                .then_some(())
+        }
+    })
+    .await;
     assert!(
         status["pods"]
             .as_array()

@@ -7,6 +7,7 @@
 mod admin;
 mod error;
 pub mod request;
+mod scrape;
 mod upstream;
 
 use std::{convert::Infallible, sync::Arc, time::Instant};
@@ -21,6 +22,7 @@ use warmpath_sim::tokenizer::Tokenizer;
 
 pub use admin::serve_admin;
 pub use error::ProxyError;
+pub use scrape::scrape_loop;
 
 use crate::{
     kv_index::KvIndex,
@@ -238,7 +240,7 @@ async fn forward(
                 matched_blocks,
                 prefix_trusted,
                 in_flight: e.in_flight(),
-                queued_prefill_blocks: e.queued_prefill_blocks(),
+                queued_prefill_blocks: pool.work_ahead(e),
                 excluded: false,
             }
         })
@@ -252,6 +254,7 @@ async fn forward(
         let chosen = decision.ranked[0];
         let endpoint = &pool.endpoints[chosen.0];
         let uncached = ctx.keys.len().saturating_sub(decision.prefix_blocks) as u64;
+        pool.note_prefill(uncached);
         if let Some(source) = endpoint.source {
             proxy.index.speculate(source, &ctx.keys, Instant::now());
         }

@@ -1,0 +1,98 @@
+//! Scraping each endpoint's `/metrics` every 200 ms: waiting and running requests and KV usage,
+//! so load the proxy did not create itself (other agents, direct clients) enters decisions.
+//! Between scrapes the proxy's own in-flight accounting keeps the picture current.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+
+use super::Proxy;
+
+/// How often each endpoint is scraped.
+pub const SCRAPE_INTERVAL: Duration = Duration::from_millis(200);
+/// A scrape slower than this is skipped (the previous numbers stay).
+const SCRAPE_TIMEOUT: Duration = Duration::from_millis(500);
+/// Largest metrics page read.
+const MAX_PAGE: usize = 4 * 1024 * 1024;
+
+/// Scrapes every endpoint forever (until the task is aborted).
+pub async fn scrape_loop(proxy: Arc<Proxy>) {
+    let mut tick = tokio::time::interval(SCRAPE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let scrapes = proxy.pool.endpoints.iter().map(|e| {
+            let proxy = proxy.clone();
+            let e = e.clone();
+            async move {
+                match tokio::time::timeout(SCRAPE_TIMEOUT, fetch(&proxy, &e.authority)).await {
+                    Ok(Some(page)) => {
+                        if let Some((waiting, running, kv)) = parse(&page) {
+                            e.set_engine_load(waiting, running, kv);
+                        }
+                    }
+                    _ => tracing::debug!(endpoint = %e.authority, "metrics scrape failed"),
+                }
+            }
+        });
+        futures::future::join_all(scrapes).await;
+    }
+}
+
+async fn fetch(proxy: &Proxy, authority: &str) -> Option<String> {
+    let req = http::Request::get(format!("http://{authority}/metrics"))
+        .body(Full::new(Bytes::new()))
+        .ok()?;
+    let resp = proxy.client.request(req).await.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let body = Limited::new(resp.into_body(), MAX_PAGE)
+        .collect()
+        .await
+        .ok()?
+        .to_bytes();
+    String::from_utf8(body.to_vec()).ok()
+}
+
+/// (waiting, running, KV usage) from a vLLM metrics page (first series of each name).
+pub fn parse(page: &str) -> Option<(u32, u32, f64)> {
+    let value = |name: &str| -> Option<f64> {
+        page.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    };
+    let waiting = value("vllm:num_requests_waiting")?;
+    let running = value("vllm:num_requests_running")?;
+    let kv = value("vllm:kv_cache_usage_perc")
+        .or_else(|| value("vllm:gpu_cache_usage_perc"))
+        .unwrap_or(0.0);
+    Some((
+        waiting.min(f64::from(u32::MAX)) as u32,
+        running.min(f64::from(u32::MAX)) as u32,
+        kv,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_vllm_gauges_and_rejects_pages_without_them() {
+        let page = "# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n\
+                    vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n\
+                    vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 12.0\n\
+                    vllm:num_requests_waiting_by_reason{reason=\"x\"} 99\n\
+                    vllm:gpu_cache_usage_perc{engine=\"0\"} 0.25\n";
+        assert_eq!(parse(page), Some((12, 3, 0.25)));
+        assert_eq!(parse("garbage\n"), None);
+        assert_eq!(
+            parse("vllm:num_requests_waiting NaN\nvllm:num_requests_running 1\n"),
+            None
+        );
+    }
+}
