@@ -247,14 +247,17 @@ async fn forward(
         .collect();
     let mut last_error =
         ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, "No endpoint is available.");
-    for _attempt in 0..=proxy.retries {
+    for attempt in 0..=proxy.retries {
         let Some(decision) = rank(pool.policy, ctx, &candidates, &pool.rotation) else {
             break;
         };
         let chosen = decision.ranked[0];
         let endpoint = &pool.endpoints[chosen.0];
         let uncached = ctx.keys.len().saturating_sub(decision.prefix_blocks) as u64;
-        pool.note_prefill(uncached);
+        if attempt == 0 {
+            // Once per request: retries are the same prefill, not more of it.
+            pool.note_prefill(uncached);
+        }
         if let Some(source) = endpoint.source {
             proxy.index.speculate(source, &ctx.keys, Instant::now());
         }

@@ -48,7 +48,6 @@ pub struct NewRequest {
 /// Engine-side state of one request.
 #[derive(Debug)]
 pub struct Sequence {
-    pub id: u64,
     pub prompt_len: usize,
     /// Prompt followed by the generated tokens.
     pub tokens: Vec<u32>,

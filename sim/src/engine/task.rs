@@ -113,7 +113,6 @@ impl EngineHandle {
             rx,
             stats: stats.clone(),
             events,
-            next_id: 0,
             start: Instant::now(),
             vnow: 0.0,
         };
@@ -173,7 +172,6 @@ struct Engine {
     rx: mpsc::UnboundedReceiver<Command>,
     stats: Arc<Mutex<EngineStats>>,
     events: Option<mpsc::Sender<StepEvents>>,
-    next_id: u64,
     start: Instant,
     vnow: f64,
 }
@@ -230,8 +228,6 @@ impl Engine {
     }
 
     fn enqueue(&mut self, req: NewRequest) {
-        let id = self.next_id;
-        self.next_id += 1;
         let natural_len = if req.ignore_eos || self.vocabulary.eos.is_none() {
             usize::MAX
         } else {
@@ -239,7 +235,6 @@ impl Engine {
         };
         let prompt_len = req.prompt.len();
         self.sched.waiting.push_back(Sequence {
-            id,
             prompt_len,
             token_seed: token_seed(&req.prompt, self.config.seed),
             tokens: req.prompt,

@@ -8,14 +8,9 @@ use crate::engine::{
 
 const VOCAB: &[u32] = &[1000, 1001, 1002];
 
-fn seq(
-    id: u64,
-    prompt: Vec<u32>,
-    max_tokens: usize,
-) -> (Sequence, mpsc::UnboundedReceiver<Output>) {
+fn seq(prompt: Vec<u32>, max_tokens: usize) -> (Sequence, mpsc::UnboundedReceiver<Output>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let s = Sequence {
-        id,
         prompt_len: prompt.len(),
         token_seed: token_seed(&prompt, 0),
         tokens: prompt,
@@ -69,7 +64,7 @@ fn outputs(rx: &mut mpsc::UnboundedReceiver<Output>) -> Vec<Output> {
 fn second_request_reuses_the_shared_prefix() {
     let mut s = sched(64, 1024);
     let prompt: Vec<u32> = (0..40).collect();
-    let (a, mut rx_a) = seq(0, prompt.clone(), 3);
+    let (a, mut rx_a) = seq(prompt.clone(), 3);
     s.waiting.push_back(a);
     let first = drain(&mut s);
     assert_eq!(first[0].prefill_tokens, 40);
@@ -83,7 +78,7 @@ fn second_request_reuses_the_shared_prefix() {
 
     let mut b_prompt = prompt[..32].to_vec();
     b_prompt.extend(500..508);
-    let (b, mut rx_b) = seq(1, b_prompt, 1);
+    let (b, mut rx_b) = seq(b_prompt, 1);
     s.waiting.push_back(b);
     let steps = drain(&mut s);
     assert_eq!(
@@ -100,10 +95,10 @@ fn second_request_reuses_the_shared_prefix() {
 fn fully_cached_prompt_still_computes_its_last_block() {
     let mut s = sched(64, 1024);
     let prompt: Vec<u32> = (0..16).collect();
-    let (a, _rx) = seq(0, prompt.clone(), 1);
+    let (a, _rx) = seq(prompt.clone(), 1);
     s.waiting.push_back(a);
     drain(&mut s);
-    let (b, mut rx) = seq(1, prompt, 1);
+    let (b, mut rx) = seq(prompt, 1);
     s.waiting.push_back(b);
     let steps = drain(&mut s);
     assert_eq!(steps[0].prefill_tokens, 4);
@@ -113,7 +108,7 @@ fn fully_cached_prompt_still_computes_its_last_block() {
 #[test]
 fn chunked_prefill_respects_the_token_budget() {
     let mut s = sched(64, 16);
-    let (a, _rx) = seq(0, (0..40).collect(), 1);
+    let (a, _rx) = seq((0..40).collect(), 1);
     s.waiting.push_back(a);
     let steps = drain(&mut s);
     let prefills: Vec<_> = steps.iter().map(|w| w.prefill_tokens).collect();
@@ -124,8 +119,8 @@ fn chunked_prefill_respects_the_token_budget() {
 fn kv_exhaustion_preempts_the_newest_and_everything_finishes() {
     // 6 blocks of 4 tokens: two 8-token prompts generating 8 tokens each cannot both fit.
     let mut s = sched(6, 1024);
-    let (a, mut rx_a) = seq(0, (0..8).collect(), 8);
-    let (b, mut rx_b) = seq(1, (100..108).collect(), 8);
+    let (a, mut rx_a) = seq((0..8).collect(), 8);
+    let (b, mut rx_b) = seq((100..108).collect(), 8);
     s.waiting.push_back(a);
     s.waiting.push_back(b);
     drain(&mut s);
@@ -145,7 +140,7 @@ fn kv_exhaustion_preempts_the_newest_and_everything_finishes() {
 #[test]
 fn disconnected_clients_are_aborted_and_free_their_blocks() {
     let mut s = sched(64, 1024);
-    let (a, rx) = seq(0, (0..40).collect(), 100);
+    let (a, rx) = seq((0..40).collect(), 100);
     s.waiting.push_back(a);
     let mut ev = Vec::new();
     s.schedule(0.0, &mut ev);
