@@ -144,3 +144,15 @@ pub async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("metric {name} missing"))
 }
+
+/// GETs `url` and parses the JSON body (panics with the URL on failure).
+pub async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
+    let resp = client
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    resp.json()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: not JSON: {e}"))
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use warmpath_e2e::{
     agent::proxy,
-    sim::{Fleet, metric, wait_for},
+    sim::{Fleet, get_json, metric, wait_for},
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -75,14 +75,7 @@ async fn shared_prefixes_follow_their_cache_and_cold_ones_spread() {
             assert!(cached > 0, "group {g} question {q} cached {cached}");
         }
     }
-    let status: serde_json::Value = client
-        .get(format!("http://{}/status", routing.admin))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status = get_json(&client, &format!("http://{}/status", routing.admin)).await;
     assert_eq!(status["pods"].as_array().unwrap().len(), 3);
     // Each engine's own /metrics is scraped into the decision inputs.
     let admin = format!("http://{}/status", routing.admin);
@@ -128,14 +121,7 @@ async fn a_dead_endpoint_is_retried_before_the_first_byte() {
         let (pod, _) = complete(&client, &base, &format!("hello {i}")).await;
         assert_eq!(pod, fleet.engines[0].http.to_string());
     }
-    let status: serde_json::Value = client
-        .get(format!("http://{}/status", routing.admin))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status = get_json(&client, &format!("http://{}/status", routing.admin)).await;
     assert!(
         status["pods"][1]["load"]["failures"].as_u64().unwrap() >= 1,
         "{status}"
@@ -181,14 +167,7 @@ async fn bad_requests_get_openai_errors() {
     );
     let (s, _) = post(vec![b' '; 17 * 1024 * 1024]).await;
     assert_eq!(s, 413);
-    let models: serde_json::Value = client
-        .get(format!("{base}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = get_json(&client, &format!("{base}/v1/models")).await;
     assert_eq!(models["data"][0]["id"], "sim-llama");
 }
 

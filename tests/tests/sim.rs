@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use warmpath_e2e::sim::{Fleet, metric, stream_completion, wait_for};
+use warmpath_e2e::sim::{Fleet, get_json, metric, stream_completion, wait_for};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -105,14 +105,7 @@ async fn cyclic_hit_rate(
     }
     let hits = metric(&client, &base, "vllm:prefix_cache_hits_total").await;
     let queries = metric(&client, &base, "vllm:prefix_cache_queries_total").await;
-    let cache: serde_json::Value = client
-        .get(format!("{base}/sim/cache"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let cache = get_json(&client, &format!("{base}/sim/cache")).await;
     let len = |k: &str| cache[k].as_array().unwrap().len();
     (hits / queries, len("blocks"), len("cpu_blocks"))
 }
