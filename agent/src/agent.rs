@@ -31,6 +31,8 @@ pub enum Error {
     Unavailable(String),
     #[error(transparent)]
     Ebpf(#[from] ebpf::Error),
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::Error),
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
 }
@@ -135,12 +137,22 @@ pub async fn start_routing(args: &AgentArgs) -> Result<Routing, Error> {
         endpoints.push((authority, source));
     }
     let pool = Pool::new(args.model.clone(), args.block_size, args.policy, endpoints);
-    let proxy = Arc::new(proxy::Proxy::new(
+    let (tenants, telemetry_config) = args.telemetry.build()?;
+    let telemetry = Arc::new(crate::telemetry::Telemetry::new(&telemetry_config)?);
+    crate::telemetry::index::observe(telemetry.meter(), index.clone());
+    if let Some(otlp) = &telemetry_config.otlp {
+        tracing::info!(endpoint = otlp.endpoint.as_deref().unwrap_or("(from OTEL_EXPORTER_OTLP_*)"), protocol = ?otlp.protocol, interval = ?otlp.interval, "pushing OTLP metrics");
+    }
+    let mut proxy = proxy::Proxy::new(
         pool,
         index.clone(),
         tokenizer,
         args.explain,
-    ));
+        telemetry,
+        tenants,
+    );
+    proxy.inject_usage = !args.no_inject_usage;
+    let proxy = Arc::new(proxy);
     let listen = |addr| async move {
         tokio::net::TcpListener::bind(addr)
             .await

@@ -18,6 +18,8 @@ pub enum Command {
     Agent(AgentArgs),
     /// Run vLLM-compatible engine simulators (one or a fleet) in this process.
     Sim(Box<warmpath_sim::cli::SimArgs>),
+    /// Show a running agent's tenants and pods (from its admin port).
+    Status(crate::status::StatusArgs),
     /// Benchmarks (see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
@@ -80,6 +82,102 @@ pub struct AgentArgs {
     /// Where bpffs is (mounted there if absent).
     #[arg(long, value_name = "DIR", default_value = crate::ebpf::DEFAULT_BPFFS)]
     pub bpffs: PathBuf,
+
+    /// Do not ask streams for usage on the client's behalf (token counters then miss streams
+    /// whose clients did not ask for usage).
+    #[arg(long)]
+    pub no_inject_usage: bool,
+
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+}
+
+/// Tenant identity and telemetry export (docs/telemetry.md).
+#[derive(Debug, Args)]
+pub struct TelemetryArgs {
+    /// Source addresses of a tenant's workloads: `NAME=CIDR`. Repeatable; longest prefix wins.
+    #[arg(long = "tenant-cidr", value_name = "NAME=CIDR", value_parser = crate::telemetry::tenant::parse_cidr_rule)]
+    pub tenant_cidrs: Vec<(ipnet::IpNet, String)>,
+
+    /// Header naming the tenant, believed only from --trust-tenant-header-from sources.
+    #[arg(long, value_name = "NAME", default_value = crate::telemetry::tenant::DEFAULT_HEADER)]
+    pub tenant_header: http::HeaderName,
+
+    /// Sources (CIDR or address) whose tenant header is believed, e.g. an authenticating
+    /// gateway. Repeatable. Without it the header is never believed.
+    #[arg(long = "trust-tenant-header-from", value_name = "CIDR", value_parser = crate::telemetry::tenant::parse_net)]
+    pub trusted_header_sources: Vec<ipnet::IpNet>,
+
+    /// Identity sources in the order they are tried; the default tenant comes last.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "workload,header")]
+    pub tenant_order: Vec<crate::telemetry::tenant::IdentitySource>,
+
+    /// Tenant of requests nobody claims.
+    #[arg(long, value_name = "NAME", default_value = crate::telemetry::tenant::DEFAULT_TENANT, value_parser = parse_tenant_name)]
+    pub default_tenant: String,
+
+    /// Tenants with their own series; more are counted as `other`.
+    #[arg(long, default_value_t = crate::telemetry::DEFAULT_MAX_TENANTS)]
+    pub max_tenants: usize,
+
+    /// Add a `pod` attribute to per-request metrics (series: tenants x pods).
+    #[arg(long)]
+    pub telemetry_pod_attribute: bool,
+
+    /// OTLP collector URL (default: OTEL_EXPORTER_OTLP_METRICS_ENDPOINT or
+    /// OTEL_EXPORTER_OTLP_ENDPOINT; no push when none is set).
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
+    /// OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf).
+    #[arg(long, value_enum)]
+    pub otlp_protocol: Option<crate::telemetry::export::OtlpProtocol>,
+
+    /// Push interval in milliseconds (default: OTEL_METRIC_EXPORT_INTERVAL, else 15000).
+    #[arg(long, value_name = "MS")]
+    pub otlp_interval_ms: Option<u64>,
+}
+
+fn parse_tenant_name(s: &str) -> Result<String, String> {
+    crate::telemetry::tenant::check_name(s).map(|()| s.to_string())
+}
+
+impl TelemetryArgs {
+    /// The tenant policy and telemetry settings these flags describe.
+    pub fn build(
+        &self,
+    ) -> Result<
+        (
+            crate::telemetry::tenant::TenantPolicy,
+            crate::telemetry::TelemetryConfig,
+        ),
+        crate::telemetry::Error,
+    > {
+        use crate::telemetry::{TelemetryConfig, export::OtlpConfig, tenant};
+        let directory = tenant::CidrTable::new(self.tenant_cidrs.iter().cloned())
+            .map_err(crate::telemetry::Error::Config)?;
+        let policy = tenant::TenantPolicy {
+            order: self.tenant_order.clone(),
+            directory: std::sync::Arc::new(directory),
+            header: self.tenant_header.clone(),
+            trusted: self.trusted_header_sources.clone(),
+            default_tenant: self.default_tenant.as_str().into(),
+        };
+        let otlp = OtlpConfig::from_flags_and_env(
+            self.otlp_endpoint.clone(),
+            self.otlp_protocol,
+            self.otlp_interval_ms.map(std::time::Duration::from_millis),
+            |k| std::env::var(k).ok(),
+        )?;
+        Ok((
+            policy,
+            TelemetryConfig {
+                max_tenants: self.max_tenants,
+                pod_attribute: self.telemetry_pod_attribute,
+                otlp,
+            },
+        ))
+    }
 }
 
 /// One `--redirect` rule.

@@ -11,4 +11,5 @@ pub mod kv_index;
 pub mod pool;
 pub mod proxy;
 pub mod routing;
+pub mod status;
 pub mod telemetry;

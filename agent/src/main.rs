@@ -11,6 +11,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Agent(args) => warmpath::agent::run(args).await?,
         Command::Sim(args) => run_sim(*args).await?,
         Command::Bench(cmd) => warmpath::bench::run(cmd).await?,
+        Command::Status(args) => warmpath::status::run(&args).await?,
     }
     Ok(())
 }

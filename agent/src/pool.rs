@@ -18,6 +18,8 @@ pub struct Endpoint {
     pub id: EndpointId,
     /// `host:port` of its HTTP server.
     pub authority: String,
+    /// The authority as a shared label (telemetry attributes, no allocation per request).
+    pub label: Arc<str>,
     /// Its KV event source in the index, when it publishes events.
     pub source: Option<SourceId>,
     in_flight: AtomicU32,
@@ -57,6 +59,7 @@ impl Pool {
             .map(|(i, (authority, source))| {
                 Arc::new(Endpoint {
                     id: EndpointId(i),
+                    label: Arc::from(authority.as_str()),
                     authority,
                     source,
                     in_flight: AtomicU32::new(0),

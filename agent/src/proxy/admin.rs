@@ -61,7 +61,7 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
         .collect();
     serde_json::json!({"model": proxy.pool.model, "policy": format!("{:?}", proxy.pool.policy),
         "block_size": proxy.pool.block_size, "index_entries": proxy.index.len(),
-        "index_bytes": proxy.index.bytes(), "pods": pods})
+        "index_bytes": proxy.index.bytes(), "pods": pods, "tenants": proxy.telemetry.live()})
 }
 
 fn metrics(proxy: &Proxy) -> String {
@@ -89,5 +89,6 @@ fn metrics(proxy: &Proxy) -> String {
         "# TYPE warmpath_index_entries gauge\nwarmpath_index_entries {}",
         proxy.index.len()
     );
+    out.push_str(&proxy.telemetry.prometheus());
     out
 }

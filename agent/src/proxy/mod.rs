@@ -10,7 +10,7 @@ pub mod request;
 mod scrape;
 mod upstream;
 
-use std::{convert::Infallible, sync::Arc, time::Instant};
+use std::{convert::Infallible, net::IpAddr, sync::Arc, time::Instant};
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -28,6 +28,11 @@ use crate::{
     kv_index::KvIndex,
     pool::Pool,
     routing::{Candidate, History, Policy, RequestCtx, rank},
+    telemetry::{
+        DecisionReason, Outcome, PoolId, RequestRecord, Telemetry, Tenant,
+        tenant::TenantPolicy,
+        usage::{JsonTap, SseTap},
+    },
 };
 
 /// Errors of streamed bodies.
@@ -41,6 +46,8 @@ pub const DEFAULT_MAX_BODY: usize = 16 * 1024 * 1024;
 pub const DEFAULT_RETRIES: usize = 2;
 /// Header a client may send for session affinity.
 const SESSION_HEADER: &str = "x-session-id";
+/// Name of the pool configured by flags.
+pub const DEFAULT_POOL: &str = "default";
 
 /// Everything a request needs.
 #[derive(Debug)]
@@ -52,16 +59,34 @@ pub struct Proxy {
     pub retries: usize,
     /// Add x-warmpath-* headers explaining each decision.
     pub explain: bool,
+    /// Ask streams for usage when the client did not (and strip it again), so token counts
+    /// are always known.
+    pub inject_usage: bool,
+    pub telemetry: Arc<Telemetry>,
+    pub tenants: TenantPolicy,
+    pool_id: PoolId,
     /// Routing history, for the approximate policy.
     history: Option<History>,
     client: upstream::UpstreamClient,
 }
 
 impl Proxy {
-    pub fn new(pool: Pool, index: Arc<KvIndex>, tokenizer: Arc<Tokenizer>, explain: bool) -> Self {
+    pub fn new(
+        pool: Pool,
+        index: Arc<KvIndex>,
+        tokenizer: Arc<Tokenizer>,
+        explain: bool,
+        telemetry: Arc<Telemetry>,
+        tenants: TenantPolicy,
+    ) -> Self {
         let history =
             (pool.policy == Policy::Approximate).then(|| History::new(pool.endpoints.len()));
+        let pool_id = telemetry.register_pool(DEFAULT_POOL, &pool.model);
         Self {
+            inject_usage: true,
+            telemetry,
+            tenants,
+            pool_id,
             history,
             pool,
             index,
@@ -77,7 +102,7 @@ impl Proxy {
 /// Serves the proxy on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(err) => {
                 tracing::warn!(%err, "accept failed");
@@ -89,7 +114,7 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let proxy = proxy.clone();
-                async move { Ok::<_, Infallible>(handle(proxy, req).await) }
+                async move { Ok::<_, Infallible>(handle(proxy, peer.ip(), req).await) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             if let Err(err) = builder
@@ -120,7 +145,11 @@ fn full(
     resp
 }
 
-async fn handle(proxy: Arc<Proxy>, req: http::Request<Incoming>) -> http::Response<Body> {
+async fn handle(
+    proxy: Arc<Proxy>,
+    peer: IpAddr,
+    req: http::Request<Incoming>,
+) -> http::Response<Body> {
     let kind = match (req.method(), req.uri().path()) {
         (&Method::GET, "/health") => return full(StatusCode::OK, "text/plain", ""),
         (&Method::GET, "/v1/models") => return models(&proxy),
@@ -128,9 +157,31 @@ async fn handle(proxy: Arc<Proxy>, req: http::Request<Incoming>) -> http::Respon
         (&Method::POST, "/v1/chat/completions") => Some(request::Kind::Chat),
         _ => None,
     };
-    match route(&proxy, kind, req).await {
+    let (tenant, via) = proxy.tenants.resolve(Some(peer), req.headers());
+    let mut attempt = Attempt {
+        start: Instant::now(),
+        tenant: proxy.telemetry.tenant(&tenant),
+        queue: None,
+        retries: 0,
+    };
+    tracing::trace!(tenant = %tenant, ?via, "tenant");
+    match route(&proxy, kind, req, &mut attempt).await {
         Ok(resp) => resp,
         Err(err) => {
+            proxy.telemetry.record(
+                &attempt.tenant,
+                &RequestRecord {
+                    pool: proxy.pool_id,
+                    pod: None,
+                    outcome: Outcome::of_status(err.status),
+                    usage: None,
+                    retries: attempt.retries,
+                    queue: attempt.queue,
+                    ttft: None,
+                    duration: attempt.start.elapsed(),
+                    streamed: false,
+                },
+            );
             let unread_body = err.status == StatusCode::PAYLOAD_TOO_LARGE;
             let mut resp = err.into_response();
             if unread_body {
@@ -151,10 +202,21 @@ fn models(proxy: &Proxy) -> http::Response<Body> {
     full(StatusCode::OK, "application/json", v.to_string())
 }
 
+/// One request's bookkeeping on its way through the proxy.
+#[derive(Debug)]
+struct Attempt {
+    start: Instant,
+    tenant: Arc<Tenant>,
+    /// Body complete -> first upstream request.
+    queue: Option<std::time::Duration>,
+    retries: u32,
+}
+
 async fn route(
     proxy: &Proxy,
     kind: Option<request::Kind>,
     req: http::Request<Incoming>,
+    attempt: &mut Attempt,
 ) -> Result<http::Response<Body>, ProxyError> {
     let (parts, body) = req.into_parts();
     let body = Limited::new(body, proxy.max_body)
@@ -172,7 +234,9 @@ async fn route(
                 ProxyError::bad_request(format!("Could not read the request body: {e}"))
             }
         })?;
-    let body = body.to_bytes();
+    let mut body = body.to_bytes();
+    let body_done = Instant::now();
+    let mut strip_usage = false;
     let session = parts
         .headers
         .get(SESSION_HEADER)
@@ -190,6 +254,10 @@ async fn route(
             if parsed.model != proxy.pool.model {
                 return Err(ProxyError::model_not_found(&parsed.model));
             }
+            if proxy.inject_usage && !parsed.wants_usage() {
+                body = request::ask_for_usage(&body, parsed.include_usage);
+                strip_usage = true;
+            }
             RequestCtx {
                 keys: parsed.keys,
                 session,
@@ -201,7 +269,7 @@ async fn route(
             session,
         },
     };
-    forward(proxy, &ctx, parts, body).await
+    forward(proxy, &ctx, parts, body, attempt, body_done, strip_usage).await
 }
 
 /// Ranks, then tries endpoints best first until one answers (only failures before the first
@@ -211,6 +279,9 @@ async fn forward(
     ctx: &RequestCtx,
     parts: http::request::Parts,
     body: Bytes,
+    attempt: &mut Attempt,
+    body_done: Instant,
+    strip_usage: bool,
 ) -> Result<http::Response<Body>, ProxyError> {
     let pool = &proxy.pool;
     let history = proxy.history.as_ref().map(|h| h.lookup(&ctx.keys));
@@ -247,16 +318,22 @@ async fn forward(
         .collect();
     let mut last_error =
         ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, "No endpoint is available.");
-    for attempt in 0..=proxy.retries {
+    for n in 0..=proxy.retries {
         let Some(decision) = rank(pool.policy, ctx, &candidates, &pool.rotation) else {
             break;
         };
         let chosen = decision.ranked[0];
         let endpoint = &pool.endpoints[chosen.0];
         let uncached = ctx.keys.len().saturating_sub(decision.prefix_blocks) as u64;
-        if attempt == 0 {
+        attempt.retries = n as u32;
+        if n == 0 {
             // Once per request: retries are the same prefill, not more of it.
             pool.note_prefill(uncached);
+            proxy.telemetry.record_decision(
+                proxy.pool_id,
+                decision_reason(pool.policy, decision.prefix_blocks),
+                decision.prefix_blocks,
+            );
         }
         if let Some(source) = endpoint.source {
             proxy.index.speculate(source, &ctx.keys, Instant::now());
@@ -285,6 +362,9 @@ async fn forward(
         let up = up
             .body(Full::new(body.clone()))
             .map_err(|e| ProxyError::bad_request(e.to_string()))?;
+        if n == 0 {
+            attempt.queue = Some(body_done.elapsed());
+        }
         match proxy.client.request(up).await {
             Ok(resp) if resp.status() != StatusCode::SERVICE_UNAVAILABLE => {
                 let (mut head, incoming) = resp.into_parts();
@@ -313,9 +393,35 @@ async fn forward(
                     );
                     set(h, "x-warmpath-score", format!("{:.3}", decision.score));
                 }
+                let sse = head
+                    .headers
+                    .get(http::header::CONTENT_TYPE)
+                    .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+                let tap = if sse {
+                    if strip_usage {
+                        // The stream is rewritten: its length is no longer the engine's.
+                        head.headers.remove(http::header::CONTENT_LENGTH);
+                    }
+                    upstream::Tap::Sse(SseTap::new(strip_usage))
+                } else if head.status.is_success() {
+                    upstream::Tap::Json(JsonTap::default())
+                } else {
+                    upstream::Tap::None
+                };
+                let observer = upstream::Observer {
+                    telemetry: proxy.telemetry.clone(),
+                    tenant: attempt.tenant.clone(),
+                    pool: proxy.pool_id,
+                    pod: (chosen.0 as u16, endpoint.label.clone()),
+                    start: attempt.start,
+                    queue: attempt.queue,
+                    retries: attempt.retries,
+                    status: head.status,
+                    tap,
+                };
                 return Ok(http::Response::from_parts(
                     head,
-                    upstream::Tracked::boxed(incoming, guard),
+                    upstream::Tracked::boxed(incoming, guard, observer),
                 ));
             }
             Ok(_) => {
@@ -337,6 +443,17 @@ async fn forward(
         candidates[chosen.0].excluded = true;
     }
     Err(last_error)
+}
+
+/// Why a pick was made, for the decisions counter.
+fn decision_reason(policy: Policy, prefix_blocks: usize) -> DecisionReason {
+    match policy {
+        Policy::RoundRobin => DecisionReason::RoundRobin,
+        Policy::Session => DecisionReason::Session,
+        Policy::LeastLoaded => DecisionReason::Load,
+        Policy::Precise | Policy::Approximate if prefix_blocks > 0 => DecisionReason::Prefix,
+        Policy::Precise | Policy::Approximate => DecisionReason::Load,
+    }
 }
 
 /// Headers that describe one connection, not the message (RFC 9110 7.6.1).

@@ -20,6 +20,52 @@ pub struct Parsed {
     pub model: String,
     pub keys: Vec<RouterKey>,
     pub prompt_tokens: usize,
+    /// `"stream": true`.
+    pub stream: bool,
+    /// `stream_options.include_usage` as the client set it (`None`: no `stream_options`;
+    /// vLLM then sends no usage chunk).
+    pub include_usage: Option<bool>,
+}
+
+impl Parsed {
+    /// Whether the client will get a usage chunk without the proxy asking for one.
+    pub fn wants_usage(&self) -> bool {
+        !self.stream || self.include_usage == Some(true)
+    }
+}
+
+/// The body with `stream_options.include_usage` turned on, so the stream ends with the
+/// engine's token counts; the SSE tap removes them again before the client sees the stream.
+pub fn ask_for_usage(body: &bytes::Bytes, include_usage: Option<bool>) -> bytes::Bytes {
+    match include_usage {
+        Some(true) => body.clone(),
+        // No stream_options: add the member first (the cheap, common case).
+        None => {
+            let at = body.iter().position(|&b| b == b'{').map_or(0, |i| i + 1);
+            let mut out = Vec::with_capacity(body.len() + 48);
+            out.extend_from_slice(&body[..at]);
+            out.extend_from_slice(br#""stream_options":{"include_usage":true},"#);
+            out.extend_from_slice(&body[at..]);
+            // `{}` would now end in `,}`: only a member-less object can, and it has no prompt.
+            if body[at..].iter().all(|b| b.is_ascii_whitespace() || *b == b'}') {
+                return body.clone();
+            }
+            out.into()
+        }
+        // Explicitly false: rewrite the member (rare).
+        Some(false) => {
+            let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(body) else {
+                return body.clone();
+            };
+            if let Some(o) = v
+                .get_mut("stream_options")
+                .and_then(|o| o.as_object_mut())
+            {
+                o.insert("include_usage".into(), true.into());
+            }
+            serde_json::to_vec(&v).map_or_else(|_| body.clone(), Into::into)
+        }
+    }
 }
 
 /// Parses a JSON body and computes its key chain. The body itself is forwarded untouched.
@@ -54,7 +100,14 @@ pub fn parse(
     // An unroutable prompt (odd shape, template failure) is still forwarded: the engine
     // answers with its own validation error; routing just gets no prefix information.
     let tokens = tokens.unwrap_or_default();
+    let stream = obj.get("stream").and_then(|s| s.as_bool()).unwrap_or(false);
+    let include_usage = obj.get("stream_options").and_then(|o| o.as_object()).map(|o| {
+        // vLLM: include_usage defaults to true whenever stream_options is present.
+        o.get("include_usage").and_then(|b| b.as_bool()).unwrap_or(true)
+    });
     Ok(Parsed {
+        stream,
+        include_usage,
         model,
         keys: request_keys(&tokens, block_size, &extras),
         prompt_tokens: tokens.len(),
@@ -187,5 +240,26 @@ mod tests {
         );
         let odd = parse(Kind::Completion, br#"{"prompt": {"x": 1}}"#, "m", &tok, 16).unwrap();
         assert!(odd.keys.is_empty());
+    }
+
+    #[test]
+    fn usage_is_asked_for_without_losing_the_request() {
+        let tok = Tokenizer::builtin();
+        for (body, wants) in [
+            (&br#"{"prompt": "a", "stream": true}"#[..], false),
+            (br#" { "prompt": "a", "stream": true, "stream_options": {"include_usage": false}}"#, false),
+            (br#"{"prompt": "a", "stream": true, "stream_options": {}}"#, true),
+            (br#"{"prompt": "a"}"#, true),
+        ] {
+            let p = parse(Kind::Completion, body, "m", &tok, 16).unwrap();
+            assert_eq!(p.wants_usage(), wants, "{}", String::from_utf8_lossy(body));
+            if p.wants_usage() {
+                continue;
+            }
+            let asked = ask_for_usage(&bytes::Bytes::copy_from_slice(body), p.include_usage);
+            let v: serde_json::Value = serde_json::from_slice(&asked).unwrap();
+            assert_eq!(v["stream_options"]["include_usage"], true);
+            assert_eq!(v["prompt"], "a");
+        }
     }
 }

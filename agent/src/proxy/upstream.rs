@@ -3,8 +3,9 @@
 
 use std::{
     pin::Pin,
-    task::{Context, Poll},
-    time::Duration,
+    sync::Arc,
+    task::{Context, Poll, ready},
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -16,7 +17,13 @@ use hyper_util::{
 };
 
 use super::{Body, BoxError};
-use crate::pool::InFlight;
+use crate::{
+    pool::InFlight,
+    telemetry::{
+        Outcome, PoolId, RequestRecord, Telemetry, Tenant,
+        usage::{JsonTap, SseTap},
+    },
+};
 
 /// Idle upstream connections are kept this long.
 const POOL_IDLE: Duration = Duration::from_secs(90);
@@ -34,23 +41,74 @@ pub fn client() -> UpstreamClient {
         .build(connector)
 }
 
+/// What the response body reports to telemetry when it ends (or is dropped).
+#[derive(Debug)]
+pub struct Observer {
+    pub telemetry: Arc<Telemetry>,
+    pub tenant: Arc<Tenant>,
+    pub pool: PoolId,
+    pub pod: (u16, Arc<str>),
+    /// When the request arrived.
+    pub start: Instant,
+    pub queue: Option<Duration>,
+    pub retries: u32,
+    pub status: http::StatusCode,
+    pub tap: Tap,
+}
+
+/// How the body is read for usage.
+#[derive(Debug)]
+pub enum Tap {
+    Sse(SseTap),
+    Json(JsonTap),
+    None,
+}
+
 /// An upstream response body that releases the request's prefill accounting at the first
 /// data frame and its in-flight slot when dropped (finished, or the client went away — which
-/// also drops the upstream connection, so the engine aborts the request).
+/// also drops the upstream connection, so the engine aborts the request), reads usage as it
+/// passes, and records the request's telemetry when it ends.
 pub struct Tracked {
     inner: Incoming,
     guard: InFlight,
-    seen_data: bool,
+    observer: Observer,
+    ttft: Option<Duration>,
+    done: bool,
+    failed: bool,
 }
 
 impl Tracked {
-    pub fn boxed(inner: Incoming, guard: InFlight) -> Body {
+    pub fn boxed(inner: Incoming, guard: InFlight, observer: Observer) -> Body {
         Self {
             inner,
             guard,
-            seen_data: false,
+            observer,
+            ttft: None,
+            done: false,
+            failed: false,
         }
         .boxed_unsync()
+    }
+
+    /// Passes a data frame through the tap; may hold bytes back (an incomplete SSE event).
+    fn tap(&mut self, data: Bytes, last: bool) -> Bytes {
+        match &mut self.observer.tap {
+            Tap::Sse(sse) => {
+                let out = sse.frame(data);
+                if last {
+                    let rest = sse.finish();
+                    if !rest.is_empty() {
+                        return [out, rest].concat().into();
+                    }
+                }
+                out
+            }
+            Tap::Json(json) => {
+                json.observe(&data);
+                data
+            }
+            Tap::None => data,
+        }
     }
 }
 
@@ -63,22 +121,90 @@ impl hyper::body::Body for Tracked {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled
-            && frame.is_data()
-            && !this.seen_data
-        {
-            this.seen_data = true;
-            this.guard.first_byte();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    let frame = match frame.into_data() {
+                        Ok(data) => {
+                            if this.ttft.is_none() {
+                                this.ttft = Some(this.observer.start.elapsed());
+                                this.guard.first_byte();
+                            }
+                            let last = this.inner.is_end_stream();
+                            let out = this.tap(data, last);
+                            this.done = last;
+                            if out.is_empty() && !last {
+                                continue;
+                            }
+                            Frame::data(out)
+                        }
+                        Err(frame) => frame,
+                    };
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Some(Err(err)) => {
+                    this.failed = true;
+                    return Poll::Ready(Some(Err(Box::new(err))));
+                }
+                None => {
+                    this.done = true;
+                    let rest = match &mut this.observer.tap {
+                        Tap::Sse(sse) => sse.finish(),
+                        _ => Bytes::new(),
+                    };
+                    if !rest.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
+                    return Poll::Ready(None);
+                }
+            }
         }
-        polled.map_err(|e| Box::new(e) as BoxError)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.done
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
+        match self.observer.tap {
+            // Rewritten streams change length.
+            Tap::Sse(_) => hyper::body::SizeHint::default(),
+            _ => self.inner.size_hint(),
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        let o = &self.observer;
+        let (usage, error_event, streamed) = match &o.tap {
+            Tap::Sse(sse) => (sse.usage, sse.error_event, true),
+            Tap::Json(json) => (json.usage(), false, false),
+            Tap::None => (None, false, false),
+        };
+        let outcome = if self.failed || error_event {
+            Outcome::UpstreamError
+        } else if !self.done {
+            Outcome::Cancelled
+        } else {
+            Outcome::of_status(o.status)
+        };
+        o.telemetry.record(
+            &o.tenant,
+            &RequestRecord {
+                pool: o.pool,
+                pod: Some((o.pod.0, &o.pod.1)),
+                outcome,
+                usage,
+                retries: o.retries,
+                queue: o.queue,
+                ttft: self.ttft,
+                duration: o.start.elapsed(),
+                streamed,
+            },
+        );
     }
 }

@@ -1,0 +1,127 @@
+//! `warmpath status`: the admin port's `/status` as terminal tables (tenants, then pods).
+
+use std::fmt::Write as _;
+
+use crate::telemetry::LiveSummary;
+
+/// Options of `warmpath status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The agent's admin listener.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
+    pub admin: String,
+
+    /// Print the raw JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Errors of `warmpath status`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("GET http://{admin}/status: {source} (is the agent running with --admin {admin}?)")]
+    Fetch {
+        admin: String,
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+pub async fn run(args: &StatusArgs) -> Result<(), Error> {
+    let fetch = |source| Error::Fetch {
+        admin: args.admin.clone(),
+        source,
+    };
+    let status: serde_json::Value = reqwest::get(format!("http://{}/status", args.admin))
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(fetch)?
+        .json()
+        .await
+        .map_err(fetch)?;
+    if args.json {
+        println!("{status:#}");
+    } else {
+        print!("{}", render(&status));
+    }
+    Ok(())
+}
+
+/// The tables, from a `/status` document.
+pub fn render(status: &serde_json::Value) -> String {
+    let mut out = String::new();
+    let tenants: Vec<LiveSummary> =
+        serde_json::from_value(status["tenants"].clone()).unwrap_or_default();
+    let window = tenants.first().map_or(0.0, |t| t.window_s);
+    let _ = writeln!(out, "TENANTS (last {window:.0} s)");
+    let _ = writeln!(
+        out,
+        "{:<20} {:>9} {:>7} {:>11} {:>11} {:>7} {:>9} {:>9} {:>9}",
+        "TENANT", "REQ/S", "ERRORS", "PROMPT T/S", "OUTPUT T/S", "CACHE%", "TTFT P50", "TTFT P90", "TTFT P99"
+    );
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}ms"));
+    for t in &tenants {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>9.2} {:>7} {:>11.1} {:>11.1} {:>6.1}% {:>9} {:>9} {:>9}",
+            t.tenant,
+            t.requests_per_s,
+            t.errors,
+            t.prompt_tokens_per_s,
+            t.output_tokens_per_s,
+            t.cache_hit_pct,
+            ms(t.ttft_ms_p50),
+            ms(t.ttft_ms_p90),
+            ms(t.ttft_ms_p99)
+        );
+    }
+    if tenants.is_empty() {
+        let _ = writeln!(out, "(no requests yet)");
+    }
+    let _ = writeln!(out, "\nPODS (policy {}, model {})", status["policy"].as_str().unwrap_or("?"), status["model"].as_str().unwrap_or("?"));
+    let _ = writeln!(
+        out,
+        "{:<24} {:>9} {:>9} {:>8} {:>8} {:>10} {:<8}",
+        "POD", "IN FLIGHT", "REQUESTS", "WAITING", "KV USE", "INDEX", "HEALTH"
+    );
+    for p in status["pods"].as_array().into_iter().flatten() {
+        let load = &p["load"];
+        let engine = &load["engine"];
+        let _ = writeln!(
+            out,
+            "{:<24} {:>9} {:>9} {:>8} {:>7.1}% {:>10} {:<8}",
+            load["endpoint"].as_str().unwrap_or("?"),
+            load["in_flight"],
+            load["requests"],
+            engine["waiting"].as_u64().map_or("-".into(), |w| w.to_string()),
+            engine["kv_cache_usage"].as_f64().unwrap_or(0.0) * 100.0,
+            p["index"]["entries"].as_u64().map_or("-".into(), |e| e.to_string()),
+            p["index"]["state"].as_str().unwrap_or("no events"),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_tenants_and_pods() {
+        let status = serde_json::json!({
+            "policy": "Precise", "model": "m",
+            "tenants": [{"tenant": "team-a", "window_s": 60.0, "requests": 120, "errors": 2,
+                "requests_per_s": 2.0, "prompt_tokens_per_s": 900.0, "output_tokens_per_s": 64.0,
+                "cache_hit_pct": 81.25, "ttft_ms_p50": 12.5, "ttft_ms_p90": 40.0, "ttft_ms_p99": null}],
+            "pods": [{"load": {"endpoint": "127.0.0.1:8100", "in_flight": 3, "requests": 50,
+                "engine": {"waiting": 1, "kv_cache_usage": 0.5}},
+                "index": {"entries": 1234, "state": "healthy"}}]
+        });
+        let text = render(&status);
+        assert!(text.contains("TENANTS (last 60 s)"), "{text}");
+        let row = text.lines().find(|l| l.starts_with("team-a")).unwrap();
+        assert!(row.contains("2.00") && row.contains("81.2%") && row.contains("12.5ms") && row.ends_with('-'), "{row}");
+        let pod = text.lines().find(|l| l.starts_with("127.0.0.1:8100")).unwrap();
+        assert!(pod.contains("1234") && pod.contains("healthy") && pod.contains("50.0%"), "{pod}");
+    }
+}

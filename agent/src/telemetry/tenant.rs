@@ -1,0 +1,233 @@
+//! Who sent a request: one function over configured identity sources, in order.
+//!
+//! 1. `workload`: the verified source workload. Off-cluster this is a CIDR table (longest
+//!    prefix wins); in Kubernetes a pod directory fills the same [`WorkloadDirectory`] seam.
+//!    Interception keeps the client's real source address, so this cannot be spoofed.
+//! 2. `header`: a request header (`x-warmpath-tenant` by default), believed ONLY when the
+//!    connection comes from a source listed as trusted (a gateway that authenticates users).
+//! 3. the default tenant.
+//!
+//! Names are checked (1..=64 characters of `[A-Za-z0-9._:/-]`); a malformed header value is
+//! ignored like an absent one. Cardinality is bounded where series are created
+//! ([`super::Telemetry::tenant`]), not here.
+
+use std::{net::IpAddr, sync::Arc};
+
+use ipnet::IpNet;
+
+/// Header a trusted gateway sets.
+pub const DEFAULT_HEADER: &str = "x-warmpath-tenant";
+/// Tenant of requests nobody claims.
+pub const DEFAULT_TENANT: &str = "default";
+/// Longest tenant name accepted.
+const MAX_NAME: usize = 64;
+
+/// A source of identity, in the order the policy lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IdentitySource {
+    /// The client workload, from the connection's source address.
+    Workload,
+    /// A header, from trusted sources only.
+    Header,
+}
+
+/// How a request's tenant was found (for status and debug logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Workload,
+    Header,
+    Default,
+}
+
+/// Maps a client address to the tenant of the workload there.
+pub trait WorkloadDirectory: std::fmt::Debug + Send + Sync {
+    fn tenant_of(&self, addr: IpAddr) -> Option<Arc<str>>;
+}
+
+/// The off-cluster directory: CIDR -> tenant, longest prefix first.
+#[derive(Debug, Default, Clone)]
+pub struct CidrTable {
+    /// Sorted by prefix length, longest first.
+    entries: Vec<(IpNet, Arc<str>)>,
+}
+
+impl CidrTable {
+    pub fn new(entries: impl IntoIterator<Item = (IpNet, String)>) -> Result<Self, String> {
+        let mut entries = entries
+            .into_iter()
+            .map(|(net, name)| {
+                check_name(&name).map(|()| (net.trunc(), Arc::<str>::from(name.as_str())))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        entries.sort_by_key(|(net, _)| std::cmp::Reverse(net.prefix_len()));
+        Ok(Self { entries })
+    }
+}
+
+impl WorkloadDirectory for CidrTable {
+    fn tenant_of(&self, addr: IpAddr) -> Option<Arc<str>> {
+        let addr = canonical(addr);
+        self.entries
+            .iter()
+            .find(|(net, _)| net.contains(&addr))
+            .map(|(_, name)| name.clone())
+    }
+}
+
+/// Everything tenant resolution needs; one value per pool policy.
+#[derive(Debug, Clone)]
+pub struct TenantPolicy {
+    pub order: Vec<IdentitySource>,
+    pub directory: Arc<dyn WorkloadDirectory>,
+    pub header: http::HeaderName,
+    /// Sources whose tenant header is believed.
+    pub trusted: Vec<IpNet>,
+    pub default_tenant: Arc<str>,
+}
+
+impl Default for TenantPolicy {
+    fn default() -> Self {
+        Self {
+            order: vec![IdentitySource::Workload, IdentitySource::Header],
+            directory: Arc::new(CidrTable::default()),
+            header: http::HeaderName::from_static(DEFAULT_HEADER),
+            trusted: Vec::new(),
+            default_tenant: Arc::from(DEFAULT_TENANT),
+        }
+    }
+}
+
+impl TenantPolicy {
+    /// The tenant of a request from `peer` carrying `headers`.
+    pub fn resolve(&self, peer: Option<IpAddr>, headers: &http::HeaderMap) -> (Arc<str>, Via) {
+        let peer = peer.map(canonical);
+        for source in &self.order {
+            match source {
+                IdentitySource::Workload => {
+                    if let Some(name) = peer.and_then(|p| self.directory.tenant_of(p)) {
+                        return (name, Via::Workload);
+                    }
+                }
+                IdentitySource::Header => {
+                    let trusted = peer.is_some_and(|p| self.trusted.iter().any(|n| n.contains(&p)));
+                    if let Some(name) = trusted
+                        .then(|| headers.get(&self.header))
+                        .flatten()
+                        .and_then(|v| v.to_str().ok())
+                        .filter(|v| check_name(v).is_ok())
+                    {
+                        return (Arc::from(name), Via::Header);
+                    }
+                }
+            }
+        }
+        (self.default_tenant.clone(), Via::Default)
+    }
+}
+
+/// Tenant names become metric attributes: short, printable, no quoting needed.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "tenant name `{name}`: expected 1 to {MAX_NAME} characters of A-Z a-z 0-9 . _ : / -"
+        ))
+    }
+}
+
+/// IPv4-mapped IPv6 peers (dual-stack listeners) are matched as IPv4.
+fn canonical(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Parses `NAME=CIDR` (a `--tenant-cidr` rule).
+pub fn parse_cidr_rule(s: &str) -> Result<(IpNet, String), String> {
+    let (name, net) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected NAME=CIDR, e.g. team-a=127.0.0.2/32"))?;
+    check_name(name)?;
+    Ok((parse_net(net)?, name.to_string()))
+}
+
+/// Parses a CIDR, or a bare address as a single-host network.
+pub fn parse_net(s: &str) -> Result<IpNet, String> {
+    s.parse::<IpNet>()
+        .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("`{s}`: expected a CIDR such as 127.0.0.0/8 or an address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> TenantPolicy {
+        TenantPolicy {
+            directory: Arc::new(
+                CidrTable::new([
+                    (parse_net("127.0.0.0/8").unwrap(), "loopback".into()),
+                    (parse_net("127.0.0.2").unwrap(), "team-a".into()),
+                ])
+                .unwrap(),
+            ),
+            trusted: vec![parse_net("127.0.0.9/32").unwrap()],
+            order: vec![IdentitySource::Header, IdentitySource::Workload],
+            ..TenantPolicy::default()
+        }
+    }
+
+    fn headers(tenant: &str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert(DEFAULT_HEADER, tenant.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn longest_prefix_wins_and_mapped_v6_is_v4() {
+        let p = policy();
+        let none = http::HeaderMap::new();
+        assert_eq!(&*p.resolve(Some("127.0.0.2".parse().unwrap()), &none).0, "team-a");
+        assert_eq!(&*p.resolve(Some("127.0.0.3".parse().unwrap()), &none).0, "loopback");
+        assert_eq!(
+            &*p.resolve(Some("::ffff:127.0.0.2".parse().unwrap()), &none).0,
+            "team-a"
+        );
+        assert_eq!(p.resolve(Some("::1".parse().unwrap()), &none).1, Via::Default);
+        assert_eq!(p.resolve(None, &none).1, Via::Default);
+    }
+
+    #[test]
+    fn header_is_believed_only_from_trusted_sources() {
+        let p = policy();
+        let trusted = Some("127.0.0.9".parse().unwrap());
+        let untrusted = Some("127.0.0.2".parse().unwrap());
+        assert_eq!(p.resolve(trusted, &headers("team-z")), (Arc::from("team-z"), Via::Header));
+        // Header first in the order, but the source is not trusted: the workload decides.
+        assert_eq!(
+            p.resolve(untrusted, &headers("team-z")),
+            (Arc::from("team-a"), Via::Workload)
+        );
+        // A malformed value from a trusted source is ignored, not used as a label.
+        assert_eq!(p.resolve(trusted, &headers("a b")).1, Via::Workload);
+    }
+
+    #[test]
+    fn rules_parse_with_clear_errors() {
+        assert_eq!(
+            parse_cidr_rule("team-a=127.0.0.2/32").unwrap(),
+            (parse_net("127.0.0.2/32").unwrap(), "team-a".to_string())
+        );
+        assert!(parse_cidr_rule("team-a").unwrap_err().contains("NAME=CIDR"));
+        assert!(parse_cidr_rule("a b=127.0.0.1").unwrap_err().contains("tenant name"));
+        assert!(parse_cidr_rule("x=300.0.0.1").unwrap_err().contains("CIDR"));
+        assert!(check_name(&"x".repeat(65)).is_err());
+    }
+}

@@ -1,0 +1,305 @@
+//! Token counts from the engine's own `usage`, read as the response streams past.
+//!
+//! Non-streaming bodies: `usage` is near the end of the JSON object, so a bounded tail of the
+//! body is kept and the last `"usage":` value parsed. Streams: each SSE event (`data: ...\n\n`)
+//! is inspected; the usage chunk (`"choices":[]` with a usage object) carries the totals, and an
+//! `{"error": ...}` event marks a failure inside the stream.
+//!
+//! When the proxy asked for usage on the client's behalf (`stream_options.include_usage`), the
+//! [`SseTap`] also undoes that: the usage chunk is dropped and the `"usage":null` the engine
+//! then adds to ordinary chunks is removed, so the client sees exactly what it asked for.
+//! Events are only rewritten whole; an incomplete event waits (bounded) for the rest.
+
+use bytes::{Bytes, BytesMut};
+use memchr::memmem;
+use serde::Deserialize;
+
+/// Bytes of a non-streaming body kept to find `usage` in.
+const JSON_TAIL: usize = 16 * 1024;
+/// An SSE event longer than this is passed through unparsed (never buffered without bound).
+const MAX_EVENT: usize = 1024 * 1024;
+
+/// Token counts of one request, as the engine reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUsage {
+    pub prompt: u64,
+    pub cached: u64,
+    pub completion: u64,
+}
+
+#[derive(Deserialize)]
+struct Wire {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+/// The usage object starting at the value after the last `"usage":` in `bytes`.
+fn last_usage(bytes: &[u8]) -> Option<TokenUsage> {
+    let at = memmem::rfind(bytes, b"\"usage\":")? + b"\"usage\":".len();
+    let wire = serde_json::Deserializer::from_slice(&bytes[at..])
+        .into_iter::<Option<Wire>>()
+        .next()?
+        .ok()??;
+    Some(TokenUsage {
+        prompt: wire.prompt_tokens,
+        cached: wire
+            .prompt_tokens_details
+            .and_then(|d| d.cached_tokens)
+            .unwrap_or(0),
+        completion: wire.completion_tokens,
+    })
+}
+
+/// Watches a non-streaming JSON body.
+#[derive(Debug, Default)]
+pub struct JsonTap {
+    tail: Vec<u8>,
+}
+
+impl JsonTap {
+    pub fn observe(&mut self, chunk: &[u8]) {
+        if chunk.len() >= JSON_TAIL {
+            self.tail.clear();
+            self.tail.extend_from_slice(&chunk[chunk.len() - JSON_TAIL..]);
+            return;
+        }
+        let overflow = (self.tail.len() + chunk.len()).saturating_sub(JSON_TAIL);
+        self.tail.drain(..overflow);
+        self.tail.extend_from_slice(chunk);
+    }
+
+    pub fn usage(&self) -> Option<TokenUsage> {
+        last_usage(&self.tail)
+    }
+}
+
+/// Watches (and, when usage was injected, rewrites) an SSE stream.
+#[derive(Debug)]
+pub struct SseTap {
+    strip_usage: bool,
+    /// An incomplete event carried over to the next frame.
+    pending: BytesMut,
+    /// Set after an oversized event: pass the rest through untouched.
+    gave_up: bool,
+    pub usage: Option<TokenUsage>,
+    pub error_event: bool,
+}
+
+impl SseTap {
+    /// `strip_usage`: the client did not ask for usage; remove what the proxy asked for.
+    pub fn new(strip_usage: bool) -> Self {
+        Self {
+            strip_usage,
+            pending: BytesMut::new(),
+            gave_up: false,
+            usage: None,
+            error_event: false,
+        }
+    }
+
+    /// Takes one upstream frame; returns what goes to the client now (possibly empty).
+    pub fn frame(&mut self, data: Bytes) -> Bytes {
+        if self.gave_up {
+            return data;
+        }
+        // Fast path: whole events in one frame and nothing to rewrite — inspect, pass as is.
+        if self.pending.is_empty() && data.ends_with(b"\n\n") && !self.strip_usage {
+            for event in events(&data) {
+                self.inspect(event);
+            }
+            return data;
+        }
+        self.pending.extend_from_slice(&data);
+        let Some(end) = memmem::rfind(&self.pending, b"\n\n").map(|i| i + 2) else {
+            if self.pending.len() > MAX_EVENT {
+                tracing::debug!("SSE event over {MAX_EVENT} bytes: passing the stream through");
+                self.gave_up = true;
+                return self.pending.split().freeze();
+            }
+            return Bytes::new();
+        };
+        let complete = self.pending.split_to(end).freeze();
+        if !self.strip_usage {
+            for event in events(&complete) {
+                self.inspect(event);
+            }
+            return complete;
+        }
+        let mut out = BytesMut::with_capacity(complete.len());
+        for event in events(&complete) {
+            if self.inspect(event) {
+                continue;
+            }
+            strip_null_usage(event, &mut out);
+            out.extend_from_slice(b"\n\n");
+        }
+        out.freeze()
+    }
+
+    /// At the end of the stream: whatever was still pending (an unterminated event).
+    pub fn finish(&mut self) -> Bytes {
+        self.pending.split().freeze()
+    }
+
+    /// Reads one event; true when it is the usage-only chunk the proxy asked for.
+    fn inspect(&mut self, event: &[u8]) -> bool {
+        let Some(json) = event.strip_prefix(b"data: ") else {
+            return false;
+        };
+        if json.starts_with(b"{\"error\"") {
+            self.error_event = true;
+            return false;
+        }
+        if memmem::find(json, b"\"usage\":{").is_none() {
+            return false;
+        }
+        if let Some(u) = last_usage(json) {
+            self.usage = Some(u);
+        }
+        self.strip_usage && memmem::find(json, b"\"choices\":[]").is_some()
+    }
+}
+
+/// The events (without their `\n\n` terminator) of a buffer of complete events.
+fn events(buf: &[u8]) -> EventIter<'_> {
+    EventIter { buf, at: 0 }
+}
+
+struct EventIter<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Iterator for EventIter<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let rest = &self.buf[self.at..];
+        let end = memmem::find(rest, b"\n\n")?;
+        self.at += end + 2;
+        Some(&rest[..end])
+    }
+}
+
+/// Copies `event` without the `,"usage":null` (or `"usage":null,`) the injected option added.
+fn strip_null_usage(event: &[u8], out: &mut BytesMut) {
+    let mut rest = event;
+    while let Some(i) = memmem::find(rest, b"\"usage\":null") {
+        let (before, after) = (&rest[..i], &rest[i + b"\"usage\":null".len()..]);
+        if let Some(b) = before.strip_suffix(b",") {
+            out.extend_from_slice(b);
+            rest = after;
+        } else if let Some(a) = after.strip_prefix(b",") {
+            out.extend_from_slice(before);
+            rest = a;
+        } else {
+            out.extend_from_slice(before);
+            rest = after;
+        }
+    }
+    out.extend_from_slice(rest);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const USAGE: &str = r#"data: {"id":"c","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+
+    fn stream() -> String {
+        format!(
+            "data: {{\"id\":\"c\",\"choices\":[{{\"text\":\"a\"}}],\"usage\":null}}\n\n\
+             data: {{\"id\":\"c\",\"choices\":[{{\"text\":\"b\"}}],\"usage\":null}}\n\n{USAGE}\n\ndata: [DONE]\n\n"
+        )
+    }
+
+    fn run(tap: &mut SseTap, input: &str, split: usize) -> String {
+        let b = input.as_bytes();
+        let mut out = Vec::new();
+        for chunk in b.chunks(split.max(1)) {
+            out.extend_from_slice(&tap.frame(Bytes::copy_from_slice(chunk)));
+        }
+        out.extend_from_slice(&tap.finish());
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn injected_usage_is_read_then_removed_at_any_frame_split() {
+        let expect = "data: {\"id\":\"c\",\"choices\":[{\"text\":\"a\"}]}\n\n\
+                      data: {\"id\":\"c\",\"choices\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n";
+        for split in [1, 2, 7, 33, 64, 1000] {
+            let mut tap = SseTap::new(true);
+            assert_eq!(run(&mut tap, &stream(), split), expect, "split {split}");
+            assert_eq!(
+                tap.usage,
+                Some(TokenUsage {
+                    prompt: 7,
+                    cached: 4,
+                    completion: 3
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn requested_usage_passes_through_unchanged() {
+        for split in [1, 5, 1000] {
+            let mut tap = SseTap::new(false);
+            assert_eq!(run(&mut tap, &stream(), split), stream());
+            assert_eq!(tap.usage.map(|u| u.completion), Some(3));
+        }
+    }
+
+    #[test]
+    fn error_events_and_unterminated_tails_are_kept() {
+        let mut tap = SseTap::new(true);
+        let s = "data: {\"error\":{\"message\":\"x\"}}\n\ndata: [DONE]\n\npartial";
+        assert_eq!(run(&mut tap, s, 4), s);
+        assert!(tap.error_event);
+        assert_eq!(tap.usage, None);
+    }
+
+    #[test]
+    fn oversized_event_is_passed_through_not_buffered() {
+        let mut tap = SseTap::new(true);
+        let big = vec![b'x'; MAX_EVENT + 10];
+        let mut out = tap.frame(Bytes::from(big.clone())).to_vec();
+        out.extend_from_slice(&tap.frame(Bytes::from_static(b"\n\n")));
+        assert_eq!(out.len(), big.len() + 2);
+        assert!(tap.pending.is_empty());
+    }
+
+    #[test]
+    fn json_tail_finds_usage_of_any_body_size() {
+        let body = format!(
+            r#"{{"choices":[{{"text":"{}"}}],"usage":{{"prompt_tokens":5,"completion_tokens":2}},"x":null}}"#,
+            "y".repeat(40_000)
+        );
+        for split in [3, 4096, 100_000] {
+            let mut tap = JsonTap::default();
+            for c in body.as_bytes().chunks(split) {
+                tap.observe(c);
+            }
+            assert_eq!(
+                tap.usage(),
+                Some(TokenUsage {
+                    prompt: 5,
+                    cached: 0,
+                    completion: 2
+                })
+            );
+            assert!(tap.tail.len() <= JSON_TAIL);
+        }
+        assert_eq!(JsonTap::default().usage(), None);
+    }
+}
