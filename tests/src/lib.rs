@@ -4,5 +4,6 @@
 pub mod agent;
 pub mod gate;
 pub mod index;
+pub mod otlp;
 pub mod process;
 pub mod sim;
