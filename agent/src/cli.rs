@@ -15,7 +15,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the node agent.
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Run vLLM-compatible engine simulators (one or a fleet) in this process.
     Sim(Box<warmpath_sim::cli::SimArgs>),
     /// Show a running agent's tenants and pods (from its admin port).
@@ -109,7 +109,12 @@ pub struct TelemetryArgs {
     pub trusted_header_sources: Vec<ipnet::IpNet>,
 
     /// Identity sources in the order they are tried; the default tenant comes last.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "workload,header")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "workload,header"
+    )]
     pub tenant_order: Vec<crate::telemetry::tenant::IdentitySource>,
 
     /// Tenant of requests nobody claims.

@@ -8,7 +8,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     warmpath::telemetry::init_tracing();
     match cli.command {
-        Command::Agent(args) => warmpath::agent::run(args).await?,
+        Command::Agent(args) => warmpath::agent::run(*args).await?,
         Command::Sim(args) => run_sim(*args).await?,
         Command::Bench(cmd) => warmpath::bench::run(cmd).await?,
         Command::Status(args) => warmpath::status::run(&args).await?,

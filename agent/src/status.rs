@@ -57,7 +57,15 @@ pub fn render(status: &serde_json::Value) -> String {
     let _ = writeln!(
         out,
         "{:<20} {:>9} {:>7} {:>11} {:>11} {:>7} {:>9} {:>9} {:>9}",
-        "TENANT", "REQ/S", "ERRORS", "PROMPT T/S", "OUTPUT T/S", "CACHE%", "TTFT P50", "TTFT P90", "TTFT P99"
+        "TENANT",
+        "REQ/S",
+        "ERRORS",
+        "PROMPT T/S",
+        "OUTPUT T/S",
+        "CACHE%",
+        "TTFT P50",
+        "TTFT P90",
+        "TTFT P99"
     );
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}ms"));
     for t in &tenants {
@@ -78,7 +86,12 @@ pub fn render(status: &serde_json::Value) -> String {
     if tenants.is_empty() {
         let _ = writeln!(out, "(no requests yet)");
     }
-    let _ = writeln!(out, "\nPODS (policy {}, model {})", status["policy"].as_str().unwrap_or("?"), status["model"].as_str().unwrap_or("?"));
+    let _ = writeln!(
+        out,
+        "\nPODS (policy {}, model {})",
+        status["policy"].as_str().unwrap_or("?"),
+        status["model"].as_str().unwrap_or("?")
+    );
     let _ = writeln!(
         out,
         "{:<24} {:>9} {:>9} {:>8} {:>8} {:>10} {:<8}",
@@ -93,9 +106,13 @@ pub fn render(status: &serde_json::Value) -> String {
             load["endpoint"].as_str().unwrap_or("?"),
             load["in_flight"],
             load["requests"],
-            engine["waiting"].as_u64().map_or("-".into(), |w| w.to_string()),
+            engine["waiting"]
+                .as_u64()
+                .map_or("-".into(), |w| w.to_string()),
             engine["kv_cache_usage"].as_f64().unwrap_or(0.0) * 100.0,
-            p["index"]["entries"].as_u64().map_or("-".into(), |e| e.to_string()),
+            p["index"]["entries"]
+                .as_u64()
+                .map_or("-".into(), |e| e.to_string()),
             p["index"]["state"].as_str().unwrap_or("no events"),
         );
     }
@@ -120,8 +137,20 @@ mod tests {
         let text = render(&status);
         assert!(text.contains("TENANTS (last 60 s)"), "{text}");
         let row = text.lines().find(|l| l.starts_with("team-a")).unwrap();
-        assert!(row.contains("2.00") && row.contains("81.2%") && row.contains("12.5ms") && row.ends_with('-'), "{row}");
-        let pod = text.lines().find(|l| l.starts_with("127.0.0.1:8100")).unwrap();
-        assert!(pod.contains("1234") && pod.contains("healthy") && pod.contains("50.0%"), "{pod}");
+        assert!(
+            row.contains("2.00")
+                && row.contains("81.2%")
+                && row.contains("12.5ms")
+                && row.ends_with('-'),
+            "{row}"
+        );
+        let pod = text
+            .lines()
+            .find(|l| l.starts_with("127.0.0.1:8100"))
+            .unwrap();
+        assert!(
+            pod.contains("1234") && pod.contains("healthy") && pod.contains("50.0%"),
+            "{pod}"
+        );
     }
 }

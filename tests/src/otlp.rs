@@ -62,7 +62,9 @@ impl Receiver {
             grpc_listener.local_addr().expect("bound"),
             http_listener.local_addr().expect("bound"),
         );
-        let svc = MetricsServiceServer::new(Grpc(received.clone()));
+        // Collectors compress by default (rotel: gzip).
+        let svc = MetricsServiceServer::new(Grpc(received.clone()))
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
         let grpc_task = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .add_service(svc)
@@ -163,8 +165,14 @@ impl Snapshot {
                 .iter()
                 .filter(|p| matches(&p.attributes, want))
                 .map(|p| match p.value {
-                    Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsInt(i)) => i as u64,
-                    Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsDouble(d)) => d as u64,
+                    Some(
+                        opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsInt(i),
+                    ) => i as u64,
+                    Some(
+                        opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsDouble(
+                            d,
+                        ),
+                    ) => d as u64,
                     None => 0,
                 })
                 .sum(),
@@ -197,7 +205,11 @@ impl Snapshot {
         };
         let mut out: Vec<String> = attrs
             .into_iter()
-            .flat_map(|a| a.iter().filter(|kv| kv.key == key).filter_map(|kv| text(&kv.value)))
+            .flat_map(|a| {
+                a.iter()
+                    .filter(|kv| kv.key == key)
+                    .filter_map(|kv| text(&kv.value))
+            })
             .collect();
         out.sort();
         out.dedup();
@@ -214,4 +226,37 @@ impl Snapshot {
             .find(|kv| kv.key == key)
             .and_then(|kv| text(&kv.value))
     }
+}
+
+/// The variable naming the rotel collector binary (else found through `python3 -c 'import rotel'`).
+pub const ROTEL_BIN: &str = "WARMPATH_ROTEL";
+/// With `CI=true` or this set to 1, a missing collector fails the test instead of skipping it.
+pub const REQUIRE_COLLECTOR: &str = "WARMPATH_REQUIRE_COLLECTOR";
+
+/// The rotel binary, or why there is none (after printing the skip line, or panicking under
+/// CI).
+pub fn rotel_binary(test: &str) -> Option<std::path::PathBuf> {
+    let found = std::env::var_os(ROTEL_BIN)
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let out = std::process::Command::new("python3")
+                .args([
+                    "-c",
+                    "import os, rotel; print(os.path.join(os.path.dirname(rotel.__file__), 'rotel-agent'))",
+                ])
+                .output()
+                .ok()?;
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).trim().into())
+        })
+        .filter(|p: &std::path::PathBuf| p.is_file());
+    if found.is_none() {
+        let required = std::env::var("CI").is_ok_and(|v| v == "true")
+            || std::env::var(REQUIRE_COLLECTOR).is_ok_and(|v| v == "1");
+        let why = "the rotel collector is not installed (pip install rotel; .ci/run does)";
+        assert!(!required, "`{test}` cannot run: {why}");
+        crate::gate::announce(&format!("SKIPPED {test}: {why}"));
+    }
+    found
 }

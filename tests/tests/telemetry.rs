@@ -48,7 +48,12 @@ async fn fleet() -> Fleet {
 }
 
 /// A non-streaming completion; returns the usage the client saw.
-async fn complete(c: &reqwest::Client, base: &str, prompt: &str, tenant: Option<&str>) -> serde_json::Value {
+async fn complete(
+    c: &reqwest::Client,
+    base: &str,
+    prompt: &str,
+    tenant: Option<&str>,
+) -> serde_json::Value {
     let mut req = c
         .post(format!("{base}/v1/completions"))
         .json(&json!({"model": "sim-llama", "prompt": prompt, "max_tokens": 5}));
@@ -62,7 +67,8 @@ async fn complete(c: &reqwest::Client, base: &str, prompt: &str, tenant: Option<
 
 /// A streaming chat request; returns the raw SSE text.
 async fn stream_chat(c: &reqwest::Client, base: &str, text: &str, usage: bool) -> String {
-    let mut body = json!({"messages": [{"role": "user", "content": text}], "max_tokens": 6, "stream": true});
+    let mut body =
+        json!({"messages": [{"role": "user", "content": text}], "max_tokens": 6, "stream": true});
     if usage {
         body["stream_options"] = json!({"include_usage": true});
     }
@@ -89,11 +95,15 @@ async fn bad_json(c: &reqwest::Client, base: &str) {
 
 /// Waits for an export whose request total is `total`, and returns it.
 async fn export_with(receiver: &Receiver, total: u64) -> Snapshot {
-    wait_for(&format!("an export with {total} requests"), WAIT, || async {
-        receiver
-            .latest("warmpath.requests")
-            .filter(|s| s.sum("warmpath.requests", &[]) == total)
-    })
+    wait_for(
+        &format!("an export with {total} requests"),
+        WAIT,
+        || async {
+            receiver
+                .latest("warmpath.requests")
+                .filter(|s| s.sum("warmpath.requests", &[]) == total)
+        },
+    )
     .await
 }
 
@@ -127,7 +137,13 @@ async fn per_tenant_counts_tokens_and_histograms_are_exact_over_otlp_grpc() {
     // team-a: 3 completions, 2 streams without usage, 1 with, 2 malformed bodies.
     let mut a_prompt = 0;
     for i in 0..3 {
-        let u = complete(&a, &base, &format!("team a asks question {i} about the weather"), None).await;
+        let u = complete(
+            &a,
+            &base,
+            &format!("team a asks question {i} about the weather"),
+            None,
+        )
+        .await;
         a_prompt += u["prompt_tokens"].as_u64().unwrap();
     }
     for i in 0..2 {
@@ -137,17 +153,28 @@ async fn per_tenant_counts_tokens_and_histograms_are_exact_over_otlp_grpc() {
         assert!(sse.ends_with("data: [DONE]\n\n"), "{sse}");
     }
     let sse = stream_chat(&a, &base, "stream with usage", true).await;
-    assert!(sse.contains("\"choices\":[]") && sse.contains("\"usage\":{"), "{sse}");
+    assert!(
+        sse.contains("\"choices\":[]") && sse.contains("\"usage\":{"),
+        "{sse}"
+    );
     for _ in 0..2 {
         bad_json(&a, &base).await;
     }
     // team-b: 2 completions and one unknown model.
     let mut b_usage = (0, 0, 0);
     for i in 0..2 {
-        let u = complete(&b, &base, &format!("team b wants summary {i} of the report"), None).await;
+        let u = complete(
+            &b,
+            &base,
+            &format!("team b wants summary {i} of the report"),
+            None,
+        )
+        .await;
         b_usage.0 += u["prompt_tokens"].as_u64().unwrap();
         b_usage.1 += u["completion_tokens"].as_u64().unwrap();
-        b_usage.2 += u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        b_usage.2 += u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
     }
     let r = b
         .post(format!("{base}/v1/completions"))
@@ -158,14 +185,29 @@ async fn per_tenant_counts_tokens_and_histograms_are_exact_over_otlp_grpc() {
     assert_eq!(r.status(), 404);
     // A trusted gateway names team-c in the header.
     for i in 0..2 {
-        complete(&gateway, &base, &format!("gateway user {i} says hello"), Some("team-c")).await;
+        complete(
+            &gateway,
+            &base,
+            &format!("gateway user {i} says hello"),
+            Some("team-c"),
+        )
+        .await;
     }
     // An unlisted source claims to be team-a: not believed, counted as the default tenant.
-    complete(&client_from("127.0.0.5"), &base, "spoofing is futile", Some("team-a")).await;
+    complete(
+        &client_from("127.0.0.5"),
+        &base,
+        "spoofing is futile",
+        Some("team-a"),
+    )
+    .await;
 
     let s = export_with(&receiver, 14).await;
     let req = |tenant: &str, outcome: &str| {
-        s.sum("warmpath.requests", &[("tenant", tenant), ("outcome", outcome)])
+        s.sum(
+            "warmpath.requests",
+            &[("tenant", tenant), ("outcome", outcome)],
+        )
     };
     assert_eq!(req("team-a", "ok"), 6);
     assert_eq!(req("team-a", "client_error"), 2);
@@ -173,7 +215,10 @@ async fn per_tenant_counts_tokens_and_histograms_are_exact_over_otlp_grpc() {
     assert_eq!(req("team-b", "client_error"), 1);
     assert_eq!(req("team-c", "ok"), 2);
     assert_eq!(req("default", "ok"), 1);
-    assert_eq!(s.sum("warmpath.requests", &[("outcome", "upstream_error")]), 0);
+    assert_eq!(
+        s.sum("warmpath.requests", &[("outcome", "upstream_error")]),
+        0
+    );
     assert_eq!(
         s.values("warmpath.requests", "tenant"),
         ["default", "team-a", "team-b", "team-c"]
@@ -194,14 +239,23 @@ async fn per_tenant_counts_tokens_and_histograms_are_exact_over_otlp_grpc() {
     );
     assert!(s.sum("warmpath.prompt_tokens", &[("tenant", "team-a")]) > a_prompt);
     // Histogram counts equal requests: every request has a duration, every served one a TTFT.
-    for (tenant, all, ok) in [("team-a", 8, 6), ("team-b", 3, 2), ("team-c", 2, 2), ("default", 1, 1)] {
+    for (tenant, all, ok) in [
+        ("team-a", 8, 6),
+        ("team-b", 3, 2),
+        ("team-c", 2, 2),
+        ("default", 1, 1),
+    ] {
         let t = [("tenant", tenant)];
         assert_eq!(s.count("warmpath.request.duration", &t), all, "{tenant}");
         assert_eq!(s.count("warmpath.ttft", &t), ok, "{tenant}");
     }
     // Time per output token: the three team-a streams (6 tokens each).
     assert_eq!(s.count("warmpath.tpot", &[("tenant", "team-a")]), 3);
-    assert_eq!(s.sum("warmpath.decisions", &[]), 11, "one per routed request");
+    assert_eq!(
+        s.sum("warmpath.decisions", &[]),
+        11,
+        "one per routed request"
+    );
     assert_eq!(s.resource("service.name").as_deref(), Some("warmpath"));
     assert!(s.values("warmpath.index.healthy", "pod").len() == 2);
 
@@ -216,13 +270,41 @@ async fn per_tenant_counts_tokens_and_histograms_are_exact_over_otlp_grpc() {
         .await
         .unwrap();
     assert!(
-        prom.lines().any(|l| l.starts_with("warmpath_requests_total{")
-            && l.contains("tenant=\"team-a\"")
-            && l.contains("outcome=\"ok\"")
-            && l.ends_with(" 6")),
+        prom.lines()
+            .any(|l| l.starts_with("warmpath_requests_total{")
+                && l.contains("tenant=\"team-a\"")
+                && l.contains("outcome=\"ok\"")
+                && l.ends_with(" 6")),
         "{prom}"
     );
     assert!(prom.contains("# TYPE warmpath_ttft_seconds histogram"));
+    // Every metric the Grafana dashboard queries is one the agent exports.
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/warmpath/dashboards/warmpath-tenants.json"
+    ))
+    .unwrap();
+    let mut queried: Vec<&str> = dashboard
+        .match_indices("warmpath_")
+        .map(|(i, _)| {
+            let rest = &dashboard[i..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .filter(|n| *n != "warmpath_")
+        .collect();
+    queried.sort_unstable();
+    queried.dedup();
+    assert!(queried.len() >= 10, "{queried:?}");
+    for name in queried {
+        let family = name.trim_end_matches("_bucket");
+        assert!(
+            prom.contains(&format!("# TYPE {family} ")),
+            "dashboard queries {name}, which /metrics lacks"
+        );
+    }
     let status = get_json(&admin, &format!("http://{}/status", routing.admin)).await;
     let team_a = status["tenants"]
         .as_array()
@@ -240,11 +322,23 @@ async fn a_spoofed_tenant_header_does_not_change_attribution() {
     let routing = proxy(&fleet, &TENANT_FLAGS).await;
     let base = format!("http://{}", routing.listen);
     // From team-b's workload, claiming team-a: the workload wins.
-    complete(&client_from("127.0.0.3"), &base, "i am team a, honest", Some("team-a")).await;
+    complete(
+        &client_from("127.0.0.3"),
+        &base,
+        "i am team a, honest",
+        Some("team-a"),
+    )
+    .await;
     // From an unknown source, claiming team-a: the default tenant.
     complete(&client_from("127.0.0.6"), &base, "me too", Some("team-a")).await;
     // From the trusted gateway: believed.
-    complete(&client_from("127.0.0.4"), &base, "gateway for a", Some("team-a")).await;
+    complete(
+        &client_from("127.0.0.4"),
+        &base,
+        "gateway for a",
+        Some("team-a"),
+    )
+    .await;
     let prom = reqwest::get(format!("http://{}/metrics", routing.admin))
         .await
         .unwrap()
@@ -291,11 +385,86 @@ async fn http_protobuf_export_counts_cancellations() {
     drop(stream);
     let s = export_with(&receiver, 2).await;
     let t = [("tenant", "team-a")];
-    assert_eq!(s.sum("warmpath.requests", &[("tenant", "team-a"), ("outcome", "ok")]), 1);
     assert_eq!(
-        s.sum("warmpath.requests", &[("tenant", "team-a"), ("outcome", "cancelled")]),
+        s.sum(
+            "warmpath.requests",
+            &[("tenant", "team-a"), ("outcome", "ok")]
+        ),
+        1
+    );
+    assert_eq!(
+        s.sum(
+            "warmpath.requests",
+            &[("tenant", "team-a"), ("outcome", "cancelled")]
+        ),
         1
     );
     assert_eq!(s.count("warmpath.request.duration", &t), 2);
-    assert_eq!(s.count("warmpath.ttft", &t), 2, "the cancelled stream had its first token");
+    assert_eq!(
+        s.count("warmpath.ttft", &t),
+        2,
+        "the cancelled stream had its first token"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_collector_receives_the_metrics() {
+    let test = "a_real_collector_receives_the_metrics";
+    let Some(rotel) = warmpath_e2e::otlp::rotel_binary(test) else {
+        return;
+    };
+    // warmpath --OTLP/gRPC--> rotel --OTLP/gRPC--> the in-process receiver.
+    let receiver = Receiver::start().await;
+    let port = |l: std::net::TcpListener| l.local_addr().unwrap();
+    let (rotel_grpc, rotel_http) = (
+        port(std::net::TcpListener::bind("127.0.0.1:0").unwrap()),
+        port(std::net::TcpListener::bind("127.0.0.1:0").unwrap()),
+    );
+    let mut cmd = std::process::Command::new(&rotel);
+    cmd.args(["start", "--otlp-grpc-endpoint"])
+        .arg(rotel_grpc.to_string())
+        .arg("--otlp-http-endpoint")
+        .arg(rotel_http.to_string())
+        .args(["--exporter", "otlp", "--otlp-exporter-protocol", "grpc"])
+        .arg("--otlp-exporter-endpoint")
+        .arg(format!("http://{}", receiver.grpc))
+        .args(["--batch-timeout", "100ms"]);
+    let _collector = warmpath_e2e::process::OwnedChild::spawn(cmd).unwrap();
+    wait_for("rotel listening", WAIT, || async move {
+        tokio::net::TcpStream::connect(rotel_grpc)
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+
+    let fleet = fleet().await;
+    let endpoint = format!("http://{rotel_grpc}");
+    let mut flags = TENANT_FLAGS.to_vec();
+    flags.extend(["--otlp-endpoint", &endpoint, "--otlp-protocol", "grpc"]);
+    let routing = proxy(&fleet, &flags).await;
+    let base = format!("http://{}", routing.listen);
+    for i in 0..3 {
+        complete(
+            &client_from("127.0.0.2"),
+            &base,
+            &format!("via the collector {i}"),
+            None,
+        )
+        .await;
+    }
+    let s = export_with(&receiver, 3).await;
+    assert_eq!(
+        s.sum(
+            "warmpath.requests",
+            &[("tenant", "team-a"), ("outcome", "ok")]
+        ),
+        3
+    );
+    assert_eq!(s.count("warmpath.ttft", &[("tenant", "team-a")]), 3);
+    assert_eq!(s.resource("service.name").as_deref(), Some("warmpath"));
+    warmpath_e2e::gate::announce(&format!(
+        "rotel collector forwarded warmpath metrics ({} exports received)",
+        receiver.exports()
+    ));
 }

@@ -87,7 +87,8 @@ fn llvm() -> Result<()> {
     )
 }
 
-/// The Python clients (openai, msgspec, pyzmq) the suites drive the system with.
+/// The Python clients (openai, msgspec, pyzmq) the suites drive the system with, and the
+/// rotel OpenTelemetry collector the telemetry suite exports to.
 fn python_clients() -> Result<()> {
     let requirements = shell::workspace_root().join(PYTHON_REQUIREMENTS);
     if !requirements.is_file() {

@@ -47,7 +47,10 @@ pub fn ask_for_usage(body: &bytes::Bytes, include_usage: Option<bool>) -> bytes:
             out.extend_from_slice(br#""stream_options":{"include_usage":true},"#);
             out.extend_from_slice(&body[at..]);
             // `{}` would now end in `,}`: only a member-less object can, and it has no prompt.
-            if body[at..].iter().all(|b| b.is_ascii_whitespace() || *b == b'}') {
+            if body[at..]
+                .iter()
+                .all(|b| b.is_ascii_whitespace() || *b == b'}')
+            {
                 return body.clone();
             }
             out.into()
@@ -57,10 +60,7 @@ pub fn ask_for_usage(body: &bytes::Bytes, include_usage: Option<bool>) -> bytes:
             let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(body) else {
                 return body.clone();
             };
-            if let Some(o) = v
-                .get_mut("stream_options")
-                .and_then(|o| o.as_object_mut())
-            {
+            if let Some(o) = v.get_mut("stream_options").and_then(|o| o.as_object_mut()) {
                 o.insert("include_usage".into(), true.into());
             }
             serde_json::to_vec(&v).map_or_else(|_| body.clone(), Into::into)
@@ -101,10 +101,15 @@ pub fn parse(
     // answers with its own validation error; routing just gets no prefix information.
     let tokens = tokens.unwrap_or_default();
     let stream = obj.get("stream").and_then(|s| s.as_bool()).unwrap_or(false);
-    let include_usage = obj.get("stream_options").and_then(|o| o.as_object()).map(|o| {
-        // vLLM: include_usage defaults to true whenever stream_options is present.
-        o.get("include_usage").and_then(|b| b.as_bool()).unwrap_or(true)
-    });
+    let include_usage = obj
+        .get("stream_options")
+        .and_then(|o| o.as_object())
+        .map(|o| {
+            // vLLM: include_usage defaults to true whenever stream_options is present.
+            o.get("include_usage")
+                .and_then(|b| b.as_bool())
+                .unwrap_or(true)
+        });
     Ok(Parsed {
         stream,
         include_usage,
@@ -247,8 +252,14 @@ mod tests {
         let tok = Tokenizer::builtin();
         for (body, wants) in [
             (&br#"{"prompt": "a", "stream": true}"#[..], false),
-            (br#" { "prompt": "a", "stream": true, "stream_options": {"include_usage": false}}"#, false),
-            (br#"{"prompt": "a", "stream": true, "stream_options": {}}"#, true),
+            (
+                br#" { "prompt": "a", "stream": true, "stream_options": {"include_usage": false}}"#,
+                false,
+            ),
+            (
+                br#"{"prompt": "a", "stream": true, "stream_options": {}}"#,
+                true,
+            ),
             (br#"{"prompt": "a"}"#, true),
         ] {
             let p = parse(Kind::Completion, body, "m", &tok, 16).unwrap();

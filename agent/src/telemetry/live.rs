@@ -118,9 +118,7 @@ impl Live {
             let _ = ttft.add(&s.ttft_us);
         }
         let elapsed = now.saturating_duration_since(self.origin).as_secs_f64();
-        let window = elapsed
-            .min((SLOTS as u64 * SLOT_SECS) as f64)
-            .max(1e-3);
+        let window = elapsed.min((SLOTS as u64 * SLOT_SECS) as f64).max(1e-3);
         let q = |p: f64| (!ttft.is_empty()).then(|| ttft.value_at_quantile(p) as f64 / 1000.0);
         LiveSummary {
             tenant: tenant.to_string(),
@@ -156,12 +154,21 @@ mod tests {
             completion: 10,
         };
         for i in 0..100u64 {
-            live.record(t0, i % 10 != 0, Some(usage), Some(Duration::from_millis(i + 1)));
+            live.record(
+                t0,
+                i % 10 != 0,
+                Some(usage),
+                Some(Duration::from_millis(i + 1)),
+            );
         }
         let s = live.summary("a", t0 + Duration::from_secs(20));
         assert_eq!((s.requests, s.errors), (100, 10));
         assert!((s.cache_hit_pct - 75.0).abs() < 1e-9);
-        assert!((s.requests_per_s - 5.0).abs() < 1e-9, "{}", s.requests_per_s);
+        assert!(
+            (s.requests_per_s - 5.0).abs() < 1e-9,
+            "{}",
+            s.requests_per_s
+        );
         let p50 = s.ttft_ms_p50.unwrap();
         assert!((49.0..=51.0).contains(&p50), "{p50}");
         assert!((98.0..=101.0).contains(&s.ttft_ms_p99.unwrap()));

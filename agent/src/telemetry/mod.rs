@@ -51,8 +51,8 @@ const LATENCY_BOUNDS: &[f64] = &[
 ];
 /// Bounds for time per output token, seconds (0.5 ms .. 2 s).
 const TPOT_BOUNDS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
-    0.3, 0.5, 1.0, 2.0,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+    0.5, 1.0, 2.0,
 ];
 /// Bounds for time spent inside warmpath before the upstream request, seconds (10 us .. 1 s).
 const QUEUE_BOUNDS: &[f64] = &[
@@ -232,11 +232,14 @@ struct PoolSeries {
     decisions: [BoundCounter<u64>; 4],
 }
 
+/// A tenant's series within a pool, per pod when pods are an attribute.
+type SeriesKey = (PoolId, Option<u16>);
+
 /// One tenant: its series and its live window.
 #[derive(Debug)]
 pub struct Tenant {
     name: Arc<str>,
-    series: RwLock<HashMap<(PoolId, Option<u16>), Arc<Bound>>>,
+    series: RwLock<HashMap<SeriesKey, Arc<Bound>>>,
     live: Mutex<live::Live>,
 }
 
@@ -288,22 +291,62 @@ impl Telemetry {
                 .build()
         };
         let inst = Instruments {
-            requests: counter("warmpath.requests", "{request}", "Requests by tenant and outcome"),
-            prompt_tokens: counter("warmpath.prompt_tokens", "{token}", "Prompt tokens (engine usage)"),
-            cached_tokens: counter("warmpath.cached_prompt_tokens", "{token}", "Prompt tokens served from the engine's prefix cache"),
-            completion_tokens: counter("warmpath.completion_tokens", "{token}", "Completion tokens (engine usage)"),
-            retries: counter("warmpath.retries", "{retry}", "Upstream attempts retried on another pod before the first byte"),
-            ttft: seconds("warmpath.ttft", "Time to first token (first response body bytes)", LATENCY_BOUNDS),
-            tpot: seconds("warmpath.tpot", "Time per output token after the first (streams)", TPOT_BOUNDS),
-            duration: seconds("warmpath.request.duration", "Request received to response complete", LATENCY_BOUNDS),
-            queue: seconds("warmpath.queue.duration", "Time inside warmpath before the upstream request", QUEUE_BOUNDS),
+            requests: counter(
+                "warmpath.requests",
+                "{request}",
+                "Requests by tenant and outcome",
+            ),
+            prompt_tokens: counter(
+                "warmpath.prompt_tokens",
+                "{token}",
+                "Prompt tokens (engine usage)",
+            ),
+            cached_tokens: counter(
+                "warmpath.cached_prompt_tokens",
+                "{token}",
+                "Prompt tokens served from the engine's prefix cache",
+            ),
+            completion_tokens: counter(
+                "warmpath.completion_tokens",
+                "{token}",
+                "Completion tokens (engine usage)",
+            ),
+            retries: counter(
+                "warmpath.retries",
+                "{retry}",
+                "Upstream attempts retried on another pod before the first byte",
+            ),
+            ttft: seconds(
+                "warmpath.ttft",
+                "Time to first token (first response body bytes)",
+                LATENCY_BOUNDS,
+            ),
+            tpot: seconds(
+                "warmpath.tpot",
+                "Time per output token after the first (streams)",
+                TPOT_BOUNDS,
+            ),
+            duration: seconds(
+                "warmpath.request.duration",
+                "Request received to response complete",
+                LATENCY_BOUNDS,
+            ),
+            queue: seconds(
+                "warmpath.queue.duration",
+                "Time inside warmpath before the upstream request",
+                QUEUE_BOUNDS,
+            ),
             prefix_blocks: meter
                 .u64_histogram("warmpath.prefix_blocks")
                 .with_unit("{block}")
                 .with_description("Cached prefix blocks of the chosen pod per routing decision")
                 .with_boundaries(BLOCK_BOUNDS.to_vec())
                 .build(),
-            decisions: counter("warmpath.decisions", "{decision}", "Routing decisions by reason"),
+            decisions: counter(
+                "warmpath.decisions",
+                "{decision}",
+                "Routing decisions by reason",
+            ),
         };
         Ok(Self {
             provider,

@@ -89,7 +89,12 @@ pub fn prom_name(name: &str, unit: &str, monotonic_sum: bool) -> String {
 
 fn labels<'a>(attrs: impl Iterator<Item = &'a KeyValue>, extra: Option<(&str, &str)>) -> String {
     let mut pairs: Vec<(String, String)> = attrs
-        .map(|kv| (kv.key.as_str().replace('.', "_"), kv.value.as_str().into_owned()))
+        .map(|kv| {
+            (
+                kv.key.as_str().replace('.', "_"),
+                kv.value.as_str().into_owned(),
+            )
+        })
         .collect();
     pairs.sort();
     if let Some((k, v)) = extra {
@@ -132,16 +137,34 @@ fn render_data<T: Copy>(
     match data {
         MetricData::Sum(sum) => {
             let name = prom_name(metric.name(), metric.unit(), sum.is_monotonic());
-            head(out, &name, if sum.is_monotonic() { "counter" } else { "gauge" });
+            head(
+                out,
+                &name,
+                if sum.is_monotonic() {
+                    "counter"
+                } else {
+                    "gauge"
+                },
+            );
             for p in sum.data_points() {
-                let _ = writeln!(out, "{name}{} {}", labels(p.attributes(), None), f(p.value()));
+                let _ = writeln!(
+                    out,
+                    "{name}{} {}",
+                    labels(p.attributes(), None),
+                    f(p.value())
+                );
             }
         }
         MetricData::Gauge(g) => {
             let name = prom_name(metric.name(), metric.unit(), false);
             head(out, &name, "gauge");
             for p in g.data_points() {
-                let _ = writeln!(out, "{name}{} {}", labels(p.attributes(), None), f(p.value()));
+                let _ = writeln!(
+                    out,
+                    "{name}{} {}",
+                    labels(p.attributes(), None),
+                    f(p.value())
+                );
             }
         }
         MetricData::Histogram(h) => {
@@ -181,8 +204,14 @@ mod tests {
 
     #[test]
     fn names_follow_prometheus_conventions() {
-        assert_eq!(prom_name("warmpath.ttft", "s", false), "warmpath_ttft_seconds");
-        assert_eq!(prom_name("warmpath.requests", "{request}", true), "warmpath_requests_total");
+        assert_eq!(
+            prom_name("warmpath.ttft", "s", false),
+            "warmpath_ttft_seconds"
+        );
+        assert_eq!(
+            prom_name("warmpath.requests", "{request}", true),
+            "warmpath_requests_total"
+        );
         assert_eq!(
             prom_name("warmpath.index.entries", "{entry}", false),
             "warmpath_index_entries"

@@ -194,13 +194,23 @@ mod tests {
     fn longest_prefix_wins_and_mapped_v6_is_v4() {
         let p = policy();
         let none = http::HeaderMap::new();
-        assert_eq!(&*p.resolve(Some("127.0.0.2".parse().unwrap()), &none).0, "team-a");
-        assert_eq!(&*p.resolve(Some("127.0.0.3".parse().unwrap()), &none).0, "loopback");
         assert_eq!(
-            &*p.resolve(Some("::ffff:127.0.0.2".parse().unwrap()), &none).0,
+            &*p.resolve(Some("127.0.0.2".parse().unwrap()), &none).0,
             "team-a"
         );
-        assert_eq!(p.resolve(Some("::1".parse().unwrap()), &none).1, Via::Default);
+        assert_eq!(
+            &*p.resolve(Some("127.0.0.3".parse().unwrap()), &none).0,
+            "loopback"
+        );
+        assert_eq!(
+            &*p.resolve(Some("::ffff:127.0.0.2".parse().unwrap()), &none)
+                .0,
+            "team-a"
+        );
+        assert_eq!(
+            p.resolve(Some("::1".parse().unwrap()), &none).1,
+            Via::Default
+        );
         assert_eq!(p.resolve(None, &none).1, Via::Default);
     }
 
@@ -209,7 +219,10 @@ mod tests {
         let p = policy();
         let trusted = Some("127.0.0.9".parse().unwrap());
         let untrusted = Some("127.0.0.2".parse().unwrap());
-        assert_eq!(p.resolve(trusted, &headers("team-z")), (Arc::from("team-z"), Via::Header));
+        assert_eq!(
+            p.resolve(trusted, &headers("team-z")),
+            (Arc::from("team-z"), Via::Header)
+        );
         // Header first in the order, but the source is not trusted: the workload decides.
         assert_eq!(
             p.resolve(untrusted, &headers("team-z")),
@@ -226,7 +239,11 @@ mod tests {
             (parse_net("127.0.0.2/32").unwrap(), "team-a".to_string())
         );
         assert!(parse_cidr_rule("team-a").unwrap_err().contains("NAME=CIDR"));
-        assert!(parse_cidr_rule("a b=127.0.0.1").unwrap_err().contains("tenant name"));
+        assert!(
+            parse_cidr_rule("a b=127.0.0.1")
+                .unwrap_err()
+                .contains("tenant name")
+        );
         assert!(parse_cidr_rule("x=300.0.0.1").unwrap_err().contains("CIDR"));
         assert!(check_name(&"x".repeat(65)).is_err());
     }

@@ -70,7 +70,8 @@ impl JsonTap {
     pub fn observe(&mut self, chunk: &[u8]) {
         if chunk.len() >= JSON_TAIL {
             self.tail.clear();
-            self.tail.extend_from_slice(&chunk[chunk.len() - JSON_TAIL..]);
+            self.tail
+                .extend_from_slice(&chunk[chunk.len() - JSON_TAIL..]);
             return;
         }
         let overflow = (self.tail.len() + chunk.len()).saturating_sub(JSON_TAIL);
