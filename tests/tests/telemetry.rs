@@ -468,3 +468,47 @@ async fn a_real_collector_receives_the_metrics() {
         receiver.exports()
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_never_answers_does_not_block_requests() {
+    // Accepts connections and never reads or answers: the worst collector there is.
+    let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hole_addr = hole.local_addr().unwrap();
+    let _hole = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hole.accept().await {
+            held.push(s);
+        }
+    });
+    let fleet = fleet().await;
+    let endpoint = format!("http://{hole_addr}");
+    for protocol in ["grpc", "http/protobuf"] {
+        let mut flags = TENANT_FLAGS.to_vec();
+        flags.extend(["--otlp-endpoint", &endpoint, "--otlp-protocol", protocol]);
+        let routing = proxy(&fleet, &flags).await;
+        let base = format!("http://{}", routing.listen);
+        let a = client_from("127.0.0.2");
+        // Several export intervals pass while requests are served.
+        for i in 0..10 {
+            tokio::time::timeout(
+                WAIT,
+                complete(&a, &base, &format!("still served {i}"), None),
+            )
+            .await
+            .unwrap();
+        }
+        let prom = reqwest::get(format!("http://{}/metrics", routing.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            prom.contains("outcome=\"ok\"")
+                && prom
+                    .lines()
+                    .any(|l| l.starts_with("warmpath_requests_total{") && l.ends_with(" 10")),
+            "{protocol}: {prom}"
+        );
+    }
+}
