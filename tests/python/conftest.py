@@ -92,6 +92,8 @@ def start_agent():
                 return False
 
         wait_until("agent ready", ready)
+        start.proc = proc
+        start.admin = f"http://127.0.0.1:{admin}"
         return f"http://127.0.0.1:{listen}"
 
     yield start

@@ -147,6 +147,17 @@ impl hyper::body::Body for Tracked {
                 }
                 Some(Err(err)) => {
                     this.failed = true;
+                    tracing::warn!(pod = %this.observer.pod.1, %err, "upstream failed mid-response");
+                    // A stream ends the way vLLM ends a failed stream; other bodies can only
+                    // be cut short.
+                    if let Tap::Sse(sse) = &mut this.observer.tap {
+                        this.done = true;
+                        let end = sse.fail(&format!(
+                            "The engine at {} failed mid-stream: {err}",
+                            this.observer.pod.1
+                        ));
+                        return Poll::Ready(Some(Ok(Frame::data(end))));
+                    }
                     return Poll::Ready(Some(Err(Box::new(err))));
                 }
                 None => {

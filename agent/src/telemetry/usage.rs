@@ -94,6 +94,8 @@ pub struct SseTap {
     gave_up: bool,
     pub usage: Option<TokenUsage>,
     pub error_event: bool,
+    /// What went to the client last ended inside an event.
+    open_event: bool,
 }
 
 impl SseTap {
@@ -105,11 +107,32 @@ impl SseTap {
             gave_up: false,
             usage: None,
             error_event: false,
+            open_event: false,
         }
+    }
+
+    /// The end of a stream whose upstream failed: vLLM's in-stream error event, then `[DONE]`
+    /// (after closing an event the client already got part of).
+    pub fn fail(&mut self, message: &str) -> Bytes {
+        self.pending.clear();
+        self.error_event = true;
+        let body = serde_json::json!({"error": {"message": message, "type": "BadGatewayError",
+            "param": null, "code": 502}});
+        let lead = if self.open_event { "\n\n" } else { "" };
+        self.open_event = false;
+        Bytes::from(format!("{lead}data: {body}\n\ndata: [DONE]\n\n"))
     }
 
     /// Takes one upstream frame; returns what goes to the client now (possibly empty).
     pub fn frame(&mut self, data: Bytes) -> Bytes {
+        let out = self.pass(data);
+        if !out.is_empty() {
+            self.open_event = !out.ends_with(b"\n\n");
+        }
+        out
+    }
+
+    fn pass(&mut self, data: Bytes) -> Bytes {
         if self.gave_up {
             return data;
         }
@@ -268,6 +291,23 @@ mod tests {
         assert_eq!(run(&mut tap, s, 4), s);
         assert!(tap.error_event);
         assert_eq!(tap.usage, None);
+    }
+
+    #[test]
+    fn a_failed_upstream_ends_the_stream_with_an_error_event() {
+        let mut tap = SseTap::new(false);
+        let _ = tap.frame(Bytes::from_static(
+            b"data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"cho",
+        ));
+        let end = String::from_utf8(tap.fail("pod went away").to_vec()).unwrap();
+        // The partial event was held back, never sent: the error event starts clean.
+        assert!(end.starts_with("data: {\"error\":{"), "{end}");
+        assert!(end.ends_with("\n\ndata: [DONE]\n\n"), "{end}");
+        assert!(tap.error_event);
+        // After an oversized event went through unparsed, the client holds an open event.
+        let mut open = SseTap::new(true);
+        let _ = open.frame(Bytes::from(vec![b'x'; MAX_EVENT + 1]));
+        assert!(open.fail("x").starts_with(b"\n\ndata: {\"error\""));
     }
 
     #[test]
