@@ -136,7 +136,12 @@ pub async fn start_routing(args: &AgentArgs) -> Result<Routing, Error> {
         };
         endpoints.push((authority, source));
     }
-    let pool = Pool::new(args.model.clone(), args.block_size, args.policy, endpoints);
+    let pool = Pool::new(
+        args.model.clone(),
+        args.block_size,
+        args.route_policy(),
+        endpoints,
+    );
     let (tenants, telemetry_config) = args.telemetry.build()?;
     let telemetry = Arc::new(crate::telemetry::Telemetry::new(&telemetry_config)?);
     crate::telemetry::index::observe(telemetry.meter(), index.clone());
@@ -152,6 +157,10 @@ pub async fn start_routing(args: &AgentArgs) -> Result<Routing, Error> {
         tenants,
     );
     proxy.inject_usage = !args.no_inject_usage;
+    proxy.session = proxy::SessionSource {
+        header: args.session_header.clone(),
+        cookie: args.session_cookie.clone(),
+    };
     let proxy = Arc::new(proxy);
     let listen = |addr| async move {
         tokio::net::TcpListener::bind(addr)

@@ -65,6 +65,19 @@ pub struct AgentArgs {
     #[arg(long, value_enum, default_value_t = crate::routing::Policy::Precise)]
     pub policy: crate::routing::Policy,
 
+    /// Override one scorer weight of the policy's preset: `NAME=W` with NAME one of prefix,
+    /// queue, kv-usage, lora, session, in-flight (docs/routing.md). Repeatable.
+    #[arg(long = "weight", value_name = "NAME=W", value_parser = parse_weight)]
+    pub weights: Vec<(String, f64)>,
+
+    /// Header carrying the session key (session affinity).
+    #[arg(long, value_name = "NAME", default_value = crate::proxy::DEFAULT_SESSION_HEADER)]
+    pub session_header: http::HeaderName,
+
+    /// Cookie carrying the session key, when the header is absent.
+    #[arg(long, value_name = "NAME")]
+    pub session_cookie: Option<String>,
+
     /// Add x-warmpath-pod / -prefix-blocks / -score headers to responses.
     #[arg(long)]
     pub explain: bool,
@@ -141,6 +154,30 @@ pub struct TelemetryArgs {
     /// Push interval in milliseconds (default: OTEL_METRIC_EXPORT_INTERVAL, else 15000).
     #[arg(long, value_name = "MS")]
     pub otlp_interval_ms: Option<u64>,
+}
+
+fn parse_weight(s: &str) -> Result<(String, f64), String> {
+    let (name, w) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected NAME=WEIGHT, e.g. kv-usage=0.5"))?;
+    let w: f64 = w
+        .parse()
+        .map_err(|_| format!("`{s}`: the weight must be a number"))?;
+    // Validates the name and the value.
+    crate::routing::Weights::default().set(name, w)?;
+    Ok((name.to_string(), w))
+}
+
+impl AgentArgs {
+    /// The pool policy these flags describe: the preset, then each --weight.
+    pub fn route_policy(&self) -> crate::routing::RoutePolicy {
+        let mut p = crate::routing::RoutePolicy::from(self.policy);
+        for (name, w) in &self.weights {
+            // Validated by the parser.
+            let _ = p.weights.set(name, *w);
+        }
+        p
+    }
 }
 
 fn parse_tenant_name(s: &str) -> Result<String, String> {

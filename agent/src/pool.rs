@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::{
     kv_index::SourceId,
-    routing::{EndpointId, Policy},
+    routing::{EndpointId, RoutePolicy},
 };
 
 /// One vLLM endpoint.
@@ -31,6 +31,19 @@ pub struct Endpoint {
     engine_running: AtomicU32,
     engine_kv_permille: AtomicU32,
     scraped: AtomicBool,
+    /// LoRA adapters the engine serves (`/v1/models` cards whose parent is the base model) and
+    /// which are running or waiting (`vllm:lora_requests_info`).
+    lora: parking_lot::RwLock<LoraInfo>,
+}
+
+/// What an engine says about its LoRA adapters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LoraInfo {
+    /// Adapters it can serve.
+    pub served: Vec<String>,
+    /// Loaded and running (from `vllm:lora_requests_info`; `None`: not reported).
+    pub running: Option<Vec<String>>,
+    pub waiting: Vec<String>,
 }
 
 /// The endpoints of one model and how to choose among them.
@@ -39,7 +52,7 @@ pub struct Pool {
     pub model: String,
     /// Tokens per KV block; must match vLLM --block-size.
     pub block_size: usize,
-    pub policy: Policy,
+    pub policy: RoutePolicy,
     pub endpoints: Vec<Arc<Endpoint>>,
     pub rotation: AtomicUsize,
     /// Moving average of uncached prefill blocks per routed request, x16 (fixed point).
@@ -50,7 +63,7 @@ impl Pool {
     pub fn new(
         model: String,
         block_size: usize,
-        policy: Policy,
+        policy: impl Into<RoutePolicy>,
         endpoints: Vec<(String, Option<SourceId>)>,
     ) -> Self {
         let endpoints = endpoints
@@ -70,13 +83,14 @@ impl Pool {
                     engine_running: AtomicU32::new(0),
                     engine_kv_permille: AtomicU32::new(0),
                     scraped: AtomicBool::new(false),
+                    lora: parking_lot::RwLock::new(LoraInfo::default()),
                 })
             })
             .collect();
         Self {
             model,
             block_size,
-            policy,
+            policy: policy.into(),
             endpoints,
             rotation: AtomicUsize::new(0),
             mean_prefill_x16: AtomicU64::new(0),
@@ -121,6 +135,48 @@ impl Endpoint {
             Ordering::Relaxed,
         );
         self.scraped.store(true, Ordering::Relaxed);
+    }
+
+    /// The engine's KV cache usage, 0..1 (0 before the first scrape).
+    pub fn kv_usage(&self) -> f64 {
+        f64::from(self.engine_kv_permille.load(Ordering::Relaxed)) / 1000.0
+    }
+
+    pub fn set_served_adapters(&self, served: Vec<String>) {
+        let mut l = self.lora.write();
+        if l.served != served {
+            l.served = served;
+        }
+    }
+
+    pub fn set_adapter_activity(&self, running: Vec<String>, waiting: Vec<String>) {
+        let mut l = self.lora.write();
+        l.running = Some(running);
+        l.waiting = waiting;
+    }
+
+    /// Whether this engine serves `adapter`.
+    pub fn serves(&self, adapter: &str) -> bool {
+        self.lora.read().served.iter().any(|a| a == adapter)
+    }
+
+    /// The state of `adapter` on this engine, for the LoRA scorer.
+    pub fn lora_state(&self, adapter: Option<&str>) -> crate::routing::LoraState {
+        use crate::routing::LoraState;
+        let Some(adapter) = adapter else {
+            return LoraState::NotApplicable;
+        };
+        let l = self.lora.read();
+        match &l.running {
+            None => LoraState::NotApplicable,
+            Some(running) if running.iter().any(|a| a == adapter) => LoraState::Loaded,
+            Some(_) if l.waiting.iter().any(|a| a == adapter) => LoraState::Queued,
+            Some(_) => LoraState::NotLoaded,
+        }
+    }
+
+    pub fn lora_info(&self) -> LoraInfo {
+        self.lora.read().clone()
     }
 
     pub fn note_failure(&self) {
@@ -207,7 +263,12 @@ mod tests {
 
     #[test]
     fn work_ahead_counts_engine_queues_the_proxy_did_not_fill() {
-        let pool = Pool::new("m".into(), 16, Policy::Precise, vec![("a:1".into(), None)]);
+        let pool = Pool::new(
+            "m".into(),
+            16,
+            crate::routing::Policy::Precise,
+            vec![("a:1".into(), None)],
+        );
         let e = pool.endpoints[0].clone();
         for _ in 0..64 {
             pool.note_prefill(10);

@@ -268,3 +268,117 @@ async fn a_hot_prefix_spills_over_once_its_pod_is_busier_than_recomputing() {
     assert!(at_home >= 8, "only {at_home} of 40 stayed with the prefix");
     assert!(at_home <= 32, "{at_home} of 40 piled onto the prefix's pod");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lora_requests_are_served_where_their_adapter_is_and_follow_its_cache() {
+    // Engine 0 serves the `sql` adapter, engine 1 only the base model.
+    let with_lora = Fleet::start(&[
+        "--port",
+        "0",
+        "--profile",
+        "tiny",
+        "--kv-events-port",
+        "0",
+        "--kv-replay-port",
+        "0",
+        "--lora-modules",
+        "sql",
+    ])
+    .await;
+    let plain = fleet("1").await;
+    let mut fleet = with_lora;
+    fleet.engines.extend(plain.engines);
+    let routing = proxy(&fleet, &[]).await;
+    let base = format!("http://{}", routing.listen);
+    let client = reqwest::Client::new();
+    // The proxy learns the adapters from the engines' /v1/models and lists them.
+    let models_url = format!("{base}/v1/models");
+    wait_for("adapters listed", WAIT, || {
+        let (client, url) = (client.clone(), models_url.clone());
+        async move {
+            let v: serde_json::Value = client.get(url).send().await.ok()?.json().await.ok()?;
+            v["data"]
+                .as_array()?
+                .iter()
+                .any(|m| m["id"] == "sql" && m["parent"] == "sim-llama")
+                .then_some(())
+        }
+    })
+    .await;
+    let sql_pod = fleet.engines[0].http.to_string();
+    let prompt = shared_prompt(7, 0);
+    let mut cached = Vec::new();
+    for _ in 0..3 {
+        let r = client
+            .post(format!("{base}/v1/completions"))
+            .json(&json!({"model": "sql", "prompt": prompt, "max_tokens": 2}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            r.headers()["x-warmpath-pod"],
+            sql_pod.as_str(),
+            "only engine 0 serves sql"
+        );
+        let prefix: usize = r.headers()["x-warmpath-prefix-blocks"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let v: serde_json::Value = r.json().await.unwrap();
+        cached.push((
+            prefix,
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        ));
+    }
+    assert!(cached[2].0 > 0 && cached[2].1 > 0, "{cached:?}");
+    // Adapter keys agree with the engine's: its events confirm the speculative entries.
+    let admin = format!("http://{}/status", routing.admin);
+    wait_for("engine 0's events confirm adapter keys", WAIT, || {
+        let (client, admin) = (client.clone(), admin.clone());
+        async move {
+            let s: serde_json::Value = client.get(admin).send().await.ok()?.json().await.ok()?;
+            (s["pods"][0]["index"]["confirmed"].as_u64()? > 0).then_some(())
+        }
+    })
+    .await;
+    // An adapter nobody serves is a 404 with vLLM's message.
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"model": "nosuch", "prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cookie_keeps_a_conversation_on_one_pod() {
+    let fleet = fleet("3").await;
+    let routing = proxy(&fleet, &["--policy", "session", "--session-cookie", "sid"]).await;
+    let base = format!("http://{}", routing.listen);
+    let client = reqwest::Client::new();
+    let mut homes = std::collections::HashMap::new();
+    for turn in 0..4 {
+        for user in 0..6 {
+            let r = client
+                .post(format!("{base}/v1/completions"))
+                .header("cookie", format!("theme=dark; sid=user-{user}"))
+                .json(&json!({"model": "sim-llama", "prompt": format!("turn {turn} of user {user}"), "max_tokens": 1}))
+                .send()
+                .await
+                .unwrap();
+            let pod = r.headers()["x-warmpath-pod"].to_str().unwrap().to_string();
+            assert_eq!(
+                homes.entry(user).or_insert_with(|| pod.clone()),
+                &pod,
+                "user {user} turn {turn}"
+            );
+        }
+    }
+    let distinct: std::collections::HashSet<_> = homes.values().collect();
+    assert!(distinct.len() >= 2, "sessions spread: {homes:?}");
+}

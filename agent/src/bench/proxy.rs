@@ -331,6 +331,8 @@ fn decision(tokens: usize) {
             prefix_trusted: true,
             in_flight: 1,
             queued_prefill_blocks: 0,
+            kv_usage: 0.0,
+            lora: crate::routing::LoraState::NotApplicable,
             excluded: false,
         })
         .collect();
@@ -345,7 +347,7 @@ fn decision(tokens: usize) {
             Policy::Precise,
             &RequestCtx {
                 keys: parsed.keys,
-                session: None,
+                ..RequestCtx::default()
             },
             &candidates,
             &rotation,

@@ -55,11 +55,11 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
         .iter()
         .map(|e| {
             let index = e.source.and_then(|s| sources.iter().find(|(id, _)| *id == s)).map(|(_, st)| st.clone());
-            serde_json::json!({"load": e.snapshot(), "index": index,
+            serde_json::json!({"load": e.snapshot(), "index": index, "lora": e.lora_info(),
                 "prefix_weight": if e.source.is_some_and(|s| proxy.index.trusted(s)) { 1 } else { 0 }})
         })
         .collect();
-    serde_json::json!({"model": proxy.pool.model, "policy": format!("{:?}", proxy.pool.policy),
+    serde_json::json!({"model": proxy.pool.model, "policy": format!("{:?}", proxy.pool.policy.kind), "weights": proxy.pool.policy.weights,
         "block_size": proxy.pool.block_size, "index_entries": proxy.index.len(),
         "index_bytes": proxy.index.bytes(), "pods": pods, "tenants": proxy.telemetry.live()})
 }

@@ -23,6 +23,7 @@ use warmpath_sim::tokenizer::Tokenizer;
 pub use admin::serve_admin;
 pub use error::ProxyError;
 pub use scrape::scrape_loop;
+pub use scrape::{parse_adapters, parse_lora};
 
 use crate::{
     kv_index::KvIndex,
@@ -45,7 +46,41 @@ pub const DEFAULT_MAX_BODY: usize = 16 * 1024 * 1024;
 /// Other endpoints tried when one fails before the first response byte.
 pub const DEFAULT_RETRIES: usize = 2;
 /// Header a client may send for session affinity.
-const SESSION_HEADER: &str = "x-session-id";
+pub const DEFAULT_SESSION_HEADER: &str = "x-session-id";
+
+/// Where a request's session key comes from: a header, else a cookie.
+#[derive(Debug, Clone)]
+pub struct SessionSource {
+    pub header: http::HeaderName,
+    pub cookie: Option<String>,
+}
+
+impl Default for SessionSource {
+    fn default() -> Self {
+        Self {
+            header: http::HeaderName::from_static(DEFAULT_SESSION_HEADER),
+            cookie: None,
+        }
+    }
+}
+
+impl SessionSource {
+    /// The session key of a request, if it carries one.
+    pub fn key(&self, headers: &http::HeaderMap) -> Option<String> {
+        if let Some(v) = headers.get(&self.header).and_then(|v| v.to_str().ok()) {
+            return Some(v.to_string());
+        }
+        let name = self.cookie.as_deref()?;
+        headers
+            .get_all(http::header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|pair| pair.trim().split_once('='))
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.trim_matches('"').to_string())
+    }
+}
 /// Name of the pool configured by flags.
 pub const DEFAULT_POOL: &str = "default";
 
@@ -64,6 +99,7 @@ pub struct Proxy {
     pub inject_usage: bool,
     pub telemetry: Arc<Telemetry>,
     pub tenants: TenantPolicy,
+    pub session: SessionSource,
     pool_id: PoolId,
     /// Routing history, for the approximate policy.
     history: Option<History>,
@@ -80,12 +116,13 @@ impl Proxy {
         tenants: TenantPolicy,
     ) -> Self {
         let history =
-            (pool.policy == Policy::Approximate).then(|| History::new(pool.endpoints.len()));
+            (pool.policy.kind == Policy::Approximate).then(|| History::new(pool.endpoints.len()));
         let pool_id = telemetry.register_pool(DEFAULT_POOL, &pool.model);
         Self {
             inject_usage: true,
             telemetry,
             tenants,
+            session: SessionSource::default(),
             pool_id,
             history,
             pool,
@@ -197,8 +234,23 @@ async fn handle(
 }
 
 fn models(proxy: &Proxy) -> http::Response<Body> {
-    let v = serde_json::json!({"object": "list", "data": [{"id": proxy.pool.model, "object": "model",
-        "owned_by": "warmpath", "root": proxy.pool.model, "parent": null}]});
+    let base = &proxy.pool.model;
+    let mut data = vec![
+        serde_json::json!({"id": base, "object": "model", "owned_by": "warmpath",
+        "root": base, "parent": null}),
+    ];
+    let mut adapters: Vec<String> = proxy
+        .pool
+        .endpoints
+        .iter()
+        .flat_map(|e| e.lora_info().served)
+        .collect();
+    adapters.sort();
+    adapters.dedup();
+    data.extend(adapters.into_iter().map(|a| {
+        serde_json::json!({"id": a, "object": "model", "owned_by": "warmpath", "root": a, "parent": base})
+    }));
+    let v = serde_json::json!({"object": "list", "data": data});
     full(StatusCode::OK, "application/json", v.to_string())
 }
 
@@ -237,21 +289,19 @@ async fn route(
     let mut body = body.to_bytes();
     let body_done = Instant::now();
     let mut strip_usage = false;
-    let session = parts
-        .headers
-        .get(SESSION_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
+    let session = proxy.session.key(&parts.headers);
     let ctx = match kind {
         Some(kind) => {
-            let parsed = request::parse(
+            let pool = &proxy.pool;
+            let parsed = request::parse_with_adapters(
                 kind,
                 &body,
-                &proxy.pool.model,
+                &pool.model,
                 &proxy.tokenizer,
-                proxy.pool.block_size,
+                pool.block_size,
+                &|m| pool.endpoints.iter().any(|e| e.serves(m)),
             )?;
-            if parsed.model != proxy.pool.model {
+            if parsed.model != pool.model && parsed.lora.is_none() {
                 return Err(ProxyError::model_not_found(&parsed.model));
             }
             if proxy.inject_usage && !parsed.wants_usage() {
@@ -261,12 +311,13 @@ async fn route(
             RequestCtx {
                 keys: parsed.keys,
                 session,
+                lora: parsed.lora,
             }
         }
         // Other paths pass through to a least-loaded endpoint, without prefix information.
         None => RequestCtx {
-            keys: Vec::new(),
             session,
+            ..RequestCtx::default()
         },
     };
     forward(proxy, &ctx, parts, body, attempt, body_done, strip_usage).await
@@ -312,7 +363,10 @@ async fn forward(
                 prefix_trusted,
                 in_flight: e.in_flight(),
                 queued_prefill_blocks: pool.work_ahead(e),
-                excluded: false,
+                kv_usage: e.kv_usage(),
+                lora: e.lora_state(ctx.lora.as_deref()),
+                // A LoRA request only goes where the adapter is served.
+                excluded: ctx.lora.as_deref().is_some_and(|l| !e.serves(l)),
             }
         })
         .collect();
@@ -331,7 +385,7 @@ async fn forward(
             pool.note_prefill(uncached);
             proxy.telemetry.record_decision(
                 proxy.pool_id,
-                decision_reason(pool.policy, decision.prefix_blocks),
+                decision_reason(pool.policy.kind, decision.prefix_blocks),
                 decision.prefix_blocks,
             );
         }

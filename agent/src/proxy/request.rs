@@ -20,6 +20,8 @@ pub struct Parsed {
     pub model: String,
     pub keys: Vec<RouterKey>,
     pub prompt_tokens: usize,
+    /// The LoRA adapter the request names (its `model`), if it is one.
+    pub lora: Option<String>,
     /// `"stream": true`.
     pub stream: bool,
     /// `stream_options.include_usage` as the client set it (`None`: no `stream_options`;
@@ -76,6 +78,19 @@ pub fn parse(
     tokenizer: &Tokenizer,
     block_size: usize,
 ) -> Result<Parsed, ProxyError> {
+    parse_with_adapters(kind, body, default_model, tokenizer, block_size, &|_| false)
+}
+
+/// Like [`parse`]; a `model` for which `is_adapter` holds is a LoRA adapter, whose name joins
+/// every block's key (as vLLM's block hashes include it).
+pub fn parse_with_adapters(
+    kind: Kind,
+    body: &[u8],
+    default_model: &str,
+    tokenizer: &Tokenizer,
+    block_size: usize,
+    is_adapter: &dyn Fn(&str) -> bool,
+) -> Result<Parsed, ProxyError> {
     let v: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| ProxyError::bad_request(format!("Invalid JSON body: {e}")))?;
     let obj = v
@@ -86,8 +101,9 @@ pub fn parse(
         Some(serde_json::Value::String(m)) => m.clone(),
         Some(_) => return Err(ProxyError::bad_request("Field 'model' must be a string.")),
     };
+    let lora = (model != default_model && is_adapter(&model)).then(|| model.clone());
     let extras = RequestExtras {
-        lora_name: None,
+        lora_name: lora.clone(),
         cache_salt: obj
             .get("cache_salt")
             .and_then(|s| s.as_str())
@@ -111,6 +127,7 @@ pub fn parse(
                 .unwrap_or(true)
         });
     Ok(Parsed {
+        lora,
         stream,
         include_usage,
         model,

@@ -16,23 +16,41 @@ const SCRAPE_TIMEOUT: Duration = Duration::from_millis(500);
 /// Largest metrics page read.
 const MAX_PAGE: usize = 4 * 1024 * 1024;
 
+/// Every this many scrapes, each endpoint's `/v1/models` is read again (LoRA adapters served).
+const MODELS_EVERY: u64 = 25;
+
 /// Scrapes every endpoint forever (until the task is aborted).
 pub async fn scrape_loop(proxy: Arc<Proxy>) {
     let mut tick = tokio::time::interval(SCRAPE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+    for round in 0u64.. {
         tick.tick().await;
         let scrapes = proxy.pool.endpoints.iter().map(|e| {
             let proxy = proxy.clone();
             let e = e.clone();
             async move {
-                match tokio::time::timeout(SCRAPE_TIMEOUT, fetch(&proxy, &e.authority)).await {
+                match tokio::time::timeout(SCRAPE_TIMEOUT, fetch(&proxy, &e.authority, "/metrics"))
+                    .await
+                {
                     Ok(Some(page)) => {
                         if let Some((waiting, running, kv)) = parse(&page) {
                             e.set_engine_load(waiting, running, kv);
                         }
+                        if let Some((running, waiting)) = parse_lora(&page) {
+                            e.set_adapter_activity(running, waiting);
+                        }
                     }
                     _ => tracing::debug!(endpoint = %e.authority, "metrics scrape failed"),
+                }
+                if round % MODELS_EVERY == 0
+                    && let Ok(Some(page)) = tokio::time::timeout(
+                        SCRAPE_TIMEOUT,
+                        fetch(&proxy, &e.authority, "/v1/models"),
+                    )
+                    .await
+                    && let Some(adapters) = parse_adapters(&page, &proxy.pool.model)
+                {
+                    e.set_served_adapters(adapters);
                 }
             }
         });
@@ -40,8 +58,54 @@ pub async fn scrape_loop(proxy: Arc<Proxy>) {
     }
 }
 
-async fn fetch(proxy: &Proxy, authority: &str) -> Option<String> {
-    let req = http::Request::get(format!("http://{authority}/metrics"))
+/// LoRA adapter cards (`parent` == the base model) of a `/v1/models` answer.
+pub fn parse_adapters(page: &str, base: &str) -> Option<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_str(page).ok()?;
+    let mut out: Vec<String> = v["data"]
+        .as_array()?
+        .iter()
+        .filter(|m| m["parent"].as_str() == Some(base))
+        .filter_map(|m| m["id"].as_str().map(str::to_string))
+        .collect();
+    out.sort();
+    Some(out)
+}
+
+/// (running, waiting) adapters from the newest `vllm:lora_requests_info` series (its value is
+/// a timestamp; vLLM leaves older label sets behind).
+pub fn parse_lora(page: &str) -> Option<(Vec<String>, Vec<String>)> {
+    const NAME: &str = "vllm:lora_requests_info{";
+    let newest = page
+        .lines()
+        .filter(|l| l.starts_with(NAME))
+        .filter_map(|l| {
+            let (labels, value) = l[NAME.len()..].rsplit_once("} ")?;
+            Some((value.trim().parse::<f64>().ok()?, labels))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0))?
+        .1;
+    let label = |key: &str| -> Vec<String> {
+        let pat = format!("{key}=\"");
+        newest
+            .find(&pat)
+            .map(|i| &newest[i + pat.len()..])
+            .and_then(|rest| rest.split_once('"'))
+            .map(|(v, _)| {
+                v.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    Some((
+        label("running_lora_adapters"),
+        label("waiting_lora_adapters"),
+    ))
+}
+
+async fn fetch(proxy: &Proxy, authority: &str, path: &str) -> Option<String> {
+    let req = http::Request::get(format!("http://{authority}{path}"))
         .body(Full::new(Bytes::new()))
         .ok()?;
     let resp = proxy.client.request(req).await.ok()?;
@@ -94,5 +158,22 @@ mod tests {
             parse("vllm:num_requests_waiting NaN\nvllm:num_requests_running 1\n"),
             None
         );
+    }
+
+    #[test]
+    fn reads_the_newest_lora_series_and_adapter_cards() {
+        let page = "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"old\",waiting_lora_adapters=\"\"} 1.7e9\n\
+                    vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waiting_lora_adapters=\"math\"} 1.8e9\n";
+        assert_eq!(
+            parse_lora(page),
+            Some((vec!["sql".into(), "chat".into()], vec!["math".into()]))
+        );
+        assert_eq!(parse_lora("vllm:num_requests_running 1\n"), None);
+        let models = r#"{"object":"list","data":[{"id":"base","parent":null},{"id":"sql","parent":"base"},{"id":"x","parent":"other"}]}"#;
+        assert_eq!(
+            parse_adapters(models, "base"),
+            Some(vec!["sql".to_string()])
+        );
+        assert_eq!(parse_adapters("nope", "base"), None);
     }
 }

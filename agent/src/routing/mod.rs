@@ -14,10 +14,12 @@
 //! overloaded pod. An untrusted index (unsure, no events yet) counts as no match.
 
 mod history;
+pub mod scorers;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use history::History;
+use scorers::{ScoreCtx, Scorer};
 
 use crate::kv_index::RouterKey;
 
@@ -29,8 +31,22 @@ pub struct EndpointId(pub usize);
 #[derive(Debug, Clone, Default)]
 pub struct RequestCtx {
     pub keys: Vec<RouterKey>,
-    /// Session affinity key (header), if any.
+    /// Session affinity key (header or cookie), if any.
     pub session: Option<String>,
+    /// The LoRA adapter the request names, if it names one.
+    pub lora: Option<String>,
+}
+
+/// Whether a candidate has the request's LoRA adapter (from `vllm:lora_requests_info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoraState {
+    /// Not a LoRA request, or the engine does not report adapters.
+    #[default]
+    NotApplicable,
+    Loaded,
+    /// Waiting to be loaded there.
+    Queued,
+    NotLoaded,
 }
 
 /// One endpoint as a candidate for this request.
@@ -45,12 +61,16 @@ pub struct Candidate {
     pub in_flight: u32,
     /// Uncached prompt blocks of requests sent here that have not produced a first byte.
     pub queued_prefill_blocks: u64,
+    /// The engine's KV cache usage, 0..1 (0 when not scraped).
+    pub kv_usage: f64,
+    pub lora: LoraState,
     /// Excluded (failed earlier in this request's retries).
     pub excluded: bool,
 }
 
-/// How a pool picks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// How a pool picks (a preset of scorer weights, or rotation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Policy {
     /// Prefix-cache aware, load-balanced in blocks of prefill work (warmpath's default).
     Precise,
@@ -61,8 +81,119 @@ pub enum Policy {
     RoundRobin,
     /// Fewest in-flight requests.
     LeastLoaded,
-    /// Same session header, same endpoint (hash), else least loaded.
+    /// Same session (header or cookie), same endpoint (rendezvous hash), else least loaded.
     Session,
+}
+
+/// Scorer weights: the cost of a candidate is `sum(weight x scorer cost)`.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Weights {
+    pub prefix: f64,
+    pub queue: f64,
+    pub kv_usage: f64,
+    pub lora: f64,
+    pub session: f64,
+    pub in_flight: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Policy::Precise.weights()
+    }
+}
+
+impl Weights {
+    const ZERO: Weights = Weights {
+        prefix: 0.0,
+        queue: 0.0,
+        kv_usage: 0.0,
+        lora: 0.0,
+        session: 0.0,
+        in_flight: 0.0,
+    };
+
+    /// Pairs of (scorer, weight) with a non-zero weight.
+    fn active(&self) -> impl Iterator<Item = (&'static dyn Scorer, f64)> {
+        [
+            (&scorers::Prefix as &'static dyn Scorer, self.prefix),
+            (&scorers::Queue, self.queue),
+            (&scorers::KvUsage, self.kv_usage),
+            (&scorers::Lora, self.lora),
+            (&scorers::Session, self.session),
+            (&scorers::InFlight, self.in_flight),
+        ]
+        .into_iter()
+        .filter(|(_, w)| *w != 0.0)
+    }
+
+    /// Sets one weight by its name (`prefix`, `queue`, `kv-usage`, `lora`, `session`,
+    /// `in-flight`).
+    pub fn set(&mut self, name: &str, value: f64) -> Result<(), String> {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(format!(
+                "weight {name}={value}: must be a finite number >= 0"
+            ));
+        }
+        let slot = match name.replace('_', "-").as_str() {
+            "prefix" => &mut self.prefix,
+            "queue" => &mut self.queue,
+            "kv-usage" => &mut self.kv_usage,
+            "lora" => &mut self.lora,
+            "session" => &mut self.session,
+            "in-flight" => &mut self.in_flight,
+            other => {
+                return Err(format!(
+                    "unknown scorer `{other}`: expected prefix, queue, kv-usage, lora, session or in-flight"
+                ));
+            }
+        };
+        *slot = value;
+        Ok(())
+    }
+}
+
+impl Policy {
+    /// The scorer weights this policy starts from.
+    pub fn weights(self) -> Weights {
+        match self {
+            // Cost in blocks: uncached prefill here + prefill queued here (+ an adapter load).
+            Policy::Precise | Policy::Approximate => Weights {
+                prefix: 1.0,
+                queue: 1.0,
+                lora: 1.0,
+                ..Weights::ZERO
+            },
+            Policy::LeastLoaded => Weights {
+                in_flight: 1.0,
+                ..Weights::ZERO
+            },
+            // A session miss outweighs any load difference; without a session, least loaded.
+            Policy::Session => Weights {
+                session: 1e9,
+                in_flight: 1.0,
+                ..Weights::ZERO
+            },
+            Policy::RoundRobin => Weights::ZERO,
+        }
+    }
+}
+
+/// A pool's routing policy: the preset (which also picks the prefix source and rotation) and
+/// the weights actually used.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoutePolicy {
+    pub kind: Policy,
+    pub weights: Weights,
+}
+
+impl From<Policy> for RoutePolicy {
+    fn from(kind: Policy) -> Self {
+        Self {
+            kind,
+            weights: kind.weights(),
+        }
+    }
 }
 
 /// A decision: endpoints best first (the rest are retry candidates) and why.
@@ -71,83 +202,55 @@ pub struct Decision {
     pub ranked: Vec<EndpointId>,
     /// Matched prefix blocks on the chosen endpoint.
     pub prefix_blocks: usize,
-    /// The chosen endpoint's cost (precise) or rank score.
+    /// The chosen endpoint's cost (scorers) or rotation position.
     pub score: f64,
 }
 
 /// Ranks candidates under `policy`. `rotation` is the round-robin cursor.
 pub fn rank(
-    policy: Policy,
+    policy: impl Into<RoutePolicy>,
     ctx: &RequestCtx,
     candidates: &[Candidate],
     rotation: &AtomicUsize,
 ) -> Option<Decision> {
+    let policy = policy.into();
     let live: Vec<&Candidate> = candidates.iter().filter(|c| !c.excluded).collect();
     if live.is_empty() {
         return None;
     }
-    let total = ctx.keys.len();
-    let matched = |c: &Candidate| {
-        if c.prefix_trusted {
-            c.matched_blocks.min(total)
-        } else {
-            0
-        }
+    let sctx = ScoreCtx {
+        request: ctx,
+        total_blocks: ctx.keys.len(),
     };
-    let mut scored: Vec<(f64, u32, usize, &Candidate)> = match policy {
-        Policy::Precise | Policy::Approximate => live
-            .iter()
-            .map(|c| {
-                (
-                    (total - matched(c)) as f64 + c.queued_prefill_blocks as f64,
-                    c.in_flight,
-                    0,
-                    *c,
-                )
-            })
-            .collect(),
-        Policy::LeastLoaded => live
-            .iter()
-            .map(|c| (f64::from(c.in_flight), 0, 0, *c))
-            .collect(),
-        Policy::RoundRobin => {
-            let start = rotation.fetch_add(1, Ordering::Relaxed);
-            let n = live.len();
-            live.iter()
-                .enumerate()
-                .map(|(i, c)| (((i + n - start % n) % n) as f64, 0, 0, *c))
-                .collect()
+    let n = live.len();
+    let mut costs = vec![0.0; n];
+    if policy.kind == Policy::RoundRobin {
+        let start = rotation.fetch_add(1, Ordering::Relaxed);
+        for (i, c) in costs.iter_mut().enumerate() {
+            *c = ((i + n - start % n) % n) as f64;
         }
-        Policy::Session => match &ctx.session {
-            Some(s) => {
-                let h = xxhash_rust::xxh3::xxh3_64(s.as_bytes()) as usize % live.len();
-                let n = live.len();
-                live.iter()
-                    .enumerate()
-                    .map(|(i, c)| (((i + n - h) % n) as f64, 0, 0, *c))
-                    .collect()
-            }
-            None => live
-                .iter()
-                .map(|c| (f64::from(c.in_flight), 0, 0, *c))
-                .collect(),
-        },
-    };
+    } else {
+        for (scorer, weight) in policy.weights.active() {
+            scorer.add_costs(&sctx, &live, weight, &mut costs);
+        }
+    }
     // Ties: fewer in flight, then a rotating offset so equal pods share the load.
     let offset = rotation.load(Ordering::Relaxed);
-    let n = scored.len();
-    for (i, s) in scored.iter_mut().enumerate() {
-        s.2 = (i + n - offset % n) % n;
-    }
-    scored.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    if policy != Policy::RoundRobin {
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| {
+        costs[a]
+            .total_cmp(&costs[b])
+            .then(live[a].in_flight.cmp(&live[b].in_flight))
+            .then(((a + n - offset % n) % n).cmp(&((b + n - offset % n) % n)))
+    });
+    if policy.kind != Policy::RoundRobin {
         rotation.fetch_add(1, Ordering::Relaxed);
     }
-    let best = scored[0].3;
+    let best = order[0];
     Some(Decision {
-        ranked: scored.iter().map(|s| s.3.id).collect(),
-        prefix_blocks: matched(best),
-        score: scored[0].0,
+        ranked: order.iter().map(|&i| live[i].id).collect(),
+        prefix_blocks: sctx.matched(live[best]),
+        score: costs[best],
     })
 }
 
@@ -162,6 +265,8 @@ mod tests {
             prefix_trusted: true,
             in_flight,
             queued_prefill_blocks: queued,
+            kv_usage: 0.0,
+            lora: LoraState::NotApplicable,
             excluded: false,
         }
     }
@@ -169,7 +274,7 @@ mod tests {
     fn ctx(blocks: usize) -> RequestCtx {
         RequestCtx {
             keys: (0..blocks as u64).map(RouterKey).collect(),
-            session: None,
+            ..RequestCtx::default()
         }
     }
 
@@ -257,11 +362,97 @@ mod tests {
         let rr = AtomicUsize::new(0);
         let cands = [cand(0, 0, 0, 0), cand(1, 0, 0, 0), cand(2, 0, 0, 0)];
         let c = RequestCtx {
-            keys: vec![],
             session: Some("user-42".into()),
+            ..RequestCtx::default()
         };
         let a = rank(Policy::Session, &c, &cands, &rr).unwrap().ranked[0];
         let b = rank(Policy::Session, &c, &cands, &rr).unwrap().ranked[0];
         assert_eq!(a, b);
+        // Rendezvous: removing another pod never moves this session.
+        let others: Vec<Candidate> = cands
+            .iter()
+            .map(|x| Candidate {
+                excluded: x.id != a && x.id.0 == (a.0 + 1) % 3,
+                ..x.clone()
+            })
+            .collect();
+        assert_eq!(
+            rank(Policy::Session, &c, &others, &rr).unwrap().ranked[0],
+            a
+        );
+        // Many sessions spread over all pods.
+        let owners: std::collections::HashSet<_> = (0..64)
+            .map(|i| {
+                let c = RequestCtx {
+                    session: Some(format!("user-{i}")),
+                    ..RequestCtx::default()
+                };
+                rank(Policy::Session, &c, &cands, &rr).unwrap().ranked[0]
+            })
+            .collect();
+        assert_eq!(owners.len(), 3);
+    }
+
+    #[test]
+    fn kv_usage_and_lora_weights_move_the_pick() {
+        let rr = AtomicUsize::new(0);
+        let mut full = cand(0, 0, 0, 0);
+        full.kv_usage = 0.95;
+        let empty = cand(1, 0, 0, 1);
+        // Precise ignores KV usage by default: the tie goes to fewer in flight.
+        assert_eq!(
+            rank(
+                Policy::Precise,
+                &ctx(10),
+                &[full.clone(), empty.clone()],
+                &rr
+            )
+            .unwrap()
+            .ranked[0],
+            EndpointId(0)
+        );
+        let mut w = Policy::Precise.weights();
+        w.set("kv-usage", 1.0).unwrap();
+        let p = RoutePolicy {
+            kind: Policy::Precise,
+            weights: w,
+        };
+        assert_eq!(
+            rank(p, &ctx(10), &[full, empty], &rr).unwrap().ranked[0],
+            EndpointId(1)
+        );
+        // A pod with the adapter loaded wins over one that must load it, unless its queue
+        // costs more than the load.
+        let mut loaded = cand(0, 0, 10, 0);
+        loaded.lora = LoraState::Loaded;
+        let mut missing = cand(1, 0, 0, 0);
+        missing.lora = LoraState::NotLoaded;
+        assert_eq!(
+            rank(
+                Policy::Precise,
+                &ctx(10),
+                &[loaded.clone(), missing.clone()],
+                &rr
+            )
+            .unwrap()
+            .ranked[0],
+            EndpointId(0)
+        );
+        loaded.queued_prefill_blocks = 100;
+        assert_eq!(
+            rank(Policy::Precise, &ctx(10), &[loaded, missing], &rr)
+                .unwrap()
+                .ranked[0],
+            EndpointId(1)
+        );
+    }
+
+    #[test]
+    fn weights_are_validated_by_name() {
+        let mut w = Weights::default();
+        assert!(w.set("in_flight", 2.0).is_ok());
+        assert_eq!(w.in_flight, 2.0);
+        assert!(w.set("prefix", -1.0).unwrap_err().contains(">= 0"));
+        assert!(w.set("magic", 1.0).unwrap_err().contains("unknown scorer"));
     }
 }

@@ -1,0 +1,145 @@
+//! The scorers a pool's policy combines, one per signal. Each adds a cost in **blocks of
+//! prefill work** (lower is better) per live candidate; the picker sums `weight x cost`.
+//! Pure functions of the request and the candidates: no I/O, no metrics, no index writes.
+//!
+//! | scorer | cost per candidate |
+//! |---|---|
+//! | `prefix` | uncached prompt blocks: `prompt_blocks - matched_blocks` (untrusted index: no match) |
+//! | `queue` | prefill blocks already queued there (own in-flight work + engine waiting x mean) |
+//! | `kv_usage` | `kv_cache_usage x prompt_blocks`: a full cache costs a full recompute |
+//! | `lora` | adapter not loaded: 64 blocks; waiting to load: 16; loaded or no adapter: 0 |
+//! | `session` | 1 unless the candidate is the session's rendezvous-hash owner |
+//! | `in_flight` | requests in flight there |
+
+use super::{Candidate, LoraState, RequestCtx};
+
+/// Blocks of prefill an adapter load is worth (vLLM swaps adapters between steps; a missing
+/// one delays the request by roughly this much work).
+pub const LORA_LOAD_BLOCKS: f64 = 64.0;
+/// An adapter already queued for loading there costs less.
+pub const LORA_QUEUED_BLOCKS: f64 = 16.0;
+
+/// Everything a scorer sees.
+#[derive(Debug)]
+pub struct ScoreCtx<'a> {
+    pub request: &'a RequestCtx,
+    /// Prompt length in blocks.
+    pub total_blocks: usize,
+}
+
+impl ScoreCtx<'_> {
+    /// Blocks of `c`'s prefix that may be used.
+    pub fn matched(&self, c: &Candidate) -> usize {
+        if c.prefix_trusted {
+            c.matched_blocks.min(self.total_blocks)
+        } else {
+            0
+        }
+    }
+}
+
+/// One signal, turned into a cost per candidate.
+pub trait Scorer: std::fmt::Debug + Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Adds `weight x cost` for each of `live` into `costs` (same order).
+    fn add_costs(&self, ctx: &ScoreCtx<'_>, live: &[&Candidate], weight: f64, costs: &mut [f64]);
+}
+
+#[derive(Debug)]
+pub struct Prefix;
+#[derive(Debug)]
+pub struct Queue;
+#[derive(Debug)]
+pub struct KvUsage;
+#[derive(Debug)]
+pub struct Lora;
+#[derive(Debug)]
+pub struct Session;
+#[derive(Debug)]
+pub struct InFlight;
+
+impl Scorer for Prefix {
+    fn name(&self) -> &'static str {
+        "prefix"
+    }
+    fn add_costs(&self, ctx: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        for (c, cost) in live.iter().zip(costs) {
+            *cost += w * (ctx.total_blocks - ctx.matched(c)) as f64;
+        }
+    }
+}
+
+impl Scorer for Queue {
+    fn name(&self) -> &'static str {
+        "queue"
+    }
+    fn add_costs(&self, _: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        for (c, cost) in live.iter().zip(costs) {
+            *cost += w * c.queued_prefill_blocks as f64;
+        }
+    }
+}
+
+impl Scorer for KvUsage {
+    fn name(&self) -> &'static str {
+        "kv_usage"
+    }
+    fn add_costs(&self, ctx: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        let blocks = ctx.total_blocks.max(1) as f64;
+        for (c, cost) in live.iter().zip(costs) {
+            *cost += w * c.kv_usage.clamp(0.0, 1.0) * blocks;
+        }
+    }
+}
+
+impl Scorer for Lora {
+    fn name(&self) -> &'static str {
+        "lora"
+    }
+    fn add_costs(&self, _: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        for (c, cost) in live.iter().zip(costs) {
+            *cost += w * match c.lora {
+                LoraState::NotLoaded => LORA_LOAD_BLOCKS,
+                LoraState::Queued => LORA_QUEUED_BLOCKS,
+                LoraState::Loaded | LoraState::NotApplicable => 0.0,
+            };
+        }
+    }
+}
+
+impl Scorer for Session {
+    fn name(&self) -> &'static str {
+        "session"
+    }
+    /// Rendezvous hashing: the live candidate with the highest hash of (session, endpoint)
+    /// owns the session, so a pod leaving moves only its own sessions.
+    fn add_costs(&self, ctx: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        let Some(session) = &ctx.request.session else {
+            return;
+        };
+        let seed = xxhash_rust::xxh3::xxh3_64(session.as_bytes());
+        let owner = live
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, c)| {
+                xxhash_rust::xxh3::xxh3_64_with_seed(&(c.id.0 as u64).to_le_bytes(), seed)
+            })
+            .map(|(i, _)| i);
+        for (i, cost) in costs.iter_mut().enumerate() {
+            if Some(i) != owner {
+                *cost += w;
+            }
+        }
+    }
+}
+
+impl Scorer for InFlight {
+    fn name(&self) -> &'static str {
+        "in_flight"
+    }
+    fn add_costs(&self, _: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        for (c, cost) in live.iter().zip(costs) {
+            *cost += w * f64::from(c.in_flight);
+        }
+    }
+}
