@@ -6,13 +6,13 @@
 
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::{cli::AgentArgs, ebpf};
+use crate::{cli::AgentArgs, config::Config, ebpf};
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(
-        "nothing to do: give --endpoint URL (routing proxy) and/or --redirect VIP:PORT=TARGET:PORT"
+        "nothing to do: give --endpoint URL or --config FILE (routing proxy) and/or --redirect VIP:PORT=TARGET:PORT"
     )]
     NothingToDo,
     #[error("{0}")]
@@ -33,16 +33,18 @@ pub enum Error {
     Ebpf(#[from] ebpf::Error),
     #[error(transparent)]
     Telemetry(#[from] crate::telemetry::Error),
+    #[error(transparent)]
+    File(#[from] crate::config::ConfigError),
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
 }
 
 /// Runs the agent until a termination signal.
 pub async fn run(args: AgentArgs) -> Result<(), Error> {
-    if args.redirects.is_empty() && args.endpoints.is_empty() {
+    if args.redirects.is_empty() && args.endpoints.is_empty() && args.config.is_none() {
         return Err(Error::NothingToDo);
     }
-    let _routing = if args.endpoints.is_empty() {
+    let _routing = if args.endpoints.is_empty() && args.config.is_none() {
         None
     } else {
         Some(start_routing(&args).await?)
@@ -64,7 +66,10 @@ pub async fn run(args: AgentArgs) -> Result<(), Error> {
 /// A running routing proxy: its bound addresses, state and tasks (aborted on drop).
 #[derive(Debug)]
 pub struct Routing {
+    /// The first proxy listener.
     pub listen: std::net::SocketAddr,
+    /// Every proxy listener.
+    pub listens: Vec<std::net::SocketAddr>,
     pub admin: std::net::SocketAddr,
     pub proxy: std::sync::Arc<crate::proxy::Proxy>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -78,105 +83,126 @@ impl Drop for Routing {
     }
 }
 
-/// Starts index subscriptions, the proxy and the admin listener.
+/// Starts the routing proxy described by the flags (or by `--config`).
 pub async fn start_routing(args: &AgentArgs) -> Result<Routing, Error> {
+    let config = routing_config(args)?;
+    start(&config).await
+}
+
+/// The routing configuration: the `--config` file, or the one-pool flags.
+pub fn routing_config(args: &AgentArgs) -> Result<Config, Error> {
+    match &args.config {
+        Some(path) => {
+            if !args.endpoints.is_empty() {
+                return Err(Error::Config(
+                    "give either --config FILE or --endpoint flags, not both".into(),
+                ));
+            }
+            Ok(crate::config::load(path)?)
+        }
+        None => Ok(Config::from_args(args)?),
+    }
+}
+
+/// Starts index subscriptions, one proxy listener per `listen` address, the admin listener,
+/// the scrape loop and the index sweeper.
+pub async fn start(config: &Config) -> Result<Routing, Error> {
     use std::sync::Arc;
 
-    use crate::{kv_index, pool::Pool, proxy};
+    use crate::{
+        config::TokenSourceConfig,
+        kv_index,
+        pool::Pool,
+        proxy::{self, TokenSource},
+    };
 
-    let n = args.endpoints.len();
-    for (flag, count) in [
-        ("--kv-events", args.kv_events.len()),
-        ("--kv-replay", args.kv_replay.len()),
-    ] {
-        if count != 0 && count != n {
-            return Err(Error::Config(format!(
-                "{flag} given {count} times for {n} --endpoint: give it once per endpoint, in the same order, or not at all"
-            )));
-        }
+    let block_sizes: std::collections::HashSet<usize> =
+        config.pools.iter().map(|p| p.block_size).collect();
+    if block_sizes.len() > 1 {
+        return Err(Error::Config(
+            "pools with different block sizes need separate agents for now (one index per agent)"
+                .into(),
+        ));
     }
-    if args.kv_replay.len() > args.kv_events.len() {
-        return Err(Error::Config("--kv-replay needs --kv-events".into()));
-    }
-    let tokenizer = Arc::new(match &args.tokenizer {
-        Some(dir) => warmpath_sim::tokenizer::Tokenizer::from_dir(dir)?,
-        None => warmpath_sim::tokenizer::Tokenizer::builtin(),
-    });
     let index = Arc::new(kv_index::KvIndex::new(kv_index::IndexConfig {
-        block_size: args.block_size,
+        block_size: config.pools[0].block_size,
         ..Default::default()
     }));
-    let mut tasks = Vec::new();
-    let mut endpoints = Vec::new();
-    for (i, url) in args.endpoints.iter().enumerate() {
-        let authority = url
-            .parse::<http::Uri>()
-            .ok()
-            .filter(|u| u.scheme_str() == Some("http"))
-            .and_then(|u| u.authority().map(|a| a.to_string()))
-            .ok_or_else(|| Error::Config(format!("--endpoint {url}: expected http://host:port")))?;
-        let source = match args.kv_events.get(i) {
-            Some(events) => {
-                let cfg = kv_index::subscriber::SourceConfig {
-                    pod: authority.clone(),
-                    rank: None,
-                    endpoint: events.clone(),
-                    bind: false,
-                    replay: args.kv_replay.get(i).cloned(),
-                    topic: String::new(),
-                };
-                let id = index.add_source(kv_index::SourceInfo {
-                    pod: authority.clone(),
-                    rank: None,
-                });
-                tasks.push(kv_index::subscriber::spawn(index.clone(), id, cfg).await?);
-                Some(id)
-            }
-            None => None,
-        };
-        endpoints.push((authority, source));
-    }
-    let pool = Pool::new(
-        args.model.clone(),
-        args.block_size,
-        args.route_policy(),
-        endpoints,
-    );
-    let (tenants, telemetry_config) = args.telemetry.build()?;
-    let telemetry = Arc::new(crate::telemetry::Telemetry::new(&telemetry_config)?);
+    let telemetry = Arc::new(crate::telemetry::Telemetry::new(&config.telemetry)?);
     crate::telemetry::index::observe(telemetry.meter(), index.clone());
-    if let Some(otlp) = &telemetry_config.otlp {
+    if let Some(otlp) = &config.telemetry.otlp {
         tracing::info!(endpoint = otlp.endpoint.as_deref().unwrap_or("(from OTEL_EXPORTER_OTLP_*)"), protocol = ?otlp.protocol, interval = ?otlp.interval, "pushing OTLP metrics");
     }
-    let mut proxy = proxy::Proxy::new(
-        pool,
-        index.clone(),
-        tokenizer,
-        args.explain,
-        telemetry,
-        tenants,
-    );
-    proxy.inject_usage = !args.no_inject_usage;
-    proxy.session = proxy::SessionSource {
-        header: args.session_header.clone(),
-        cookie: args.session_cookie.clone(),
-    };
+    let mut proxy = proxy::Proxy::new(index.clone(), telemetry, config.tenants.clone());
+    proxy.max_body = config.max_body;
+    proxy.retries = config.retries;
+    proxy.explain = config.explain;
+    proxy.inject_usage = config.inject_usage;
+    let mut tasks = Vec::new();
+    let mut builtin: Option<Arc<warmpath_sim::tokenizer::Tokenizer>> = None;
+    for pc in &config.pools {
+        let mut endpoints = Vec::new();
+        for e in &pc.endpoints {
+            let source = match &e.kv_events {
+                Some(events) => {
+                    let info = kv_index::SourceInfo {
+                        pod: e.authority.clone(),
+                        rank: e.dp_rank,
+                    };
+                    let id = index.add_source(info);
+                    let cfg = kv_index::subscriber::SourceConfig {
+                        pod: e.authority.clone(),
+                        rank: e.dp_rank,
+                        endpoint: events.clone(),
+                        bind: e.kv_bind,
+                        replay: e.kv_replay.clone(),
+                        topic: e.kv_topic.clone(),
+                    };
+                    tasks.push(kv_index::subscriber::spawn(index.clone(), id, cfg).await?);
+                    Some(id)
+                }
+                None => None,
+            };
+            endpoints.push((e.authority.clone(), source));
+        }
+        let pool = Pool::new(pc.model.clone(), pc.block_size, pc.policy, endpoints)
+            .with_metrics_urls(pc.endpoints.iter().map(|e| e.metrics_url.clone()).collect());
+        let tokens = match &pc.tokens {
+            TokenSourceConfig::Builtin => TokenSource::Local(
+                builtin
+                    .get_or_insert_with(|| Arc::new(warmpath_sim::tokenizer::Tokenizer::builtin()))
+                    .clone(),
+            ),
+            TokenSourceConfig::HuggingFace(dir) => {
+                TokenSource::Local(Arc::new(warmpath_sim::tokenizer::Tokenizer::from_dir(dir)?))
+            }
+            TokenSourceConfig::Engine => TokenSource::Engine,
+            TokenSourceConfig::Approximate => TokenSource::Approximate,
+        };
+        proxy.add_pool(&pc.name, pool, tokens, pc.session.clone());
+    }
     let proxy = Arc::new(proxy);
     let listen = |addr| async move {
         tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| Error::Listen { addr, source })
     };
-    let (main, admin) = (listen(args.listen).await?, listen(args.admin).await?);
     let addr = |l: &tokio::net::TcpListener, asked| {
         l.local_addr().map_err(|source| Error::Listen {
             addr: asked,
             source,
         })
     };
-    let (listen_addr, admin_addr) = (addr(&main, args.listen)?, addr(&admin, args.admin)?);
-    tracing::info!(listen = %listen_addr, admin = %admin_addr, endpoints = n, policy = ?args.policy, "routing proxy ready");
-    tasks.push(tokio::spawn(proxy::serve(main, proxy.clone())));
+    let mut listen_addrs = Vec::new();
+    for &asked in &config.listen {
+        let l = listen(asked).await?;
+        listen_addrs.push(addr(&l, asked)?);
+        tasks.push(tokio::spawn(proxy::serve(l, proxy.clone())));
+    }
+    let admin = listen(config.admin).await?;
+    let admin_addr = addr(&admin, config.admin)?;
+    let endpoints: usize = config.pools.iter().map(|p| p.endpoints.len()).sum();
+    tracing::info!(listen = ?listen_addrs, admin = %admin_addr, pools = config.pools.len(), endpoints, "routing proxy ready");
     tasks.push(tokio::spawn(proxy::serve_admin(admin, proxy.clone())));
     tasks.push(tokio::spawn(proxy::scrape_loop(proxy.clone())));
     tasks.push(tokio::spawn(async move {
@@ -187,7 +213,8 @@ pub async fn start_routing(args: &AgentArgs) -> Result<Routing, Error> {
         }
     }));
     Ok(Routing {
-        listen: listen_addr,
+        listen: listen_addrs[0],
+        listens: listen_addrs,
         admin: admin_addr,
         proxy,
         tasks,

@@ -36,6 +36,10 @@ pub struct AgentArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
     pub admin: std::net::SocketAddr,
 
+    /// A configuration file (YAML; docs/config.md) instead of the one-pool flags below.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
     /// Served model name of the pool.
     #[arg(long, default_value = "sim-llama")]
     pub model: String,
@@ -56,6 +60,11 @@ pub struct AgentArgs {
     /// HuggingFace tokenizer directory (default: the built-in one the simulator uses).
     #[arg(long, value_name = "DIR")]
     pub tokenizer: Option<PathBuf>,
+
+    /// Where prompt tokens come from: the local tokenizer, the engine's /tokenize, or
+    /// character chunks (approximate policy only).
+    #[arg(long, value_enum, default_value_t = crate::config::TokensFlag::Local)]
+    pub tokens: crate::config::TokensFlag,
 
     /// Tokens per KV block; must match vLLM --block-size.
     #[arg(long, default_value_t = 16)]

@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod bench;
 pub mod cli;
+pub mod config;
 pub mod ebpf;
 pub mod kv_index;
 pub mod pool;

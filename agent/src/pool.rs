@@ -18,6 +18,8 @@ pub struct Endpoint {
     pub id: EndpointId,
     /// `host:port` of its HTTP server.
     pub authority: String,
+    /// Its Prometheus page.
+    pub metrics_url: String,
     /// The authority as a shared label (telemetry attributes, no allocation per request).
     pub label: Arc<str>,
     /// Its KV event source in the index, when it publishes events.
@@ -60,6 +62,17 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// Sets each endpoint's metrics URL (same order as the endpoints), before the pool is
+    /// shared.
+    pub fn with_metrics_urls(mut self, urls: Vec<String>) -> Self {
+        for (e, url) in self.endpoints.iter_mut().zip(urls) {
+            if let Some(e) = Arc::get_mut(e) {
+                e.metrics_url = url;
+            }
+        }
+        self
+    }
+
     pub fn new(
         model: String,
         block_size: usize,
@@ -73,6 +86,7 @@ impl Pool {
                 Arc::new(Endpoint {
                     id: EndpointId(i),
                     label: Arc::from(authority.as_str()),
+                    metrics_url: format!("http://{authority}/metrics"),
                     authority,
                     source,
                     in_flight: AtomicU32::new(0),

@@ -46,28 +46,38 @@ fn admin(proxy: &Proxy, method: &Method, path: &str) -> http::Response<Body> {
     }
 }
 
-/// Pods, their load, and the index's health and size per pod.
+/// Pools and their pods (load, index health and size per pod), and the tenants' live figures.
 pub fn status(proxy: &Proxy) -> serde_json::Value {
     let sources = proxy.index.status();
-    let pods: Vec<_> = proxy
-        .pool
-        .endpoints
-        .iter()
-        .map(|e| {
-            let index = e.source.and_then(|s| sources.iter().find(|(id, _)| *id == s)).map(|(_, st)| st.clone());
-            serde_json::json!({"load": e.snapshot(), "index": index, "lora": e.lora_info(),
-                "prefix_weight": if e.source.is_some_and(|s| proxy.index.trusted(s)) { 1 } else { 0 }})
-        })
-        .collect();
-    serde_json::json!({"model": proxy.pool.model, "policy": format!("{:?}", proxy.pool.policy.kind), "weights": proxy.pool.policy.weights,
-        "block_size": proxy.pool.block_size, "index_entries": proxy.index.len(),
+    let mut pods = Vec::new();
+    let mut pools = Vec::new();
+    for p in &proxy.pools {
+        for e in &p.pool.endpoints {
+            let index = e
+                .source
+                .and_then(|s| sources.iter().find(|(id, _)| *id == s))
+                .map(|(_, st)| st.clone());
+            let trusted = e.source.is_some_and(|s| proxy.index.trusted(s));
+            pods.push(
+                serde_json::json!({"pool": p.name, "load": e.snapshot(), "index": index,
+                "lora": e.lora_info(), "prefix_weight": u8::from(trusted)}),
+            );
+        }
+        pools.push(serde_json::json!({"name": p.name, "model": p.pool.model,
+            "policy": format!("{:?}", p.pool.policy.kind), "weights": p.pool.policy.weights,
+            "block_size": p.pool.block_size, "tokens": format!("{:?}", p.tokens).split('(').next(),
+            "endpoints": p.pool.endpoints.len()}));
+    }
+    let first = &proxy.pools[0].pool;
+    serde_json::json!({"model": first.model, "policy": format!("{:?}", first.policy.kind),
+        "block_size": first.block_size, "pools": pools, "index_entries": proxy.index.len(),
         "index_bytes": proxy.index.bytes(), "pods": pods, "tenants": proxy.telemetry.live()})
 }
 
 fn metrics(proxy: &Proxy) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# TYPE warmpath_endpoint_requests_total counter");
-    for e in &proxy.pool.endpoints {
+    for e in proxy.pools.iter().flat_map(|p| &p.pool.endpoints) {
         let s = e.snapshot();
         let _ = writeln!(
             out,
@@ -76,7 +86,7 @@ fn metrics(proxy: &Proxy) -> String {
         );
     }
     let _ = writeln!(out, "# TYPE warmpath_endpoint_in_flight gauge");
-    for e in &proxy.pool.endpoints {
+    for e in proxy.pools.iter().flat_map(|p| &p.pool.endpoints) {
         let _ = writeln!(
             out,
             "warmpath_endpoint_in_flight{{endpoint=\"{}\"}} {}",

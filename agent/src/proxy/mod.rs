@@ -8,6 +8,7 @@ mod admin;
 mod error;
 pub mod request;
 mod scrape;
+pub mod tokens;
 mod upstream;
 
 use std::{convert::Infallible, net::IpAddr, sync::Arc, time::Instant};
@@ -18,12 +19,12 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::{body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
-use warmpath_sim::tokenizer::Tokenizer;
 
 pub use admin::serve_admin;
 pub use error::ProxyError;
 pub use scrape::scrape_loop;
 pub use scrape::{parse_adapters, parse_lora};
+pub use tokens::TokenSource;
 
 use crate::{
     kv_index::KvIndex,
@@ -84,12 +85,41 @@ impl SessionSource {
 /// Name of the pool configured by flags.
 pub const DEFAULT_POOL: &str = "default";
 
+/// One pool at run time: its endpoints and state, token source and session rule.
+#[derive(Debug)]
+pub struct PoolRuntime {
+    pub name: String,
+    pub pool: Pool,
+    pub tokens: TokenSource,
+    pub session: SessionSource,
+    /// Routing history, for the approximate policy.
+    history: Option<History>,
+    telemetry_id: PoolId,
+    /// Spreads `/tokenize` calls (engine token source) over the endpoints.
+    tokenize_cursor: std::sync::atomic::AtomicUsize,
+}
+
+impl PoolRuntime {
+    /// The endpoint asked to tokenize: the next one that has not failed lately.
+    fn tokenize_target(&self) -> Option<&str> {
+        let n = self.pool.endpoints.len();
+        let start = self
+            .tokenize_cursor
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (0..n)
+            .map(|i| &self.pool.endpoints[(start + i) % n])
+            .next()
+            .map(|e| e.authority.as_str())
+    }
+}
+
 /// Everything a request needs.
 #[derive(Debug)]
 pub struct Proxy {
-    pub pool: Pool,
+    /// Requests go to the pool whose model (or one of whose LoRA adapters) they name; the
+    /// first pool takes requests without a model and other paths.
+    pub pools: Vec<PoolRuntime>,
     pub index: Arc<KvIndex>,
-    pub tokenizer: Arc<Tokenizer>,
     pub max_body: usize,
     pub retries: usize,
     /// Add x-warmpath-* headers explaining each decision.
@@ -99,40 +129,56 @@ pub struct Proxy {
     pub inject_usage: bool,
     pub telemetry: Arc<Telemetry>,
     pub tenants: TenantPolicy,
-    pub session: SessionSource,
-    pool_id: PoolId,
-    /// Routing history, for the approximate policy.
-    history: Option<History>,
     client: upstream::UpstreamClient,
 }
 
 impl Proxy {
-    pub fn new(
-        pool: Pool,
-        index: Arc<KvIndex>,
-        tokenizer: Arc<Tokenizer>,
-        explain: bool,
-        telemetry: Arc<Telemetry>,
-        tenants: TenantPolicy,
-    ) -> Self {
-        let history =
-            (pool.policy.kind == Policy::Approximate).then(|| History::new(pool.endpoints.len()));
-        let pool_id = telemetry.register_pool(DEFAULT_POOL, &pool.model);
+    /// A proxy without pools yet (see [`Proxy::add_pool`]).
+    pub fn new(index: Arc<KvIndex>, telemetry: Arc<Telemetry>, tenants: TenantPolicy) -> Self {
         Self {
+            pools: Vec::new(),
+            index,
+            max_body: DEFAULT_MAX_BODY,
+            retries: DEFAULT_RETRIES,
+            explain: false,
             inject_usage: true,
             telemetry,
             tenants,
-            session: SessionSource::default(),
-            pool_id,
-            history,
-            pool,
-            index,
-            tokenizer,
-            max_body: DEFAULT_MAX_BODY,
-            retries: DEFAULT_RETRIES,
-            explain,
             client: upstream::client(),
         }
+    }
+
+    /// Adds a pool.
+    pub fn add_pool(
+        &mut self,
+        name: &str,
+        pool: Pool,
+        tokens: TokenSource,
+        session: SessionSource,
+    ) {
+        let history =
+            (pool.policy.kind == Policy::Approximate).then(|| History::new(pool.endpoints.len()));
+        let telemetry_id = self.telemetry.register_pool(name, &pool.model);
+        self.pools.push(PoolRuntime {
+            name: name.to_string(),
+            pool,
+            tokens,
+            session,
+            history,
+            telemetry_id,
+            tokenize_cursor: std::sync::atomic::AtomicUsize::new(0),
+        });
+    }
+
+    /// The pool serving `model`, and the LoRA adapter when `model` names one.
+    fn pool_for(&self, model: &str) -> Option<(&PoolRuntime, Option<String>)> {
+        if let Some(p) = self.pools.iter().find(|p| p.pool.model == model) {
+            return Some((p, None));
+        }
+        self.pools
+            .iter()
+            .find(|p| p.pool.endpoints.iter().any(|e| e.serves(model)))
+            .map(|p| (p, Some(model.to_string())))
     }
 }
 
@@ -197,6 +243,7 @@ async fn handle(
     let (tenant, via) = proxy.tenants.resolve(Some(peer), req.headers());
     let mut attempt = Attempt {
         start: Instant::now(),
+        pool: proxy.pools[0].telemetry_id,
         tenant: proxy.telemetry.tenant(&tenant),
         queue: None,
         retries: 0,
@@ -208,7 +255,7 @@ async fn handle(
             proxy.telemetry.record(
                 &attempt.tenant,
                 &RequestRecord {
-                    pool: proxy.pool_id,
+                    pool: attempt.pool,
                     pod: None,
                     outcome: Outcome::of_status(err.status),
                     usage: None,
@@ -234,22 +281,25 @@ async fn handle(
 }
 
 fn models(proxy: &Proxy) -> http::Response<Body> {
-    let base = &proxy.pool.model;
-    let mut data = vec![
-        serde_json::json!({"id": base, "object": "model", "owned_by": "warmpath",
-        "root": base, "parent": null}),
-    ];
-    let mut adapters: Vec<String> = proxy
-        .pool
-        .endpoints
-        .iter()
-        .flat_map(|e| e.lora_info().served)
-        .collect();
-    adapters.sort();
-    adapters.dedup();
-    data.extend(adapters.into_iter().map(|a| {
-        serde_json::json!({"id": a, "object": "model", "owned_by": "warmpath", "root": a, "parent": base})
-    }));
+    let mut data = Vec::new();
+    for p in &proxy.pools {
+        let base = &p.pool.model;
+        data.push(
+            serde_json::json!({"id": base, "object": "model", "owned_by": "warmpath",
+            "root": base, "parent": null}),
+        );
+        let mut adapters: Vec<String> = p
+            .pool
+            .endpoints
+            .iter()
+            .flat_map(|e| e.lora_info().served)
+            .collect();
+        adapters.sort();
+        adapters.dedup();
+        data.extend(adapters.into_iter().map(|a| {
+            serde_json::json!({"id": a, "object": "model", "owned_by": "warmpath", "root": a, "parent": base})
+        }));
+    }
     let v = serde_json::json!({"object": "list", "data": data});
     full(StatusCode::OK, "application/json", v.to_string())
 }
@@ -258,6 +308,8 @@ fn models(proxy: &Proxy) -> http::Response<Body> {
 #[derive(Debug)]
 struct Attempt {
     start: Instant,
+    /// The pool the request belongs to (the first pool until its model is known).
+    pool: PoolId,
     tenant: Arc<Tenant>,
     /// Body complete -> first upstream request.
     queue: Option<std::time::Duration>,
@@ -289,44 +341,64 @@ async fn route(
     let mut body = body.to_bytes();
     let body_done = Instant::now();
     let mut strip_usage = false;
-    let session = proxy.session.key(&parts.headers);
-    let ctx = match kind {
+    let (pool, ctx) = match kind {
         Some(kind) => {
-            let pool = &proxy.pool;
-            let parsed = request::parse_with_adapters(
-                kind,
-                &body,
-                &pool.model,
-                &proxy.tokenizer,
-                pool.block_size,
-                &|m| pool.endpoints.iter().any(|e| e.serves(m)),
-            )?;
-            if parsed.model != pool.model && parsed.lora.is_none() {
-                return Err(ProxyError::model_not_found(&parsed.model));
-            }
-            if proxy.inject_usage && !parsed.wants_usage() {
-                body = request::ask_for_usage(&body, parsed.include_usage);
+            let req = request::Request::read(kind, &body, &proxy.pools[0].pool.model)?;
+            let (pool, lora) = proxy
+                .pool_for(&req.model)
+                .ok_or_else(|| ProxyError::model_not_found(&req.model))?;
+            attempt.pool = pool.telemetry_id;
+            if proxy.inject_usage && !req.wants_usage() {
+                body = request::ask_for_usage(&body, req.include_usage);
                 strip_usage = true;
             }
-            RequestCtx {
-                keys: parsed.keys,
-                session,
-                lora: parsed.lora,
-            }
+            let keys = pool
+                .tokens
+                .keys(
+                    &req,
+                    lora.as_deref(),
+                    pool.pool.block_size,
+                    pool.tokenize_target(),
+                    &proxy.client,
+                )
+                .await;
+            let ctx = RequestCtx {
+                keys,
+                session: pool.session.key(&parts.headers),
+                lora,
+            };
+            (pool, ctx)
         }
-        // Other paths pass through to a least-loaded endpoint, without prefix information.
-        None => RequestCtx {
-            session,
-            ..RequestCtx::default()
-        },
+        // Other paths pass through to the first pool's least-loaded endpoint, without prefix
+        // information.
+        None => {
+            let pool = &proxy.pools[0];
+            let ctx = RequestCtx {
+                session: pool.session.key(&parts.headers),
+                ..RequestCtx::default()
+            };
+            (pool, ctx)
+        }
     };
-    forward(proxy, &ctx, parts, body, attempt, body_done, strip_usage).await
+    forward(
+        proxy,
+        pool,
+        &ctx,
+        parts,
+        body,
+        attempt,
+        body_done,
+        strip_usage,
+    )
+    .await
 }
 
 /// Ranks, then tries endpoints best first until one answers (only failures before the first
 /// response byte are retried).
+#[allow(clippy::too_many_arguments)]
 async fn forward(
     proxy: &Proxy,
+    runtime: &PoolRuntime,
     ctx: &RequestCtx,
     parts: http::request::Parts,
     body: Bytes,
@@ -334,8 +406,8 @@ async fn forward(
     body_done: Instant,
     strip_usage: bool,
 ) -> Result<http::Response<Body>, ProxyError> {
-    let pool = &proxy.pool;
-    let history = proxy.history.as_ref().map(|h| h.lookup(&ctx.keys));
+    let pool = &runtime.pool;
+    let history = runtime.history.as_ref().map(|h| h.lookup(&ctx.keys));
     let mut matches = Vec::new();
     if history.is_none() {
         proxy.index.lookup(&ctx.keys, &mut matches);
@@ -384,7 +456,7 @@ async fn forward(
             // Once per request: retries are the same prefill, not more of it.
             pool.note_prefill(uncached);
             proxy.telemetry.record_decision(
-                proxy.pool_id,
+                runtime.telemetry_id,
                 decision_reason(pool.policy.kind, decision.prefix_blocks),
                 decision.prefix_blocks,
             );
@@ -392,7 +464,7 @@ async fn forward(
         if let Some(source) = endpoint.source {
             proxy.index.speculate(source, &ctx.keys, Instant::now());
         }
-        if let Some(history) = &proxy.history {
+        if let Some(history) = &runtime.history {
             history.record(chosen, &ctx.keys, Instant::now());
         }
         tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), "routing decision");
@@ -465,7 +537,7 @@ async fn forward(
                 let observer = upstream::Observer {
                     telemetry: proxy.telemetry.clone(),
                     tenant: attempt.tenant.clone(),
-                    pool: proxy.pool_id,
+                    pool: runtime.telemetry_id,
                     pod: (chosen.0 as u16, endpoint.label.clone()),
                     start: attempt.start,
                     queue: attempt.queue,

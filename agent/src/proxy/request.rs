@@ -70,7 +70,158 @@ pub fn ask_for_usage(body: &bytes::Bytes, include_usage: Option<bool>) -> bytes:
     }
 }
 
-/// Parses a JSON body and computes its key chain. The body itself is forwarded untouched.
+/// A request body read as JSON, with what every token source needs.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub kind: Kind,
+    pub obj: serde_json::Map<String, serde_json::Value>,
+    pub model: String,
+    pub stream: bool,
+    pub include_usage: Option<bool>,
+    pub cache_salt: Option<String>,
+}
+
+impl Request {
+    /// Parses the body (400 on bad JSON or a non-string model). `default_model` fills an
+    /// absent `model`, as vLLM does.
+    pub fn read(kind: Kind, body: &[u8], default_model: &str) -> Result<Self, ProxyError> {
+        let v: serde_json::Value = serde_json::from_slice(body)
+            .map_err(|e| ProxyError::bad_request(format!("Invalid JSON body: {e}")))?;
+        let serde_json::Value::Object(obj) = v else {
+            return Err(ProxyError::bad_request(
+                "The request body must be a JSON object.",
+            ));
+        };
+        let model = match obj.get("model") {
+            None | Some(serde_json::Value::Null) => default_model.to_string(),
+            Some(serde_json::Value::String(m)) => m.clone(),
+            Some(_) => return Err(ProxyError::bad_request("Field 'model' must be a string.")),
+        };
+        let stream = obj.get("stream").and_then(|s| s.as_bool()).unwrap_or(false);
+        let include_usage = obj
+            .get("stream_options")
+            .and_then(|o| o.as_object())
+            .map(|o| {
+                // vLLM: include_usage defaults to true whenever stream_options is present.
+                o.get("include_usage")
+                    .and_then(|b| b.as_bool())
+                    .unwrap_or(true)
+            });
+        let cache_salt = obj
+            .get("cache_salt")
+            .and_then(|s| s.as_str())
+            .map(str::to_string);
+        Ok(Self {
+            kind,
+            obj,
+            model,
+            stream,
+            include_usage,
+            cache_salt,
+        })
+    }
+
+    /// Whether the client will get a usage chunk without the proxy asking for one.
+    pub fn wants_usage(&self) -> bool {
+        !self.stream || self.include_usage == Some(true)
+    }
+
+    /// Extra key inputs: the adapter on every block, the salt on the first.
+    pub fn extras(&self, lora: Option<&str>) -> RequestExtras {
+        RequestExtras {
+            lora_name: lora.map(str::to_string),
+            cache_salt: self.cache_salt.clone(),
+        }
+    }
+
+    /// Tokens as vLLM would compute them with `tokenizer`; `None` for a prompt the router
+    /// cannot tokenize (odd shape, template failure) — it is still forwarded, routed without
+    /// prefix information, and the engine answers with its own validation error.
+    pub fn local_tokens(&self, tokenizer: &Tokenizer) -> Option<Vec<u32>> {
+        match self.kind {
+            Kind::Completion => completion_tokens(&self.obj, tokenizer),
+            Kind::Chat => chat_tokens(&self.obj, tokenizer),
+        }
+    }
+
+    /// Token ids given directly as the prompt (completions), if so.
+    pub fn prompt_ids(&self) -> Option<Vec<u32>> {
+        match self.obj.get("prompt")? {
+            serde_json::Value::Array(items) if items.first()?.is_number() => items
+                .iter()
+                .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+                .collect(),
+            _ => None,
+        }
+    }
+
+    /// The body of the engine's `POST /tokenize` for this prompt (vLLM's rules for special
+    /// tokens and the chat template apply there).
+    pub fn tokenize_body(&self) -> Option<serde_json::Value> {
+        let mut out = serde_json::Map::new();
+        out.insert("model".into(), self.model.clone().into());
+        let copy = |out: &mut serde_json::Map<String, serde_json::Value>, k: &str| {
+            if let Some(v) = self.obj.get(k) {
+                out.insert(k.into(), v.clone());
+            }
+        };
+        match self.kind {
+            Kind::Completion => {
+                let prompt = match self.obj.get("prompt")? {
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Array(items) if items.len() == 1 => {
+                        items[0].as_str()?.to_string()
+                    }
+                    _ => return None,
+                };
+                out.insert("prompt".into(), prompt.into());
+                copy(&mut out, "add_special_tokens");
+            }
+            Kind::Chat => {
+                copy(&mut out, "messages");
+                copy(&mut out, "add_generation_prompt");
+                copy(&mut out, "add_special_tokens");
+                copy(&mut out, "chat_template_kwargs");
+            }
+        }
+        Some(out.into())
+    }
+
+    /// The prompt as text (completions: the prompt; chat: role and content of each message),
+    /// for approximate keys.
+    pub fn text(&self) -> Option<String> {
+        match self.kind {
+            Kind::Completion => match self.obj.get("prompt")? {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Array(items) if items.len() == 1 => {
+                    items[0].as_str().map(str::to_string)
+                }
+                _ => None,
+            },
+            Kind::Chat => {
+                let mut text = String::new();
+                for m in self.obj.get("messages")?.as_array()? {
+                    text.push_str(m.get("role").and_then(|r| r.as_str()).unwrap_or(""));
+                    text.push('\n');
+                    match m.get("content") {
+                        Some(serde_json::Value::String(s)) => text.push_str(s),
+                        Some(serde_json::Value::Array(parts)) => {
+                            for p in parts {
+                                text.push_str(p.get("text").and_then(|t| t.as_str()).unwrap_or(""));
+                            }
+                        }
+                        _ => {}
+                    }
+                    text.push('\n');
+                }
+                Some(text)
+            }
+        }
+    }
+}
+
+/// Parses a JSON body and computes its key chain with a local tokenizer. The body itself is
+/// forwarded untouched.
 pub fn parse(
     kind: Kind,
     body: &[u8],
@@ -91,48 +242,16 @@ pub fn parse_with_adapters(
     block_size: usize,
     is_adapter: &dyn Fn(&str) -> bool,
 ) -> Result<Parsed, ProxyError> {
-    let v: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| ProxyError::bad_request(format!("Invalid JSON body: {e}")))?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| ProxyError::bad_request("The request body must be a JSON object."))?;
-    let model = match obj.get("model") {
-        None | Some(serde_json::Value::Null) => default_model.to_string(),
-        Some(serde_json::Value::String(m)) => m.clone(),
-        Some(_) => return Err(ProxyError::bad_request("Field 'model' must be a string.")),
-    };
-    let lora = (model != default_model && is_adapter(&model)).then(|| model.clone());
-    let extras = RequestExtras {
-        lora_name: lora.clone(),
-        cache_salt: obj
-            .get("cache_salt")
-            .and_then(|s| s.as_str())
-            .map(str::to_string),
-    };
-    let tokens = match kind {
-        Kind::Completion => completion_tokens(obj, tokenizer),
-        Kind::Chat => chat_tokens(obj, tokenizer),
-    };
-    // An unroutable prompt (odd shape, template failure) is still forwarded: the engine
-    // answers with its own validation error; routing just gets no prefix information.
-    let tokens = tokens.unwrap_or_default();
-    let stream = obj.get("stream").and_then(|s| s.as_bool()).unwrap_or(false);
-    let include_usage = obj
-        .get("stream_options")
-        .and_then(|o| o.as_object())
-        .map(|o| {
-            // vLLM: include_usage defaults to true whenever stream_options is present.
-            o.get("include_usage")
-                .and_then(|b| b.as_bool())
-                .unwrap_or(true)
-        });
+    let req = Request::read(kind, body, default_model)?;
+    let lora = (req.model != default_model && is_adapter(&req.model)).then(|| req.model.clone());
+    let tokens = req.local_tokens(tokenizer).unwrap_or_default();
     Ok(Parsed {
-        lora,
-        stream,
-        include_usage,
-        model,
-        keys: request_keys(&tokens, block_size, &extras),
+        keys: request_keys(&tokens, block_size, &req.extras(lora.as_deref())),
         prompt_tokens: tokens.len(),
+        lora,
+        stream: req.stream,
+        include_usage: req.include_usage,
+        model: req.model,
     })
 }
 

@@ -25,13 +25,20 @@ pub async fn scrape_loop(proxy: Arc<Proxy>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for round in 0u64.. {
         tick.tick().await;
-        let scrapes = proxy.pool.endpoints.iter().map(|e| {
+        let all: Vec<_> = proxy
+            .pools
+            .iter()
+            .flat_map(|p| {
+                p.pool
+                    .endpoints
+                    .iter()
+                    .map(|e| (p.pool.model.clone(), e.clone()))
+            })
+            .collect();
+        let scrapes = all.into_iter().map(|(model, e)| {
             let proxy = proxy.clone();
-            let e = e.clone();
             async move {
-                match tokio::time::timeout(SCRAPE_TIMEOUT, fetch(&proxy, &e.authority, "/metrics"))
-                    .await
-                {
+                match tokio::time::timeout(SCRAPE_TIMEOUT, fetch(&proxy, &e.metrics_url)).await {
                     Ok(Some(page)) => {
                         if let Some((waiting, running, kv)) = parse(&page) {
                             e.set_engine_load(waiting, running, kv);
@@ -45,10 +52,10 @@ pub async fn scrape_loop(proxy: Arc<Proxy>) {
                 if round % MODELS_EVERY == 0
                     && let Ok(Some(page)) = tokio::time::timeout(
                         SCRAPE_TIMEOUT,
-                        fetch(&proxy, &e.authority, "/v1/models"),
+                        fetch(&proxy, &format!("http://{}/v1/models", e.authority)),
                     )
                     .await
-                    && let Some(adapters) = parse_adapters(&page, &proxy.pool.model)
+                    && let Some(adapters) = parse_adapters(&page, &model)
                 {
                     e.set_served_adapters(adapters);
                 }
@@ -104,10 +111,8 @@ pub fn parse_lora(page: &str) -> Option<(Vec<String>, Vec<String>)> {
     ))
 }
 
-async fn fetch(proxy: &Proxy, authority: &str, path: &str) -> Option<String> {
-    let req = http::Request::get(format!("http://{authority}{path}"))
-        .body(Full::new(Bytes::new()))
-        .ok()?;
+async fn fetch(proxy: &Proxy, url: &str) -> Option<String> {
+    let req = http::Request::get(url).body(Full::new(Bytes::new())).ok()?;
     let resp = proxy.client.request(req).await.ok()?;
     if !resp.status().is_success() {
         return None;

@@ -135,7 +135,17 @@ impl Weights {
                 "weight {name}={value}: must be a finite number >= 0"
             ));
         }
-        let slot = match name.replace('_', "-").as_str() {
+        // kv-usage, kv_usage and kvUsage all name the same scorer.
+        let mut key = String::with_capacity(name.len() + 2);
+        for ch in name.chars() {
+            if ch.is_ascii_uppercase() {
+                key.push('-');
+                key.push(ch.to_ascii_lowercase());
+            } else {
+                key.push(if ch == '_' { '-' } else { ch });
+            }
+        }
+        let slot = match key.as_str() {
             "prefix" => &mut self.prefix,
             "queue" => &mut self.queue,
             "kv-usage" => &mut self.kv_usage,

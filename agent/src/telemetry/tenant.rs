@@ -23,7 +23,8 @@ pub const DEFAULT_TENANT: &str = "default";
 const MAX_NAME: usize = 64;
 
 /// A source of identity, in the order the policy lists them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum IdentitySource {
     /// The client workload, from the connection's source address.
     Workload,

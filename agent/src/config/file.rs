@@ -1,0 +1,492 @@
+//! The configuration file, version 1 (docs/config.md): serde types that mirror the document
+//! exactly (unknown fields are errors), converted into a validated [`Config`].
+
+use std::{collections::BTreeMap, net::SocketAddr, path::Path, time::Duration};
+
+use serde::Deserialize;
+
+use super::{Config, ConfigError, EndpointConfig, PoolConfig, TokenSourceConfig, authority_of};
+use crate::{
+    proxy::{DEFAULT_MAX_BODY, DEFAULT_RETRIES, SessionSource},
+    routing::{Policy, RoutePolicy},
+    telemetry::{
+        DEFAULT_MAX_TENANTS, TelemetryConfig,
+        export::{OtlpConfig, OtlpProtocol},
+        tenant::{self, CidrTable, IdentitySource, TenantPolicy},
+    },
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct File {
+    version: u32,
+    #[serde(default = "default_listen")]
+    listen: OneOrMany<SocketAddr>,
+    #[serde(default = "default_admin")]
+    admin: SocketAddr,
+    #[serde(default)]
+    proxy: ProxyFile,
+    pools: Vec<PoolFile>,
+    #[serde(default)]
+    tenants: TenantsFile,
+    #[serde(default)]
+    telemetry: TelemetryFile,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+fn default_listen() -> OneOrMany<SocketAddr> {
+    OneOrMany::One(SocketAddr::from(([127, 0, 0, 1], 8080)))
+}
+
+fn default_admin() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9090))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ProxyFile {
+    #[serde(default = "default_max_body")]
+    max_body_bytes: usize,
+    #[serde(default = "default_retries")]
+    retries: usize,
+    #[serde(default)]
+    explain: bool,
+    #[serde(default = "yes")]
+    inject_usage: bool,
+}
+
+impl Default for ProxyFile {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: DEFAULT_MAX_BODY,
+            retries: DEFAULT_RETRIES,
+            explain: false,
+            inject_usage: true,
+        }
+    }
+}
+
+fn default_max_body() -> usize {
+    DEFAULT_MAX_BODY
+}
+fn default_retries() -> usize {
+    DEFAULT_RETRIES
+}
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PoolFile {
+    name: String,
+    model: String,
+    #[serde(default = "default_block_size")]
+    block_size: usize,
+    #[serde(default)]
+    tokens: TokensFile,
+    #[serde(default)]
+    policy: PolicyFile,
+    #[serde(default)]
+    session: SessionFile,
+    endpoints: Vec<EndpointFile>,
+}
+
+fn default_block_size() -> usize {
+    16
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TokensFile {
+    #[serde(default)]
+    source: TokenSourceName,
+    /// The tokenizer directory (source `huggingface`).
+    dir: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+enum TokenSourceName {
+    #[default]
+    Builtin,
+    Huggingface,
+    Engine,
+    Approximate,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PolicyFile {
+    #[serde(default = "default_preset")]
+    preset: Policy,
+    /// Overrides of the preset's weights, by scorer name.
+    #[serde(default)]
+    weights: BTreeMap<String, f64>,
+}
+
+impl Default for PolicyFile {
+    fn default() -> Self {
+        Self {
+            preset: Policy::Precise,
+            weights: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_preset() -> Policy {
+    Policy::Precise
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SessionFile {
+    header: Option<String>,
+    cookie: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct EndpointFile {
+    url: String,
+    metrics: Option<String>,
+    kv_events: Option<String>,
+    kv_replay: Option<String>,
+    #[serde(default)]
+    kv_bind: bool,
+    #[serde(default)]
+    kv_topic: String,
+    dp_rank: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TenantsFile {
+    #[serde(default = "default_order")]
+    order: Vec<IdentitySource>,
+    /// Tenant name -> source CIDRs of its workloads.
+    #[serde(default)]
+    cidrs: BTreeMap<String, Vec<String>>,
+    #[serde(default = "default_tenant_header")]
+    header: String,
+    #[serde(default)]
+    trust_header_from: Vec<String>,
+    #[serde(default = "default_tenant")]
+    default: String,
+    #[serde(default = "default_max_tenants")]
+    max_tenants: usize,
+}
+
+impl Default for TenantsFile {
+    fn default() -> Self {
+        Self {
+            order: default_order(),
+            cidrs: BTreeMap::new(),
+            header: default_tenant_header(),
+            trust_header_from: Vec::new(),
+            default: default_tenant(),
+            max_tenants: DEFAULT_MAX_TENANTS,
+        }
+    }
+}
+
+fn default_order() -> Vec<IdentitySource> {
+    vec![IdentitySource::Workload, IdentitySource::Header]
+}
+fn default_tenant_header() -> String {
+    tenant::DEFAULT_HEADER.into()
+}
+fn default_tenant() -> String {
+    tenant::DEFAULT_TENANT.into()
+}
+fn default_max_tenants() -> usize {
+    DEFAULT_MAX_TENANTS
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TelemetryFile {
+    #[serde(default)]
+    pod_attribute: bool,
+    otlp: Option<OtlpFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct OtlpFile {
+    endpoint: Option<String>,
+    protocol: Option<OtlpProtocolName>,
+    interval_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, Clone, Copy)]
+enum OtlpProtocolName {
+    #[serde(rename = "grpc")]
+    Grpc,
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+}
+
+/// Reads and validates a configuration file (YAML; JSON is YAML too).
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text, &path.display().to_string())
+}
+
+/// Parses and validates configuration text; `file` names it in errors.
+pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+    let de = serde_norway::Deserializer::from_str(text);
+    let raw: File = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        ConfigError::field(
+            file,
+            if path == "." {
+                "(document)".into()
+            } else {
+                path
+            },
+            e.into_inner().to_string(),
+        )
+    })?;
+    let config = convert(raw, file)?;
+    config.validate(file)?;
+    Ok(config)
+}
+
+fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
+    let err = |field: String, msg: String| ConfigError::field(file, field, msg);
+    if f.version != 1 {
+        return Err(err(
+            "version".into(),
+            format!("{}: this agent reads version 1", f.version),
+        ));
+    }
+    let mut pools = Vec::new();
+    for (i, p) in f.pools.into_iter().enumerate() {
+        let at = |field: &str| format!("pools[{i}].{field}");
+        let tokens = match (p.tokens.source, p.tokens.dir) {
+            (TokenSourceName::Huggingface, Some(dir)) => TokenSourceConfig::HuggingFace(dir),
+            (TokenSourceName::Huggingface, None) => {
+                return Err(err(
+                    at("tokens.dir"),
+                    "source `huggingface` needs the tokenizer directory".into(),
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(err(
+                    at("tokens.dir"),
+                    "only source `huggingface` takes a directory".into(),
+                ));
+            }
+            (TokenSourceName::Builtin, None) => TokenSourceConfig::Builtin,
+            (TokenSourceName::Engine, None) => TokenSourceConfig::Engine,
+            (TokenSourceName::Approximate, None) => TokenSourceConfig::Approximate,
+        };
+        let mut policy = RoutePolicy::from(p.policy.preset);
+        for (name, w) in &p.policy.weights {
+            policy
+                .weights
+                .set(name, *w)
+                .map_err(|m| err(at(&format!("policy.weights.{name}")), m))?;
+        }
+        let mut session = SessionSource::default();
+        if let Some(h) = p.session.header {
+            session.header = h
+                .parse()
+                .map_err(|_| err(at("session.header"), format!("`{h}` is not a header name")))?;
+        }
+        session.cookie = p.session.cookie;
+        let mut endpoints = Vec::new();
+        for (j, e) in p.endpoints.into_iter().enumerate() {
+            let at = |field: &str| format!("pools[{i}].endpoints[{j}].{field}");
+            let authority = authority_of(&e.url)
+                .ok_or_else(|| err(at("url"), format!("`{}`: expected http://host:port", e.url)))?;
+            let metrics_url = match e.metrics {
+                Some(m) if m.starts_with("http://") => m,
+                Some(m) => {
+                    return Err(err(
+                        at("metrics"),
+                        format!("`{m}`: expected an http:// URL"),
+                    ));
+                }
+                None => format!("http://{authority}/metrics"),
+            };
+            for (field, v) in [("kvEvents", &e.kv_events), ("kvReplay", &e.kv_replay)] {
+                if let Some(v) = v
+                    && !v.starts_with("tcp://")
+                    && !v.starts_with("ipc://")
+                {
+                    return Err(err(
+                        at(field),
+                        format!("`{v}`: expected tcp://host:port or ipc://path"),
+                    ));
+                }
+            }
+            endpoints.push(EndpointConfig {
+                authority,
+                metrics_url,
+                kv_events: e.kv_events,
+                kv_replay: e.kv_replay,
+                kv_bind: e.kv_bind,
+                kv_topic: e.kv_topic,
+                dp_rank: e.dp_rank,
+            });
+        }
+        pools.push(PoolConfig {
+            name: p.name,
+            model: p.model,
+            block_size: p.block_size,
+            tokens,
+            policy,
+            session,
+            endpoints,
+        });
+    }
+    let t = f.tenants;
+    let mut rules = Vec::new();
+    for (name, nets) in &t.cidrs {
+        tenant::check_name(name).map_err(|m| err(format!("tenants.cidrs.{name}"), m))?;
+        for (k, n) in nets.iter().enumerate() {
+            rules.push((
+                tenant::parse_net(n).map_err(|m| err(format!("tenants.cidrs.{name}[{k}]"), m))?,
+                name.clone(),
+            ));
+        }
+    }
+    let trusted = t
+        .trust_header_from
+        .iter()
+        .enumerate()
+        .map(|(k, n)| {
+            tenant::parse_net(n).map_err(|m| err(format!("tenants.trustHeaderFrom[{k}]"), m))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    tenant::check_name(&t.default).map_err(|m| err("tenants.default".into(), m))?;
+    let tenants = TenantPolicy {
+        order: t.order,
+        directory: std::sync::Arc::new(
+            CidrTable::new(rules).map_err(|m| err("tenants.cidrs".into(), m))?,
+        ),
+        header: t.header.parse().map_err(|_| {
+            err(
+                "tenants.header".into(),
+                format!("`{}` is not a header name", t.header),
+            )
+        })?,
+        trusted,
+        default_tenant: t.default.as_str().into(),
+    };
+    let otlp = match f.telemetry.otlp {
+        None => OtlpConfig::from_flags_and_env(None, None, None, |k| std::env::var(k).ok()),
+        Some(o) => OtlpConfig::from_flags_and_env(
+            o.endpoint,
+            o.protocol.map(|p| match p {
+                OtlpProtocolName::Grpc => OtlpProtocol::Grpc,
+                OtlpProtocolName::HttpProtobuf => OtlpProtocol::HttpProtobuf,
+            }),
+            o.interval_ms.map(Duration::from_millis),
+            |k| std::env::var(k).ok(),
+        ),
+    }
+    .map_err(|e| err("telemetry.otlp".into(), e.to_string()))?;
+    Ok(Config {
+        listen: match f.listen {
+            OneOrMany::One(a) => vec![a],
+            OneOrMany::Many(v) => v,
+        },
+        admin: f.admin,
+        pools,
+        max_body: f.proxy.max_body_bytes,
+        retries: f.proxy.retries,
+        explain: f.proxy.explain,
+        inject_usage: f.proxy.inject_usage,
+        tenants,
+        telemetry: TelemetryConfig {
+            max_tenants: t.max_tenants,
+            pod_attribute: f.telemetry.pod_attribute,
+            otlp,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../../examples/two-pools.yaml");
+
+    #[test]
+    fn the_example_parses() {
+        let c = parse(EXAMPLE, "two-pools.yaml").unwrap();
+        assert_eq!(c.pools.len(), 2);
+        assert_eq!(
+            c.pools[0].endpoints[0].metrics_url,
+            "http://127.0.0.1:8100/metrics"
+        );
+        assert_eq!(c.pools[1].tokens, TokenSourceConfig::Engine);
+        assert_eq!(c.pools[1].policy.weights.kv_usage, 0.5);
+        assert_eq!(c.listen.len(), 1);
+    }
+
+    fn error(text: &str) -> String {
+        parse(text, "f.yaml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let base = "version: 1\npools:\n- name: p\n  model: m\n  endpoints:\n  - url: http://127.0.0.1:1\n";
+        assert!(parse(base, "f").is_ok());
+        let e = error(&base.replace(
+            "url: http://127.0.0.1:1",
+            "url: http://127.0.0.1:1\n    kvEvent: tcp://x:1",
+        ));
+        assert!(
+            e.contains("pools[0].endpoints[0]") && e.contains("kvEvent"),
+            "{e}"
+        );
+        let e = error(&base.replace("http://127.0.0.1:1", "127.0.0.1:1"));
+        assert!(
+            e.contains("pools[0].endpoints[0].url") && e.contains("http://host:port"),
+            "{e}"
+        );
+        let e = error(&base.replace("model: m", "model: m\n  blockSize: 0"));
+        assert!(e.contains("pools[0].blockSize"), "{e}");
+        let e = error(&base.replace(
+            "model: m",
+            "model: m\n  policy: {preset: precise, weights: {magic: 1}}",
+        ));
+        assert!(
+            e.contains("pools[0].policy.weights.magic") && e.contains("unknown scorer"),
+            "{e}"
+        );
+        let e = error(&base.replace("model: m", "model: m\n  policy: {preset: fastest}"));
+        assert!(e.contains("pools[0].policy.preset"), "{e}");
+        let e = error(&base.replace("model: m", "model: m\n  tokens: {source: approximate}"));
+        assert!(
+            e.contains("pools[0].tokens.source") && e.contains("approximate"),
+            "{e}"
+        );
+        let e = error(&base.replace("version: 1", "version: 2"));
+        assert!(e.contains("version"), "{e}");
+        let e = error(&format!(
+            "{base}tenants:\n  cidrs: {{team-a: [300.1.1.1/8]}}\n"
+        ));
+        assert!(e.contains("tenants.cidrs.team-a[0]"), "{e}");
+        let e = error("version: 1\npools: []\n");
+        assert!(e.contains("pools: at least one"), "{e}");
+        let e = error(&format!(
+            "{base}- name: p\n  model: n\n  endpoints: [{{url: http://127.0.0.1:2}}]\n"
+        ));
+        assert!(e.contains("pools[1].name") && e.contains("twice"), "{e}");
+        assert!(error("version: [").contains("f.yaml"));
+    }
+}

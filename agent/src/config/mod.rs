@@ -1,0 +1,275 @@
+//! The agent's configuration: one validated [`Config`], built either from a versioned file
+//! (YAML or JSON, schema in docs/config.md) or from the one-pool command-line flags. Both go
+//! through the same validation; errors name the field path (`pools[0].endpoints[1].kvEvents`).
+
+mod file;
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+
+pub use file::load;
+
+use crate::{
+    proxy::SessionSource,
+    routing::RoutePolicy,
+    telemetry::{TelemetryConfig, tenant::TenantPolicy},
+};
+
+/// Where a pool's prompt tokens come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenSourceConfig {
+    /// The tokenizer the simulator uses (built in).
+    Builtin,
+    /// A HuggingFace tokenizer directory (tokenizer.json, tokenizer_config.json).
+    HuggingFace(PathBuf),
+    /// The engine's own `POST /tokenize` (exact, one round trip per request).
+    Engine,
+    /// Character chunks (no tokenizer, no events): only the approximate policy can use them.
+    Approximate,
+}
+
+/// One vLLM endpoint (a pod, or one data-parallel rank of it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointConfig {
+    /// `host:port` of its HTTP server.
+    pub authority: String,
+    /// Its Prometheus page (default `http://<authority>/metrics`).
+    pub metrics_url: String,
+    pub kv_events: Option<String>,
+    pub kv_replay: Option<String>,
+    /// Bind the events socket (the engine connects to us).
+    pub kv_bind: bool,
+    pub kv_topic: String,
+    pub dp_rank: Option<u32>,
+}
+
+/// One pool: the endpoints serving one model and how to choose among them.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub name: String,
+    pub model: String,
+    /// Must match vLLM --block-size.
+    pub block_size: usize,
+    pub tokens: TokenSourceConfig,
+    pub policy: RoutePolicy,
+    pub session: SessionSource,
+    pub endpoints: Vec<EndpointConfig>,
+}
+
+/// Everything `warmpath agent` runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: Vec<SocketAddr>,
+    pub admin: SocketAddr,
+    pub pools: Vec<PoolConfig>,
+    pub max_body: usize,
+    pub retries: usize,
+    pub explain: bool,
+    pub inject_usage: bool,
+    pub tenants: TenantPolicy,
+    pub telemetry: TelemetryConfig,
+}
+
+/// A configuration that cannot run, with the field it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: {field}: {message}")]
+    Field {
+        file: String,
+        field: String,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    pub fn field(file: &str, field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Field {
+            file: file.to_string(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// `http://host:port` -> `host:port`.
+pub fn authority_of(url: &str) -> Option<String> {
+    url.parse::<http::Uri>()
+        .ok()
+        .filter(|u| {
+            u.scheme_str() == Some("http")
+                && u.path_and_query()
+                    .is_none_or(|p| p.as_str() == "/" || p.as_str().is_empty())
+        })
+        .and_then(|u| u.authority().map(|a| a.to_string()))
+}
+
+impl Config {
+    /// Checks what types cannot: every path in `errors` names its field.
+    pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let err = |field: String, msg: String| Err(ConfigError::field(file, field, msg));
+        if self.pools.is_empty() {
+            return err("pools".into(), "at least one pool is needed".into());
+        }
+        if self.listen.is_empty() {
+            return err("listen".into(), "at least one address is needed".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut models = std::collections::HashSet::new();
+        for (i, p) in self.pools.iter().enumerate() {
+            let at = |f: &str| format!("pools[{i}].{f}");
+            if !names.insert(&p.name) {
+                return err(at("name"), format!("pool `{}` is defined twice", p.name));
+            }
+            if !models.insert(&p.model) {
+                return err(
+                    at("model"),
+                    format!(
+                        "model `{}` is served by two pools; requests would be ambiguous",
+                        p.model
+                    ),
+                );
+            }
+            if p.block_size == 0 {
+                return err(
+                    at("blockSize"),
+                    "must be > 0 (and match vLLM --block-size)".into(),
+                );
+            }
+            if p.endpoints.is_empty() {
+                return err(at("endpoints"), "at least one endpoint is needed".into());
+            }
+            if p.tokens == TokenSourceConfig::Approximate
+                && p.policy.kind != crate::routing::Policy::Approximate
+                && p.policy.weights.prefix != 0.0
+            {
+                return err(
+                    at("tokens.source"),
+                    "approximate keys never match the KV event index: use policy preset `approximate` (routing history), or set the prefix weight to 0".into(),
+                );
+            }
+            let mut seen = std::collections::HashSet::new();
+            for (j, e) in p.endpoints.iter().enumerate() {
+                if !seen.insert((&e.authority, e.dp_rank)) {
+                    return err(
+                        format!("pools[{i}].endpoints[{j}].url"),
+                        format!("{} is listed twice", e.authority),
+                    );
+                }
+                if e.kv_replay.is_some() && e.kv_events.is_none() {
+                    return err(
+                        format!("pools[{i}].endpoints[{j}].kvReplay"),
+                        "needs kvEvents".into(),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The tenant policy shared by every pool (one per agent for now).
+    pub fn tenant_policy(&self) -> Arc<TenantPolicy> {
+        Arc::new(self.tenants.clone())
+    }
+}
+
+/// `--tokens`: the token source of the flag-configured pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokensFlag {
+    /// The in-process tokenizer (`--tokenizer DIR`, else the built-in one).
+    Local,
+    /// The engine's `POST /tokenize`.
+    Engine,
+    /// Character chunks (with `--policy approximate`).
+    Approximate,
+}
+
+impl Config {
+    /// The one-pool configuration the command-line flags describe.
+    pub fn from_args(args: &crate::cli::AgentArgs) -> Result<Self, ConfigError> {
+        const FLAGS: &str = "command line";
+        let n = args.endpoints.len();
+        for (flag, count) in [
+            ("--kv-events", args.kv_events.len()),
+            ("--kv-replay", args.kv_replay.len()),
+        ] {
+            if count != 0 && count != n {
+                return Err(ConfigError::field(
+                    FLAGS,
+                    flag,
+                    format!(
+                        "given {count} times for {n} --endpoint: give it once per endpoint, in the same order, or not at all"
+                    ),
+                ));
+            }
+        }
+        if args.kv_replay.len() > args.kv_events.len() {
+            return Err(ConfigError::field(
+                FLAGS,
+                "--kv-replay",
+                "needs --kv-events",
+            ));
+        }
+        let endpoints = args
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, url)| {
+                let authority = authority_of(url).ok_or_else(|| {
+                    ConfigError::field(
+                        FLAGS,
+                        "--endpoint",
+                        format!("{url}: expected http://host:port"),
+                    )
+                })?;
+                Ok(EndpointConfig {
+                    metrics_url: format!("http://{authority}/metrics"),
+                    authority,
+                    kv_events: args.kv_events.get(i).cloned(),
+                    kv_replay: args.kv_replay.get(i).cloned(),
+                    kv_bind: false,
+                    kv_topic: String::new(),
+                    dp_rank: None,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        let tokens = match (args.tokens, &args.tokenizer) {
+            (TokensFlag::Local, Some(dir)) => TokenSourceConfig::HuggingFace(dir.clone()),
+            (TokensFlag::Local, None) => TokenSourceConfig::Builtin,
+            (TokensFlag::Engine, _) => TokenSourceConfig::Engine,
+            (TokensFlag::Approximate, _) => TokenSourceConfig::Approximate,
+        };
+        let (tenants, telemetry) = args
+            .telemetry
+            .build()
+            .map_err(|e| ConfigError::field(FLAGS, "telemetry flags", e.to_string()))?;
+        let config = Config {
+            listen: vec![args.listen],
+            admin: args.admin,
+            pools: vec![PoolConfig {
+                name: crate::proxy::DEFAULT_POOL.into(),
+                model: args.model.clone(),
+                block_size: args.block_size,
+                tokens,
+                policy: args.route_policy(),
+                session: SessionSource {
+                    header: args.session_header.clone(),
+                    cookie: args.session_cookie.clone(),
+                },
+                endpoints,
+            }],
+            max_body: crate::proxy::DEFAULT_MAX_BODY,
+            retries: crate::proxy::DEFAULT_RETRIES,
+            explain: args.explain,
+            inject_usage: !args.no_inject_usage,
+            tenants,
+            telemetry,
+        };
+        config.validate(FLAGS)?;
+        Ok(config)
+    }
+}

@@ -1,0 +1,129 @@
+//! Where a pool's prompt tokens come from, per pool:
+//!
+//! - `Local`: an in-process HuggingFace tokenizer + chat template (default; the built-in one
+//!   is the simulator's). No round trip.
+//! - `Engine`: the engine's own `POST /tokenize` — exactly the engine's tokens, one loopback
+//!   or in-cluster round trip per request (bounded by [`ENGINE_TIMEOUT`]; on failure the
+//!   request routes without prefix information).
+//! - `Approximate`: no tokenizer at all: the prompt text cut into character chunks, 4 bytes per
+//!   pseudo-token. These keys never match KV events; they feed the approximate policy's
+//!   routing history only.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use warmpath_sim::tokenizer::Tokenizer;
+
+use super::{request::Request, upstream::UpstreamClient};
+use crate::kv_index::{RouterKey, request_keys};
+
+/// Longest wait for an engine's `/tokenize`.
+pub const ENGINE_TIMEOUT: Duration = Duration::from_millis(500);
+/// Bytes of text per pseudo-token (approximate keys).
+pub const APPROX_BYTES_PER_TOKEN: usize = 4;
+/// Largest `/tokenize` answer read.
+const MAX_TOKENIZE_BODY: usize = 16 * 1024 * 1024;
+
+/// A pool's token source.
+#[derive(Debug, Clone)]
+pub enum TokenSource {
+    Local(Arc<Tokenizer>),
+    Engine,
+    Approximate,
+}
+
+impl TokenSource {
+    /// The request's key chain; empty when the prompt cannot be tokenized.
+    pub async fn keys(
+        &self,
+        req: &Request,
+        lora: Option<&str>,
+        block_size: usize,
+        engine: Option<&str>,
+        client: &UpstreamClient,
+    ) -> Vec<RouterKey> {
+        let extras = req.extras(lora);
+        let tokens = match self {
+            TokenSource::Local(tok) => req.local_tokens(tok),
+            TokenSource::Engine => match req.prompt_ids() {
+                Some(ids) => Some(ids),
+                None => match engine {
+                    Some(authority) => engine_tokens(req, authority, client).await,
+                    None => None,
+                },
+            },
+            TokenSource::Approximate => req.text().map(|t| pseudo_tokens(&t)),
+        };
+        request_keys(&tokens.unwrap_or_default(), block_size, &extras)
+    }
+}
+
+/// Text as pseudo-tokens: every 4 bytes packed into one u32.
+pub fn pseudo_tokens(text: &str) -> Vec<u32> {
+    text.as_bytes()
+        .chunks(APPROX_BYTES_PER_TOKEN)
+        .map(|c| {
+            let mut b = [0u8; 4];
+            b[..c.len()].copy_from_slice(c);
+            u32::from_le_bytes(b)
+        })
+        .collect()
+}
+
+async fn engine_tokens(
+    req: &Request,
+    authority: &str,
+    client: &UpstreamClient,
+) -> Option<Vec<u32>> {
+    let body = serde_json::to_vec(&req.tokenize_body()?).ok()?;
+    let http_req = http::Request::post(format!("http://{authority}/tokenize"))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .ok()?;
+    let fetch = async {
+        let resp = client.request(http_req).await.ok()?;
+        if !resp.status().is_success() {
+            tracing::debug!(%authority, status = %resp.status(), "/tokenize refused the prompt");
+            return None;
+        }
+        let bytes = Limited::new(resp.into_body(), MAX_TOKENIZE_BODY)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            tokens: Vec<u32>,
+        }
+        serde_json::from_slice::<Answer>(&bytes)
+            .ok()
+            .map(|a| a.tokens)
+    };
+    match tokio::time::timeout(ENGINE_TIMEOUT, fetch).await {
+        Ok(tokens) => tokens,
+        Err(_) => {
+            tracing::debug!(%authority, "/tokenize timed out; routing without prefix information");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pseudo_tokens_chain_shared_text_prefixes() {
+        let a = pseudo_tokens(&"shared system prompt ".repeat(20));
+        let b = pseudo_tokens(&format!("{}question", "shared system prompt ".repeat(20)));
+        assert_eq!(a.len(), 105);
+        let ka = request_keys(&a, 16, &Default::default());
+        let kb = request_keys(&b, 16, &Default::default());
+        assert_eq!(ka[..6], kb[..6]);
+        assert_eq!(
+            pseudo_tokens("abcde"),
+            vec![u32::from_le_bytes(*b"abcd"), u32::from(b'e')]
+        );
+    }
+}
