@@ -12,10 +12,40 @@ const LLVM_PACKAGES: [&str; 2] = ["llvm-22-dev", "libclang-22-dev"];
 /// Python packages the end-to-end suites use as real third-party clients.
 const PYTHON_REQUIREMENTS: &str = "tests/python/requirements.txt";
 
+/// The font benchmark charts are drawn with (agent/src/bench/chart.rs looks here first).
+const CHART_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
 /// Everything the test and demo commands need.
 pub fn all() -> Result<()> {
     bpf_toolchain()?;
+    chart_font()?;
     python_clients()
+}
+
+/// A TrueType font for the PNG/SVG charts: Debian's fonts-dejavu-core when root, else a clear
+/// message (any TTF works through WARMPATH_FONT).
+fn chart_font() -> Result<()> {
+    if Path::new(CHART_FONT).is_file() || std::env::var_os("WARMPATH_FONT").is_some() {
+        return Ok(());
+    }
+    let root = nix_is_root();
+    if root && shell::on_path("apt-get") {
+        shell::run(std::process::Command::new("apt-get").args(["update", "-qq"]))?;
+        return shell::run(
+            std::process::Command::new("apt-get")
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .args([
+                    "install",
+                    "-y",
+                    "-qq",
+                    "--no-install-recommends",
+                    "fonts-dejavu-core",
+                ]),
+        );
+    }
+    bail!(
+        "benchmark charts need a TrueType font: `sudo apt-get install fonts-dejavu-core`, or set WARMPATH_FONT=/path/to/font.ttf"
+    )
 }
 
 /// nightly + rust-src + bpf-linker (built against LLVM 22).
@@ -61,15 +91,20 @@ pub fn bpf_toolchain() -> Result<()> {
     Ok(())
 }
 
+/// Whether we run as root (apt installs allowed).
+fn nix_is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+}
+
 /// LLVM 22 development files, from apt when we are root on Debian.
 fn llvm() -> Result<()> {
     if Path::new(LLVM_PREFIX).join("bin/llvm-config").is_file() {
         return Ok(());
     }
-    let root = std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    let root = nix_is_root();
     if root && shell::on_path("apt-get") {
         shell::run(std::process::Command::new("apt-get").args(["update", "-qq"]))?;
         shell::run(

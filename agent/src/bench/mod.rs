@@ -6,6 +6,7 @@ pub mod index;
 mod proc_stat;
 mod process;
 mod proxy;
+pub mod run;
 mod sim_streams;
 pub mod workload;
 
@@ -25,6 +26,9 @@ pub enum BenchCommand {
     Proxy(proxy::ProxyBenchArgs),
     /// KV index: ingestion rate, lookup latency, bytes per entry, memory under the cap.
     Index(index::IndexBenchArgs),
+    /// A seeded workload (shared-prefix, multi-turn, agentic, no-sharing, trace) against any
+    /// OpenAI endpoint: report, JSON and charts.
+    Run(Box<run::RunArgs>),
 }
 
 /// Errors that end a benchmark.
@@ -46,6 +50,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
         BenchCommand::SimStreams(args) => sim_streams::run(args).await,
         BenchCommand::Compare(args) => compare::run(*args).await,
         BenchCommand::Proxy(args) => proxy::run(args).await,
+        BenchCommand::Run(args) => run::run(*args).await,
         BenchCommand::Index(args) => tokio::task::spawn_blocking(move || index::run(args))
             .await
             .map_err(|e| Error::Setup(format!("index benchmark panicked: {e}"))),

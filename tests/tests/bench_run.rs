@@ -1,0 +1,113 @@
+//! `warmpath bench run` end to end: a seeded multi-turn workload with a tenant mix, closed
+//! loop, against the routing proxy in front of a simulator fleet; the JSON report and charts.
+#![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
+
+use clap::Parser;
+use warmpath::{
+    bench::BenchCommand,
+    cli::{Cli, Command},
+};
+use warmpath_e2e::{agent::proxy, sim::Fleet};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_turn_run_reports_every_request_per_tenant() {
+    let fleet = Fleet::start(&[
+        "--port",
+        "0",
+        "--replicas",
+        "2",
+        "--profile",
+        "tiny",
+        "--kv-events-port",
+        "0",
+    ])
+    .await;
+    let routing = proxy(&fleet, &["--trust-tenant-header-from", "127.0.0.1"]).await;
+    let dir = std::env::temp_dir().join(format!("warmpath-bench-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("run.json");
+    let stem = dir.join("run");
+    let metrics: Vec<String> = (0..2)
+        .map(|i| format!("{}/metrics", fleet.url(i)))
+        .collect();
+    let mut argv = vec![
+        "warmpath".to_string(),
+        "bench".into(),
+        "run".into(),
+        "--target".into(),
+        format!("http://{}", routing.listen),
+        "--workload".into(),
+        "multi-turn".into(),
+        "--sessions".into(),
+        "6".into(),
+        "--turns".into(),
+        "3".into(),
+        "--system-tokens".into(),
+        "300".into(),
+        "--question-tokens".into(),
+        "20".into(),
+        "--output-tokens".into(),
+        "8".into(),
+        "--think-seconds".into(),
+        "0.01".into(),
+        "--concurrency".into(),
+        "3".into(),
+        "--tenants".into(),
+        "a=2,b=1".into(),
+        "--max-seconds".into(),
+        "60".into(),
+        "--json".into(),
+        json.display().to_string(),
+        "--chart".into(),
+        stem.display().to_string(),
+    ];
+    for m in &metrics {
+        argv.extend(["--engine-metrics".into(), m.clone()]);
+    }
+    let Command::Bench(BenchCommand::Run(args)) = Cli::try_parse_from(argv).unwrap().command else {
+        unreachable!()
+    };
+    warmpath::bench::run::run(*args).await.unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let overall = &v["report"]["overall"];
+    assert_eq!(overall["requests"], 18, "{overall}");
+    assert_eq!(overall["errors"], 0);
+    // Later turns re-send the conversation so far: the engines serve it from cache.
+    assert!(
+        overall["prefix_hit_ratio"].as_f64().unwrap() > 0.3,
+        "{overall}"
+    );
+    assert!(v["report"]["engine_prefix_hit_ratio"].as_f64().unwrap() > 0.3);
+    let tenants = v["report"]["tenants"].as_object().unwrap();
+    assert_eq!(tenants.len(), 2);
+    let per_tenant: u64 = tenants
+        .values()
+        .map(|t| t["requests"].as_u64().unwrap())
+        .sum();
+    assert_eq!(per_tenant, 18);
+    let samples = v["samples"].as_array().unwrap();
+    assert!(samples.iter().all(|s| s["output_tokens"] == 8));
+    // The proxy attributed the same requests to the same tenants (trusted header).
+    let prom = reqwest::get(format!("http://{}/metrics", routing.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (t, s) in tenants {
+        let line = prom
+            .lines()
+            .find(|l| {
+                l.starts_with("warmpath_requests_total{")
+                    && l.contains(&format!("tenant=\"{t}\""))
+                    && l.contains("outcome=\"ok\"")
+            })
+            .unwrap_or_else(|| panic!("no series for tenant {t}: {prom}"));
+        assert!(line.ends_with(&format!(" {}", s["requests"])), "{line}");
+    }
+    for ext in ["svg", "png"] {
+        assert!(dir.join(format!("run-ttft-cdf.{ext}")).is_file());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
