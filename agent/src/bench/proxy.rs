@@ -332,6 +332,7 @@ fn decision(tokens: usize) {
             in_flight: 1,
             queued_prefill_blocks: 0,
             kv_usage: 0.0,
+            history_blocks: 0,
             lora: crate::routing::LoraState::NotApplicable,
             excluded: false,
         })

@@ -156,8 +156,9 @@ impl Proxy {
         tokens: TokenSource,
         session: SessionSource,
     ) {
-        let history =
-            (pool.policy.kind == Policy::Approximate).then(|| History::new(pool.endpoints.len()));
+        let history = (pool.policy.kind == Policy::Approximate
+            || pool.policy.weights.history > 0.0)
+            .then(|| History::new(pool.endpoints.len()));
         let telemetry_id = self.telemetry.register_pool(name, &pool.model);
         self.pools.push(PoolRuntime {
             name: name.to_string(),
@@ -408,8 +409,9 @@ async fn forward(
 ) -> Result<http::Response<Body>, ProxyError> {
     let pool = &runtime.pool;
     let history = runtime.history.as_ref().map(|h| h.lookup(&ctx.keys));
+    let approximate = pool.policy.kind == Policy::Approximate;
     let mut matches = Vec::new();
-    if history.is_none() {
+    if !approximate {
         proxy.index.lookup(&ctx.keys, &mut matches);
     }
     let mut candidates: Vec<Candidate> = pool
@@ -417,12 +419,13 @@ async fn forward(
         .iter()
         .map(|e| {
             let source = e.source;
-            let (matched_blocks, prefix_trusted) = match &history {
-                Some(h) => (
-                    h.iter().find(|(id, _)| *id == e.id).map_or(0, |(_, b)| *b),
-                    true,
-                ),
-                None => (
+            let history_blocks = history
+                .as_ref()
+                .and_then(|h| h.iter().find(|(id, _)| *id == e.id))
+                .map_or(0, |(_, b)| *b);
+            let (matched_blocks, prefix_trusted) = match approximate {
+                true => (history_blocks, true),
+                false => (
                     source
                         .and_then(|s| matches.iter().find(|m| m.source == s.0))
                         .map_or(0, |m| m.blocks),
@@ -436,6 +439,7 @@ async fn forward(
                 in_flight: e.in_flight(),
                 queued_prefill_blocks: pool.work_ahead(e),
                 kv_usage: e.kv_usage(),
+                history_blocks,
                 lora: e.lora_state(ctx.lora.as_deref()),
                 // A LoRA request only goes where the adapter is served.
                 excluded: ctx.lora.as_deref().is_some_and(|l| !e.serves(l)),

@@ -7,7 +7,12 @@
 //!
 //! ```text
 //! cost(pod) = (prompt_blocks - matched_blocks(pod)) + queued_prefill_blocks(pod)
+//!           + (prompt_blocks - history_blocks(pod))
 //! ```
+//!
+//! The last term is the pull of a prefix's home (where this proxy last sent it): when the
+//! prefix was evicted everywhere it returns there instead of being duplicated into whichever
+//! cache is idlest.
 //!
 //! Affinity wins while the pod holding the prefix is not already busier (in prefill blocks)
 //! than recomputing the prefix elsewhere would be; so it can never pile requests onto an
@@ -63,6 +68,8 @@ pub struct Candidate {
     pub queued_prefill_blocks: u64,
     /// The engine's KV cache usage, 0..1 (0 when not scraped).
     pub kv_usage: f64,
+    /// Consecutive prefix blocks this proxy routed here recently (routing history).
+    pub history_blocks: usize,
     pub lora: LoraState,
     /// Excluded (failed earlier in this request's retries).
     pub excluded: bool,
@@ -95,6 +102,7 @@ pub struct Weights {
     pub lora: f64,
     pub session: f64,
     pub in_flight: f64,
+    pub history: f64,
 }
 
 impl Default for Weights {
@@ -111,6 +119,7 @@ impl Weights {
         lora: 0.0,
         session: 0.0,
         in_flight: 0.0,
+        history: 0.0,
     };
 
     /// Pairs of (scorer, weight) with a non-zero weight.
@@ -122,6 +131,7 @@ impl Weights {
             (&scorers::Lora, self.lora),
             (&scorers::Session, self.session),
             (&scorers::InFlight, self.in_flight),
+            (&scorers::Home, self.history),
         ]
         .into_iter()
         .filter(|(_, w)| *w != 0.0)
@@ -152,9 +162,10 @@ impl Weights {
             "lora" => &mut self.lora,
             "session" => &mut self.session,
             "in-flight" => &mut self.in_flight,
+            "history" => &mut self.history,
             other => {
                 return Err(format!(
-                    "unknown scorer `{other}`: expected prefix, queue, kv-usage, lora, session or in-flight"
+                    "unknown scorer `{other}`: expected prefix, queue, kv-usage, lora, session, in-flight or history"
                 ));
             }
         };
@@ -163,12 +174,27 @@ impl Weights {
     }
 }
 
+/// Weight of the routing-history ("home") scorer in the precise preset.
+pub const HOME_WEIGHT: f64 = 1.0;
+
 impl Policy {
     /// The scorer weights this policy starts from.
     pub fn weights(self) -> Weights {
         match self {
-            // Cost in blocks: uncached prefill here + prefill queued here (+ an adapter load).
-            Policy::Precise | Policy::Approximate => Weights {
+            // Cost in blocks: uncached prefill here + prefill queued here (+ an adapter load),
+            // and the prompt's blocks again for leaving the pod a prefix was last sent to: when
+            // its blocks were evicted everywhere, the prefix goes home instead of to whichever
+            // pod is idlest, so it is not duplicated over every cache (thrashing under KV
+            // pressure).
+            Policy::Precise => Weights {
+                prefix: 1.0,
+                queue: 1.0,
+                lora: 1.0,
+                history: HOME_WEIGHT,
+                ..Weights::ZERO
+            },
+            // The approximate policy's prefix signal *is* the history.
+            Policy::Approximate => Weights {
                 prefix: 1.0,
                 queue: 1.0,
                 lora: 1.0,
@@ -276,6 +302,7 @@ mod tests {
             in_flight,
             queued_prefill_blocks: queued,
             kv_usage: 0.0,
+            history_blocks: 0,
             lora: LoraState::NotApplicable,
             excluded: false,
         }
@@ -455,6 +482,30 @@ mod tests {
                 .ranked[0],
             EndpointId(1)
         );
+    }
+
+    #[test]
+    fn an_evicted_prefix_goes_home_unless_home_is_too_busy() {
+        let rr = AtomicUsize::new(0);
+        // Nobody holds the prefix any more; pod 1 served it last.
+        let mut home = cand(1, 0, 10, 0);
+        home.history_blocks = 100;
+        let idle = cand(0, 0, 0, 0);
+        let d = rank(
+            Policy::Precise,
+            &ctx(100),
+            &[idle.clone(), home.clone()],
+            &rr,
+        )
+        .unwrap();
+        assert_eq!(
+            d.ranked[0],
+            EndpointId(1),
+            "10 queued blocks < the 100-block pull of home"
+        );
+        home.queued_prefill_blocks = 130;
+        let d = rank(Policy::Precise, &ctx(100), &[idle, home], &rr).unwrap();
+        assert_eq!(d.ranked[0], EndpointId(0), "130 queued blocks outweigh it");
     }
 
     #[test]

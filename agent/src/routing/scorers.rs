@@ -10,6 +10,7 @@
 //! | `lora` | adapter not loaded: 64 blocks; waiting to load: 16; loaded or no adapter: 0 |
 //! | `session` | 1 unless the candidate is the session's rendezvous-hash owner |
 //! | `in_flight` | requests in flight there |
+//! | `history` | prompt blocks this proxy did not route there recently (`prompt_blocks - history_blocks`): the pull of a prefix's home |
 
 use super::{Candidate, LoraState, RequestCtx};
 
@@ -57,6 +58,19 @@ pub struct Lora;
 pub struct Session;
 #[derive(Debug)]
 pub struct InFlight;
+#[derive(Debug)]
+pub struct Home;
+
+impl Scorer for Home {
+    fn name(&self) -> &'static str {
+        "history"
+    }
+    fn add_costs(&self, ctx: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        for (c, cost) in live.iter().zip(costs) {
+            *cost += w * (ctx.total_blocks - c.history_blocks.min(ctx.total_blocks)) as f64;
+        }
+    }
+}
 
 impl Scorer for Prefix {
     fn name(&self) -> &'static str {
