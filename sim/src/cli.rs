@@ -16,7 +16,7 @@ use crate::{
 #[derive(Debug, Clone, Args)]
 pub struct SimArgs {
     /// Served model name.
-    #[arg(long, default_value = "sim-llama")]
+    #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
     /// LoRA adapters served beside the base model (`NAME` or vLLM's `NAME=PATH`). Repeatable.
     #[arg(long = "lora-modules", value_name = "NAME[=PATH]")]
@@ -77,6 +77,9 @@ pub struct SimArgs {
     #[command(flatten)]
     pub faults: FaultArgs,
 }
+
+/// The served model name unless `--model` says otherwise.
+pub const DEFAULT_MODEL: &str = "sim-llama";
 
 /// Fault injection flags (all off by default).
 #[derive(Debug, Clone, Args)]

@@ -40,6 +40,10 @@ pub struct CompareArgs {
         default_value = "round-robin,least-loaded,session,approximate,precise"
     )]
     pub policies: Vec<Policy>,
+    /// Peer routers to add as rows: `auto` (those installed), `none`, or names
+    /// (`vllm-router-kv`, `vllm-router-cache`, `sglang-router-cache`).
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    pub peers: Vec<String>,
     /// Give up on a policy's run after this many wall seconds.
     #[arg(long, default_value_t = 120.0)]
     pub max_seconds: f64,
@@ -103,16 +107,27 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         args.profile,
         args.time_scale
     );
+    let mut targets: Vec<Target> = args.policies.iter().map(|p| Target::Warmpath(*p)).collect();
+    targets.extend(select_peers(&args.peers)?.into_iter().map(Target::Peer));
     let mut rows = Vec::new();
-    for policy in &args.policies {
-        let row = run_policy(&args, *policy, plan.clone()).await?;
+    for target in targets {
+        let row = match run_target(&args, target, plan.clone()).await {
+            Ok(row) => row,
+            // A peer that cannot run here is reported, not fatal.
+            Err(e) if matches!(target, Target::Peer(_)) => {
+                eprintln!("  skipping {}: {e}", target.name());
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         eprintln!(
-            "  {:<13} done: {} requests, p90 TTFT {:.3} s",
+            "  {:<26} done: {} requests, p90 TTFT {:.3} s",
             row.policy, row.requests, row.ttft_p90
         );
         rows.push(row);
     }
     print_table(&rows);
+    print_peer_ratios(&rows);
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&rows).map_err(|e| Error::Setup(e.to_string()))?;
         std::fs::write(path, json).map_err(|source| Error::Io {
@@ -132,9 +147,63 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
     Ok(())
 }
 
-async fn run_policy(
+/// What a run goes through: warmpath with a policy, or a peer router.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Warmpath(Policy),
+    Peer(super::peers::Peer),
+}
+
+impl Target {
+    fn name(&self) -> String {
+        match self {
+            Target::Warmpath(p) => format!("{p:?}"),
+            Target::Peer(p) => p.name.to_string(),
+        }
+    }
+}
+
+/// The peers `--peers` asks for.
+fn select_peers(asked: &[String]) -> Result<Vec<super::peers::Peer>, Error> {
+    use super::peers::PEERS;
+    let by_flag = |n: &str| match n {
+        "vllm-router-kv" => Some(PEERS[0]),
+        "vllm-router-cache" => Some(PEERS[1]),
+        "sglang-router-cache" => Some(PEERS[2]),
+        _ => None,
+    };
+    let mut out = Vec::new();
+    for a in asked {
+        match a.as_str() {
+            "none" => return Ok(Vec::new()),
+            "auto" => out.extend(PEERS.iter().copied().filter(|p| p.installed())),
+            name => out.push(by_flag(name).ok_or_else(|| {
+                Error::Setup(format!("--peers {name}: expected auto, none, vllm-router-kv, vllm-router-cache or sglang-router-cache"))
+            })?),
+        }
+    }
+    out.dedup();
+    Ok(out)
+}
+
+/// warmpath precise against each peer row.
+fn print_peer_ratios(rows: &[Row]) {
+    let Some(precise) = rows.iter().find(|r| r.policy == "Precise") else {
+        return;
+    };
+    for peer in rows.iter().filter(|r| r.policy.contains("-router")) {
+        println!(
+            "warmpath precise vs {}: p90 TTFT {:.2}x, output throughput {:.2}x",
+            peer.policy,
+            precise.ttft_p90 / peer.ttft_p90,
+            precise.output_tokens_per_s / peer.output_tokens_per_s
+        );
+    }
+}
+
+async fn run_target(
     args: &CompareArgs,
-    policy: Policy,
+    target: Target,
     plan: Arc<Vec<super::workload::Planned>>,
 ) -> Result<Row, Error> {
     let sim_flags = [
@@ -164,6 +233,31 @@ async fn run_policy(
     let engines = warmpath_sim::cli::start(&sim)
         .await
         .map_err(|e| Error::Setup(format!("simulator: {e}")))?;
+    let policy = match target {
+        Target::Warmpath(p) => p,
+        Target::Peer(peer) => {
+            let started = peer.start(&engines, &sim.model).await;
+            let result = match started {
+                Ok((child, base)) => {
+                    let row = drive(
+                        args,
+                        &target,
+                        plan,
+                        &engines,
+                        &format!("{base}/v1/completions"),
+                    )
+                    .await;
+                    drop(child);
+                    row
+                }
+                Err(e) => Err(e),
+            };
+            for e in engines {
+                e.shutdown();
+            }
+            return result;
+        }
+    };
     let mut agent = vec![
         "warmpath".to_string(),
         "agent".into(),
@@ -200,6 +294,23 @@ async fn run_policy(
         .await
         .map_err(|e| Error::Setup(format!("proxy: {e}")))?;
     let url = format!("http://{}/v1/completions", routing.listen);
+    let row = drive(args, &target, plan, &engines, &url).await;
+    drop(routing);
+    for e in engines {
+        e.shutdown();
+    }
+    row
+}
+
+/// Sends the plan to `url` and measures it against `engines`' prefix caches.
+async fn drive(
+    args: &CompareArgs,
+    target: &Target,
+    plan: Arc<Vec<super::workload::Planned>>,
+    engines: &[warmpath_sim::fleet::RunningEngine],
+    url: &str,
+) -> Result<Row, Error> {
+    let url = url.to_string();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .tcp_nodelay(true)
@@ -233,17 +344,13 @@ async fn run_policy(
         let st = e.served.engine.stats();
         (h + st.prefix_hits, q + st.prefix_queries)
     });
-    drop(routing);
-    for e in engines {
-        e.shutdown();
-    }
     let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft / scale).collect();
     let mut e2e: Vec<f64> = samples.iter().map(|s| s.e2e / scale).collect();
     ttft.sort_by(f64::total_cmp);
     e2e.sort_by(f64::total_cmp);
     let output: u64 = samples.iter().map(|s| s.output_tokens).sum();
     Ok(Row {
-        policy: format!("{policy:?}"),
+        policy: target.name(),
         requests: samples.len(),
         errors,
         ttft_p50: quantile(&ttft, 0.5),
@@ -268,7 +375,8 @@ async fn one_request(
     max_tokens: usize,
 ) -> Option<Sample> {
     let t0 = Instant::now();
-    let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "stream": true,
+    // `model` explicitly: some routers (sglang-router) require it.
+    let body = serde_json::json!({"model": warmpath_sim::cli::DEFAULT_MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": true,
         "ignore_eos": true, "stream_options": {"include_usage": true}});
     let resp = client.post(url).json(&body).send().await.ok()?;
     if !resp.status().is_success() {

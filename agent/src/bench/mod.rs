@@ -3,6 +3,7 @@
 mod chart;
 pub mod compare;
 pub mod index;
+mod peers;
 mod proc_stat;
 mod process;
 mod proxy;

@@ -1,0 +1,150 @@
+//! Peer routers for `warmpath bench compare`: `vllm-router` (kv_aware with the same KV event
+//! sources, and cache_aware) and `sglang-router` (cache_aware), from PyPI, started in front of
+//! the same fleet when their binaries are on PATH.
+
+use std::{process::Stdio, time::Duration};
+
+use warmpath_sim::fleet::RunningEngine;
+
+use super::{
+    Error,
+    process::{Child, free_port},
+};
+
+/// A peer router configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// Row label.
+    pub name: &'static str,
+    pub program: &'static str,
+    policy: &'static str,
+}
+
+/// Every peer warmpath compares against.
+pub const PEERS: [Peer; 3] = [
+    Peer {
+        name: "vllm-router kv_aware",
+        program: "vllm-router",
+        policy: "kv_aware",
+    },
+    Peer {
+        name: "vllm-router cache_aware",
+        program: "vllm-router",
+        policy: "cache_aware",
+    },
+    Peer {
+        name: "sglang-router cache_aware",
+        program: "sglang-router",
+        policy: "cache_aware",
+    },
+];
+
+/// How long a peer gets to start answering.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Peer {
+    /// Whether its binary is installed.
+    pub fn installed(&self) -> bool {
+        std::env::var_os("PATH").is_some_and(|path| {
+            std::env::split_paths(&path).any(|dir| dir.join(self.program).is_file())
+        })
+    }
+
+    fn args(
+        &self,
+        engines: &[RunningEngine],
+        port: u16,
+        metrics_port: u16,
+        model: &str,
+    ) -> Vec<String> {
+        let urls: Vec<String> = engines
+            .iter()
+            .map(|e| format!("http://{}", e.http))
+            .collect();
+        let mut args: Vec<String> = Vec::new();
+        if self.program == "sglang-router" {
+            args.push("launch".into());
+        }
+        args.extend([
+            "--host".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            port.to_string(),
+        ]);
+        args.push("--worker-urls".into());
+        args.extend(urls.iter().cloned());
+        args.extend(["--policy".into(), self.policy.into()]);
+        args.extend([
+            "--prometheus-host".into(),
+            "127.0.0.1".into(),
+            "--prometheus-port".into(),
+            metrics_port.to_string(),
+        ]);
+        if self.policy == "kv_aware" {
+            for (url, e) in urls.iter().zip(engines) {
+                if let Some(p) = &e.publisher {
+                    args.extend([
+                        "--kv-event-source".into(),
+                        format!("{url}={}", p.events_endpoint),
+                    ]);
+                    if let Some(r) = &p.replay_endpoint {
+                        args.extend(["--kv-event-replay-source".into(), format!("{url}={r}")]);
+                    }
+                }
+            }
+            args.extend([
+                "--kv-event-block-size".into(),
+                "16".into(),
+                "--kv-event-model".into(),
+                model.into(),
+            ]);
+        }
+        args
+    }
+
+    /// Starts the peer in front of `engines`; returns it and its base URL once it answers.
+    pub async fn start(
+        &self,
+        engines: &[RunningEngine],
+        model: &str,
+    ) -> Result<(Child, String), Error> {
+        let (port, metrics_port) = (free_port()?, free_port()?);
+        let child = tokio::process::Command::new(self.program)
+            .args(self.args(engines, port, metrics_port, model))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| Error::Io {
+                what: format!("start {}", self.program),
+                source,
+            })?;
+        let child = Child(child);
+        let base = format!("http://127.0.0.1:{port}");
+        let client = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        // Ready when a tiny completion goes through (the peers discover workers
+        // asynchronously; /v1/models alone is not enough).
+        let probe = serde_json::json!({"model": model, "prompt": "ready?", "max_tokens": 1});
+        loop {
+            let ok = client
+                .post(format!("{base}/v1/completions"))
+                .json(&probe)
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if ok {
+                return Ok((child, base));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Setup(format!(
+                    "{} did not become ready in {READY_TIMEOUT:?}",
+                    self.name
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
