@@ -104,8 +104,8 @@ pub fn render(status: &serde_json::Value) -> String {
             out,
             "{:<24} {:>9} {:>9} {:>8} {:>7.1}% {:>10} {:<8}",
             load["endpoint"].as_str().unwrap_or("?"),
-            load["in_flight"],
-            load["requests"],
+            load["in_flight"].as_u64().unwrap_or(0),
+            load["requests"].as_u64().unwrap_or(0),
             engine["waiting"]
                 .as_u64()
                 .map_or("-".into(), |w| w.to_string()),

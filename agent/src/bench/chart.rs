@@ -10,8 +10,19 @@ use plotters::{coord::Shift, prelude::*};
 
 use super::Error;
 
-/// Colours per series, in order.
-const COLOURS: [RGBColor; 6] = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK];
+/// Colours per series, in order (distinct for up to ten series).
+const COLOURS: [RGBColor; 10] = [
+    RED,
+    BLUE,
+    GREEN,
+    MAGENTA,
+    CYAN,
+    BLACK,
+    RGBColor(255, 140, 0),
+    RGBColor(139, 69, 19),
+    RGBColor(128, 128, 128),
+    RGBColor(128, 128, 0),
+];
 /// Chart size in pixels.
 const SIZE: (u32, u32) = (960, 600);
 /// Where fonts are looked for, in order (after `WARMPATH_FONT`).

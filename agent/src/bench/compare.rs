@@ -50,7 +50,8 @@ pub struct CompareArgs {
     /// Write the results as JSON here.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Write the TTFT CDF per policy as an SVG chart here.
+    /// Write the TTFT CDF per policy here (SVG or PNG by extension; the other format is
+    /// written beside it).
     #[arg(long, value_name = "FILE")]
     pub chart: Option<PathBuf>,
 }
@@ -141,8 +142,15 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
             .iter()
             .map(|r| (r.policy.clone(), r.ttfts.clone()))
             .collect();
-        super::chart::ttft_cdf(path, &series)?;
-        println!("chart: {}", path.display());
+        // The asked-for file, and the other format beside it (SVG for docs, PNG for chat).
+        let other = match path.extension().and_then(|e| e.to_str()) {
+            Some("png") => path.with_extension("svg"),
+            _ => path.with_extension("png"),
+        };
+        for p in [path.as_path(), other.as_path()] {
+            super::chart::ttft_cdf(p, &series)?;
+            println!("chart: {}", p.display());
+        }
     }
     Ok(())
 }
