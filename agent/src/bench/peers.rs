@@ -39,6 +39,14 @@ pub const PEERS: [Peer; 3] = [
     },
 ];
 
+/// One engine as a peer sees it.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    pub url: String,
+    pub events: Option<String>,
+    pub replay: Option<String>,
+}
+
 /// How long a peer gets to start answering.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -50,17 +58,8 @@ impl Peer {
         })
     }
 
-    fn args(
-        &self,
-        engines: &[RunningEngine],
-        port: u16,
-        metrics_port: u16,
-        model: &str,
-    ) -> Vec<String> {
-        let urls: Vec<String> = engines
-            .iter()
-            .map(|e| format!("http://{}", e.http))
-            .collect();
+    fn args(&self, workers: &[Worker], port: u16, metrics_port: u16, model: &str) -> Vec<String> {
+        let urls: Vec<String> = workers.iter().map(|w| w.url.clone()).collect();
         let mut args: Vec<String> = Vec::new();
         if self.program == "sglang-router" {
             args.push("launch".into());
@@ -81,15 +80,12 @@ impl Peer {
             metrics_port.to_string(),
         ]);
         if self.policy == "kv_aware" {
-            for (url, e) in urls.iter().zip(engines) {
-                if let Some(p) = &e.publisher {
-                    args.extend([
-                        "--kv-event-source".into(),
-                        format!("{url}={}", p.events_endpoint),
-                    ]);
-                    if let Some(r) = &p.replay_endpoint {
-                        args.extend(["--kv-event-replay-source".into(), format!("{url}={r}")]);
-                    }
+            for w in workers {
+                if let Some(events) = &w.events {
+                    args.extend(["--kv-event-source".into(), format!("{}={events}", w.url)]);
+                }
+                if let Some(r) = &w.replay {
+                    args.extend(["--kv-event-replay-source".into(), format!("{}={r}", w.url)]);
                 }
             }
             args.extend([
@@ -102,15 +98,32 @@ impl Peer {
         args
     }
 
-    /// Starts the peer in front of `engines`; returns it and its base URL once it answers.
+    /// Starts the peer in front of in-process `engines`.
     pub async fn start(
         &self,
         engines: &[RunningEngine],
         model: &str,
     ) -> Result<(Child, String), Error> {
+        let workers: Vec<Worker> = engines
+            .iter()
+            .map(|e| Worker {
+                url: format!("http://{}", e.http),
+                events: e.publisher.as_ref().map(|p| p.events_endpoint.clone()),
+                replay: e.publisher.as_ref().and_then(|p| p.replay_endpoint.clone()),
+            })
+            .collect();
+        self.start_workers(&workers, model).await
+    }
+
+    /// Starts the peer in front of `workers`; returns it and its base URL once it answers.
+    pub async fn start_workers(
+        &self,
+        workers: &[Worker],
+        model: &str,
+    ) -> Result<(Child, String), Error> {
         let (port, metrics_port) = (free_port()?, free_port()?);
         let child = tokio::process::Command::new(self.program)
-            .args(self.args(engines, port, metrics_port, model))
+            .args(self.args(workers, port, metrics_port, model))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -121,6 +121,36 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
             None
         }
     };
+    // Peer routers (PyPI wheels) in their cache-aware mode, when installed.
+    let mut _peers = Vec::new();
+    for peer in [super::peers::PEERS[1], super::peers::PEERS[2]] {
+        if !peer.installed() {
+            println!(
+                "({} not installed: `pip install {}` adds its row)",
+                peer.program, peer.program
+            );
+            continue;
+        }
+        let worker = super::peers::Worker {
+            url: format!("http://{sim_addr}"),
+            events: None,
+            replay: None,
+        };
+        match peer
+            .start_workers(&[worker], warmpath_sim::cli::DEFAULT_MODEL)
+            .await
+        {
+            Ok((child, base)) => {
+                targets.push(Target {
+                    name: peer.program,
+                    base,
+                    pid: child.0.id(),
+                });
+                _peers.push(child);
+            }
+            Err(e) => println!("({} did not start: {e})", peer.name),
+        }
+    }
 
     println!(
         "warmpath bench proxy: {} sequential requests per target and kind, one keep-alive connection each",
@@ -182,7 +212,7 @@ async fn latencies(
     n: usize,
     stream: bool,
 ) -> Result<Vec<(Duration, Duration)>, Error> {
-    let body = serde_json::json!({"prompt": "hello world", "max_tokens": if stream { 4 } else { 1 }, "stream": stream, "ignore_eos": true});
+    let body = serde_json::json!({"model": warmpath_sim::cli::DEFAULT_MODEL, "prompt": "hello world", "max_tokens": if stream { 4 } else { 1 }, "stream": stream, "ignore_eos": true});
     let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(n); targets.len()];
     for i in 0..n + 200 {
         for (t, target) in targets.iter().enumerate() {
@@ -233,7 +263,7 @@ async fn throughput(
                 done.clone(),
             );
             tokio::spawn(async move {
-                let body = serde_json::json!({"prompt": "hello world", "max_tokens": 1});
+                let body = serde_json::json!({"model": warmpath_sim::cli::DEFAULT_MODEL, "prompt": "hello world", "max_tokens": 1});
                 while Instant::now() < end {
                     if let Ok(r) = client.post(&url).json(&body).send().await
                         && r.bytes().await.is_ok()
