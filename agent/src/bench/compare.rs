@@ -44,6 +44,10 @@ pub struct CompareArgs {
     /// (`vllm-router-kv`, `vllm-router-cache`, `sglang-router-cache`).
     #[arg(long, value_delimiter = ',', default_value = "auto")]
     pub peers: Vec<String>,
+    /// Also run warmpath precise behind transparent interception (a VIP redirected to the
+    /// proxy by cgroup/connect4): `auto` (when privileged and supported), `on`, `off`.
+    #[arg(long, default_value = "auto")]
+    pub ebpf: String,
     /// Give up on a policy's run after this many wall seconds.
     #[arg(long, default_value_t = 120.0)]
     pub max_seconds: f64,
@@ -109,6 +113,17 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         args.time_scale
     );
     let mut targets: Vec<Target> = args.policies.iter().map(|p| Target::Warmpath(*p)).collect();
+    match (args.ebpf.as_str(), crate::ebpf::unavailable_reason()) {
+        ("off", _) => {}
+        ("auto" | "on", None) => targets.push(Target::Intercepted),
+        ("auto", Some(why)) => println!("(transparent interception row skipped: {why})"),
+        ("on", Some(why)) => return Err(Error::Setup(format!("--ebpf on: {why}"))),
+        (other, _) => {
+            return Err(Error::Setup(format!(
+                "--ebpf {other}: expected auto, on or off"
+            )));
+        }
+    }
     targets.extend(select_peers(&args.peers)?.into_iter().map(Target::Peer));
     let mut rows = Vec::new();
     for target in targets {
@@ -159,6 +174,8 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
 #[derive(Debug, Clone, Copy)]
 enum Target {
     Warmpath(Policy),
+    /// Precise, with clients connecting to a VIP that connect4 redirects to the proxy.
+    Intercepted,
     Peer(super::peers::Peer),
 }
 
@@ -166,6 +183,7 @@ impl Target {
     fn name(&self) -> String {
         match self {
             Target::Warmpath(p) => format!("{p:?}"),
+            Target::Intercepted => "Precise (eBPF intercept)".into(),
             Target::Peer(p) => p.name.to_string(),
         }
     }
@@ -243,6 +261,7 @@ async fn run_target(
         .map_err(|e| Error::Setup(format!("simulator: {e}")))?;
     let policy = match target {
         Target::Warmpath(p) => p,
+        Target::Intercepted => Policy::Precise,
         Target::Peer(peer) => {
             let started = peer.start(&engines, &sim.model).await;
             let result = match started {
@@ -301,13 +320,52 @@ async fn run_target(
     let routing = crate::agent::start_routing(&agent)
         .await
         .map_err(|e| Error::Setup(format!("proxy: {e}")))?;
-    let url = format!("http://{}/v1/completions", routing.listen);
+    let mut url = format!("http://{}/v1/completions", routing.listen);
+    let _redirector = match target {
+        Target::Intercepted => {
+            let (redirector, vip) = intercept(routing.listen)?;
+            url = format!("http://{vip}/v1/completions");
+            Some(redirector)
+        }
+        _ => None,
+    };
     let row = drive(args, &target, plan, &engines, &url).await;
+    if let Some(r) = &_redirector
+        && let Ok(c) = r.counters()
+    {
+        println!(
+            "  eBPF: {} connections to the VIP redirected to the proxy in the kernel",
+            c.redirected
+        );
+    }
     drop(routing);
     for e in engines {
         e.shutdown();
     }
     row
+}
+
+/// The VIP clients use in the intercepted run (loopback: a failed rewrite is refused, never
+/// sent anywhere).
+const DEMO_VIP: std::net::SocketAddrV4 =
+    std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(127, 77, 0, 1), 8000);
+
+/// connect4 in this process's cgroup: DEMO_VIP -> the proxy (detached when dropped).
+fn intercept(
+    proxy: std::net::SocketAddr,
+) -> Result<(crate::ebpf::Redirector, std::net::SocketAddrV4), Error> {
+    let fail = |e: crate::ebpf::Error| Error::Setup(format!("eBPF interception: {e}"));
+    let std::net::SocketAddr::V4(target) = proxy else {
+        return Err(Error::Setup(
+            "eBPF interception needs an IPv4 proxy listener".into(),
+        ));
+    };
+    crate::ebpf::ensure_bpffs(std::path::Path::new(crate::ebpf::DEFAULT_BPFFS)).map_err(fail)?;
+    let mut r = crate::ebpf::Redirector::load().map_err(fail)?;
+    r.set_redirect(DEMO_VIP, target).map_err(fail)?;
+    r.attach(&crate::ebpf::own_cgroup().map_err(fail)?)
+        .map_err(fail)?;
+    Ok((r, DEMO_VIP))
 }
 
 /// Sends the plan to `url` and measures it against `engines`' prefix caches.

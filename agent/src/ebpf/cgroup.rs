@@ -14,6 +14,21 @@ use super::Error;
 /// Where the kernel lists this process's mounts.
 const MOUNTS: &str = "/proc/self/mounts";
 
+/// The cgroup v2 directory this process belongs to (`/proc/self/cgroup`'s `0::` line under
+/// the cgroup v2 mount).
+pub fn own_cgroup() -> Result<PathBuf, Error> {
+    let root = cgroup2_root()?;
+    let text = fs::read_to_string("/proc/self/cgroup").map_err(|source| Error::Io {
+        what: "/proc/self/cgroup".into(),
+        source,
+    })?;
+    let rel = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or(Error::NoCgroup2)?;
+    Ok(root.join(rel.trim_start_matches('/')))
+}
+
 /// Finds the cgroup v2 mount point on this host.
 pub fn cgroup2_root() -> Result<PathBuf, Error> {
     let mounts = fs::read_to_string(MOUNTS).map_err(|source| Error::Io {

@@ -10,7 +10,7 @@ mod logs;
 mod redirector;
 
 pub use bpffs::{DEFAULT_BPFFS, ensure_bpffs, is_bpffs};
-pub use cgroup::{ChildCgroup, cgroup2_root, find_cgroup2_mount};
+pub use cgroup::{ChildCgroup, cgroup2_root, find_cgroup2_mount, own_cgroup};
 pub use redirector::{Counters, Redirector};
 
 /// The compiled eBPF object, when this binary was built with the `bpf` feature.
