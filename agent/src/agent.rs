@@ -113,8 +113,9 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         config::TokenSourceConfig,
         kv_index,
         pool::Pool,
-        proxy::{self, TokenSource},
+        proxy::{self, TokenSource, segments::SegmentTokenizer},
     };
+    use warmpath_sim::tokenizer::Tokenizer;
 
     let block_sizes: std::collections::HashSet<usize> =
         config.pools.iter().map(|p| p.block_size).collect();
@@ -139,7 +140,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     proxy.explain = config.explain;
     proxy.inject_usage = config.inject_usage;
     let mut tasks = Vec::new();
-    let mut builtin: Option<Arc<warmpath_sim::tokenizer::Tokenizer>> = None;
+    let mut builtin: Option<Arc<proxy::segments::SegmentTokenizer>> = None;
     for pc in &config.pools {
         let mut endpoints = Vec::new();
         for e in &pc.endpoints {
@@ -170,12 +171,14 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         let tokens = match &pc.tokens {
             TokenSourceConfig::Builtin => TokenSource::Local(
                 builtin
-                    .get_or_insert_with(|| Arc::new(warmpath_sim::tokenizer::Tokenizer::builtin()))
+                    .get_or_insert_with(|| {
+                        Arc::new(SegmentTokenizer::new(Arc::new(Tokenizer::builtin())))
+                    })
                     .clone(),
             ),
-            TokenSourceConfig::HuggingFace(dir) => {
-                TokenSource::Local(Arc::new(warmpath_sim::tokenizer::Tokenizer::from_dir(dir)?))
-            }
+            TokenSourceConfig::HuggingFace(dir) => TokenSource::Local(Arc::new(
+                SegmentTokenizer::new(Arc::new(Tokenizer::from_dir(dir)?)),
+            )),
             TokenSourceConfig::Engine => TokenSource::Engine,
             TokenSourceConfig::Approximate => TokenSource::Approximate,
         };

@@ -8,6 +8,7 @@ mod admin;
 mod error;
 pub mod request;
 mod scrape;
+pub mod segments;
 pub mod tokens;
 mod upstream;
 

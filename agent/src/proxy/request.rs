@@ -7,6 +7,31 @@ use warmpath_sim::tokenizer::{ChatMessage, Tokenizer};
 use super::error::ProxyError;
 use crate::kv_index::{RequestExtras, RouterKey, request_keys};
 
+/// Encodes text as a pool's tokenizer does (plain, or with the per-segment cache).
+pub trait Encoder {
+    /// The tokenizer whose chat template renders messages.
+    fn template(&self) -> &Tokenizer;
+    fn encode_text(&self, text: &str, add_special_tokens: bool) -> Option<Vec<u32>>;
+}
+
+impl Encoder for Tokenizer {
+    fn template(&self) -> &Tokenizer {
+        self
+    }
+    fn encode_text(&self, text: &str, add_special_tokens: bool) -> Option<Vec<u32>> {
+        self.encode(text, add_special_tokens).ok()
+    }
+}
+
+impl Encoder for super::segments::SegmentTokenizer {
+    fn template(&self) -> &Tokenizer {
+        self.tokenizer()
+    }
+    fn encode_text(&self, text: &str, add_special_tokens: bool) -> Option<Vec<u32>> {
+        self.encode(text, add_special_tokens)
+    }
+}
+
 /// Which endpoint family a request uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -137,7 +162,7 @@ impl Request {
     /// Tokens as vLLM would compute them with `tokenizer`; `None` for a prompt the router
     /// cannot tokenize (odd shape, template failure) — it is still forwarded, routed without
     /// prefix information, and the engine answers with its own validation error.
-    pub fn local_tokens(&self, tokenizer: &Tokenizer) -> Option<Vec<u32>> {
+    pub fn local_tokens(&self, tokenizer: &dyn Encoder) -> Option<Vec<u32>> {
         match self.kind {
             Kind::Completion => completion_tokens(&self.obj, tokenizer),
             Kind::Chat => chat_tokens(&self.obj, tokenizer),
@@ -257,21 +282,21 @@ pub fn parse_with_adapters(
 
 fn completion_tokens(
     obj: &serde_json::Map<String, serde_json::Value>,
-    tokenizer: &Tokenizer,
+    tokenizer: &dyn Encoder,
 ) -> Option<Vec<u32>> {
     let add_special = obj
         .get("add_special_tokens")
         .and_then(|b| b.as_bool())
         .unwrap_or(true);
     match obj.get("prompt")? {
-        serde_json::Value::String(text) => tokenizer.encode(text, add_special).ok(),
+        serde_json::Value::String(text) => tokenizer.encode_text(text, add_special),
         serde_json::Value::Array(items) => match items.first()? {
             serde_json::Value::Number(_) => items
                 .iter()
                 .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
                 .collect(),
             serde_json::Value::String(text) if items.len() == 1 => {
-                tokenizer.encode(text, add_special).ok()
+                tokenizer.encode_text(text, add_special)
             }
             _ => None,
         },
@@ -281,7 +306,7 @@ fn completion_tokens(
 
 fn chat_tokens(
     obj: &serde_json::Map<String, serde_json::Value>,
-    tokenizer: &Tokenizer,
+    tokenizer: &dyn Encoder,
 ) -> Option<Vec<u32>> {
     let messages: Vec<ChatMessage> = obj
         .get("messages")?
@@ -308,13 +333,14 @@ fn chat_tokens(
         .and_then(|b| b.as_bool())
         .unwrap_or(true);
     let text = tokenizer
+        .template()
         .apply_chat_template(&messages, add_generation_prompt)
         .ok()?;
     let add_special = obj
         .get("add_special_tokens")
         .and_then(|b| b.as_bool())
         .unwrap_or(false);
-    tokenizer.encode(&text, add_special).ok()
+    tokenizer.encode_text(&text, add_special)
 }
 
 #[cfg(test)]

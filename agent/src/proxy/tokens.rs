@@ -13,7 +13,6 @@ use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use warmpath_sim::tokenizer::Tokenizer;
 
 use super::{request::Request, upstream::UpstreamClient};
 use crate::kv_index::{RouterKey, request_keys};
@@ -28,7 +27,8 @@ const MAX_TOKENIZE_BODY: usize = 16 * 1024 * 1024;
 /// A pool's token source.
 #[derive(Debug, Clone)]
 pub enum TokenSource {
-    Local(Arc<Tokenizer>),
+    /// The local tokenizer, with its per-segment cache.
+    Local(Arc<super::segments::SegmentTokenizer>),
     Engine,
     Approximate,
 }
@@ -45,7 +45,7 @@ impl TokenSource {
     ) -> Vec<RouterKey> {
         let extras = req.extras(lora);
         let tokens = match self {
-            TokenSource::Local(tok) => req.local_tokens(tok),
+            TokenSource::Local(tok) => req.local_tokens(tok.as_ref()),
             TokenSource::Engine => match req.prompt_ids() {
                 Some(ids) => Some(ids),
                 None => match engine {

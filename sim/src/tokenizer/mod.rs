@@ -131,6 +131,26 @@ impl Tokenizer {
             .render(messages, add_generation_prompt)
     }
 
+    /// The added tokens (specials such as chat-template markers): `(content, id, plain)`,
+    /// where `plain` means matched verbatim anywhere (no lstrip/rstrip/single-word matching,
+    /// not normalized) — the condition under which text can be split at them exactly.
+    pub fn added_tokens(&self) -> Vec<(String, u32, bool)> {
+        let mut out: Vec<(String, u32, bool)> = self
+            .inner
+            .get_added_tokens_decoder()
+            .iter()
+            .map(|(id, t)| {
+                (
+                    t.content.clone(),
+                    *id,
+                    !t.single_word && !t.lstrip && !t.rstrip && !t.normalized,
+                )
+            })
+            .collect();
+        out.sort_by(|a, b| a.1.cmp(&b.1));
+        out
+    }
+
     /// The EOS token id, if the tokenizer declares one.
     pub fn eos_id(&self) -> Option<u32> {
         self.eos_id

@@ -1,0 +1,205 @@
+//! Tokenization that reuses work across requests: the text is cut at added (special) tokens —
+//! chat templates put one between every message — and each piece's tokens are cached.
+//!
+//! This is exact, not an approximation: HuggingFace tokenizers split the input at added
+//! tokens *before* normalizing and pre-tokenizing, so every piece is tokenized on its own
+//! anyway. It is only enabled when every added token is matched verbatim (no lstrip/rstrip/
+//! single-word rules, not normalized) and `add_special_tokens` only prepends a fixed prefix
+//! (checked once at start); otherwise [`SegmentTokenizer::encode`] is plain encoding. A shared
+//! system prompt is then tokenized once, and each request pays for its new messages only.
+//!
+//! The cache holds at most [`MAX_CACHED_TOKENS`] tokens (FIFO eviction); pieces shorter than
+//! [`MIN_SEGMENT_BYTES`] are not worth caching.
+
+use std::{collections::VecDeque, sync::Arc};
+
+use memchr::memmem;
+use parking_lot::Mutex;
+use warmpath_sim::tokenizer::Tokenizer;
+
+/// Tokens kept in the cache (16 MiB of ids).
+pub const MAX_CACHED_TOKENS: usize = 4 << 20;
+/// Pieces shorter than this are encoded every time.
+pub const MIN_SEGMENT_BYTES: usize = 256;
+
+#[derive(Debug, Default)]
+struct Cache {
+    map: std::collections::HashMap<u128, Arc<[u32]>>,
+    order: VecDeque<(u128, usize)>,
+    tokens: usize,
+}
+
+/// A tokenizer with a per-segment cache.
+#[derive(Debug)]
+pub struct SegmentTokenizer {
+    tokenizer: Arc<Tokenizer>,
+    /// Added tokens to split at, as (content, id); `None` when splitting would not be exact.
+    specials: Option<Vec<(String, u32)>>,
+    /// What `add_special_tokens = true` prepends; `None` when it does more than prepend.
+    bos: Option<Vec<u32>>,
+    cache: Mutex<Cache>,
+}
+
+impl SegmentTokenizer {
+    pub fn new(tokenizer: Arc<Tokenizer>) -> Self {
+        let added = tokenizer.added_tokens();
+        let specials = added
+            .iter()
+            .all(|(content, _, plain)| *plain && !content.is_empty())
+            .then(|| {
+                let mut v: Vec<(String, u32)> =
+                    added.into_iter().map(|(c, id, _)| (c, id)).collect();
+                // Longest first: leftmost-longest matching like the tokenizers crate.
+                v.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+                v
+            });
+        // add_special_tokens must only prepend: probe with a text whose tokens we know.
+        let bos = (|| {
+            let with = tokenizer.encode("probe text", true).ok()?;
+            let without = tokenizer.encode("probe text", false).ok()?;
+            let n = with.len().checked_sub(without.len())?;
+            (with[n..] == without[..]).then(|| with[..n].to_vec())
+        })();
+        Self {
+            tokenizer,
+            specials,
+            bos,
+            cache: Mutex::new(Cache::default()),
+        }
+    }
+
+    /// The tokenizer itself (chat templates).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Token ids of `text`, identical to [`Tokenizer::encode`].
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Option<Vec<u32>> {
+        let (Some(specials), Some(bos)) = (&self.specials, &self.bos) else {
+            return self.tokenizer.encode(text, add_special_tokens).ok();
+        };
+        let mut out = Vec::with_capacity(text.len() / 3 + 8);
+        if add_special_tokens {
+            out.extend_from_slice(bos);
+        }
+        let mut pos = 0;
+        while pos < text.len() {
+            let next = specials
+                .iter()
+                .filter_map(|(c, id)| {
+                    memmem::find(&text.as_bytes()[pos..], c.as_bytes())
+                        .map(|at| (pos + at, c.len(), *id))
+                })
+                .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            let end = next.map_or(text.len(), |(at, _, _)| at);
+            if end > pos {
+                self.piece(&text[pos..end], &mut out)?;
+            }
+            match next {
+                Some((at, len, id)) => {
+                    out.push(id);
+                    pos = at + len;
+                }
+                None => break,
+            }
+        }
+        Some(out)
+    }
+
+    fn piece(&self, piece: &str, out: &mut Vec<u32>) -> Option<()> {
+        if piece.len() < MIN_SEGMENT_BYTES {
+            out.extend(self.tokenizer.encode(piece, false).ok()?);
+            return Some(());
+        }
+        let key = xxhash_rust::xxh3::xxh3_128(piece.as_bytes());
+        if let Some(ids) = self.cache.lock().map.get(&key).cloned() {
+            out.extend_from_slice(&ids);
+            return Some(());
+        }
+        let ids: Arc<[u32]> = self.tokenizer.encode(piece, false).ok()?.into();
+        out.extend_from_slice(&ids);
+        let mut c = self.cache.lock();
+        if ids.len() <= MAX_CACHED_TOKENS && c.map.insert(key, ids.clone()).is_none() {
+            c.tokens += ids.len();
+            c.order.push_back((key, ids.len()));
+            while c.tokens > MAX_CACHED_TOKENS {
+                let Some((old, n)) = c.order.pop_front() else {
+                    break;
+                };
+                c.map.remove(&old);
+                c.tokens -= n;
+            }
+        }
+        Some(())
+    }
+
+    /// Tokens currently cached.
+    pub fn cached_tokens(&self) -> usize {
+        self.cache.lock().tokens
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warmpath_sim::{text::TextGen, tokenizer::ChatMessage};
+
+    #[test]
+    fn segmented_encoding_equals_plain_encoding() {
+        let tok = Arc::new(Tokenizer::builtin());
+        let seg = SegmentTokenizer::new(tok.clone());
+        assert!(
+            seg.specials.is_some() && seg.bos.is_some(),
+            "the built-in tokenizer segments"
+        );
+        let mut text = TextGen::new(3);
+        for i in 0..40 {
+            let system = text.text(200 + i * 97);
+            let messages = vec![
+                ChatMessage {
+                    role: "system".into(),
+                    content: system.clone(),
+                },
+                ChatMessage {
+                    role: "user".into(),
+                    content: text.text(40 + i),
+                },
+                ChatMessage {
+                    role: "assistant".into(),
+                    content: format!("  {} \n", text.text(30)),
+                },
+                ChatMessage {
+                    role: "user".into(),
+                    content: text.text(300),
+                },
+            ];
+            for generation in [true, false] {
+                let rendered = tok.apply_chat_template(&messages, generation).unwrap();
+                for special in [false, true] {
+                    assert_eq!(
+                        seg.encode(&rendered, special),
+                        tok.encode(&rendered, special).ok(),
+                        "case {i}"
+                    );
+                }
+            }
+            // Completions: plain text, with and without BOS; and specials inside user text.
+            let raw = format!("{system} <|im_end|>tail{}", text.text(50));
+            assert_eq!(seg.encode(&raw, true), tok.encode(&raw, true).ok());
+        }
+        assert!(seg.cached_tokens() > 0);
+        // Hits return the same ids.
+        let rendered = tok
+            .apply_chat_template(
+                &[ChatMessage {
+                    role: "user".into(),
+                    content: "x ".repeat(400),
+                }],
+                true,
+            )
+            .unwrap();
+        let a = seg.encode(&rendered, false);
+        assert_eq!(a, seg.encode(&rendered, false));
+        assert_eq!(a, tok.encode(&rendered, false).ok());
+    }
+}
