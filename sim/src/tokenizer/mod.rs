@@ -147,7 +147,7 @@ impl Tokenizer {
                 )
             })
             .collect();
-        out.sort_by(|a, b| a.1.cmp(&b.1));
+        out.sort_by_key(|t| t.1);
         out
     }
 
