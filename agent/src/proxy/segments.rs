@@ -50,7 +50,7 @@ impl SegmentTokenizer {
                 let mut v: Vec<(String, u32)> =
                     added.into_iter().map(|(c, id, _)| (c, id)).collect();
                 // Longest first: leftmost-longest matching like the tokenizers crate.
-                v.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+                v.sort_by_key(|t| std::cmp::Reverse(t.0.len()));
                 v
             });
         // add_special_tokens must only prepend: probe with a text whose tokens we know.
