@@ -48,6 +48,9 @@ pub struct CompareArgs {
     /// proxy by cgroup/connect4): `auto` (when privileged and supported), `on`, `off`.
     #[arg(long, default_value = "auto")]
     pub ebpf: String,
+    /// Scorer weight overrides for the precise rows (`NAME=W`, repeatable; docs/routing.md).
+    #[arg(long = "precise-weight", value_name = "NAME=W")]
+    pub precise_weights: Vec<String>,
     /// Give up on a policy's run after this many wall seconds.
     #[arg(long, default_value_t = 120.0)]
     pub max_seconds: f64,
@@ -300,6 +303,11 @@ async fn run_target(
             .replace("roundrobin", "round-robin")
             .replace("leastloaded", "least-loaded"),
     ]);
+    if policy == Policy::Precise {
+        for w in &args.precise_weights {
+            agent.extend(["--weight".into(), w.clone()]);
+        }
+    }
     for e in &engines {
         agent.extend(["--endpoint".into(), format!("http://{}", e.http)]);
         if let Some(p) = &e.publisher {
