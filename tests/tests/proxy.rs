@@ -382,3 +382,58 @@ async fn a_session_cookie_keeps_a_conversation_on_one_pod() {
     let distinct: std::collections::HashSet<_> = homes.values().collect();
     assert!(distinct.len() >= 2, "sessions spread: {homes:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_that_is_not_up_yet_does_not_hold_the_agent() {
+    // The engine's events port, with nothing listening there yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let events = format!("tcp://127.0.0.1:{port}");
+    let http = Fleet::start(&["--port", "0", "--profile", "tiny"]).await;
+    let routing = tokio::time::timeout(
+        WAIT,
+        warmpath_e2e::agent::proxy(
+            &Fleet {
+                engines: Vec::new(),
+            },
+            &["--endpoint", &http.url(0), "--kv-events", &events],
+        ),
+    )
+    .await
+    .expect("the agent starts without its publisher");
+    let base = format!("http://{}", routing.listen);
+    let client = reqwest::Client::new();
+    // Served meanwhile, without prefix information for that pod.
+    let (_, _) = complete(&client, &base, &shared_prompt(1, 0)).await;
+    let status = get_json(&client, &format!("http://{}/status", routing.admin)).await;
+    assert_eq!(status["pods"][0]["prefix_weight"], 0, "{status}");
+    // Once a publisher appears on that port, events flow into the index.
+    let publisher = Fleet::start(&[
+        "--port",
+        "0",
+        "--profile",
+        "tiny",
+        "--kv-events-port",
+        &port.to_string(),
+    ])
+    .await;
+    let admin = format!("http://{}/status", routing.admin);
+    let url = publisher.url(0);
+    wait_for("events from the late publisher", WAIT, || {
+        let (client, admin, url) = (client.clone(), admin.clone(), url.clone());
+        async move {
+            // Traffic straight to the publishing engine makes it emit BlockStored events.
+            let _ = client
+                .post(format!("{url}/v1/completions"))
+                .json(&json!({"prompt": shared_prompt(2, 0), "max_tokens": 1}))
+                .send()
+                .await;
+            let s: serde_json::Value = client.get(admin).send().await.ok()?.json().await.ok()?;
+            (s["pods"][0]["index"]["blocks_stored"].as_u64()? > 0).then_some(())
+        }
+    })
+    .await;
+}

@@ -60,20 +60,57 @@ pub async fn spawn(
     id: SourceId,
     cfg: SourceConfig,
 ) -> Result<tokio::task::JoinHandle<()>, SubscribeError> {
-    let mut sub = SubSocket::new();
+    let mut options = zeromq::SocketOptions::default();
+    // Each connect attempt gives up after this; the task below tries again, so a publisher
+    // that appears late is found within about this long.
+    options.connect_timeout(CONNECT_ATTEMPT);
+    let mut sub = SubSocket::with_options(options);
     let monitor = sub.monitor();
     let err = |source| SubscribeError::Socket {
         endpoint: cfg.endpoint.clone(),
         source,
     };
+    // A malformed address fails now, not in a retry loop.
+    cfg.endpoint
+        .parse::<zeromq::Endpoint>()
+        .map_err(|e| err(e.into()))?;
     if cfg.bind {
         sub.bind(&cfg.endpoint).await.map_err(err)?;
-    } else {
-        sub.connect(&cfg.endpoint).await.map_err(err)?;
+        sub.subscribe(&cfg.topic).await.map_err(err)?;
+        return Ok(tokio::spawn(ingest(index, id, cfg, sub, monitor)));
     }
-    sub.subscribe(&cfg.topic).await.map_err(err)?;
-    Ok(tokio::spawn(ingest(index, id, cfg, sub, monitor)))
+    // Connecting waits for the publisher to exist. A pod that is down (or not up yet) must
+    // not hold up the agent: connect in the background; until events arrive the pod simply
+    // has no trusted prefix information (prefix weight 0, visible in /status).
+    Ok(tokio::spawn(async move {
+        let mut warned = false;
+        loop {
+            let attempt = async {
+                sub.connect(&cfg.endpoint).await?;
+                sub.subscribe(&cfg.topic).await
+            };
+            match attempt.await {
+                Ok(()) => break,
+                Err(e) => {
+                    if !warned {
+                        tracing::warn!(pod = %cfg.pod, endpoint = %cfg.endpoint, error = %e, "KV events publisher not reachable yet; routing this pod without prefix information until it is (retrying)");
+                        warned = true;
+                    }
+                    // Timeouts retry at once; other failures (refused before the timeout
+                    // machinery applies, bad address) wait a little.
+                    if !matches!(e, zeromq::ZmqError::ConnectTimeout(_)) {
+                        tokio::time::sleep(CONNECT_ATTEMPT).await;
+                    }
+                }
+            }
+        }
+        tracing::info!(pod = %cfg.pod, endpoint = %cfg.endpoint, "subscribed to KV events");
+        ingest(index, id, cfg, sub, monitor).await;
+    }))
 }
+
+/// One connect attempt's limit (a publisher that appears late is found within about this).
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(2);
 
 async fn ingest(
     index: Arc<KvIndex>,
