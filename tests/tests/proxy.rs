@@ -422,13 +422,18 @@ async fn a_publisher_that_is_not_up_yet_does_not_hold_the_agent() {
     .await;
     let admin = format!("http://{}/status", routing.admin);
     let url = publisher.url(0);
+    let round = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     wait_for("events from the late publisher", WAIT, || {
-        let (client, admin, url) = (client.clone(), admin.clone(), url.clone());
+        let (client, admin, url, round) =
+            (client.clone(), admin.clone(), url.clone(), round.clone());
         async move {
-            // Traffic straight to the publishing engine makes it emit BlockStored events.
+            // Traffic straight to the publishing engine makes it emit BlockStored events; a
+            // new prompt each time, so events keep coming until the subscription is up
+            // (events published before it are lost, as with any ZeroMQ subscriber).
+            let n = round.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let _ = client
                 .post(format!("{url}/v1/completions"))
-                .json(&json!({"prompt": shared_prompt(2, 0), "max_tokens": 1}))
+                .json(&json!({"prompt": shared_prompt(100 + n, 0), "max_tokens": 1}))
                 .send()
                 .await;
             let s: serde_json::Value = client.get(admin).send().await.ok()?.json().await.ok()?;
