@@ -101,16 +101,13 @@ pub struct PoolRuntime {
 }
 
 impl PoolRuntime {
-    /// The endpoint asked to tokenize: the next one that has not failed lately.
+    /// The endpoint asked to tokenize (engine token source): the next one in rotation.
     fn tokenize_target(&self) -> Option<&str> {
         let n = self.pool.endpoints.len();
-        let start = self
+        let i = self
             .tokenize_cursor
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        (0..n)
-            .map(|i| &self.pool.endpoints[(start + i) % n])
-            .next()
-            .map(|e| e.authority.as_str())
+        (n > 0).then(|| self.pool.endpoints[i % n].authority.as_str())
     }
 }
 
@@ -360,7 +357,7 @@ async fn route(
                     &req,
                     lora.as_deref(),
                     pool.pool.block_size,
-                    pool.tokenize_target(),
+                    || pool.tokenize_target(),
                     &proxy.client,
                 )
                 .await;

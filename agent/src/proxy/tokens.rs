@@ -34,13 +34,23 @@ pub enum TokenSource {
 }
 
 impl TokenSource {
-    /// The request's key chain; empty when the prompt cannot be tokenized.
-    pub async fn keys(
+    /// Its name in `/status`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TokenSource::Local(_) => "Local",
+            TokenSource::Engine => "Engine",
+            TokenSource::Approximate => "Approximate",
+        }
+    }
+
+    /// The request's key chain; empty when the prompt cannot be tokenized. `engine` names the
+    /// endpoint to ask (engine source only; called at most once).
+    pub async fn keys<'a>(
         &self,
         req: &Request,
         lora: Option<&str>,
         block_size: usize,
-        engine: Option<&str>,
+        engine: impl FnOnce() -> Option<&'a str>,
         client: &UpstreamClient,
     ) -> Vec<RouterKey> {
         let extras = req.extras(lora);
@@ -48,7 +58,7 @@ impl TokenSource {
             TokenSource::Local(tok) => req.local_tokens(tok.as_ref()),
             TokenSource::Engine => match req.prompt_ids() {
                 Some(ids) => Some(ids),
-                None => match engine {
+                None => match engine() {
                     Some(authority) => engine_tokens(req, authority, client).await,
                     None => None,
                 },
