@@ -45,8 +45,6 @@ pub struct Parsed {
     pub model: String,
     pub keys: Vec<RouterKey>,
     pub prompt_tokens: usize,
-    /// The LoRA adapter the request names (its `model`), if it is one.
-    pub lora: Option<String>,
     /// `"stream": true`.
     pub stream: bool,
     /// `stream_options.include_usage` as the client set it (`None`: no `stream_options`;
@@ -254,26 +252,11 @@ pub fn parse(
     tokenizer: &Tokenizer,
     block_size: usize,
 ) -> Result<Parsed, ProxyError> {
-    parse_with_adapters(kind, body, default_model, tokenizer, block_size, &|_| false)
-}
-
-/// Like [`parse`]; a `model` for which `is_adapter` holds is a LoRA adapter, whose name joins
-/// every block's key (as vLLM's block hashes include it).
-pub fn parse_with_adapters(
-    kind: Kind,
-    body: &[u8],
-    default_model: &str,
-    tokenizer: &Tokenizer,
-    block_size: usize,
-    is_adapter: &dyn Fn(&str) -> bool,
-) -> Result<Parsed, ProxyError> {
     let req = Request::read(kind, body, default_model)?;
-    let lora = (req.model != default_model && is_adapter(&req.model)).then(|| req.model.clone());
     let tokens = req.local_tokens(tokenizer).unwrap_or_default();
     Ok(Parsed {
-        keys: request_keys(&tokens, block_size, &req.extras(lora.as_deref())),
+        keys: request_keys(&tokens, block_size, &req.extras(None)),
         prompt_tokens: tokens.len(),
-        lora,
         stream: req.stream,
         include_usage: req.include_usage,
         model: req.model,
