@@ -2,14 +2,9 @@
 //! each time in front of a fresh, identical simulator fleet (same seed, same KV capacity),
 //! then one side-by-side table with ratios to round-robin (a plain Service).
 
-use std::{
-    path::PathBuf,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use clap::{Args, Parser};
-use futures::StreamExt;
 
 use super::{Error, workload::SharedPrefix};
 use crate::routing::Policy;
@@ -448,42 +443,14 @@ async fn one_request(
     prompt: &str,
     max_tokens: usize,
 ) -> Option<Sample> {
-    let t0 = Instant::now();
     // `model` explicitly: some routers (sglang-router) require it.
-    let body = serde_json::json!({"model": warmpath_sim::cli::DEFAULT_MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": true,
-        "ignore_eos": true, "stream_options": {"include_usage": true}});
-    let resp = client.post(url).json(&body).send().await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    let mut stream = resp.bytes_stream();
-    let mut ttft = None;
-    let mut tail = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.ok()?;
-        if ttft.is_none()
-            && memchr::memmem::find(&chunk, b"\"text\":\"")
-                .is_some_and(|i| chunk.get(i + 8) != Some(&b'"'))
-        {
-            ttft = Some(t0.elapsed().as_secs_f64());
-        }
-        tail.extend_from_slice(&chunk);
-        if tail.len() > 4096 {
-            tail.drain(..tail.len() - 4096);
-        }
-    }
-    let e2e = t0.elapsed().as_secs_f64();
-    let tail = String::from_utf8_lossy(&tail);
-    let output_tokens = tail
-        .rsplit("\"completion_tokens\":")
-        .next()
-        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let model = warmpath_sim::cli::DEFAULT_MODEL;
+    let (s, _) =
+        super::run::stream_completion(client, url, model, prompt, max_tokens, None).await?;
     Some(Sample {
-        ttft: ttft.unwrap_or(e2e),
-        e2e,
-        output_tokens,
+        ttft: s.ttft,
+        e2e: s.e2e,
+        output_tokens: s.output_tokens,
     })
 }
 

@@ -415,12 +415,35 @@ async fn one_request(
     max_tokens: usize,
     tenant: &str,
 ) -> Option<(Sample, String)> {
+    let header = ctx.tenant_header.as_deref().map(|h| (h, tenant));
+    stream_completion(
+        &ctx.client,
+        &ctx.url,
+        &ctx.model,
+        prompt,
+        max_tokens,
+        header,
+    )
+    .await
+}
+
+/// Streams one `/v1/completions` request (`ignore_eos`, usage asked for): TTFT at the first
+/// content, gaps between content chunks, usage, and the generated text. `None` on an error
+/// status or an error inside the stream. Shared by `bench run` and `bench compare`.
+pub(crate) async fn stream_completion(
+    client: &reqwest::Client,
+    url: &str,
+    model: &str,
+    prompt: &str,
+    max_tokens: usize,
+    header: Option<(&str, &str)>,
+) -> Option<(Sample, String)> {
     let t0 = std::time::Instant::now();
-    let body = serde_json::json!({"model": ctx.model, "prompt": prompt, "max_tokens": max_tokens,
+    let body = serde_json::json!({"model": model, "prompt": prompt, "max_tokens": max_tokens,
         "stream": true, "ignore_eos": true, "stream_options": {"include_usage": true}});
-    let mut req = ctx.client.post(&ctx.url).json(&body);
-    if let Some(h) = &ctx.tenant_header {
-        req = req.header(h.as_str(), tenant);
+    let mut req = client.post(url).json(&body);
+    if let Some((name, value)) = header {
+        req = req.header(name, value);
     }
     let resp = req.send().await.ok()?;
     if !resp.status().is_success() {
