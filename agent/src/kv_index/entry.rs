@@ -40,6 +40,12 @@ impl Holder {
         Tier::from_index(((self.0 >> TIER_SHIFT) & 0x7) as u8)
     }
 
+    /// The raw tier field (0..8), for tables indexed by tier.
+    #[inline]
+    pub fn tier_bits(self) -> usize {
+        ((self.0 >> TIER_SHIFT) & 0x7) as usize
+    }
+
     pub fn speculative(self) -> bool {
         self.0 & SPEC_BIT != 0
     }
@@ -130,6 +136,24 @@ impl Entry {
         if self.spill != NO_SPILL {
             spill.lists[self.spill as usize].iter().copied().for_each(f);
         }
+    }
+
+    /// The best tier weight at which `source` holds this key, if it does.
+    #[inline]
+    pub fn best_weight(&self, spill: &Spill, source: u32, weights: &[f64; 8]) -> Option<f64> {
+        let mut best: Option<f64> = None;
+        let mut see = |h: u32| {
+            if h != EMPTY && Holder(h).source() == source {
+                let w = weights[Holder(h).tier_bits()];
+                best = Some(best.map_or(w, |b| b.max(w)));
+            }
+        };
+        see(self.a);
+        see(self.b);
+        if self.spill != NO_SPILL {
+            spill.lists[self.spill as usize].iter().for_each(|h| see(h.0));
+        }
+        best
     }
 
     pub fn is_empty(&self) -> bool {

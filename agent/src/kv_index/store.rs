@@ -25,76 +25,7 @@ use super::{
 
 const SHARDS: usize = 64;
 /// Keys probed per round of a lookup.
-const CHUNK: usize = 256;
-
-thread_local! {
-    static LOOKUP_SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
-}
-
-/// Per-thread buffers of `lookup`: for each probed position, (source, best weight) pairs.
-#[derive(Debug, Default)]
-struct Scratch {
-    /// Up to `INLINE` hits per position, flat.
-    inline: Vec<(u32, f64)>,
-    len: Vec<u8>,
-    /// Positions with more hits than fit inline.
-    overflow: Vec<(u16, u32, f64)>,
-    spilled: Vec<(u32, f64)>,
-}
-
-const INLINE: usize = 4;
-
-impl Scratch {
-    fn reset(&mut self, n: usize) {
-        self.inline.clear();
-        self.inline.resize(n * INLINE, (0, 0.0));
-        self.len.clear();
-        self.len.resize(n, 0);
-        self.overflow.clear();
-    }
-
-    /// Records that `source` holds position `i` with weight `w` (keeping the best tier).
-    fn add(&mut self, i: usize, source: u32, w: f64) {
-        let n = usize::from(self.len[i]);
-        let slots = &mut self.inline[i * INLINE..i * INLINE + n.min(INLINE)];
-        if let Some(hit) = slots.iter_mut().find(|(s, _)| *s == source) {
-            hit.1 = hit.1.max(w);
-            return;
-        }
-        if let Some(hit) = self
-            .overflow
-            .iter_mut()
-            .find(|(p, s, _)| usize::from(*p) == i && *s == source)
-        {
-            hit.2 = hit.2.max(w);
-            return;
-        }
-        if n < INLINE {
-            self.inline[i * INLINE + n] = (source, w);
-        } else {
-            self.overflow.push((i as u16, source, w));
-        }
-        self.len[i] = self.len[i].saturating_add(1);
-    }
-
-    /// Hits of position `i`.
-    fn hits(&mut self, i: usize) -> &[(u32, f64)] {
-        let n = usize::from(self.len[i]);
-        if n <= INLINE {
-            return &self.inline[i * INLINE..i * INLINE + n];
-        }
-        self.spilled.clear();
-        self.spilled
-            .extend_from_slice(&self.inline[i * INLINE..(i + 1) * INLINE]);
-        self.spilled.extend(
-            self.overflow
-                .iter()
-                .filter(|(p, _, _)| usize::from(*p) == i)
-                .map(|&(_, s, w)| (s, w)),
-        );
-        &self.spilled
-    }
-}
+const CHUNK: usize = 512;
 
 /// Keys are already uniform hashes; shards take the low 6 bits, this mixes the rest.
 #[derive(Default, Clone, Copy)]
@@ -142,7 +73,9 @@ pub struct Store {
     max_per_shard: usize,
     epoch: AtomicU32,
     evicted: AtomicUsize,
-    weights: [f64; Tier::COUNT],
+    /// Tier weight by a holder's raw tier bits (all eight values, so no branch or bounds
+    /// check on the lookup path).
+    weights: [f64; 8],
 }
 
 impl Store {
@@ -153,7 +86,7 @@ impl Store {
             max_per_shard: max_entries.div_ceil(SHARDS).max(8),
             epoch: AtomicU32::new(1),
             evicted: AtomicUsize::new(0),
-            weights,
+            weights: std::array::from_fn(|bits| weights[Tier::from_index(bits as u8) as usize]),
         }
     }
 
@@ -231,83 +164,77 @@ impl Store {
     }
 
     /// For every source holding a prefix of `chain`: the longest consecutive run from the
-    /// first block and its tier-weighted score. `out` is cleared first.
+    /// first block and its tier-weighted score, ordered by source. `out` is cleared first.
     ///
-    /// Keys are probed a chunk at a time: one read lock per shard per chunk, then a tight
-    /// loop of independent probes with no atomic read-modify-write between them, so the CPU
-    /// overlaps their cache misses. Probing stops after the chunk where the last source
-    /// drops out.
+    /// One pass over the chain that stops at the first key no still-matching source holds;
+    /// per key, one probe and a check of the (few) still-matching sources against the
+    /// entry's holders — no per-position buffers. The read guards of a chunk's shards are
+    /// taken before its probes (no atomic read-modify-write between probes, so the CPU
+    /// overlaps their cache misses) and released after at most `CHUNK` keys, so a writer
+    /// waits for at most one chunk of probes.
     pub fn lookup(&self, chain: &[RouterKey], out: &mut Vec<Match>) {
         out.clear();
-        LOOKUP_SCRATCH.with_borrow_mut(|scratch| self.lookup_with(chain, out, scratch));
-    }
-
-    fn lookup_with(&self, chain: &[RouterKey], out: &mut Vec<Match>, scratch: &mut Scratch) {
         let epoch = self.now();
-        // Indices into `out` of the sources still matching.
-        let mut active: Vec<usize> = Vec::new();
-        let mut start = 0;
-        while start < chain.len() {
-            let end = (start + CHUNK).min(chain.len());
-            self.probe(&chain[start..end], epoch, scratch);
-            for i in start..end {
-                let hits = scratch.hits(i - start);
-                if i == 0 {
-                    for &(source, w) in hits {
-                        active.push(out.len());
-                        out.push(Match {
-                            source,
-                            blocks: 1,
-                            score: w,
+        // out[..active] are the sources still matching.
+        let mut active = 0;
+        for (c, keys) in chain.chunks(CHUNK).enumerate() {
+            let mut guards: [Option<parking_lot::RwLockReadGuard<'_, Shard>>; SHARDS] =
+                std::array::from_fn(|_| None);
+            for k in keys {
+                let s = k.0 as usize & (SHARDS - 1);
+                if guards[s].is_none() {
+                    guards[s] = Some(self.shards[s].read());
+                }
+            }
+            let shard_of = |k: RouterKey| -> &Shard {
+                guards[k.0 as usize & (SHARDS - 1)]
+                    .as_deref()
+                    .expect("a guard was taken for every key's shard above")
+            };
+            for (i, &k) in keys.iter().enumerate() {
+                let shard = shard_of(k);
+                let entry = shard.map.get(&k.0);
+                if let Some(e) = entry {
+                    e.touch(epoch);
+                }
+                if c == 0 && i == 0 {
+                    if let Some(e) = entry {
+                        e.for_each(&shard.spill, |h| {
+                            let w = self.weights[h.tier_bits()];
+                            match out.iter_mut().find(|m| m.source == h.source()) {
+                                Some(m) => m.score = m.score.max(w),
+                                None => out.push(Match {
+                                    source: h.source(),
+                                    blocks: 1,
+                                    score: w,
+                                }),
+                            }
                         });
                     }
+                    active = out.len();
                 } else {
-                    active.retain(|&m| match hits.iter().find(|(s, _)| *s == out[m].source) {
-                        Some(&(_, w)) => {
+                    let mut m = 0;
+                    while m < active {
+                        let w = entry.and_then(|e| {
+                            e.best_weight(&shard.spill, out[m].source, &self.weights)
+                        });
+                        if let Some(w) = w {
                             out[m].blocks += 1;
                             out[m].score += w;
-                            true
+                            m += 1;
+                        } else {
+                            active -= 1;
+                            out.swap(m, active);
                         }
-                        None => false,
-                    });
+                    }
                 }
-                if active.is_empty() {
+                if active == 0 {
+                    out.sort_unstable_by_key(|m| m.source);
                     return;
                 }
             }
-            start = end;
         }
-    }
-
-    /// Fills `scratch` with the best-tier weight per source for each key of `keys`.
-    ///
-    /// Read guards of every shard the chunk touches are taken first; then all keys are
-    /// looked up in one tight loop of independent probes (the CPU overlaps their cache
-    /// misses), and only then are the hits recorded.
-    fn probe(&self, keys: &[RouterKey], epoch: u32, scratch: &mut Scratch) {
-        scratch.reset(keys.len());
-        let mut guards: [Option<parking_lot::RwLockReadGuard<'_, Shard>>; SHARDS] =
-            std::array::from_fn(|_| None);
-        for k in keys {
-            let shard = k.0 as usize & (SHARDS - 1);
-            if guards[shard].is_none() {
-                guards[shard] = Some(self.shards[shard].read());
-            }
-        }
-        let found: Vec<Option<(&Entry, &Spill)>> = keys
-            .iter()
-            .map(|k| {
-                let guard = guards[k.0 as usize & (SHARDS - 1)].as_ref()?;
-                guard.map.get(&k.0).map(|e| (e, &guard.spill))
-            })
-            .collect();
-        for (i, hit) in found.into_iter().enumerate() {
-            let Some((entry, spill)) = hit else { continue };
-            entry.touch(epoch);
-            entry.for_each(spill, |h| {
-                scratch.add(i, h.source(), self.weights[h.tier() as usize])
-            });
-        }
+        out.sort_unstable_by_key(|m| m.source);
     }
 
     /// Every (source, tier) holding `key` (tests and diagnostics).
