@@ -182,7 +182,9 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
             TokenSourceConfig::Engine => TokenSource::Engine,
             TokenSourceConfig::Approximate => TokenSource::Approximate,
         };
-        proxy.add_pool(&pc.name, pool, tokens, pc.session.clone());
+        proxy
+            .add_pool(&pc.name, pool, tokens, pc.session.clone())
+            .protocol = pc.upstream;
     }
     let proxy = Arc::new(proxy);
     let listen = |addr| async move {

@@ -87,6 +87,11 @@ pub struct AgentArgs {
     #[arg(long, value_name = "NAME")]
     pub session_cookie: Option<String>,
 
+    /// Protocol to the engines: http1 (keep-alive pools; vLLM's own server) or h2 (h2c with
+    /// prior knowledge: requests multiplexed over one connection per engine).
+    #[arg(long, value_enum, default_value_t = crate::proxy::UpstreamProtocol::Http1)]
+    pub upstream_protocol: crate::proxy::UpstreamProtocol,
+
     /// Add x-warmpath-pod / -prefix-blocks / -score headers to responses.
     #[arg(long)]
     pub explain: bool,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use warmpath_e2e::{
     agent::proxy,
-    sim::{Fleet, get_json, metric, wait_for},
+    sim::{Fleet, get_json, metric, stream_completion, wait_for},
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -441,4 +441,43 @@ async fn a_publisher_that_is_not_up_yet_does_not_hold_the_agent() {
         }
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_upstreams_carry_every_request_and_stream() {
+    let fleet = fleet("2").await;
+    let routing = proxy(&fleet, &["--upstream-protocol", "h2"]).await;
+    let base = format!("http://{}", routing.listen);
+    let client = reqwest::Client::new();
+    let status = get_json(&client, &format!("http://{}/status", routing.admin)).await;
+    assert_eq!(status["pools"][0]["upstream"], "h2", "{status}");
+    // Concurrent requests, streaming and not, all multiplexed to the engines over h2c.
+    let mut tasks = Vec::new();
+    for i in 0..8u32 {
+        let (client, base) = (client.clone(), base.clone());
+        tasks.push(tokio::spawn(async move {
+            if i % 2 == 0 {
+                let s = stream_completion(
+                    &client,
+                    &base,
+                    json!({"model": "sim-llama", "prompt": shared_prompt(i, i), "max_tokens": 4, "stream": true}),
+                )
+                .await;
+                assert_eq!(s.finish_reason.as_deref(), Some("length"));
+                assert!(s.usage.is_none(), "the client did not ask for usage");
+            } else {
+                complete(&client, &base, &shared_prompt(i, i)).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Completions went over HTTP/2 only (the agent's metrics scrapes stay on HTTP/1.1).
+    let mut h2 = 0;
+    for i in 0..2 {
+        let v = get_json(&client, &format!("{}/sim/http", fleet.url(i))).await;
+        h2 += v["http2"].as_u64().unwrap();
+    }
+    assert_eq!(h2, 8, "every completion reached an engine over h2");
 }

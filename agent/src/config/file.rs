@@ -95,6 +95,9 @@ struct PoolFile {
     policy: PolicyFile,
     #[serde(default)]
     session: SessionFile,
+    /// `http1` (default) or `h2` (h2c, prior knowledge) to the engines.
+    #[serde(default)]
+    upstream_protocol: crate::proxy::UpstreamProtocol,
     endpoints: Vec<EndpointFile>,
 }
 
@@ -348,6 +351,7 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
             tokens,
             policy,
             session,
+            upstream: p.upstream_protocol,
             endpoints,
         });
     }

@@ -52,6 +52,8 @@ pub struct PoolConfig {
     pub tokens: TokenSourceConfig,
     pub policy: RoutePolicy,
     pub session: SessionSource,
+    /// HTTP/1.1 or h2c to the engines.
+    pub upstream: crate::proxy::UpstreamProtocol,
     pub endpoints: Vec<EndpointConfig>,
 }
 
@@ -260,6 +262,7 @@ impl Config {
                     header: args.session_header.clone(),
                     cookie: args.session_cookie.clone(),
                 },
+                upstream: args.upstream_protocol,
                 endpoints,
             }],
             max_body: crate::proxy::DEFAULT_MAX_BODY,

@@ -21,6 +21,7 @@ use hyper::{body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
+pub use upstream::UpstreamProtocol;
 pub use admin::serve_admin;
 pub use error::ProxyError;
 pub use scrape::scrape_loop;
@@ -98,6 +99,8 @@ pub struct PoolRuntime {
     telemetry_id: PoolId,
     /// Spreads `/tokenize` calls (engine token source) over the endpoints.
     tokenize_cursor: std::sync::atomic::AtomicUsize,
+    /// HTTP/1.1 or h2c to the engines.
+    pub protocol: upstream::UpstreamProtocol,
 }
 
 impl PoolRuntime {
@@ -127,7 +130,7 @@ pub struct Proxy {
     pub inject_usage: bool,
     pub telemetry: Arc<Telemetry>,
     pub tenants: TenantPolicy,
-    client: upstream::UpstreamClient,
+    upstreams: upstream::Upstreams,
 }
 
 impl Proxy {
@@ -142,18 +145,18 @@ impl Proxy {
             inject_usage: true,
             telemetry,
             tenants,
-            client: upstream::client(),
+            upstreams: upstream::Upstreams::new(),
         }
     }
 
-    /// Adds a pool.
+    /// Adds a pool (speaking HTTP/1.1 to its engines; see [`PoolRuntime::protocol`]).
     pub fn add_pool(
         &mut self,
         name: &str,
         pool: Pool,
         tokens: TokenSource,
         session: SessionSource,
-    ) {
+    ) -> &mut PoolRuntime {
         let history = (pool.policy.kind == Policy::Approximate
             || pool.policy.weights.history > 0.0)
             .then(|| History::new(pool.endpoints.len()));
@@ -166,7 +169,9 @@ impl Proxy {
             history,
             telemetry_id,
             tokenize_cursor: std::sync::atomic::AtomicUsize::new(0),
+            protocol: upstream::UpstreamProtocol::default(),
         });
+        self.pools.last_mut().expect("a pool was just pushed")
     }
 
     /// The pool serving `model`, and the LoRA adapter when `model` names one.
@@ -358,7 +363,7 @@ async fn route(
                     lora.as_deref(),
                     pool.pool.block_size,
                     || pool.tokenize_target(),
-                    &proxy.client,
+                    proxy.upstreams.client(pool.protocol),
                 )
                 .await;
             let ctx = RequestCtx {
@@ -493,7 +498,7 @@ async fn forward(
         if n == 0 {
             attempt.queue = Some(body_done.elapsed());
         }
-        match proxy.client.request(up).await {
+        match proxy.upstreams.client(runtime.protocol).request(up).await {
             Ok(resp) if resp.status() != StatusCode::SERVICE_UNAVAILABLE => {
                 let (mut head, incoming) = resp.into_parts();
                 // Framing is hyper's job on each leg; hop-by-hop headers never cross.

@@ -111,9 +111,13 @@ pub fn parse_lora(page: &str) -> Option<(Vec<String>, Vec<String>)> {
     ))
 }
 
+/// Scrapes speak HTTP/1.1 whatever the pool uses: metrics pages may be served apart from the API.
 async fn fetch(proxy: &Proxy, url: &str) -> Option<String> {
     let req = http::Request::get(url).body(Full::new(Bytes::new())).ok()?;
-    let resp = proxy.client.request(req).await.ok()?;
+    let resp = proxy
+        .upstreams
+        .client(super::UpstreamProtocol::Http1)
+        .request(req).await.ok()?;
     if !resp.status().is_success() {
         return None;
     }

@@ -27,18 +27,74 @@ use crate::{
 
 /// Idle upstream connections are kept this long.
 const POOL_IDLE: Duration = Duration::from_secs(90);
+/// HTTP/2 pings on idle upstream connections, so a dead engine is noticed before a request
+/// is multiplexed onto its connection.
+const H2_KEEPALIVE: Duration = Duration::from_secs(20);
 
-/// The shared upstream client (connection pools per endpoint).
+/// An upstream client: a connection pool per endpoint.
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
-pub fn client() -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(2)));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE)
-        .pool_max_idle_per_host(1024)
-        .build(connector)
+/// How a pool talks to its engines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 with keep-alive: one request per connection at a time (vLLM's default
+    /// server, uvicorn, speaks only this).
+    #[default]
+    Http1,
+    /// HTTP/2 over cleartext with prior knowledge (h2c): every request to an endpoint
+    /// multiplexed over one connection (for engines behind an h2c-capable server).
+    H2,
+}
+
+impl UpstreamProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http1 => "http1",
+            Self::H2 => "h2",
+        }
+    }
+}
+
+/// The upstream clients, one per protocol; pools pick theirs.
+#[derive(Debug, Clone)]
+pub struct Upstreams {
+    http1: UpstreamClient,
+    h2: UpstreamClient,
+}
+
+impl Default for Upstreams {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Upstreams {
+    pub fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        let http1 = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_max_idle_per_host(1024)
+            .build(connector.clone());
+        let h2 = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .http2_only(true)
+            .http2_keep_alive_interval(H2_KEEPALIVE)
+            .http2_keep_alive_while_idle(true)
+            .http2_adaptive_window(true)
+            .timer(hyper_util::rt::TokioTimer::new())
+            .build(connector);
+        Self { http1, h2 }
+    }
+
+    pub fn client(&self, protocol: UpstreamProtocol) -> &UpstreamClient {
+        match protocol {
+            UpstreamProtocol::Http1 => &self.http1,
+            UpstreamProtocol::H2 => &self.h2,
+        }
+    }
 }
 
 /// What the response body reports to telemetry when it ends (or is dropped).

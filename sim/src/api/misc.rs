@@ -123,3 +123,28 @@ pub async fn cached_blocks(State(s): State<Arc<ServedModel>>) -> Response {
         Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
+
+/// Counts each request by HTTP version (see `GET /sim/http`).
+pub async fn count_http_version(
+    State(s): State<Arc<ServedModel>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let counter = if req.version() == axum::http::Version::HTTP_2 {
+        &s.http2_requests
+    } else {
+        &s.http1_requests
+    };
+    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    next.run(req).await
+}
+
+/// `{"http1": n, "http2": m}`: requests received per HTTP version.
+pub async fn http_versions(State(s): State<Arc<ServedModel>>) -> Response {
+    use std::sync::atomic::Ordering::Relaxed;
+    Json(json!({
+        "http1": s.http1_requests.load(Relaxed),
+        "http2": s.http2_requests.load(Relaxed),
+    }))
+    .into_response()
+}

@@ -69,6 +69,10 @@ pub struct ServedModel {
     pub created: u64,
     token_text: HashMap<u32, Box<str>>,
     requests: AtomicU64,
+    /// Requests received over HTTP/1.x and HTTP/2 (`GET /sim/http`, for tests of clients'
+    /// protocol choice).
+    pub http1_requests: AtomicU64,
+    pub http2_requests: AtomicU64,
     rng: Mutex<ChaCha8Rng>,
 }
 
@@ -108,6 +112,8 @@ impl ServedModel {
                 .unwrap_or(0),
             token_text,
             requests: AtomicU64::new(0),
+            http1_requests: AtomicU64::new(0),
+            http2_requests: AtomicU64::new(0),
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed ^ 0xfa17)),
         }
     }
@@ -144,8 +150,13 @@ pub fn router(served: Arc<ServedModel>) -> Router {
         .route("/reset_prefix_cache", post(misc::reset_prefix_cache))
         .route("/metrics", get(metrics::render))
         .route("/sim/cache", get(misc::cached_blocks))
+        .route("/sim/http", get(misc::http_versions))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "Not Found").into_response() })
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            served.clone(),
+            misc::count_http_version,
+        ))
         .with_state(served)
 }
 
