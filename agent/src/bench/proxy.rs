@@ -33,6 +33,9 @@ pub struct ProxyBenchArgs {
     /// Tokens of the chat prompt in the decision benchmark.
     #[arg(long, default_value_t = 8192)]
     pub chat_tokens: usize,
+    /// Only the routing-decision benchmark (no processes started).
+    #[arg(long)]
+    pub decision_only: bool,
 }
 
 async fn wait_ready(client: &reqwest::Client, url: &str) -> Result<(), Error> {
@@ -58,6 +61,10 @@ struct Target {
 }
 
 pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
+    if args.decision_only {
+        decision(args.chat_tokens);
+        return Ok(());
+    }
     let client = reqwest::Client::builder()
         .tcp_nodelay(true)
         .pool_max_idle_per_host(256)
@@ -387,7 +394,39 @@ fn decision(tokens: usize) {
             samples[samples.len() * 99 / 100].as_secs_f64() * 1e6,
         )
     };
-    // 1. Every prompt new to the tokenizer: the whole 8k tokens are tokenized each time.
+    let chat_body = |system: &str, user: &str| {
+        serde_json::json!({"model": "m", "messages": [{"role": "system", "content": system},
+            {"role": "user", "content": user}]})
+        .to_string()
+    };
+    // What the proxy runs: parse, render, tokenize through the segment tokenizer, key, rank.
+    let seg = crate::proxy::segments::SegmentTokenizer::new(std::sync::Arc::new(tok.clone()));
+    let agent_decision = |body: &str| {
+        let t0 = Instant::now();
+        let req = crate::proxy::request::Request::read(Kind::Chat, body.as_bytes(), "m")
+            .expect("well-formed body");
+        let tokens = req.local_tokens(&seg).unwrap_or_default();
+        decide(crate::kv_index::request_keys(
+            &tokens,
+            16,
+            &req.extras(None),
+        ));
+        t0.elapsed()
+    };
+    // 1. Every prompt new (a different 8k-token system prompt each time), through the agent's
+    //    tokenizer: the segment cache cannot help, the word cache (warm after the first
+    //    prompts, as in steady state) can.
+    let bodies: Vec<String> = (0..520u64)
+        .map(|i| {
+            let system =
+                warmpath_sim::text::TextGen::new(1000 + i).text((tokens as f64 * 3.85) as usize);
+            chat_body(&system, "Summarise.")
+        })
+        .collect();
+    let samples: Vec<Duration> = bodies.iter().map(|b| agent_decision(b)).collect();
+    let first = samples[0].as_secs_f64() * 1e6;
+    let new_prompts = quantiles(samples);
+    // 2. The same with the `tokenizers` crate alone (no segment or word cache).
     let mut samples = Vec::with_capacity(520);
     let mut blocks = 0;
     for _ in 0..520 {
@@ -400,31 +439,23 @@ fn decision(tokens: usize) {
     let cold = quantiles(samples);
     // 2. The shape prefix caching is for: the same long system prompt, a new user message on
     //    every request; the per-segment cache tokenizes the system prompt once.
-    let seg = crate::proxy::segments::SegmentTokenizer::new(std::sync::Arc::new(tok.clone()));
     let mut words = warmpath_sim::text::TextGen::new(12);
-    let mut samples = Vec::with_capacity(520);
-    for _ in 0..520 {
-        let body =
-            serde_json::json!({"model": "m", "messages": [{"role": "system", "content": text},
-            {"role": "user", "content": words.text(250)}]})
-            .to_string();
-        let t0 = Instant::now();
-        let req = crate::proxy::request::Request::read(Kind::Chat, body.as_bytes(), "m")
-            .expect("well-formed body");
-        let tokens = req.local_tokens(&seg).unwrap_or_default();
-        decide(crate::kv_index::request_keys(
-            &tokens,
-            16,
-            &req.extras(None),
-        ));
-        samples.push(t0.elapsed());
-    }
+    let samples: Vec<Duration> = (0..520)
+        .map(|_| agent_decision(&chat_body(&text, &words.text(250))))
+        .collect();
     let warm = quantiles(samples);
     println!();
     println!("| routing decision | prompt tokens | blocks | p50 | p99 |");
     println!("|---|---|---|---|---|");
     println!(
-        "| chat, every prompt new: parse + template + tokenize + keys + rank | ~{tokens} | {blocks} | {:.0} us | {:.0} us |",
+        "| chat, every prompt new (agent: segment + word caches) | ~{tokens} | {blocks} | {:.0} us | {:.0} us |",
+        new_prompts.0, new_prompts.1
+    );
+    println!(
+        "| chat, the very first prompt (empty word cache) | ~{tokens} | {blocks} | {first:.0} us | - |"
+    );
+    println!(
+        "| chat, every prompt new, `tokenizers` crate alone | ~{tokens} | {blocks} | {:.0} us | {:.0} us |",
         cold.0, cold.1
     );
     println!(

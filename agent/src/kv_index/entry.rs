@@ -151,7 +151,9 @@ impl Entry {
         see(self.a);
         see(self.b);
         if self.spill != NO_SPILL {
-            spill.lists[self.spill as usize].iter().for_each(|h| see(h.0));
+            spill.lists[self.spill as usize]
+                .iter()
+                .for_each(|h| see(h.0));
         }
         best
     }

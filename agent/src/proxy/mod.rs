@@ -6,6 +6,7 @@
 
 mod admin;
 mod error;
+mod pretok;
 pub mod request;
 mod scrape;
 pub mod segments;
@@ -21,12 +22,12 @@ use hyper::{body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
-pub use upstream::UpstreamProtocol;
 pub use admin::serve_admin;
 pub use error::ProxyError;
 pub use scrape::scrape_loop;
 pub use scrape::{parse_adapters, parse_lora};
 pub use tokens::TokenSource;
+pub use upstream::UpstreamProtocol;
 
 use crate::{
     kv_index::KvIndex,

@@ -117,7 +117,9 @@ async fn fetch(proxy: &Proxy, url: &str) -> Option<String> {
     let resp = proxy
         .upstreams
         .client(super::UpstreamProtocol::Http1)
-        .request(req).await.ok()?;
+        .request(req)
+        .await
+        .ok()?;
     if !resp.status().is_success() {
         return None;
     }

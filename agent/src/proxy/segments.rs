@@ -10,6 +10,12 @@
 //!
 //! The cache holds at most [`MAX_CACHED_TOKENS`] tokens (FIFO eviction); pieces shorter than
 //! [`MIN_SEGMENT_BYTES`] are not worth caching.
+//!
+//! Below the segments, for GPT-2 byte-level BPE tokenizers (`Tokenizer::is_gpt2_byte_level`)
+//! and ASCII text, a segment the cache has not seen is split into pre-tokens by hand
+//! ([`super::pretok`]) and each pre-token's ids come from a word cache (at most
+//! [`MAX_CACHED_WORDS`] words; full, it starts over). BPE encodes pre-tokens independently,
+//! so this is exact too; the regex and bookkeeping it skips are most of a cold encode.
 
 use std::{collections::VecDeque, sync::Arc};
 
@@ -17,10 +23,14 @@ use memchr::memmem;
 use parking_lot::Mutex;
 use warmpath_sim::tokenizer::Tokenizer;
 
+use crate::kv_index::FastMap;
+
 /// Tokens kept in the cache (16 MiB of ids).
 pub const MAX_CACHED_TOKENS: usize = 4 << 20;
 /// Pieces shorter than this are encoded every time.
 pub const MIN_SEGMENT_BYTES: usize = 256;
+/// Pre-tokens kept in the word cache (a few MiB).
+pub const MAX_CACHED_WORDS: usize = 1 << 16;
 
 #[derive(Debug, Default)]
 struct Cache {
@@ -28,6 +38,9 @@ struct Cache {
     order: VecDeque<(u128, usize)>,
     tokens: usize,
 }
+
+/// Pre-token (keyed by its xxh3, kept for the equality check) -> its ids.
+type WordCache = FastMap<(Box<str>, Box<[u32]>)>;
 
 /// A tokenizer with a per-segment cache.
 #[derive(Debug)]
@@ -38,6 +51,8 @@ pub struct SegmentTokenizer {
     /// What `add_special_tokens = true` prepends; `None` when it does more than prepend.
     bos: Option<Vec<u32>>,
     cache: Mutex<Cache>,
+    /// Pre-token -> ids, for GPT-2 byte-level tokenizers; keyed by the pre-token's xxh3.
+    words: Option<Mutex<WordCache>>,
 }
 
 impl SegmentTokenizer {
@@ -60,11 +75,15 @@ impl SegmentTokenizer {
             let n = with.len().checked_sub(without.len())?;
             (with[n..] == without[..]).then(|| with[..n].to_vec())
         })();
+        let words = tokenizer
+            .is_gpt2_byte_level()
+            .then(|| Mutex::new(FastMap::default()));
         Self {
             tokenizer,
             specials,
             bos,
             cache: Mutex::new(Cache::default()),
+            words,
         }
     }
 
@@ -108,16 +127,16 @@ impl SegmentTokenizer {
 
     fn piece(&self, piece: &str, out: &mut Vec<u32>) -> Option<()> {
         if piece.len() < MIN_SEGMENT_BYTES {
-            out.extend(self.tokenizer.encode(piece, false).ok()?);
-            return Some(());
+            return self.encode_plain(piece, out);
         }
         let key = xxhash_rust::xxh3::xxh3_128(piece.as_bytes());
         if let Some(ids) = self.cache.lock().map.get(&key).cloned() {
             out.extend_from_slice(&ids);
             return Some(());
         }
-        let ids: Arc<[u32]> = self.tokenizer.encode(piece, false).ok()?.into();
-        out.extend_from_slice(&ids);
+        let start = out.len();
+        self.encode_plain(piece, out)?;
+        let ids: Arc<[u32]> = out[start..].into();
         let mut c = self.cache.lock();
         if ids.len() <= MAX_CACHED_TOKENS && c.map.insert(key, ids.clone()).is_none() {
             c.tokens += ids.len();
@@ -131,6 +150,33 @@ impl SegmentTokenizer {
             }
         }
         Some(())
+    }
+
+    /// Appends the ids of `text` (no special tokens): through the word cache when it applies.
+    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) -> Option<()> {
+        let Some(words) = self.words.as_ref().filter(|_| text.is_ascii()) else {
+            out.extend(self.tokenizer.encode(text, false).ok()?);
+            return Some(());
+        };
+        let mut words = words.lock();
+        if words.len() >= MAX_CACHED_WORDS {
+            words.clear();
+        }
+        let mut ok = true;
+        super::pretok::gpt2_pieces(text, |word| {
+            let key = xxhash_rust::xxh3::xxh3_64(word.as_bytes());
+            match words.get(&key) {
+                Some((w, ids)) if **w == *word => out.extend_from_slice(ids),
+                _ => match self.tokenizer.encode(word, false) {
+                    Ok(ids) => {
+                        out.extend_from_slice(&ids);
+                        words.insert(key, (word.into(), ids.into()));
+                    }
+                    Err(_) => ok = false,
+                },
+            }
+        });
+        ok.then_some(())
     }
 
     /// Tokens currently cached.

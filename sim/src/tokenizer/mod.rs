@@ -151,6 +151,20 @@ impl Tokenizer {
         out
     }
 
+    /// Whether encoding is GPT-2 byte-level BPE: no normalizer, the `ByteLevel` pre-tokenizer
+    /// with its GPT-2 regex and no prefix space, and deterministic BPE (no dropout). Text is
+    /// then split into regex pieces that are BPE-encoded independently, so a caller may
+    /// split the same way and cache each piece's ids (see warmpath's segment tokenizer).
+    pub fn is_gpt2_byte_level(&self) -> bool {
+        use tokenizers::{ModelWrapper, PreTokenizerWrapper};
+        let pre = matches!(
+            self.inner.get_pre_tokenizer(),
+            Some(PreTokenizerWrapper::ByteLevel(b)) if b.use_regex && !b.add_prefix_space
+        );
+        let bpe = matches!(self.inner.get_model(), ModelWrapper::BPE(m) if m.dropout.is_none());
+        pre && bpe && self.inner.get_normalizer().is_none()
+    }
+
     /// The EOS token id, if the tokenizer declares one.
     pub fn eos_id(&self) -> Option<u32> {
         self.eos_id
