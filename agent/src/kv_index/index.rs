@@ -155,6 +155,9 @@ impl KvIndex {
         for (key, _) in st.spec_deadline.drain() {
             self.store.remove(RouterKey(key), id.0, Tier::Gpu, true);
         }
+        // drain() keeps the peak capacity; a cleared engine starts small again.
+        st.engine.shrink_to_fit();
+        st.spec_deadline.shrink_to_fit();
     }
 
     /// Applies one batch of a source's events, in order.
@@ -264,6 +267,12 @@ impl KvIndex {
             }
             self.store.remove(RouterKey(key), id.0, r.tier, false);
             st.status.blocks_removed += 1;
+        }
+        // Give memory back when the engine's cache has shrunk well below its peak (a
+        // quarter full), keeping room to grow again without rehashing at once.
+        if st.engine.capacity() > 4 * st.engine.len().max(1024) {
+            let keep = st.engine.len() * 2;
+            st.engine.shrink_to(keep);
         }
     }
 

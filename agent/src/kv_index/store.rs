@@ -24,6 +24,8 @@ use super::{
 };
 
 const SHARDS: usize = 64;
+/// Shards never shrink below this many keys' room (no rehash churn on small indexes).
+const MIN_SHRINK: usize = 64;
 /// Keys probed per round of a lookup.
 const CHUNK: usize = 512;
 
@@ -136,6 +138,11 @@ impl Store {
         }
         if entry.get().is_empty() {
             entry.remove();
+            // A shard a quarter full gives memory back (a source removed or cleared).
+            if shard.map.capacity() > 4 * shard.map.len().max(MIN_SHRINK) {
+                let keep = shard.map.len() * 2;
+                shard.map.shrink_to(keep);
+            }
         }
         removed
     }

@@ -632,3 +632,23 @@ fn lru_cap_bounds_entries_and_removal_is_per_source() {
     assert!(index.len() < before);
     assert!(index.status().iter().all(|(id, _)| *id == b));
 }
+
+#[test]
+fn clearing_a_source_gives_its_engine_map_memory_back() {
+    let index = KvIndex::new(IndexConfig::default());
+    let id = index.add_source(SourceInfo {
+        pod: "a".into(),
+        rank: None,
+    });
+    let (payloads, _) = crate::bench::index::churn_payloads(12_000, 7);
+    crate::bench::index::ingest(&index, id, &payloads);
+    let full = index.bytes();
+    assert!(index.len() > 90_000, "{} entries", index.len());
+    index.clear(id);
+    assert_eq!(index.len(), 0);
+    assert!(
+        index.bytes() * 4 < full,
+        "{} bytes after clearing, {full} before",
+        index.bytes()
+    );
+}
