@@ -23,6 +23,21 @@ pub enum Error {
 /// Deepest nesting `skip` follows.
 const MAX_DEPTH: usize = 32;
 
+/// (bytes used, right shift of the 4 bytes after the marker) per marker byte, for markers of
+/// unsigned integers that fit u32; (0, _) for every other marker.
+const UINT_WIDTH: [(u8, u8); 256] = {
+    let mut t = [(0u8, 0u8); 256];
+    let mut m = 0;
+    while m < 0x80 {
+        t[m] = (1, 0);
+        m += 1;
+    }
+    t[0xcc] = (2, 24);
+    t[0xcd] = (3, 16);
+    t[0xce] = (5, 0);
+    t
+};
+
 /// A cursor over a msgpack buffer.
 #[derive(Debug, Clone)]
 pub struct Reader<'a> {
@@ -139,24 +154,27 @@ impl<'a> Reader<'a> {
     }
 
     /// An array of unsigned integers that fit u32 (token ids), appended to `out`.
+    ///
+    /// Token ids of one array mix widths (fixint, uint8/16/32) at random, so the width is
+    /// selected without a branch while at least five bytes remain: load the four bytes after
+    /// the marker and shift by the marker's width. Anything else (the tail, other integer
+    /// types, errors) takes the general path.
     pub fn u32_array(&mut self, out: &mut Vec<u32>) -> Result<(), Error> {
         let n = self.array_len()?;
         out.reserve(n);
         for _ in 0..n {
-            let rest = &self.buf[self.pos..];
-            let (v, used) = match rest {
-                [m @ 0x00..=0x7f, ..] => (u32::from(*m), 1),
-                [0xcc, a, ..] => (u32::from(*a), 2),
-                [0xcd, a, b, ..] => (u32::from(u16::from_be_bytes([*a, *b])), 3),
-                [0xce, a, b, c, d, ..] => (u32::from_be_bytes([*a, *b, *c, *d]), 5),
-                _ => {
-                    let v = self.int()?;
-                    out.push(u32::try_from(v).map_err(|_| Error::Invalid("integer exceeds u32"))?);
+            if let Some(&[m, a, b, c, d]) = self.buf.get(self.pos..self.pos + 5) {
+                let (used, shift) = UINT_WIDTH[usize::from(m)];
+                if used != 0 {
+                    let after = u32::from_be_bytes([a, b, c, d]);
+                    let wide = after.checked_shr(u32::from(shift)).unwrap_or(0);
+                    out.push(if m < 0x80 { u32::from(m) } else { wide });
+                    self.pos += usize::from(used);
                     continue;
                 }
-            };
-            self.pos += used;
-            out.push(v);
+            }
+            let v = self.int()?;
+            out.push(u32::try_from(v).map_err(|_| Error::Invalid("integer exceeds u32"))?);
         }
         Ok(())
     }
@@ -340,6 +358,54 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 256,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x6d73_6770),
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+        /// Any u32s, as rmp encodes them (smallest width each), decode back — including the
+        /// last few, which take the general path.
+        #[test]
+        fn u32_arrays_of_mixed_widths_round_trip(
+            ids in proptest::collection::vec(
+                proptest::prop_oneof![0u32..0x80, 0x80u32..0x100, 0x100u32..0x1_0000, proptest::prelude::any::<u32>()],
+                0..40,
+            ),
+            trailing in proptest::prelude::any::<bool>(),
+        ) {
+            let mut buf = Vec::new();
+            rmp::encode::write_array_len(&mut buf, ids.len() as u32).unwrap();
+            for id in &ids {
+                rmp::encode::write_uint(&mut buf, u64::from(*id)).unwrap();
+            }
+            if trailing {
+                buf.extend_from_slice(&[0xc0, 0xc0, 0xc0, 0xc0, 0xc0]);
+            }
+            let mut out = Vec::new();
+            let mut r = Reader::new(&buf);
+            r.u32_array(&mut out).unwrap();
+            proptest::prop_assert_eq!(out, ids);
+        }
+    }
+
+    #[test]
+    fn u32_arrays_reject_what_is_not_a_u32() {
+        // A negative int, a u64 beyond u32, a string, a truncated uint32.
+        for bad in [
+            &[0x91, 0xff][..],
+            &[0x91, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0],
+            &[0x91, 0xa1, b'x'],
+            &[0x92, 0x01, 0xce, 0, 0],
+        ] {
+            assert!(
+                Reader::new(bad).u32_array(&mut Vec::new()).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn integers_of_every_width_and_sign() {
