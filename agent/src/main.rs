@@ -3,12 +3,6 @@
 use clap::Parser;
 use warmpath::cli::{Cli, Command};
 
-/// mimalloc: the request path allocates small, short-lived buffers on every request (hyper,
-/// serde_json, tokenizers' pre-tokenization), which glibc malloc serves markedly slower
-/// (docs/benchmarks.md: what the proxy adds).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
