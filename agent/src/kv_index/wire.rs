@@ -207,7 +207,7 @@ fn event_array(r: &mut Reader<'_>) -> Result<Event, WireError> {
     let mut f = Fields::default();
     for i in 1..n {
         match names.get(i - 1) {
-            Some(name) => field(r, &mut f, name)?,
+            Some(name) => field(r, &mut f, name.as_bytes())?,
             None => {
                 r.skip()?;
             }
@@ -220,8 +220,9 @@ fn event_map(r: &mut Reader<'_>) -> Result<Event, WireError> {
     let mut f = Fields::default();
     let mut tag = None;
     for _ in 0..r.map_len()? {
-        let key = r.str()?;
-        if key == "type" {
+        // Keys compared as bytes: no UTF-8 validation per key (unknown keys are skipped).
+        let key = r.bytes()?;
+        if key == b"type" {
             tag = Some(r.str()?);
         } else {
             field(r, &mut f, key)?;
@@ -231,38 +232,38 @@ fn event_map(r: &mut Reader<'_>) -> Result<Event, WireError> {
     Ok(f.into_event(tag))
 }
 
-fn field(r: &mut Reader<'_>, f: &mut Fields, name: &str) -> Result<(), WireError> {
+fn field(r: &mut Reader<'_>, f: &mut Fields, name: &[u8]) -> Result<(), WireError> {
     match name {
-        "block_hashes" => {
+        b"block_hashes" => {
             let n = r.array_len()?;
             f.hashes.reserve(n);
             for _ in 0..n {
                 f.hashes.push(hash(r)?);
             }
         }
-        "parent_block_hash" => f.parent = if r.nil()? { None } else { Some(hash(r)?) },
-        "token_ids" => r.u32_array(&mut f.token_ids)?,
-        "block_size" => {
+        b"parent_block_hash" => f.parent = if r.nil()? { None } else { Some(hash(r)?) },
+        b"token_ids" => r.u32_array(&mut f.token_ids)?,
+        b"block_size" => {
             f.block_size =
                 u32::try_from(r.int()?).map_err(|_| WireError::Shape("block_size exceeds u32"))?
         }
-        "medium" => {
+        b"medium" => {
             f.tier = if r.nil()? {
                 None
             } else {
                 Some(Tier::from_medium(r.str()?))
             }
         }
-        "lora_name" => {
+        b"lora_name" => {
             f.lora_name = if r.nil()? {
                 None
             } else {
                 Some(r.str()?.to_string())
             }
         }
-        "extra_keys" => f.extra_keys = extra_keys(r)?,
-        "group_idx" => f.group_idx = opt_int(r)?,
-        "kv_cache_spec_kind" => {
+        b"extra_keys" => f.extra_keys = extra_keys(r)?,
+        b"group_idx" => f.group_idx = opt_int(r)?,
+        b"kv_cache_spec_kind" => {
             f.kind = if r.nil()? {
                 None
             } else {
