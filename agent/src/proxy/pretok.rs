@@ -89,7 +89,7 @@ mod tests {
     /// when the split matches the crate's).
     fn piecewise(tok: &Tokenizer, text: &str) -> Vec<u32> {
         let mut ids = Vec::new();
-        gpt2_pieces(text, |p| ids.extend(tok.encode(p, false).unwrap()));
+        gpt2_pieces(text, |p| ids.extend(tok.encode_pretoken(p).unwrap()));
         ids
     }
 

@@ -167,7 +167,7 @@ impl SegmentTokenizer {
             let key = xxhash_rust::xxh3::xxh3_64(word.as_bytes());
             match words.get(&key) {
                 Some((w, ids)) if **w == *word => out.extend_from_slice(ids),
-                _ => match self.tokenizer.encode(word, false) {
+                _ => match self.tokenizer.encode_pretoken(word) {
                     Ok(ids) => {
                         out.extend_from_slice(&ids);
                         words.insert(key, (word.into(), ids.into()));

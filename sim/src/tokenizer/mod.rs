@@ -151,6 +151,21 @@ impl Tokenizer {
         out
     }
 
+    /// Ids of one GPT-2 pre-token (a piece of the byte-level pre-tokenizer's split, without
+    /// added tokens in it): its bytes mapped to GPT-2's byte characters and BPE-encoded by the
+    /// model — exactly what encoding does to each piece, without the pipeline around it.
+    /// Meaningful only when [`is_gpt2_byte_level`](Self::is_gpt2_byte_level) holds.
+    pub fn encode_pretoken(&self, piece: &str) -> Result<Vec<u32>, Error> {
+        use tokenizers::Model;
+        let table = byte_chars();
+        let mapped: String = piece.bytes().map(|b| table[usize::from(b)]).collect();
+        self.inner
+            .get_model()
+            .tokenize(&mapped)
+            .map(|tokens| tokens.into_iter().map(|t| t.id).collect())
+            .map_err(|e| Error::Encode(e.to_string()))
+    }
+
     /// Whether encoding is GPT-2 byte-level BPE: no normalizer, the `ByteLevel` pre-tokenizer
     /// with its GPT-2 regex and no prefix space, and deterministic BPE (no dropout). Text is
     /// then split into regex pieces that are BPE-encoded independently, so a caller may
@@ -179,6 +194,26 @@ impl Tokenizer {
     pub fn word_ids(&self) -> &[u32] {
         &self.word_ids
     }
+}
+
+/// GPT-2's reversible byte -> character map (openai/gpt-2 encoder.py `bytes_to_unicode`):
+/// printable Latin-1 bytes map to themselves, the other 68 to U+0100 onwards in byte order.
+fn byte_chars() -> &'static [char; 256] {
+    static TABLE: std::sync::OnceLock<[char; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xa1..=0xac | 0xae..=0xff);
+        let mut table = ['\0'; 256];
+        let mut next = 0x100u32;
+        for b in 0..=255u8 {
+            table[usize::from(b)] = if printable(b) {
+                char::from(b)
+            } else {
+                next += 1;
+                char::from_u32(next - 1).expect("U+0100..U+0143 are characters")
+            };
+        }
+        table
+    })
 }
 
 fn word_ids(inner: &tokenizers::Tokenizer) -> Vec<u32> {
