@@ -14,7 +14,9 @@
 //! Below the segments, for GPT-2 byte-level BPE tokenizers (`Tokenizer::is_gpt2_byte_level`)
 //! and ASCII text, a segment the cache has not seen is split into pre-tokens by hand
 //! ([`super::pretok`]) and each pre-token's ids come from a word cache (at most
-//! [`MAX_CACHED_WORDS`] words; full, it starts over). BPE encodes pre-tokens independently,
+//! [`MAX_CACHED_WORDS`] words in two generations: when the young one is full it becomes the
+//! old one, and words found in the old one move back — so the words in use survive, with no
+//! cliff where everything is re-encoded at once). BPE encodes pre-tokens independently,
 //! so this is exact too; the regex and bookkeeping it skips are most of a cold encode.
 
 use std::{collections::VecDeque, sync::Arc};
@@ -39,8 +41,41 @@ struct Cache {
     tokens: usize,
 }
 
-/// Pre-token (keyed by its xxh3, kept for the equality check) -> its ids.
-type WordCache = FastMap<(Box<str>, Box<[u32]>)>;
+/// Pre-token (keyed by its xxh3, kept for the equality check) -> its ids, in two
+/// generations of at most `MAX_CACHED_WORDS / 2` words each.
+#[derive(Debug, Default)]
+struct WordCache {
+    young: FastMap<(Box<str>, Box<[u32]>)>,
+    old: FastMap<(Box<str>, Box<[u32]>)>,
+}
+
+impl WordCache {
+    /// Appends the ids of `word` to `out`, computed by `encode` on a miss.
+    fn extend<E>(
+        &mut self,
+        word: &str,
+        out: &mut Vec<u32>,
+        encode: impl FnOnce() -> Result<Vec<u32>, E>,
+    ) -> Result<(), E> {
+        let key = xxhash_rust::xxh3::xxh3_64(word.as_bytes());
+        if let Some((w, ids)) = self.young.get(&key)
+            && **w == *word
+        {
+            out.extend_from_slice(ids);
+            return Ok(());
+        }
+        let entry = match self.old.remove(&key) {
+            Some(e) if *e.0 == *word => e,
+            _ => (word.into(), encode()?.into()),
+        };
+        out.extend_from_slice(&entry.1);
+        if self.young.len() >= MAX_CACHED_WORDS / 2 {
+            self.old = std::mem::take(&mut self.young);
+        }
+        self.young.insert(key, entry);
+        Ok(())
+    }
+}
 
 /// A tokenizer with a per-segment cache.
 #[derive(Debug)]
@@ -77,7 +112,7 @@ impl SegmentTokenizer {
         })();
         let words = tokenizer
             .is_gpt2_byte_level()
-            .then(|| Mutex::new(FastMap::default()));
+            .then(|| Mutex::new(WordCache::default()));
         Self {
             tokenizer,
             specials,
@@ -159,21 +194,13 @@ impl SegmentTokenizer {
             return Some(());
         };
         let mut words = words.lock();
-        if words.len() >= MAX_CACHED_WORDS {
-            words.clear();
-        }
         let mut ok = true;
         super::pretok::gpt2_pieces(text, |word| {
-            let key = xxhash_rust::xxh3::xxh3_64(word.as_bytes());
-            match words.get(&key) {
-                Some((w, ids)) if **w == *word => out.extend_from_slice(ids),
-                _ => match self.tokenizer.encode_pretoken(word) {
-                    Ok(ids) => {
-                        out.extend_from_slice(&ids);
-                        words.insert(key, (word.into(), ids.into()));
-                    }
-                    Err(_) => ok = false,
-                },
+            if words
+                .extend(word, out, || self.tokenizer.encode_pretoken(word))
+                .is_err()
+            {
+                ok = false;
             }
         });
         ok.then_some(())
@@ -189,6 +216,28 @@ impl SegmentTokenizer {
 mod tests {
     use super::*;
     use warmpath_sim::{text::TextGen, tokenizer::ChatMessage};
+
+    #[test]
+    fn word_cache_keeps_words_in_use_and_stays_bounded() {
+        let mut cache = WordCache::default();
+        let mut misses = 0;
+        let mut ids = |c: &mut WordCache, w: &str| {
+            let mut out = Vec::new();
+            c.extend(w, &mut out, || {
+                misses += 1;
+                Ok::<_, ()>(vec![w.len() as u32])
+            })
+            .unwrap();
+            out
+        };
+        for i in 0..(MAX_CACHED_WORDS * 2) {
+            assert_eq!(ids(&mut cache, " hot"), vec![4]);
+            ids(&mut cache, &format!(" w{i}"));
+            assert!(cache.young.len() + cache.old.len() <= MAX_CACHED_WORDS);
+        }
+        // " hot" was encoded once; every other word once each.
+        assert_eq!(misses, 1 + MAX_CACHED_WORDS * 2);
+    }
 
     #[test]
     fn segmented_encoding_equals_plain_encoding() {
