@@ -97,6 +97,22 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
     .map(String::from);
     let (_agent, agent_pid) = spawn_self(&agent_args, 1).await?;
     wait_ready(&client, &format!("http://127.0.0.1:{admin}/ready")).await?;
+    // The same agent speaking h2c to the simulator (one multiplexed connection).
+    let (listen_h2, admin_h2) = (free_port()?, free_port()?);
+    let h2_args = [
+        "agent",
+        "--listen",
+        &format!("127.0.0.1:{listen_h2}"),
+        "--admin",
+        &format!("127.0.0.1:{admin_h2}"),
+        "--endpoint",
+        &format!("http://{sim_addr}"),
+        "--upstream-protocol",
+        "h2",
+    ]
+    .map(String::from);
+    let (_agent_h2, agent_h2_pid) = spawn_self(&h2_args, 1).await?;
+    wait_ready(&client, &format!("http://127.0.0.1:{admin_h2}/ready")).await?;
     let mut targets = vec![
         Target {
             name: "direct",
@@ -107,6 +123,11 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
             name: "warmpath",
             base: format!("http://127.0.0.1:{listen}"),
             pid: Some(agent_pid),
+        },
+        Target {
+            name: "warmpath (h2 upstream)",
+            base: format!("http://127.0.0.1:{listen_h2}"),
+            pid: Some(agent_h2_pid),
         },
     ];
     let _nginx = match nginx(&sim_addr).await {
