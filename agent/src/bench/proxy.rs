@@ -60,6 +60,30 @@ struct Target {
     pid: Option<u32>,
 }
 
+/// `warmpath agent` (one worker thread) in front of the simulator at `sim_addr`, with
+/// `extra` flags, once ready: (process, pid, listen port).
+async fn start_agent(
+    client: &reqwest::Client,
+    sim_addr: &str,
+    extra: &[&str],
+) -> Result<(super::process::Child, u32, u16), Error> {
+    let (listen, admin) = (free_port()?, free_port()?);
+    let mut args: Vec<String> = [
+        "agent".to_string(),
+        "--listen".into(),
+        format!("127.0.0.1:{listen}"),
+        "--admin".into(),
+        format!("127.0.0.1:{admin}"),
+        "--endpoint".into(),
+        format!("http://{sim_addr}"),
+    ]
+    .into();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let (child, pid) = spawn_self(&args, 1).await?;
+    wait_ready(client, &format!("http://127.0.0.1:{admin}/ready")).await?;
+    Ok((child, pid, listen))
+}
+
 pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
     if args.decision_only {
         decision(args.chat_tokens);
@@ -84,35 +108,10 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
     .map(String::from);
     let (_sim, _, engines) = spawn_sim(&flags, 1).await?;
     let sim_addr = engines[0].clone();
-    let (listen, admin) = (free_port()?, free_port()?);
-    let agent_args = [
-        "agent",
-        "--listen",
-        &format!("127.0.0.1:{listen}"),
-        "--admin",
-        &format!("127.0.0.1:{admin}"),
-        "--endpoint",
-        &format!("http://{sim_addr}"),
-    ]
-    .map(String::from);
-    let (_agent, agent_pid) = spawn_self(&agent_args, 1).await?;
-    wait_ready(&client, &format!("http://127.0.0.1:{admin}/ready")).await?;
+    let (_agent, agent_pid, listen) = start_agent(&client, &sim_addr, &[]).await?;
     // The same agent speaking h2c to the simulator (one multiplexed connection).
-    let (listen_h2, admin_h2) = (free_port()?, free_port()?);
-    let h2_args = [
-        "agent",
-        "--listen",
-        &format!("127.0.0.1:{listen_h2}"),
-        "--admin",
-        &format!("127.0.0.1:{admin_h2}"),
-        "--endpoint",
-        &format!("http://{sim_addr}"),
-        "--upstream-protocol",
-        "h2",
-    ]
-    .map(String::from);
-    let (_agent_h2, agent_h2_pid) = spawn_self(&h2_args, 1).await?;
-    wait_ready(&client, &format!("http://127.0.0.1:{admin_h2}/ready")).await?;
+    let (_agent_h2, agent_h2_pid, listen_h2) =
+        start_agent(&client, &sim_addr, &["--upstream-protocol", "h2"]).await?;
     let mut targets = vec![
         Target {
             name: "direct",

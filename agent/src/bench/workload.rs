@@ -52,20 +52,41 @@ pub struct Planned {
     pub max_tokens: usize,
 }
 
+/// The shared-prefix shape both load generators draw from: each group's system prompt
+/// (seeded per group, `system_chars` long) and every (group, user, round) in a shuffled
+/// arrival order drawn from `rng`.
+pub fn shared_prefix_order(
+    seed: u64,
+    (groups, users, rounds): (usize, usize, usize),
+    system_chars: usize,
+    rng: &mut ChaCha8Rng,
+) -> (Vec<String>, Vec<(usize, usize, usize)>) {
+    let systems: Vec<String> = (0..groups)
+        .map(|g| TextGen::new(seed ^ ((g as u64 + 1) * 7919)).text(system_chars))
+        .collect();
+    let mut order: Vec<(usize, usize, usize)> = (0..groups)
+        .flat_map(|g| (0..users).flat_map(move |u| (0..rounds).map(move |r| (g, u, r))))
+        .collect();
+    order.shuffle(rng);
+    (systems, order)
+}
+
+/// The prompt of user `user`'s question `round` after `system`.
+pub fn question_prompt(system: &str, user: usize, round: usize, question: &str) -> String {
+    format!("{system}\nUser {user} asks question {round}: {question}")
+}
+
 impl SharedPrefix {
     /// The requests, in arrival order; identical for the same seed.
     pub fn plan(&self, seed: u64) -> Vec<Planned> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let chars = |tokens: usize| (tokens as f64 * CHARS_PER_TOKEN) as usize;
-        let systems: Vec<String> = (0..self.groups)
-            .map(|g| TextGen::new(seed ^ ((g as u64 + 1) * 7919)).text(chars(self.system_tokens)))
-            .collect();
-        let mut order: Vec<(usize, usize, usize)> = (0..self.groups)
-            .flat_map(|g| {
-                (0..self.users).flat_map(move |u| (0..self.rounds).map(move |r| (g, u, r)))
-            })
-            .collect();
-        order.shuffle(&mut rng);
+        let (systems, order) = shared_prefix_order(
+            seed,
+            (self.groups, self.users, self.rounds),
+            chars(self.system_tokens),
+            &mut rng,
+        );
         // Users ask their questions in order: sort each user's rounds by appearance.
         let mut at = Duration::ZERO;
         let mut text = TextGen::new(seed ^ 0xabcdef);
@@ -82,7 +103,7 @@ impl SharedPrefix {
                 let question = text.text(chars(self.question_tokens));
                 Planned {
                     at,
-                    prompt: format!("{system}\nUser {u} asks question {r}: {question}"),
+                    prompt: question_prompt(&system, u, r, &question),
                     max_tokens: self.output_tokens,
                 }
             })

@@ -37,7 +37,7 @@ impl Holder {
     }
 
     pub fn tier(self) -> Tier {
-        Tier::from_index(((self.0 >> TIER_SHIFT) & 0x7) as u8)
+        Tier::from_index(self.tier_bits() as u8)
     }
 
     /// The raw tier field (0..8), for tables indexed by tier.

@@ -14,7 +14,7 @@ use super::{
     entry::{MAX_SOURCES, Upsert},
     health::{HealthState, SourceStatus},
     keys::block_key,
-    store::{FastMap, Match, Store},
+    store::{FastMap, Match, Store, shrink_if_sparse},
     wire::{Batch, Event, Removed, Stored},
 };
 
@@ -22,6 +22,8 @@ use super::{
 pub const DEFAULT_MAX_ENTRIES: usize = 20_000_000;
 /// How long a speculative entry waits for the engine's event.
 pub const DEFAULT_SPECULATIVE_TTL: Duration = Duration::from_secs(2);
+/// Engine maps never shrink below room for this many blocks.
+const ENGINE_MAP_FLOOR: usize = 1024;
 /// How long a source stays unsure after an unrecoverable gap (its entries were cleared).
 pub const DEFAULT_UNSURE_SETTLE: Duration = Duration::from_secs(10);
 
@@ -146,18 +148,16 @@ impl KvIndex {
             return;
         };
         let mut st = source.state.lock();
-        for (_, (key, tiers)) in st.engine.drain() {
+        // Taken, not drained: a cleared engine's map starts small again.
+        for (_, (key, tiers)) in std::mem::take(&mut st.engine) {
             for tier in Tier::ALL.into_iter().filter(|t| tiers & t.bit() != 0) {
                 self.store.remove(RouterKey(key), id.0, tier, false);
             }
         }
         st.speculative.clear();
-        for (key, _) in st.spec_deadline.drain() {
+        for (key, _) in std::mem::take(&mut st.spec_deadline) {
             self.store.remove(RouterKey(key), id.0, Tier::Gpu, true);
         }
-        // drain() keeps the peak capacity; a cleared engine starts small again.
-        st.engine.shrink_to_fit();
-        st.spec_deadline.shrink_to_fit();
     }
 
     /// Applies one batch of a source's events, in order.
@@ -268,12 +268,8 @@ impl KvIndex {
             self.store.remove(RouterKey(key), id.0, r.tier, false);
             st.status.blocks_removed += 1;
         }
-        // Give memory back when the engine's cache has shrunk well below its peak (a
-        // quarter full), keeping room to grow again without rehashing at once.
-        if st.engine.capacity() > 4 * st.engine.len().max(1024) {
-            let keep = st.engine.len() * 2;
-            st.engine.shrink_to(keep);
-        }
+        // The engine's cache may have shrunk well below its peak.
+        shrink_if_sparse(&mut st.engine, ENGINE_MAP_FLOOR);
     }
 
     /// Records that the router sent a request with `keys` to `id`: the keys count as held

@@ -50,6 +50,14 @@ impl Hasher for KeyHasher {
 /// HashMap keyed by already-random u64s.
 pub type FastMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
 
+/// Gives memory back once `map` is a quarter full (never below room for `floor` keys),
+/// keeping twice its entries so it can grow again without rehashing at once.
+pub fn shrink_if_sparse<V>(map: &mut FastMap<V>, floor: usize) {
+    if map.capacity() > 4 * map.len().max(floor) {
+        map.shrink_to(map.len() * 2);
+    }
+}
+
 #[derive(Debug, Default)]
 struct Shard {
     map: FastMap<Entry>,
@@ -138,11 +146,8 @@ impl Store {
         }
         if entry.get().is_empty() {
             entry.remove();
-            // A shard a quarter full gives memory back (a source removed or cleared).
-            if shard.map.capacity() > 4 * shard.map.len().max(MIN_SHRINK) {
-                let keep = shard.map.len() * 2;
-                shard.map.shrink_to(keep);
-            }
+            // A source removed or cleared leaves shards sparse.
+            shrink_if_sparse(&mut shard.map, MIN_SHRINK);
         }
         removed
     }
@@ -184,7 +189,7 @@ impl Store {
         let epoch = self.now();
         // out[..active] are the sources still matching.
         let mut active = 0;
-        for (c, keys) in chain.chunks(CHUNK).enumerate() {
+        'chain: for (c, keys) in chain.chunks(CHUNK).enumerate() {
             let mut guards: [Option<parking_lot::RwLockReadGuard<'_, Shard>>; SHARDS] =
                 std::array::from_fn(|_| None);
             for k in keys {
@@ -236,8 +241,7 @@ impl Store {
                     }
                 }
                 if active == 0 {
-                    out.sort_unstable_by_key(|m| m.source);
-                    return;
+                    break 'chain;
                 }
             }
         }

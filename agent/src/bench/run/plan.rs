@@ -16,7 +16,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use rand::{Rng, SeedableRng, seq::SliceRandom};
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Deserialize;
 use warmpath_sim::text::TextGen;
@@ -164,17 +164,12 @@ impl WorkloadArgs {
         };
         Ok(match self.workload {
             WorkloadKind::SharedPrefix | WorkloadKind::NoSharing => {
-                let systems: Vec<String> = (0..self.groups)
-                    .map(|g| {
-                        TextGen::new(seed ^ ((g as u64 + 1) * 7919)).text(chars(self.system_tokens))
-                    })
-                    .collect();
-                let mut order: Vec<(usize, usize, usize)> = (0..self.groups)
-                    .flat_map(|g| {
-                        (0..self.users).flat_map(move |u| (0..self.rounds).map(move |r| (g, u, r)))
-                    })
-                    .collect();
-                order.shuffle(&mut rng);
+                let (systems, order) = crate::bench::workload::shared_prefix_order(
+                    seed,
+                    (self.groups, self.users, self.rounds),
+                    chars(self.system_tokens),
+                    &mut rng,
+                );
                 order
                     .into_iter()
                     .map(|(g, u, r)| {
@@ -186,7 +181,7 @@ impl WorkloadArgs {
                         let q = words.text(chars(self.question_tokens));
                         Session {
                             turns: vec![Turn {
-                                text: format!("{system}\nUser {u} asks question {r}: {q}"),
+                                text: crate::bench::workload::question_prompt(&system, u, r, &q),
                                 append: false,
                                 max_tokens: self.output_tokens,
                                 think: Duration::ZERO,
