@@ -113,9 +113,9 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         config::TokenSourceConfig,
         kv_index,
         pool::Pool,
-        proxy::{self, TokenSource, segments::SegmentTokenizer},
+        proxy::{self, TokenSource},
     };
-    use warmpath_sim::tokenizer::Tokenizer;
+    use warmpath_sim::tokenizer::{Tokenizer, segments::SegmentTokenizer};
 
     let block_sizes: std::collections::HashSet<usize> =
         config.pools.iter().map(|p| p.block_size).collect();
@@ -140,7 +140,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     proxy.explain = config.explain;
     proxy.inject_usage = config.inject_usage;
     let mut tasks = Vec::new();
-    let mut builtin: Option<Arc<proxy::segments::SegmentTokenizer>> = None;
+    let mut builtin: Option<Arc<SegmentTokenizer>> = None;
     for pc in &config.pools {
         let mut endpoints = Vec::new();
         for e in &pc.endpoints {

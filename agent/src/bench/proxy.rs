@@ -420,7 +420,8 @@ fn decision(tokens: usize) {
         .to_string()
     };
     // What the proxy runs: parse, render, tokenize through the segment tokenizer, key, rank.
-    let seg = crate::proxy::segments::SegmentTokenizer::new(std::sync::Arc::new(tok.clone()));
+    let seg =
+        warmpath_sim::tokenizer::segments::SegmentTokenizer::new(std::sync::Arc::new(tok.clone()));
     let agent_decision = |body: &str| {
         let t0 = Instant::now();
         let req = crate::proxy::request::Request::read(Kind::Chat, body.as_bytes(), "m")

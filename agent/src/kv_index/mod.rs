@@ -17,7 +17,6 @@ pub mod wire;
 pub use health::{HealthState, SourceStatus};
 pub use index::{IndexConfig, KvIndex, SourceId, SourceInfo};
 pub use keys::{RequestExtras, RouterKey, request_keys};
-pub(crate) use store::FastMap;
 pub use store::Match;
 
 /// Where a cached block lives; weights per tier are configurable.

@@ -6,10 +6,8 @@
 
 mod admin;
 mod error;
-mod pretok;
 pub mod request;
 mod scrape;
-pub mod segments;
 pub mod tokens;
 mod upstream;
 
@@ -475,7 +473,7 @@ async fn forward(
         if let Some(history) = &runtime.history {
             history.record(chosen, &ctx.keys, Instant::now());
         }
-        tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), "routing decision");
+        tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), first_key = ctx.keys.first().map_or(0, |k| k.0), "routing decision");
         let guard = endpoint.start(uncached);
         let uri = format!(
             "http://{}{}",

@@ -23,12 +23,12 @@ impl Encoder for Tokenizer {
     }
 }
 
-impl Encoder for super::segments::SegmentTokenizer {
+impl Encoder for warmpath_sim::tokenizer::segments::SegmentTokenizer {
     fn template(&self) -> &Tokenizer {
         self.tokenizer()
     }
     fn encode_text(&self, text: &str, add_special_tokens: bool) -> Option<Vec<u32>> {
-        self.encode(text, add_special_tokens)
+        self.encode(text, add_special_tokens).ok()
     }
 }
 

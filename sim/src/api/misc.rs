@@ -65,7 +65,7 @@ pub async fn tokenize(State(s): State<Arc<ServedModel>>, body: Bytes) -> Respons
             }
         };
         let tokens = s
-            .tokenizer
+            .encoder
             .encode(&text, body.add_special_tokens.unwrap_or(default_special))
             .map_err(|e| ApiError::bad_param("prompt", e.to_string()))?;
         Ok(json!({"count": tokens.len(), "max_model_len": s.max_model_len, "tokens": tokens}))

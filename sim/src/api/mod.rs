@@ -34,7 +34,7 @@ pub use request::Kind;
 
 use crate::{
     engine::{EngineHandle, sequence::NewRequest},
-    tokenizer::Tokenizer,
+    tokenizer::{Tokenizer, segments::SegmentTokenizer},
 };
 
 /// Largest request body accepted.
@@ -64,6 +64,9 @@ pub struct ServedModel {
     pub loras: Vec<String>,
     pub max_model_len: usize,
     pub tokenizer: Arc<Tokenizer>,
+    /// Encodes prompts: identical ids to `tokenizer`, with shared segments and words cached
+    /// (a simulated engine should not spend the host's CPU a GPU server spends elsewhere).
+    pub encoder: SegmentTokenizer,
     pub engine: EngineHandle,
     pub faults: Faults,
     pub created: u64,
@@ -103,6 +106,7 @@ impl ServedModel {
             name,
             loras,
             max_model_len,
+            encoder: SegmentTokenizer::new(tokenizer.clone()),
             tokenizer,
             engine,
             faults,

@@ -165,7 +165,7 @@ fn completion_prompt(body: &Body, served: &ServedModel) -> Result<Vec<u32>, ApiE
     let add_special = body.add_special_tokens.unwrap_or(true);
     let encode = |text: &str| {
         served
-            .tokenizer
+            .encoder
             .encode(text, add_special)
             .map_err(|e| ApiError::bad_param("prompt", e.to_string()))
     };
@@ -223,7 +223,7 @@ fn chat_prompt(body: &Body, served: &ServedModel) -> Result<Vec<u32>, ApiError> 
         .apply_chat_template(&messages, body.add_generation_prompt.unwrap_or(true))
         .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
     served
-        .tokenizer
+        .encoder
         .encode(&text, body.add_special_tokens.unwrap_or(false))
         .map_err(|e| ApiError::bad_param("messages", e.to_string()))
 }

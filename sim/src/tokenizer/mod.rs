@@ -5,6 +5,8 @@
 //! embedded in the binary, so simulator and router agree out of the box with no download.
 
 mod chat;
+mod pretok;
+pub mod segments;
 pub mod train;
 
 use std::{collections::HashSet, path::Path, str::FromStr};
@@ -169,7 +171,7 @@ impl Tokenizer {
     /// Whether encoding is GPT-2 byte-level BPE: no normalizer, the `ByteLevel` pre-tokenizer
     /// with its GPT-2 regex and no prefix space, and deterministic BPE (no dropout). Text is
     /// then split into regex pieces that are BPE-encoded independently, so a caller may
-    /// split the same way and cache each piece's ids (see warmpath's segment tokenizer).
+    /// split the same way and cache each piece's ids (see [`segments`]).
     pub fn is_gpt2_byte_level(&self) -> bool {
         use tokenizers::{ModelWrapper, PreTokenizerWrapper};
         let pre = matches!(

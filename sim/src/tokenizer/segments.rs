@@ -21,11 +21,30 @@
 
 use std::{collections::VecDeque, sync::Arc};
 
+use super::{Error, Tokenizer};
 use memchr::memmem;
 use parking_lot::Mutex;
-use warmpath_sim::tokenizer::Tokenizer;
 
-use crate::kv_index::FastMap;
+/// Maps keyed by a 64-bit hash already (xxh3): the key is its own hash.
+type FastMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// The identity hasher of [`FastMap`].
+#[derive(Debug, Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
 
 /// Tokens kept in the cache (16 MiB of ids).
 pub const MAX_CACHED_TOKENS: usize = 4 << 20;
@@ -128,9 +147,9 @@ impl SegmentTokenizer {
     }
 
     /// Token ids of `text`, identical to [`Tokenizer::encode`].
-    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Option<Vec<u32>> {
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, Error> {
         let (Some(specials), Some(bos)) = (&self.specials, &self.bos) else {
-            return self.tokenizer.encode(text, add_special_tokens).ok();
+            return self.tokenizer.encode(text, add_special_tokens);
         };
         let mut out = Vec::with_capacity(text.len() / 3 + 8);
         if add_special_tokens {
@@ -157,17 +176,17 @@ impl SegmentTokenizer {
                 None => break,
             }
         }
-        Some(out)
+        Ok(out)
     }
 
-    fn piece(&self, piece: &str, out: &mut Vec<u32>) -> Option<()> {
+    fn piece(&self, piece: &str, out: &mut Vec<u32>) -> Result<(), Error> {
         if piece.len() < MIN_SEGMENT_BYTES {
             return self.encode_plain(piece, out);
         }
         let key = xxhash_rust::xxh3::xxh3_128(piece.as_bytes());
         if let Some(ids) = self.cache.lock().map.get(&key).cloned() {
             out.extend_from_slice(&ids);
-            return Some(());
+            return Ok(());
         }
         let start = out.len();
         self.encode_plain(piece, out)?;
@@ -184,26 +203,25 @@ impl SegmentTokenizer {
                 c.tokens -= n;
             }
         }
-        Some(())
+        Ok(())
     }
 
     /// Appends the ids of `text` (no special tokens): through the word cache when it applies.
-    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) -> Option<()> {
+    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) -> Result<(), Error> {
         let Some(words) = self.words.as_ref().filter(|_| text.is_ascii()) else {
-            out.extend(self.tokenizer.encode(text, false).ok()?);
-            return Some(());
+            out.extend(self.tokenizer.encode(text, false)?);
+            return Ok(());
         };
         let mut words = words.lock();
-        let mut ok = true;
+        let mut failed = None;
         super::pretok::gpt2_pieces(text, |word| {
-            if words
-                .extend(word, out, || self.tokenizer.encode_pretoken(word))
-                .is_err()
+            if failed.is_none()
+                && let Err(e) = words.extend(word, out, || self.tokenizer.encode_pretoken(word))
             {
-                ok = false;
+                failed = Some(e);
             }
         });
-        ok.then_some(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Tokens currently cached.
@@ -215,7 +233,7 @@ impl SegmentTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use warmpath_sim::{text::TextGen, tokenizer::ChatMessage};
+    use crate::{text::TextGen, tokenizer::ChatMessage};
 
     #[test]
     fn word_cache_keeps_words_in_use_and_stays_bounded() {
@@ -272,15 +290,18 @@ mod tests {
                 let rendered = tok.apply_chat_template(&messages, generation).unwrap();
                 for special in [false, true] {
                     assert_eq!(
-                        seg.encode(&rendered, special),
-                        tok.encode(&rendered, special).ok(),
+                        seg.encode(&rendered, special).unwrap(),
+                        tok.encode(&rendered, special).unwrap(),
                         "case {i}"
                     );
                 }
             }
             // Completions: plain text, with and without BOS; and specials inside user text.
             let raw = format!("{system} <|im_end|>tail{}", text.text(50));
-            assert_eq!(seg.encode(&raw, true), tok.encode(&raw, true).ok());
+            assert_eq!(
+                seg.encode(&raw, true).unwrap(),
+                tok.encode(&raw, true).unwrap()
+            );
         }
         assert!(seg.cached_tokens() > 0);
         // Hits return the same ids.
@@ -293,8 +314,8 @@ mod tests {
                 true,
             )
             .unwrap();
-        let a = seg.encode(&rendered, false);
-        assert_eq!(a, seg.encode(&rendered, false));
-        assert_eq!(a, tok.encode(&rendered, false).ok());
+        let a = seg.encode(&rendered, false).unwrap();
+        assert_eq!(a, seg.encode(&rendered, false).unwrap());
+        assert_eq!(a, tok.encode(&rendered, false).unwrap());
     }
 }
