@@ -17,6 +17,12 @@ pub struct CompareArgs {
     /// Engines in each fleet.
     #[arg(long, default_value_t = 4)]
     pub replicas: u16,
+    /// warmpath agents in front of the fleet, as on that many nodes (a DaemonSet): user `i`
+    /// sends through agent `i mod N`. Each agent keeps its own routing history and load
+    /// counts; precise agents all subscribe to every engine's KV events. Peer routers run
+    /// as one central instance.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub agents: u16,
     /// KV blocks per engine (16 tokens each): small enough that the working set does not
     /// fit in every engine.
     #[arg(long, default_value_t = 640)]
@@ -269,7 +275,7 @@ async fn run_target(
                         &target,
                         plan,
                         &engines,
-                        &format!("{base}/v1/completions"),
+                        &[format!("{base}/v1/completions")],
                     )
                     .await;
                     drop(child);
@@ -320,66 +326,85 @@ async fn run_target(
     else {
         return Err(Error::Setup("agent flags did not parse as `agent`".into()));
     };
-    let routing = crate::agent::start_routing(&agent)
-        .await
-        .map_err(|e| Error::Setup(format!("proxy: {e}")))?;
-    let mut url = format!("http://{}/v1/completions", routing.listen);
+    let mut agents = Vec::with_capacity(usize::from(args.agents));
+    for _ in 0..args.agents {
+        agents.push(
+            crate::agent::start_routing(&agent)
+                .await
+                .map_err(|e| Error::Setup(format!("proxy: {e}")))?,
+        );
+    }
+    let mut urls: Vec<String> = agents
+        .iter()
+        .map(|a| format!("http://{}/v1/completions", a.listen))
+        .collect();
     let _redirector = match target {
         Target::Intercepted => {
-            let (redirector, vip) = intercept(routing.listen)?;
-            url = format!("http://{vip}/v1/completions");
+            let listens: Vec<_> = agents.iter().map(|a| a.listen).collect();
+            let (redirector, vips) = intercept(&listens)?;
+            urls = vips
+                .iter()
+                .map(|vip| format!("http://{vip}/v1/completions"))
+                .collect();
             Some(redirector)
         }
         _ => None,
     };
-    let row = drive(args, &target, plan, &engines, &url).await;
+    let row = drive(args, &target, plan, &engines, &urls).await;
     if let Some(r) = &_redirector
         && let Ok(c) = r.counters()
     {
         println!(
-            "  eBPF: {} connections to the VIP redirected to the proxy in the kernel",
+            "  eBPF: {} connections to the VIPs redirected to the agents in the kernel",
             c.redirected
         );
     }
-    drop(routing);
+    drop(agents);
     for e in engines {
         e.shutdown();
     }
     row
 }
 
-/// The VIP clients use in the intercepted run (loopback: a failed rewrite is refused, never
-/// sent anywhere).
-const DEMO_VIP: std::net::SocketAddrV4 =
-    std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(127, 77, 0, 1), 8000);
-
-/// connect4 in this process's cgroup: DEMO_VIP -> the proxy (detached when dropped).
-fn intercept(
-    proxy: std::net::SocketAddr,
-) -> Result<(crate::ebpf::Redirector, std::net::SocketAddrV4), Error> {
-    let fail = |e: crate::ebpf::Error| Error::Setup(format!("eBPF interception: {e}"));
-    let std::net::SocketAddr::V4(target) = proxy else {
-        return Err(Error::Setup(
-            "eBPF interception needs an IPv4 proxy listener".into(),
-        ));
-    };
-    crate::ebpf::ensure_bpffs(std::path::Path::new(crate::ebpf::DEFAULT_BPFFS)).map_err(fail)?;
-    let mut r = crate::ebpf::Redirector::load().map_err(fail)?;
-    r.set_redirect(DEMO_VIP, target).map_err(fail)?;
-    r.attach(&crate::ebpf::own_cgroup().map_err(fail)?)
-        .map_err(fail)?;
-    Ok((r, DEMO_VIP))
+/// The VIPs clients use in the intercepted run, one per agent ("node"): 127.77.0.1:8000,
+/// 127.77.0.2:8000, ... (loopback: a failed rewrite is refused, never sent anywhere).
+fn demo_vip(agent: usize) -> std::net::SocketAddrV4 {
+    let host = u8::try_from(agent + 1).unwrap_or(u8::MAX);
+    std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(127, 77, 0, host), 8000)
 }
 
-/// Sends the plan to `url` and measures it against `engines`' prefix caches.
+/// connect4 in this process's cgroup: the i-th VIP -> the i-th proxy (detached when dropped).
+fn intercept(
+    proxies: &[std::net::SocketAddr],
+) -> Result<(crate::ebpf::Redirector, Vec<std::net::SocketAddrV4>), Error> {
+    let fail = |e: crate::ebpf::Error| Error::Setup(format!("eBPF interception: {e}"));
+    crate::ebpf::ensure_bpffs(std::path::Path::new(crate::ebpf::DEFAULT_BPFFS)).map_err(fail)?;
+    let mut r = crate::ebpf::Redirector::load().map_err(fail)?;
+    let mut vips = Vec::with_capacity(proxies.len());
+    for (i, proxy) in proxies.iter().enumerate() {
+        let std::net::SocketAddr::V4(target) = *proxy else {
+            return Err(Error::Setup(
+                "eBPF interception needs IPv4 proxy listeners".into(),
+            ));
+        };
+        let vip = demo_vip(i);
+        r.set_redirect(vip, target).map_err(fail)?;
+        vips.push(vip);
+    }
+    r.attach(&crate::ebpf::own_cgroup().map_err(fail)?)
+        .map_err(fail)?;
+    Ok((r, vips))
+}
+
+/// Sends the plan (user `i` to `urls[i mod len]`) and measures it against `engines`' prefix
+/// caches.
 async fn drive(
     args: &CompareArgs,
     target: &Target,
     plan: Arc<Vec<super::workload::Planned>>,
     engines: &[warmpath_sim::fleet::RunningEngine],
-    url: &str,
+    urls: &[String],
 ) -> Result<Row, Error> {
-    let url = url.to_string();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .tcp_nodelay(true)
@@ -392,7 +417,7 @@ async fn drive(
         .iter()
         .cloned()
         .map(|p| {
-            let (client, url) = (client.clone(), url.clone());
+            let (client, url) = (client.clone(), urls[p.user % urls.len()].clone());
             tokio::spawn(async move {
                 tokio::time::sleep_until(start + p.at.mul_f64(scale)).await;
                 one_request(&client, &url, &p.prompt, p.max_tokens).await

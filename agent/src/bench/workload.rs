@@ -48,6 +48,8 @@ pub struct SharedPrefix {
 pub struct Planned {
     /// When to send it, from the start (modelled time).
     pub at: Duration,
+    /// Who sends it (group x users + user): a client keeps its node, so its agent.
+    pub user: usize,
     pub prompt: String,
     pub max_tokens: usize,
 }
@@ -103,6 +105,7 @@ impl SharedPrefix {
                 let question = text.text(chars(self.question_tokens));
                 Planned {
                     at,
+                    user: g * self.users + u,
                     prompt: question_prompt(&system, u, r, &question),
                     max_tokens: self.output_tokens,
                 }

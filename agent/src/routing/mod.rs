@@ -6,13 +6,18 @@
 //! blocks on that pod plus the prefill work already queued there:
 //!
 //! ```text
-//! cost(pod) = (prompt_blocks - matched_blocks(pod)) + queued_prefill_blocks(pod)
+//! uncached  = prompt_blocks - matched_blocks(pod)
+//! cost(pod) = uncached + queued_prefill_blocks(pod)
 //!           + (prompt_blocks - history_blocks(pod)) + 4 x in_flight(pod)
+//!           + uncached x in_flight(pod)
 //! ```
 //!
-//! The last term is the pull of a prefix's home (where this proxy last sent it): when the
+//! The third term is the pull of a prefix's home (where this proxy last sent it): when the
 //! prefix was evicted everywhere it returns there instead of being duplicated into whichever
-//! cache is idlest.
+//! cache is idlest. The last is the stall a prefill imposes on the pod's other requests:
+//! chunked prefill shares every batch step with them, so each of them waits for the
+//! uncached blocks too — a cold prompt goes where the fewest requests would wait for it,
+//! while a warm one (few uncached blocks) keeps its affinity.
 //!
 //! Affinity wins while the pod holding the prefix is not already busier (in prefill blocks)
 //! than recomputing the prefix elsewhere would be; so it can never pile requests onto an
@@ -103,6 +108,7 @@ pub struct Weights {
     pub session: f64,
     pub in_flight: f64,
     pub history: f64,
+    pub stall: f64,
 }
 
 impl Default for Weights {
@@ -120,6 +126,7 @@ impl Weights {
         session: 0.0,
         in_flight: 0.0,
         history: 0.0,
+        stall: 0.0,
     };
 
     /// Pairs of (scorer, weight) with a non-zero weight.
@@ -132,6 +139,7 @@ impl Weights {
             (&scorers::Session, self.session),
             (&scorers::InFlight, self.in_flight),
             (&scorers::Home, self.history),
+            (&scorers::Stall, self.stall),
         ]
         .into_iter()
         .filter(|(_, w)| *w != 0.0)
@@ -163,9 +171,10 @@ impl Weights {
             "session" => &mut self.session,
             "in-flight" => &mut self.in_flight,
             "history" => &mut self.history,
+            "stall" => &mut self.stall,
             other => {
                 return Err(format!(
-                    "unknown scorer `{other}`: expected prefix, queue, kv-usage, lora, session, in-flight or history"
+                    "unknown scorer `{other}`: expected prefix, queue, kv-usage, lora, session, in-flight, history or stall"
                 ));
             }
         };
@@ -180,6 +189,12 @@ pub const HOME_WEIGHT: f64 = 1.0;
 /// precise trailed least-loaded's TTFT tail by 13-17 % when nothing is shared; with 4 it is
 /// within 5 % on every figure and the shared-prefix tail shortened — docs/benchmarks.md).
 pub const IN_FLIGHT_BLOCKS: f64 = 4.0;
+/// Weight of the stall scorer (uncached blocks x requests in flight there) in the prefix
+/// presets: a prefill delays each request sharing its batch steps by its own length
+/// (measured: without it precise's end-to-end latency trailed least-loaded's by up to 10 %
+/// when nothing is shared, and its shared-prefix TTFT p99 was 0.82 s instead of 0.21-0.50 s —
+/// docs/benchmarks.md).
+pub const STALL_WEIGHT: f64 = 1.0;
 
 impl Policy {
     /// The scorer weights this policy starts from.
@@ -191,20 +206,25 @@ impl Policy {
             // pod is idlest, so it is not duplicated over every cache (thrashing under KV
             // pressure).
             // And a few blocks per request in flight there: running requests share every batch
-            // step, so a pod busy decoding prefills more slowly.
+            // step, so a pod busy decoding prefills more slowly; and the uncached blocks once
+            // more per request in flight there, which this prefill would stall.
             Policy::Precise => Weights {
                 prefix: 1.0,
                 queue: 1.0,
                 lora: 1.0,
                 history: HOME_WEIGHT,
                 in_flight: IN_FLIGHT_BLOCKS,
+                stall: STALL_WEIGHT,
                 ..Weights::ZERO
             },
-            // The approximate policy's prefix signal *is* the history.
+            // The approximate policy's prefix signal *is* the history; its load terms are
+            // precise's, so the two differ only in what they know of the caches.
             Policy::Approximate => Weights {
                 prefix: 1.0,
                 queue: 1.0,
                 lora: 1.0,
+                in_flight: IN_FLIGHT_BLOCKS,
+                stall: STALL_WEIGHT,
                 ..Weights::ZERO
             },
             Policy::LeastLoaded => Weights {
@@ -345,6 +365,32 @@ mod tests {
     }
 
     #[test]
+    fn cold_prefills_avoid_stalling_busy_decoders_warm_ones_keep_affinity() {
+        let rr = AtomicUsize::new(0);
+        // A: six requests decoding, nothing queued; B: one request, 30 blocks queued.
+        let busy = cand(0, 0, 0, 6);
+        let queued = cand(1, 0, 30, 1);
+        // Cold everywhere: 100 blocks of prefill would stall A's six decoders.
+        let d = rank(
+            Policy::Precise,
+            &ctx(100),
+            &[busy.clone(), queued.clone()],
+            &rr,
+        )
+        .unwrap();
+        assert_eq!(d.ranked[0], EndpointId(1));
+        // Without the stall term the cheaper queue wins.
+        let mut no_stall = RoutePolicy::from(Policy::Precise);
+        no_stall.weights.stall = 0.0;
+        let d = rank(no_stall, &ctx(100), &[busy.clone(), queued.clone()], &rr).unwrap();
+        assert_eq!(d.ranked[0], EndpointId(0));
+        // Warm on A: five uncached blocks stall little; affinity wins.
+        let warm = cand(0, 95, 0, 6);
+        let d = rank(Policy::Precise, &ctx(100), &[warm, queued], &rr).unwrap();
+        assert_eq!((d.ranked[0], d.prefix_blocks), (EndpointId(0), 95));
+    }
+
+    #[test]
     fn untrusted_prefix_counts_as_no_match_and_excluded_are_skipped() {
         let rr = AtomicUsize::new(0);
         let mut unsure = cand(1, 90, 0, 0);
@@ -443,7 +489,7 @@ mod tests {
         let mut full = cand(0, 0, 0, 0);
         full.kv_usage = 0.95;
         let empty = cand(1, 0, 0, 1);
-        // Precise ignores KV usage by default: the tie goes to fewer in flight.
+        // Precise ignores KV usage by default: the pod with nothing in flight wins.
         assert_eq!(
             rank(
                 Policy::Precise,
@@ -456,7 +502,9 @@ mod tests {
             EndpointId(0)
         );
         let mut w = Policy::Precise.weights();
-        w.set("kv-usage", 1.0).unwrap();
+        // A nearly full cache (19 blocks at weight 2) outweighs one request in flight
+        // (4 + 10 blocks it would stall).
+        w.set("kv-usage", 2.0).unwrap();
         let p = RoutePolicy {
             kind: Policy::Precise,
             weights: w,

@@ -60,6 +60,20 @@ pub struct Session;
 pub struct InFlight;
 #[derive(Debug)]
 pub struct Home;
+#[derive(Debug)]
+pub struct Stall;
+
+impl Scorer for Stall {
+    fn name(&self) -> &'static str {
+        "stall"
+    }
+    fn add_costs(&self, ctx: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        for (c, cost) in live.iter().zip(costs) {
+            let uncached = (ctx.total_blocks - ctx.matched(c)) as f64;
+            *cost += w * uncached * f64::from(c.in_flight);
+        }
+    }
+}
 
 impl Scorer for Home {
     fn name(&self) -> &'static str {
