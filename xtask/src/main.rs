@@ -101,7 +101,7 @@ fn python_suites(object: &std::path::Path) -> Result<()> {
     )
 }
 
-/// The README's demo: a simulator fleet under KV pressure, the routing proxy in front of it,
+/// The README's demo: a simulator fleet under KV pressure, warmpath agents in front of it,
 /// the same shared-prefix workload through each policy, one table.
 fn demo() -> Result<()> {
     let object = ebpf::build()?;

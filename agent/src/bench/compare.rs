@@ -98,7 +98,7 @@ struct SimWrap {
 pub async fn run(args: CompareArgs) -> Result<(), Error> {
     let plan = Arc::new(args.workload.plan(args.seed));
     println!(
-        "bench compare: {} requests ({} groups x {} users x {} rounds, {} shared + {} question tokens, {} output), {:.1} req/s, {} engines x {} blocks, profile {}, time-scale {}",
+        "bench compare: {} requests ({} groups x {} users x {} rounds, {} shared + {} question tokens, {} output), {:.1} req/s, {} engines x {} blocks, {} warmpath agent(s), profile {}, time-scale {}",
         plan.len(),
         args.workload.groups,
         args.workload.users,
@@ -113,6 +113,7 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         args.workload.rate,
         args.replicas,
         args.num_gpu_blocks,
+        args.agents,
         args.profile,
         args.time_scale
     );
