@@ -106,7 +106,7 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
         "1024",
     ]
     .map(String::from);
-    let (_sim, _, engines) = spawn_sim(&flags, 1).await?;
+    let (_sim, sim_pid, engines) = spawn_sim(&flags, 1).await?;
     let sim_addr = engines[0].clone();
     let (_agent, agent_pid, listen) = start_agent(&client, &sim_addr, &[]).await?;
     // The same agent speaking h2c to the simulator (one multiplexed connection).
@@ -116,7 +116,8 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
         Target {
             name: "direct",
             base: format!("http://{sim_addr}"),
-            pid: None,
+            // Its throughput row is the simulator's own (CPU: the simulator's).
+            pid: Some(sim_pid),
         },
         Target {
             name: "warmpath",

@@ -47,6 +47,8 @@ pub struct Tokenizer {
     eos_id: Option<u32>,
     /// Ids whose text is a plain word with a leading space: what the simulator "generates".
     word_ids: Vec<u32>,
+    /// Vocabulary size including added tokens (the crate rebuilds the vocabulary to count it).
+    vocab_size: usize,
 }
 
 impl Tokenizer {
@@ -97,11 +99,13 @@ impl Tokenizer {
             .and_then(|c| c.eos_token())
             .and_then(|t| inner.token_to_id(t));
         let word_ids = word_ids(&inner);
+        let vocab_size = inner.get_vocab_size(true);
         Ok(Self {
             inner,
             chat,
             eos_id,
             word_ids,
+            vocab_size,
         })
     }
 
@@ -189,7 +193,7 @@ impl Tokenizer {
 
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     /// Ids that decode to a single plain word with a leading space (never empty).
