@@ -111,3 +111,78 @@ async fn a_multi_turn_run_reports_every_request_per_tenant() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `warmpath bench compare` end to end on a small shared-prefix workload: two policies, each
+/// in front of its own fresh fleet, through two agents; the JSON rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_comparison_runs_every_policy_through_every_agent() {
+    let dir = std::env::temp_dir().join(format!("warmpath-bench-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("compare.json");
+    let argv = [
+        "warmpath",
+        "bench",
+        "compare",
+        "--groups",
+        "3",
+        "--users",
+        "4",
+        "--rounds",
+        "2",
+        "--system-tokens",
+        "256",
+        "--question-tokens",
+        "16",
+        "--output-tokens",
+        "4",
+        "--rate",
+        "40",
+        "--replicas",
+        "2",
+        "--num-gpu-blocks",
+        "256",
+        "--profile",
+        "tiny",
+        "--time-scale",
+        "1",
+        "--agents",
+        "2",
+        "--policies",
+        "round-robin,precise",
+        "--peers",
+        "none",
+        "--ebpf",
+        "off",
+        "--max-seconds",
+        "60",
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    let Command::Bench(BenchCommand::Compare(args)) = Cli::try_parse_from(argv).unwrap().command
+    else {
+        unreachable!()
+    };
+    warmpath::bench::compare::run(*args).await.unwrap();
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["RoundRobin", "Precise"]);
+    for r in &rows {
+        assert_eq!(r["requests"], 24, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        // Users are pinned to agents: 12 users over 2 agents, 2 questions each.
+        assert_eq!(r["requests_per_agent"], serde_json::json!([12, 12]), "{r}");
+        let (p50, p90) = (
+            r["ttft_p50"].as_f64().unwrap(),
+            r["ttft_p90"].as_f64().unwrap(),
+        );
+        assert!(p50 > 0.0 && p50 <= p90, "{r}");
+    }
+    // Three groups of 16 shared blocks: precise serves most prompts from cache.
+    assert!(
+        rows[1]["prefix_hit_ratio"].as_f64().unwrap() > 0.5,
+        "{}",
+        rows[1]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

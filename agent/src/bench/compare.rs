@@ -84,6 +84,8 @@ pub struct Row {
     pub e2e_p50: f64,
     pub output_tokens_per_s: f64,
     pub prefix_hit_ratio: f64,
+    /// Requests answered through each agent (one entry for a peer router).
+    pub requests_per_agent: Vec<usize>,
     /// Every TTFT, sorted (for the chart).
     #[serde(skip)]
     pub ttfts: Vec<f64>,
@@ -418,19 +420,26 @@ async fn drive(
         .iter()
         .cloned()
         .map(|p| {
-            let (client, url) = (client.clone(), urls[p.user % urls.len()].clone());
+            let agent = p.user % urls.len();
+            let (client, url) = (client.clone(), urls[agent].clone());
             tokio::spawn(async move {
                 tokio::time::sleep_until(start + p.at.mul_f64(scale)).await;
-                one_request(&client, &url, &p.prompt, p.max_tokens).await
+                one_request(&client, &url, &p.prompt, p.max_tokens)
+                    .await
+                    .map(|s| (agent, s))
             })
         })
         .collect();
     let deadline = start + Duration::from_secs_f64(args.max_seconds);
     let mut samples = Vec::new();
     let mut errors = 0;
+    let mut requests_per_agent = vec![0; urls.len()];
     for t in tasks {
         match tokio::time::timeout_at(deadline, t).await {
-            Ok(Ok(Some(s))) => samples.push(s),
+            Ok(Ok(Some((agent, s)))) => {
+                requests_per_agent[agent] += 1;
+                samples.push(s);
+            }
             _ => errors += 1,
         }
     }
@@ -458,6 +467,7 @@ async fn drive(
         } else {
             hits as f64 / queries as f64
         },
+        requests_per_agent,
         ttfts: ttft,
     })
 }
