@@ -178,9 +178,10 @@ async fn a_comparison_runs_every_policy_through_every_agent() {
         );
         assert!(p50 > 0.0 && p50 <= p90, "{r}");
     }
-    // Three groups of 16 shared blocks: precise serves most prompts from cache.
+    // Three groups of 16 shared blocks (of ~19 per prompt): even if each agent's first
+    // request of each group were cold (6 of 24), precise serves the rest from cache.
     assert!(
-        rows[1]["prefix_hit_ratio"].as_f64().unwrap() > 0.5,
+        rows[1]["prefix_hit_ratio"].as_f64().unwrap() > 0.4,
         "{}",
         rows[1]
     );
