@@ -8,7 +8,7 @@
 //! ```text
 //! uncached  = prompt_blocks - matched_blocks(pod)
 //! cost(pod) = uncached + queued_prefill_blocks(pod)
-//!           + (prompt_blocks - history_blocks(pod)) + 4 x in_flight(pod)
+//!           + 2 x (prompt_blocks - history_blocks(pod)) + 4 x in_flight(pod)
 //!           + uncached x in_flight(pod)
 //! ```
 //!
@@ -183,8 +183,12 @@ impl Weights {
     }
 }
 
-/// Weight of the routing-history ("home") scorer in the precise preset.
-pub const HOME_WEIGHT: f64 = 1.0;
+/// Weight of the routing-history ("home") scorer in the precise preset: leaving a prefix's
+/// home costs its blocks twice — the prefill now, and the blocks of other prefixes its new
+/// copy evicts over there (recomputed later). Measured against 1 with four agents: p90 TTFT
+/// 0.16-0.20 s vs 0.24 s, prefix hits 76-78 % vs 73-74 %; one agent 0.09-0.10 s vs
+/// 0.12-0.13 s; nothing changes when nothing is shared (docs/benchmarks.md).
+pub const HOME_WEIGHT: f64 = 2.0;
 /// Blocks of prefill one request in flight is worth in the precise preset (measured: with 0,
 /// precise trailed least-loaded's TTFT tail by 13-17 % when nothing is shared; with 4 it is
 /// within 5 % on every figure and the shared-prefix tail shortened — docs/benchmarks.md).
@@ -556,11 +560,24 @@ mod tests {
         assert_eq!(
             d.ranked[0],
             EndpointId(1),
-            "10 queued blocks < the 100-block pull of home"
+            "10 queued blocks < the 200-block pull of home"
         );
-        home.queued_prefill_blocks = 130;
+        home.queued_prefill_blocks = 190;
+        let d = rank(
+            Policy::Precise,
+            &ctx(100),
+            &[idle.clone(), home.clone()],
+            &rr,
+        )
+        .unwrap();
+        assert_eq!(
+            d.ranked[0],
+            EndpointId(1),
+            "190 queued blocks do not outweigh it"
+        );
+        home.queued_prefill_blocks = 230;
         let d = rank(Policy::Precise, &ctx(100), &[idle, home], &rr).unwrap();
-        assert_eq!(d.ranked[0], EndpointId(0), "130 queued blocks outweigh it");
+        assert_eq!(d.ranked[0], EndpointId(0), "230 queued blocks outweigh it");
     }
 
     #[test]
