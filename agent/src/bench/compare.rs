@@ -99,6 +99,17 @@ struct SimWrap {
 
 pub async fn run(args: CompareArgs) -> Result<(), Error> {
     let plan = Arc::new(args.workload.plan(args.seed));
+    if args.workload.skew > 0.0 {
+        println!(
+            "group popularity: Zipf, exponent {} (users per group: {:?})",
+            args.workload.skew,
+            super::workload::users_per_group(
+                args.workload.groups,
+                args.workload.users,
+                args.workload.skew
+            )
+        );
+    }
     println!(
         "bench compare: {} requests ({} groups x {} users x {} rounds, {} shared + {} question tokens, {} output), {:.1} req/s, {} engines x {} blocks, {} warmpath agent(s), profile {}, time-scale {}",
         plan.len(),

@@ -3,6 +3,8 @@
 //! Shared-prefix groups (the shape llm-d publishes, scaled): G groups of U users; each group
 //! shares a system prompt of S tokens, each request adds a question of Q tokens and asks for
 //! O output tokens. Arrivals are Poisson at a given rate, in a seeded random order of users.
+//! With `--skew S`, group popularity follows Zipf's law (group g's share of users is
+//! proportional to 1/(g+1)^S), so a few system prompts are hot and the rest cool.
 
 use std::time::Duration;
 
@@ -41,6 +43,24 @@ pub struct SharedPrefix {
     /// Share nothing: every request gets its own random system prompt (the control).
     #[arg(long)]
     pub no_sharing: bool,
+    /// Zipf exponent of group popularity (0: every group has `users` users; 1: group g has
+    /// a share of the `groups x users` users proportional to 1/(g+1), at least one).
+    #[arg(long, default_value_t = 0.0)]
+    pub skew: f64,
+}
+
+/// Users per group: `groups x users` users shared out in proportion to 1/(g+1)^skew (at
+/// least one each; exactly `users` each when `skew` is 0).
+pub fn users_per_group(groups: usize, users: usize, skew: f64) -> Vec<usize> {
+    if skew <= 0.0 || groups == 0 {
+        return vec![users; groups];
+    }
+    let weights: Vec<f64> = (0..groups).map(|g| (g as f64 + 1.0).powf(-skew)).collect();
+    let total: f64 = weights.iter().sum();
+    weights
+        .iter()
+        .map(|w| ((w / total) * (groups * users) as f64).round().max(1.0) as usize)
+        .collect()
 }
 
 /// One request to send.
@@ -59,15 +79,18 @@ pub struct Planned {
 /// arrival order drawn from `rng`.
 pub fn shared_prefix_order(
     seed: u64,
-    (groups, users, rounds): (usize, usize, usize),
+    users: &[usize],
+    rounds: usize,
     system_chars: usize,
     rng: &mut ChaCha8Rng,
 ) -> (Vec<String>, Vec<(usize, usize, usize)>) {
-    let systems: Vec<String> = (0..groups)
+    let systems: Vec<String> = (0..users.len())
         .map(|g| TextGen::new(seed ^ ((g as u64 + 1) * 7919)).text(system_chars))
         .collect();
-    let mut order: Vec<(usize, usize, usize)> = (0..groups)
-        .flat_map(|g| (0..users).flat_map(move |u| (0..rounds).map(move |r| (g, u, r))))
+    let mut order: Vec<(usize, usize, usize)> = users
+        .iter()
+        .enumerate()
+        .flat_map(|(g, &n)| (0..n).flat_map(move |u| (0..rounds).map(move |r| (g, u, r))))
         .collect();
     order.shuffle(rng);
     (systems, order)
@@ -83,9 +106,20 @@ impl SharedPrefix {
     pub fn plan(&self, seed: u64) -> Vec<Planned> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let chars = |tokens: usize| (tokens as f64 * CHARS_PER_TOKEN) as usize;
+        let users = users_per_group(self.groups, self.users, self.skew);
+        // Users are numbered across groups: group g's first user follows group g-1's last.
+        let first_user: Vec<usize> = users
+            .iter()
+            .scan(0, |next, n| {
+                let first = *next;
+                *next += n;
+                Some(first)
+            })
+            .collect();
         let (systems, order) = shared_prefix_order(
             seed,
-            (self.groups, self.users, self.rounds),
+            &users,
+            self.rounds,
             chars(self.system_tokens),
             &mut rng,
         );
@@ -105,7 +139,7 @@ impl SharedPrefix {
                 let question = text.text(chars(self.question_tokens));
                 Planned {
                     at,
-                    user: g * self.users + u,
+                    user: first_user[g] + u,
                     prompt: question_prompt(&system, u, r, &question),
                     max_tokens: self.output_tokens,
                 }
@@ -128,6 +162,7 @@ mod tests {
             output_tokens: 8,
             rate: 10.0,
             no_sharing: false,
+            skew: 0.0,
         }
     }
 
@@ -159,6 +194,36 @@ mod tests {
             .map(|p| p.prompt.split('\n').next().unwrap().to_string())
             .collect();
         assert_eq!(c.len(), 12);
+    }
+
+    #[test]
+    fn skew_makes_a_few_groups_hot() {
+        assert_eq!(users_per_group(3, 4, 0.0), vec![4, 4, 4]);
+        // 1/(g+1) over 8 groups: 2.72 in total; 64 users.
+        let u = users_per_group(8, 8, 1.0);
+        assert_eq!(u.len(), 8);
+        assert!(u.windows(2).all(|w| w[0] >= w[1]), "{u:?}");
+        assert_eq!(u[0], 24, "{u:?}");
+        assert!(u.iter().all(|&n| n >= 1));
+        let total: usize = u.iter().sum();
+        assert!((60..=68).contains(&total), "{u:?}");
+        // The plan follows: the hottest group's system prompt heads most requests, and
+        // user numbers are distinct across groups.
+        let mut s = shape();
+        s.groups = 8;
+        s.users = 8;
+        s.skew = 1.0;
+        let plan = s.plan(5);
+        assert_eq!(plan.len(), total * s.rounds);
+        let mut by_system = std::collections::HashMap::<String, usize>::new();
+        for p in &plan {
+            *by_system
+                .entry(p.prompt.split('\n').next().unwrap().to_string())
+                .or_default() += 1;
+        }
+        assert_eq!(*by_system.values().max().unwrap(), 24 * s.rounds);
+        let users: std::collections::HashSet<_> = plan.iter().map(|p| p.user).collect();
+        assert_eq!(users.len(), total);
     }
 
     #[test]

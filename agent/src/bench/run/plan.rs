@@ -166,7 +166,8 @@ impl WorkloadArgs {
             WorkloadKind::SharedPrefix | WorkloadKind::NoSharing => {
                 let (systems, order) = crate::bench::workload::shared_prefix_order(
                     seed,
-                    (self.groups, self.users, self.rounds),
+                    &vec![self.users; self.groups],
+                    self.rounds,
                     chars(self.system_tokens),
                     &mut rng,
                 );
