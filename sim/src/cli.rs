@@ -320,10 +320,12 @@ fn shift_port(endpoint: &str, by: u16) -> String {
 /// Starts every engine described by `args`.
 pub async fn start(args: &SimArgs) -> Result<Vec<RunningEngine>, Error> {
     let specs = args.specs()?;
-    let tokenizer = args.load_tokenizer()?;
+    let encoder = Arc::new(crate::tokenizer::segments::SegmentTokenizer::new(
+        args.load_tokenizer()?,
+    ));
     let mut engines = Vec::with_capacity(specs.len());
     for spec in specs {
-        engines.push(start_engine(spec, tokenizer.clone()).await?);
+        engines.push(start_engine(spec, encoder.clone()).await?);
     }
     Ok(engines)
 }

@@ -9,7 +9,7 @@ use crate::{
     api::{Faults, ServedModel, router},
     engine::{EVENT_QUEUE, EngineConfig, EngineHandle, Vocabulary},
     events::{Publisher, Started},
-    tokenizer::Tokenizer,
+    tokenizer::segments::SegmentTokenizer,
 };
 
 /// Everything needed to start one engine.
@@ -62,8 +62,9 @@ pub enum StartError {
 /// Starts one engine on the current runtime.
 pub async fn start_engine(
     spec: EngineSpec,
-    tokenizer: Arc<Tokenizer>,
+    encoder: Arc<SegmentTokenizer>,
 ) -> Result<RunningEngine, StartError> {
+    let tokenizer = encoder.shared_tokenizer();
     let listener = TcpListener::bind(spec.listen)
         .await
         .map_err(|source| StartError::Listen {
@@ -91,7 +92,7 @@ pub async fn start_engine(
         spec.model,
         spec.loras,
         spec.max_model_len,
-        tokenizer,
+        encoder.clone(),
         engine,
         spec.faults,
         seed,

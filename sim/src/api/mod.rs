@@ -65,8 +65,9 @@ pub struct ServedModel {
     pub max_model_len: usize,
     pub tokenizer: Arc<Tokenizer>,
     /// Encodes prompts: identical ids to `tokenizer`, with shared segments and words cached
-    /// (a simulated engine should not spend the host's CPU a GPU server spends elsewhere).
-    pub encoder: SegmentTokenizer,
+    /// (a simulated engine should not spend the host's CPU a GPU server spends elsewhere);
+    /// one per fleet, so its caches are bounded once however many engines share it.
+    pub encoder: Arc<SegmentTokenizer>,
     pub engine: EngineHandle,
     pub faults: Faults,
     pub created: u64,
@@ -84,11 +85,12 @@ impl ServedModel {
         name: String,
         loras: Vec<String>,
         max_model_len: usize,
-        tokenizer: Arc<Tokenizer>,
+        encoder: Arc<SegmentTokenizer>,
         engine: EngineHandle,
         faults: Faults,
         seed: u64,
     ) -> Self {
+        let tokenizer = encoder.shared_tokenizer().clone();
         let token_text = tokenizer
             .word_ids()
             .iter()
@@ -106,7 +108,7 @@ impl ServedModel {
             name,
             loras,
             max_model_len,
-            encoder: SegmentTokenizer::new(tokenizer.clone()),
+            encoder,
             tokenizer,
             engine,
             faults,

@@ -146,6 +146,11 @@ impl SegmentTokenizer {
         &self.tokenizer
     }
 
+    /// The tokenizer, shared.
+    pub fn shared_tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
     /// Token ids of `text`, identical to [`Tokenizer::encode`].
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, Error> {
         let (Some(specials), Some(bos)) = (&self.specials, &self.bos) else {
