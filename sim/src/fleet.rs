@@ -64,7 +64,7 @@ pub async fn start_engine(
     spec: EngineSpec,
     encoder: Arc<SegmentTokenizer>,
 ) -> Result<RunningEngine, StartError> {
-    let tokenizer = encoder.shared_tokenizer();
+    let tokenizer = encoder.tokenizer();
     let listener = TcpListener::bind(spec.listen)
         .await
         .map_err(|source| StartError::Listen {

@@ -547,37 +547,25 @@ mod tests {
     fn an_evicted_prefix_goes_home_unless_home_is_too_busy() {
         let rr = AtomicUsize::new(0);
         // Nobody holds the prefix any more; pod 1 served it last.
-        let mut home = cand(1, 0, 10, 0);
-        home.history_blocks = 100;
         let idle = cand(0, 0, 0, 0);
-        let d = rank(
-            Policy::Precise,
-            &ctx(100),
-            &[idle.clone(), home.clone()],
-            &rr,
-        )
-        .unwrap();
+        let first = |home_queued: u64| {
+            let mut home = cand(1, 0, home_queued, 0);
+            home.history_blocks = 100;
+            rank(Policy::Precise, &ctx(100), &[idle.clone(), home], &rr)
+                .unwrap()
+                .ranked[0]
+        };
         assert_eq!(
-            d.ranked[0],
+            first(10),
             EndpointId(1),
             "10 queued blocks < the 200-block pull of home"
         );
-        home.queued_prefill_blocks = 190;
-        let d = rank(
-            Policy::Precise,
-            &ctx(100),
-            &[idle.clone(), home.clone()],
-            &rr,
-        )
-        .unwrap();
         assert_eq!(
-            d.ranked[0],
+            first(190),
             EndpointId(1),
             "190 queued blocks do not outweigh it"
         );
-        home.queued_prefill_blocks = 230;
-        let d = rank(Policy::Precise, &ctx(100), &[idle, home], &rr).unwrap();
-        assert_eq!(d.ranked[0], EndpointId(0), "230 queued blocks outweigh it");
+        assert_eq!(first(230), EndpointId(0), "230 queued blocks outweigh it");
     }
 
     #[test]

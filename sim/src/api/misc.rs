@@ -53,7 +53,7 @@ pub async fn tokenize(State(s): State<Arc<ServedModel>>, body: Bytes) -> Respons
         let (text, default_special) = match (&body.prompt, &body.messages) {
             (Some(p), _) => (p.clone(), true),
             (None, Some(messages)) => (
-                s.tokenizer
+                s.tokenizer()
                     .apply_chat_template(messages, body.add_generation_prompt.unwrap_or(true))
                     .map_err(|e| ApiError::bad_param("messages", e.to_string()))?,
                 false,
@@ -88,7 +88,7 @@ pub async fn detokenize(State(s): State<Arc<ServedModel>>, body: Bytes) -> Respo
             return ApiError::bad_request(format!("Invalid request body: {e}")).into_response();
         }
     };
-    match s.tokenizer.decode(&body.tokens, false) {
+    match s.tokenizer().decode(&body.tokens, false) {
         Ok(prompt) => Json(json!({"prompt": prompt})).into_response(),
         Err(e) => ApiError::bad_param("tokens", e.to_string()).into_response(),
     }

@@ -63,8 +63,7 @@ pub struct ServedModel {
     pub name: String,
     pub loras: Vec<String>,
     pub max_model_len: usize,
-    pub tokenizer: Arc<Tokenizer>,
-    /// Encodes prompts: identical ids to `tokenizer`, with shared segments and words cached
+    /// Encodes prompts: identical ids to its tokenizer, with shared segments and words cached
     /// (a simulated engine should not spend the host's CPU a GPU server spends elsewhere);
     /// one per fleet, so its caches are bounded once however many engines share it.
     pub encoder: Arc<SegmentTokenizer>,
@@ -81,6 +80,11 @@ pub struct ServedModel {
 }
 
 impl ServedModel {
+    /// The tokenizer (chat templates, decoding, vocabulary).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        self.encoder.tokenizer()
+    }
+
     pub fn new(
         name: String,
         loras: Vec<String>,
@@ -90,7 +94,7 @@ impl ServedModel {
         faults: Faults,
         seed: u64,
     ) -> Self {
-        let tokenizer = encoder.shared_tokenizer().clone();
+        let tokenizer = encoder.tokenizer();
         let token_text = tokenizer
             .word_ids()
             .iter()
@@ -109,7 +113,6 @@ impl ServedModel {
             loras,
             max_model_len,
             encoder,
-            tokenizer,
             engine,
             faults,
             created: std::time::SystemTime::now()
@@ -139,7 +142,9 @@ impl ServedModel {
     pub fn token_text(&self, id: u32) -> std::borrow::Cow<'_, str> {
         match self.token_text.get(&id) {
             Some(t) => std::borrow::Cow::Borrowed(t),
-            None => std::borrow::Cow::Owned(self.tokenizer.decode(&[id], true).unwrap_or_default()),
+            None => {
+                std::borrow::Cow::Owned(self.tokenizer().decode(&[id], true).unwrap_or_default())
+            }
         }
     }
 }

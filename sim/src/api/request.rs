@@ -185,7 +185,7 @@ fn completion_prompt(body: &Body, served: &ServedModel) -> Result<Vec<u32>, ApiE
     if tokens.is_empty() {
         return Err(ApiError::bad_param("prompt", "The prompt cannot be empty."));
     }
-    let vocab = served.tokenizer.vocab_size() as u32;
+    let vocab = served.tokenizer().vocab_size() as u32;
     if let Some(bad) = tokens.iter().find(|t| **t >= vocab) {
         return Err(ApiError::bad_param(
             "prompt",
@@ -219,7 +219,7 @@ fn chat_prompt(body: &Body, served: &ServedModel) -> Result<Vec<u32>, ApiError> 
         })
         .collect();
     let text = served
-        .tokenizer
+        .tokenizer()
         .apply_chat_template(&messages, body.add_generation_prompt.unwrap_or(true))
         .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
     served

@@ -141,13 +141,8 @@ impl SegmentTokenizer {
         }
     }
 
-    /// The tokenizer itself (chat templates).
-    pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
-    }
-
-    /// The tokenizer, shared.
-    pub fn shared_tokenizer(&self) -> &Arc<Tokenizer> {
+    /// The tokenizer itself (chat templates, decoding).
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
     }
 
