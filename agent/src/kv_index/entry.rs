@@ -1,8 +1,8 @@
-//! One index entry: the holders of a router key, packed into 16 bytes.
+//! One index entry: the holders of a router key, packed into 12 bytes.
 //!
 //! A holder is a `u32`: source id (bits 0..24), tier (24..27), speculative flag (bit 27).
-//! Two holders live inline; more spill into a per-shard slab. Most keys are held by one or two
-//! pods, so most entries never allocate.
+//! Two holders live inline; from three on, all but the first spill into a per-shard slab.
+//! Most keys are held by one or two pods, so most entries never allocate.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -12,8 +12,8 @@ const EMPTY: u32 = u32::MAX;
 const SOURCE_MASK: u32 = 0x00ff_ffff;
 const TIER_SHIFT: u32 = 24;
 const SPEC_BIT: u32 = 1 << 27;
-/// No spill list.
-const NO_SPILL: u32 = u32::MAX;
+/// Marks `Entry::b` as a spill list index (holders never set bit 31).
+const SPILL: u32 = 1 << 31;
 
 /// Largest source id a holder can carry.
 pub const MAX_SOURCES: u32 = SOURCE_MASK;
@@ -98,12 +98,31 @@ pub enum Upsert {
 }
 
 /// The holders of one key plus its last-touched epoch (for LRU eviction).
+///
+/// `a` holds a holder or `EMPTY`; `b` holds a second holder, `EMPTY`, or `SPILL | i`: the
+/// index of a spill list with the second and later holders (at least two of them).
+/// Invariant: `a` is only `EMPTY` when `b` is too.
 #[derive(Debug)]
 pub struct Entry {
     a: u32,
     b: u32,
-    spill: u32,
     epoch: AtomicU32,
+}
+
+impl Default for Entry {
+    fn default() -> Self {
+        Self::new(0)
+    }
+}
+
+#[inline]
+fn is_spill(b: u32) -> bool {
+    b != EMPTY && b & SPILL != 0
+}
+
+#[inline]
+fn spill_index(b: u32) -> usize {
+    (b & !SPILL) as usize
 }
 
 impl Entry {
@@ -111,7 +130,6 @@ impl Entry {
         Self {
             a: EMPTY,
             b: EMPTY,
-            spill: NO_SPILL,
             epoch: AtomicU32::new(epoch),
         }
     }
@@ -128,13 +146,13 @@ impl Entry {
 
     /// Calls `f` for every holder.
     pub fn for_each(&self, spill: &Spill, mut f: impl FnMut(Holder)) {
-        for h in [self.a, self.b] {
-            if h != EMPTY {
-                f(Holder(h));
-            }
+        if self.a != EMPTY {
+            f(Holder(self.a));
         }
-        if self.spill != NO_SPILL {
-            spill.lists[self.spill as usize].iter().copied().for_each(f);
+        if is_spill(self.b) {
+            spill.lists[spill_index(self.b)].iter().copied().for_each(f);
+        } else if self.b != EMPTY {
+            f(Holder(self.b));
         }
     }
 
@@ -149,17 +167,18 @@ impl Entry {
             }
         };
         see(self.a);
-        see(self.b);
-        if self.spill != NO_SPILL {
-            spill.lists[self.spill as usize]
+        if is_spill(self.b) {
+            spill.lists[spill_index(self.b)]
                 .iter()
                 .for_each(|h| see(h.0));
+        } else {
+            see(self.b);
         }
         best
     }
 
     pub fn is_empty(&self) -> bool {
-        self.a == EMPTY && self.b == EMPTY && self.spill == NO_SPILL
+        self.a == EMPTY
     }
 
     /// Adds or updates the holder for (source, tier).
@@ -177,26 +196,26 @@ impl Entry {
                 Upsert::Existing
             }
         };
-        for slot in [&mut self.a, &mut self.b] {
-            if *slot != EMPTY && Holder(*slot).same_slot(source, tier) {
-                return update(slot);
-            }
+        if self.a != EMPTY && Holder(self.a).same_slot(source, tier) {
+            return update(&mut self.a);
         }
-        if self.spill != NO_SPILL {
-            let list = &mut spill.lists[self.spill as usize];
+        if is_spill(self.b) {
+            let list = &mut spill.lists[spill_index(self.b)];
             if let Some(existing) = list.iter_mut().find(|x| x.same_slot(source, tier)) {
                 return update(&mut existing.0);
             }
-        }
-        if self.a == EMPTY {
-            self.a = h.0;
-        } else if self.b == EMPTY {
-            self.b = h.0;
-        } else {
-            if self.spill == NO_SPILL {
-                self.spill = spill.alloc();
+            list.push(h);
+        } else if self.b != EMPTY {
+            if Holder(self.b).same_slot(source, tier) {
+                return update(&mut self.b);
             }
-            spill.lists[self.spill as usize].push(h);
+            let i = spill.alloc();
+            spill.lists[i as usize].extend([Holder(self.b), h]);
+            self.b = SPILL | i;
+        } else if self.a == EMPTY {
+            self.a = h.0;
+        } else {
+            self.b = h.0;
         }
         Upsert::New
     }
@@ -212,65 +231,60 @@ impl Entry {
     ) -> bool {
         let matches =
             |h: Holder| h.same_slot(source, tier) && (!only_speculative || h.speculative());
-        let inline = if self.a != EMPTY && matches(Holder(self.a)) {
-            Some(&mut self.a)
-        } else if self.b != EMPTY && matches(Holder(self.b)) {
-            Some(&mut self.b)
-        } else {
-            None
-        };
-        if let Some(slot) = inline {
-            *slot = EMPTY;
-            self.refill(spill);
+        if self.a != EMPTY && matches(Holder(self.a)) {
+            // Refill `a` from `b` (or the spill list) to keep the invariant.
+            if is_spill(self.b) {
+                let list = &mut spill.lists[spill_index(self.b)];
+                self.a = list
+                    .pop()
+                    .expect("a spill list holds at least two holders")
+                    .0;
+                self.unspill_if_single(spill);
+            } else {
+                self.a = self.b;
+                self.b = EMPTY;
+            }
             return true;
         }
-        if self.spill != NO_SPILL {
-            let list = &mut spill.lists[self.spill as usize];
+        if is_spill(self.b) {
+            let list = &mut spill.lists[spill_index(self.b)];
             if let Some(i) = list.iter().position(|h| matches(*h)) {
                 list.swap_remove(i);
-                if list.is_empty() {
-                    spill.release(self.spill);
-                    self.spill = NO_SPILL;
-                }
+                self.unspill_if_single(spill);
                 return true;
             }
+        } else if self.b != EMPTY && matches(Holder(self.b)) {
+            self.b = EMPTY;
+            return true;
         }
         false
     }
 
-    /// Moves a spilled holder into a free inline slot.
-    fn refill(&mut self, spill: &mut Spill) {
-        if self.spill == NO_SPILL {
-            return;
-        }
-        let list = &mut spill.lists[self.spill as usize];
-        let Some(h) = list.pop() else { return };
-        if self.a == EMPTY {
-            self.a = h.0;
-        } else {
+    /// A spill list down to one holder goes back inline.
+    fn unspill_if_single(&mut self, spill: &mut Spill) {
+        let i = spill_index(self.b);
+        if let [h] = spill.lists[i][..] {
+            spill.release(i as u32);
             self.b = h.0;
-        }
-        if list.is_empty() {
-            spill.release(self.spill);
-            self.spill = NO_SPILL;
         }
     }
 
     /// Drops every holder (eviction); returns how many there were.
     pub fn clear(&mut self, spill: &mut Spill) -> usize {
-        let mut n = usize::from(self.a != EMPTY) + usize::from(self.b != EMPTY);
-        if self.spill != NO_SPILL {
-            n += spill.lists[self.spill as usize].len();
-            spill.release(self.spill);
+        let mut n = usize::from(self.a != EMPTY);
+        if is_spill(self.b) {
+            n += spill.lists[spill_index(self.b)].len();
+            spill.release(self.b & !SPILL);
+        } else {
+            n += usize::from(self.b != EMPTY);
         }
         self.a = EMPTY;
         self.b = EMPTY;
-        self.spill = NO_SPILL;
         n
     }
 }
 
-const _: () = assert!(std::mem::size_of::<Entry>() == 16);
+const _: () = assert!(std::mem::size_of::<Entry>() == 12);
 
 #[cfg(test)]
 mod tests {

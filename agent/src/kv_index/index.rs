@@ -11,10 +11,11 @@ use parking_lot::{Mutex, RwLock};
 
 use super::{
     DEFAULT_TIER_WEIGHTS, RouterKey, Tier,
+    engine_map::{EngineMap, Removal},
     entry::{MAX_SOURCES, Upsert},
     health::{HealthState, SourceStatus},
     keys::block_key,
-    store::{FastMap, Match, Store, shrink_if_sparse},
+    store::{FastMap, Match, Store, Writer},
     wire::{Batch, Event, Removed, Stored},
 };
 
@@ -22,8 +23,8 @@ use super::{
 pub const DEFAULT_MAX_ENTRIES: usize = 20_000_000;
 /// How long a speculative entry waits for the engine's event.
 pub const DEFAULT_SPECULATIVE_TTL: Duration = Duration::from_secs(2);
-/// Engine maps never shrink below room for this many blocks.
-const ENGINE_MAP_FLOOR: usize = 1024;
+/// How many blocks ahead ingestion prefetches the slots it will write.
+const WRITE_AHEAD: usize = 8;
 /// How long a source stays unsure after an unrecoverable gap (its entries were cleared).
 pub const DEFAULT_UNSURE_SETTLE: Duration = Duration::from_secs(10);
 
@@ -63,8 +64,10 @@ pub struct SourceInfo {
 
 #[derive(Debug)]
 struct SourceState {
-    /// engine hash -> (router key, tiers held as a bitmask).
-    engine: FastMap<(u64, u8)>,
+    /// engine hash -> (router key, tiers held).
+    engine: EngineMap,
+    /// A batch's router keys, kept between events (no allocation per event).
+    keys: Vec<RouterKey>,
     speculative: VecDeque<(Instant, Vec<RouterKey>)>,
     /// The latest deadline per speculated key (a renewed speculation outlives older records).
     spec_deadline: FastMap<Instant>,
@@ -104,7 +107,8 @@ impl KvIndex {
     pub fn add_source(&self, info: SourceInfo) -> SourceId {
         let source = Arc::new(Source {
             state: Mutex::new(SourceState {
-                engine: FastMap::default(),
+                engine: EngineMap::default(),
+                keys: Vec::new(),
                 speculative: VecDeque::new(),
                 spec_deadline: FastMap::default(),
                 health: HealthState::Waiting,
@@ -148,15 +152,16 @@ impl KvIndex {
             return;
         };
         let mut st = source.state.lock();
+        let mut w = self.store.writer();
         // Taken, not drained: a cleared engine's map starts small again.
-        for (_, (key, tiers)) in std::mem::take(&mut st.engine) {
+        for (key, tiers) in std::mem::take(&mut st.engine).take_all() {
             for tier in Tier::ALL.into_iter().filter(|t| tiers & t.bit() != 0) {
-                self.store.remove(RouterKey(key), id.0, tier, false);
+                w.remove(key, id.0, tier, false);
             }
         }
         st.speculative.clear();
         for (key, _) in std::mem::take(&mut st.spec_deadline) {
-            self.store.remove(RouterKey(key), id.0, Tier::Gpu, true);
+            w.remove(RouterKey(key), id.0, Tier::Gpu, true);
         }
     }
 
@@ -172,20 +177,24 @@ impl KvIndex {
         if st.health == HealthState::Waiting {
             st.health = HealthState::Healthy;
         }
+        let mut w = self.store.writer();
         for event in &batch.events {
             match event {
-                Event::Stored(s) => self.apply_stored(id, &mut st, s),
-                Event::Removed(r) => self.apply_removed(id, &mut st, r),
+                Event::Stored(s) => self.apply_stored(id, &mut st, s, &mut w),
+                Event::Removed(r) => self.apply_removed(id, &mut st, r, &mut w),
                 Event::AllCleared => {
+                    drop(w);
                     drop(st);
                     self.clear(id);
                     st = source.state.lock();
+                    w = self.store.writer();
                     // A cleared engine is a known state: whatever was unsure is settled.
                     st.health = HealthState::Healthy;
                 }
                 Event::Unknown => st.status.malformed += 1,
             }
         }
+        drop(w);
         let event_block_size = st.last_event_block_size;
         if st
             .status
@@ -195,7 +204,7 @@ impl KvIndex {
         }
     }
 
-    fn apply_stored(&self, id: SourceId, st: &mut SourceState, s: &Stored) {
+    fn apply_stored(&self, id: SourceId, st: &mut SourceState, s: &Stored, w: &mut Writer<'_>) {
         let bs = self.config.block_size;
         if !s.reusable {
             st.status.ignored_groups += 1;
@@ -212,8 +221,8 @@ impl KvIndex {
         }
         let mut parent = match s.parent {
             None => None,
-            Some(p) => match st.engine.get(&p.0) {
-                Some(&(key, _)) => Some(RouterKey(key)),
+            Some(p) => match st.engine.key(p.0) {
+                Some(key) => Some(key),
                 None => {
                     // The parent chain is unknown (joined mid-stream or lost): these blocks
                     // cannot be keyed, and no request could reach them through the index.
@@ -222,54 +231,75 @@ impl KvIndex {
                 }
             },
         };
-        for (i, hash) in s.hashes.iter().enumerate() {
+        // Keys first (each chains on the one before), then the writes, with the slots of
+        // the blocks ahead prefetched so their cache misses overlap.
+        let mut keys = std::mem::take(&mut st.keys);
+        keys.clear();
+        for (i, tokens) in s.token_ids.chunks_exact(bs).enumerate() {
             let extra = s
                 .extra_keys
                 .get(i)
                 .and_then(|e| e.as_deref())
                 .unwrap_or(&[]);
-            let key = block_key(
-                parent,
-                &s.token_ids[i * bs..(i + 1) * bs],
-                extra.iter().map(String::as_str),
-            );
-            let slot = st.engine.entry(hash.0).or_insert((key.0, 0));
-            slot.0 = key.0;
-            slot.1 |= s.tier.bit();
-            if self.store.insert(key, id.0, s.tier, false) == Upsert::Confirmed {
-                st.status.confirmed += 1;
-            }
+            let key = block_key(parent, tokens, extra.iter().map(String::as_str));
+            keys.push(key);
             parent = Some(key);
         }
+        let prefetch = |st: &SourceState, w: &mut Writer<'_>, i: usize| {
+            st.engine.prefetch(s.hashes[i].0);
+            w.prefetch(keys[i]);
+        };
+        for i in 0..keys.len().min(WRITE_AHEAD) {
+            prefetch(st, w, i);
+        }
+        for (i, (hash, &key)) in s.hashes.iter().zip(&keys).enumerate() {
+            if i + WRITE_AHEAD < keys.len() {
+                prefetch(st, w, i + WRITE_AHEAD);
+            }
+            st.engine.store(hash.0, key, s.tier);
+            if w.insert(key, id.0, s.tier, false) == Upsert::Confirmed {
+                st.status.confirmed += 1;
+            }
+        }
+        st.keys = keys;
         st.status.blocks_stored += s.hashes.len() as u64;
     }
 
-    fn apply_removed(&self, id: SourceId, st: &mut SourceState, r: &Removed) {
+    fn apply_removed(&self, id: SourceId, st: &mut SourceState, r: &Removed, w: &mut Writer<'_>) {
         if !r.reusable {
             st.status.ignored_groups += 1;
             return;
         }
-        for hash in &r.hashes {
-            // One probe of the engine map: update or remove in place.
-            let std::collections::hash_map::Entry::Occupied(mut slot) = st.engine.entry(hash.0)
-            else {
-                st.status.unknown_removals += 1;
-                continue;
-            };
-            if slot.get().1 & r.tier.bit() == 0 {
-                st.status.unknown_removals += 1;
-                continue;
-            }
-            slot.get_mut().1 &= !r.tier.bit();
-            let (key, left) = *slot.get();
-            if left == 0 {
-                slot.remove();
-            }
-            self.store.remove(RouterKey(key), id.0, r.tier, false);
-            st.status.blocks_removed += 1;
+        // Two passes, each prefetching ahead: the engine map resolves the hashes to router
+        // keys, then the store drops them.
+        let mut keys = std::mem::take(&mut st.keys);
+        keys.clear();
+        let hashes = &r.hashes;
+        for h in hashes.iter().take(WRITE_AHEAD) {
+            st.engine.prefetch(h.0);
         }
+        for (i, hash) in hashes.iter().enumerate() {
+            if let Some(ahead) = hashes.get(i + WRITE_AHEAD) {
+                st.engine.prefetch(ahead.0);
+            }
+            match st.engine.remove(hash.0, r.tier) {
+                Removal::Removed(key) => keys.push(key),
+                Removal::Unknown => st.status.unknown_removals += 1,
+            }
+        }
+        for &key in keys.iter().take(WRITE_AHEAD) {
+            w.prefetch(key);
+        }
+        for (i, &key) in keys.iter().enumerate() {
+            if let Some(&ahead) = keys.get(i + WRITE_AHEAD) {
+                w.prefetch(ahead);
+            }
+            w.remove(key, id.0, r.tier, false);
+        }
+        st.status.blocks_removed += keys.len() as u64;
+        st.keys = keys;
         // The engine's cache may have shrunk well below its peak.
-        shrink_if_sparse(&mut st.engine, ENGINE_MAP_FLOOR);
+        st.engine.shrink_if_sparse();
     }
 
     /// Records that the router sent a request with `keys` to `id`: the keys count as held
@@ -279,9 +309,11 @@ impl KvIndex {
             return;
         };
         self.store.tick();
+        let mut w = self.store.writer();
         for key in keys {
-            self.store.insert(*key, id.0, Tier::Gpu, true);
+            w.insert(*key, id.0, Tier::Gpu, true);
         }
+        drop(w);
         let mut st = source.state.lock();
         if !keys.is_empty() {
             let deadline = now + self.config.speculative_ttl;
@@ -305,6 +337,7 @@ impl KvIndex {
             .collect();
         for (id, source) in sources {
             let mut st = source.state.lock();
+            let mut w = self.store.writer();
             while st
                 .speculative
                 .front()
@@ -314,7 +347,7 @@ impl KvIndex {
                 for key in keys {
                     if st.spec_deadline.get(&key.0).is_some_and(|d| *d <= now) {
                         st.spec_deadline.remove(&key.0);
-                        self.store.remove(key, id.0, Tier::Gpu, true);
+                        w.remove(key, id.0, Tier::Gpu, true);
                     }
                 }
             }
@@ -429,11 +462,7 @@ impl KvIndex {
             return Vec::new();
         };
         let st = source.state.lock();
-        let mut v: Vec<_> = st
-            .engine
-            .iter()
-            .map(|(h, (k, t))| (*h, RouterKey(*k), *t))
-            .collect();
+        let mut v: Vec<_> = st.engine.iter().collect();
         v.sort_unstable();
         v
     }
@@ -453,13 +482,12 @@ impl KvIndex {
 
     /// Bytes held: the store's tables plus every source's engine-hash map.
     pub fn bytes(&self) -> usize {
-        let per_engine_slot = std::mem::size_of::<(u64, (u64, u8))>() + 1;
         let engine: usize = self
             .sources
             .read()
             .iter()
             .flatten()
-            .map(|s| s.state.lock().engine.capacity() * per_engine_slot)
+            .map(|s| s.state.lock().engine.bytes())
             .sum();
         self.store.bytes() + engine
     }

@@ -4,6 +4,7 @@
 //! keys (router keys) -> wire (decoding) -> tracker (sequence/gap logic) -> index (apply to the
 //! store, per source) <- subscriber (ZeroMQ I/O). The router reads `KvIndex::lookup`.
 
+mod engine_map;
 mod entry;
 mod health;
 mod index;
@@ -11,6 +12,7 @@ pub mod keys;
 mod msgpack;
 mod store;
 pub mod subscriber;
+mod table;
 pub mod tracker;
 pub mod wire;
 

@@ -1,8 +1,12 @@
 //! The concurrent prefix index: router key -> the sources (pods or DP ranks) holding it, per
 //! tier.
 //!
-//! - 64 shards, each a hash table behind its own `RwLock`; a lookup holds one shard's read
-//!   lock for one probe, so readers never wait for more than a single key operation of a writer.
+//! - 16 shards, each a hash table (`table::Table`, open addressing) behind its own `RwLock`.
+//!   A lookup read-locks every shard for a chunk of up to `CHUNK` keys; a `Writer`
+//!   write-locks every shard for up to `WRITES_PER_LOCK` writes (in shard order, so lookups
+//!   and writers never deadlock). Taking the locks once per run instead of once per key
+//!   keeps the full barrier of each lock acquisition from serialising the cache misses of
+//!   consecutive keys. The shards bound the work of one LRU eviction.
 //! - Writers are the per-source ingestion tasks (in order per source) and the router's
 //!   speculative inserts.
 //! - Memory is bounded by `max_entries` (block, source) entries: a shard over its share evicts
@@ -16,20 +20,26 @@ use std::{
     sync::atomic::{AtomicU32, AtomicUsize, Ordering},
 };
 
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockWriteGuard};
 
 use super::{
     RouterKey, Tier,
     entry::{Entry, Holder, Spill, Upsert},
+    table::Table,
 };
 
-const SHARDS: usize = 64;
+const SHARDS: usize = 16;
 /// Shards never shrink below this many keys' room (no rehash churn on small indexes).
 const MIN_SHRINK: usize = 64;
 /// Keys probed per round of a lookup.
 const CHUNK: usize = 512;
+/// Writes a `Writer` makes before it lets waiting readers in (re-locking the shards).
+const WRITES_PER_LOCK: usize = 256;
+/// How many keys ahead a lookup prefetches: enough to overlap ~16 cache misses, few enough
+/// that a lookup ending early wastes little.
+const PREFETCH_AHEAD: usize = 16;
 
-/// Keys are already uniform hashes; shards take the low 6 bits, this mixes the rest.
+/// Keys are already uniform hashes; this mixes them once more for hashbrown's tables.
 #[derive(Default, Clone, Copy)]
 pub struct KeyHasher(u64);
 
@@ -50,17 +60,9 @@ impl Hasher for KeyHasher {
 /// HashMap keyed by already-random u64s.
 pub type FastMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
 
-/// Gives memory back once `map` is a quarter full (never below room for `floor` keys),
-/// keeping twice its entries so it can grow again without rehashing at once.
-pub fn shrink_if_sparse<V>(map: &mut FastMap<V>, floor: usize) {
-    if map.capacity() > 4 * map.len().max(floor) {
-        map.shrink_to(map.len() * 2);
-    }
-}
-
 #[derive(Debug, Default)]
 struct Shard {
-    map: FastMap<Entry>,
+    map: Table<Entry>,
     spill: Spill,
     /// (block, source) entries in this shard.
     holders: usize,
@@ -113,12 +115,31 @@ impl Store {
         self.epoch.load(Ordering::Relaxed)
     }
 
-    /// Adds (or confirms) `source` as a holder of `key` in `tier`.
-    pub fn insert(&self, key: RouterKey, source: u32, tier: Tier, speculative: bool) -> Upsert {
-        let epoch = self.now();
-        let mut shard = self.shard(key).write();
-        let shard = &mut *shard;
-        let entry = shard.map.entry(key.0).or_insert_with(|| Entry::new(epoch));
+    /// Write access to every shard for a run of writes (a batch of events, a speculation,
+    /// clearing a source), locked at the first write.
+    pub fn writer(&self) -> Writer<'_> {
+        Writer {
+            store: self,
+            guards: None,
+            writes: 0,
+            epoch: self.now(),
+        }
+    }
+
+    fn lock_all(&self) -> [RwLockWriteGuard<'_, Shard>; SHARDS] {
+        std::array::from_fn(|s| self.shards[s].write())
+    }
+
+    fn insert_in(
+        &self,
+        shard: &mut Shard,
+        key: RouterKey,
+        source: u32,
+        tier: Tier,
+        speculative: bool,
+        epoch: u32,
+    ) -> Upsert {
+        let entry = shard.map.get_or_insert_with(key.0, || Entry::new(epoch));
         entry.touch(epoch);
         let outcome = entry.upsert(&mut shard.spill, Holder::new(source, tier, speculative));
         if outcome == Upsert::New {
@@ -130,47 +151,50 @@ impl Store {
         outcome
     }
 
-    /// Removes `source` from `key` in `tier` (only if still speculative, when asked).
-    pub fn remove(&self, key: RouterKey, source: u32, tier: Tier, only_speculative: bool) -> bool {
-        let mut shard = self.shard(key).write();
-        let shard = &mut *shard;
-        // One probe: update the entry and drop it in place when it empties.
-        let std::collections::hash_map::Entry::Occupied(mut entry) = shard.map.entry(key.0) else {
+    fn remove_in(
+        shard: &mut Shard,
+        key: RouterKey,
+        source: u32,
+        tier: Tier,
+        only_speculative: bool,
+    ) -> bool {
+        let Some(entry) = shard.map.get_mut(key.0) else {
             return false;
         };
-        let removed = entry
-            .get_mut()
-            .remove(&mut shard.spill, source, tier, only_speculative);
+        let removed = entry.remove(&mut shard.spill, source, tier, only_speculative);
+        let empty = entry.is_empty();
         if removed {
             shard.holders -= 1;
         }
-        if entry.get().is_empty() {
-            entry.remove();
+        if empty {
+            shard.map.remove(key.0);
             // A source removed or cleared leaves shards sparse.
-            shrink_if_sparse(&mut shard.map, MIN_SHRINK);
+            shard.map.shrink_if_sparse(MIN_SHRINK);
         }
         removed
     }
 
     /// Drops the least recently touched eighth of a shard's keys.
     fn evict(&self, shard: &mut Shard) {
-        let mut epochs: Vec<u32> = shard.map.values().map(Entry::epoch).collect();
+        let mut epochs: Vec<u32> = shard.map.iter().map(|(_, e)| e.epoch()).collect();
         let cut = epochs.len() / 8;
         if cut == 0 {
             return;
         }
         let (_, threshold, _) = epochs.select_nth_unstable(cut);
         let threshold = *threshold;
-        let spill = &mut shard.spill;
+        let old: Vec<u64> = shard
+            .map
+            .iter()
+            .filter(|(_, e)| e.epoch() <= threshold)
+            .map(|(k, _)| k)
+            .collect();
         let mut dropped = 0;
-        shard.map.retain(|_, e| {
-            if e.epoch() <= threshold {
-                dropped += e.clear(spill);
-                false
-            } else {
-                true
+        for key in old {
+            if let Some(mut e) = shard.map.remove(key) {
+                dropped += e.clear(&mut shard.spill);
             }
-        });
+        }
         shard.holders -= dropped;
         self.evicted.fetch_add(dropped, Ordering::Relaxed);
     }
@@ -179,70 +203,79 @@ impl Store {
     /// first block and its tier-weighted score, ordered by source. `out` is cleared first.
     ///
     /// One pass over the chain that stops at the first key no still-matching source holds;
-    /// per key, one probe and a check of the (few) still-matching sources against the
-    /// entry's holders — no per-position buffers. The read guards of a chunk's shards are
-    /// taken before its probes (no atomic read-modify-write between probes, so the CPU
-    /// overlaps their cache misses) and released after at most `CHUNK` keys, so a writer
-    /// waits for at most one chunk of probes.
+    /// per key, one probe (its home bucket prefetched `PREFETCH_AHEAD` keys earlier, so the
+    /// cache misses of consecutive keys overlap) and a check of the (few) still-matching
+    /// sources against the entry's holders — no per-position buffers. The read guards of
+    /// every shard are taken before a chunk's probes (no atomic read-modify-write between
+    /// probes) and released after at most `CHUNK` keys, so a writer waits for at most one
+    /// chunk of probes.
     pub fn lookup(&self, chain: &[RouterKey], out: &mut Vec<Match>) {
         out.clear();
+        let Some((first, _)) = chain.split_first() else {
+            return;
+        };
         let epoch = self.now();
-        // out[..active] are the sources still matching.
-        let mut active = 0;
-        'chain: for (c, keys) in chain.chunks(CHUNK).enumerate() {
-            let mut guards: [Option<parking_lot::RwLockReadGuard<'_, Shard>>; SHARDS] =
-                std::array::from_fn(|_| None);
-            for k in keys {
-                let s = k.0 as usize & (SHARDS - 1);
-                if guards[s].is_none() {
-                    guards[s] = Some(self.shards[s].read());
-                }
-            }
-            let shard_of = |k: RouterKey| -> &Shard {
-                guards[k.0 as usize & (SHARDS - 1)]
-                    .as_deref()
-                    .expect("a guard was taken for every key's shard above")
-            };
-            for (i, &k) in keys.iter().enumerate() {
-                let shard = shard_of(k);
-                let entry = shard.map.get(&k.0);
-                if let Some(e) = entry {
-                    e.touch(epoch);
-                }
-                if c == 0 && i == 0 {
-                    if let Some(e) = entry {
-                        e.for_each(&shard.spill, |h| {
-                            let w = self.weights[h.tier_bits()];
-                            match out.iter_mut().find(|m| m.source == h.source()) {
-                                Some(m) => m.score = m.score.max(w),
-                                None => out.push(Match {
-                                    source: h.source(),
-                                    blocks: 1,
-                                    score: w,
-                                }),
-                            }
-                        });
+        {
+            let shard = self.shard(*first).read();
+            if let Some(e) = shard.map.get(first.0) {
+                e.touch(epoch);
+                e.for_each(&shard.spill, |h| {
+                    let w = self.weights[h.tier_bits()];
+                    match out.iter_mut().find(|m| m.source == h.source()) {
+                        Some(m) => m.score = m.score.max(w),
+                        None => out.push(Match {
+                            source: h.source(),
+                            blocks: 1,
+                            score: w,
+                        }),
                     }
-                    active = out.len();
-                } else {
-                    let mut m = 0;
-                    while m < active {
-                        let w = entry.and_then(|e| {
-                            e.best_weight(&shard.spill, out[m].source, &self.weights)
-                        });
-                        if let Some(w) = w {
-                            out[m].blocks += 1;
-                            out[m].score += w;
-                            m += 1;
-                        } else {
-                            active -= 1;
-                            out.swap(m, active);
-                        }
+                });
+            }
+        }
+        // out[..active] are the sources still matching.
+        let mut active = out.len();
+        'chain: for keys in chain[1..].chunks(CHUNK) {
+            if active == 0 {
+                break;
+            }
+            let guards: [_; SHARDS] = std::array::from_fn(|s| self.shards[s].read());
+            let probe = Probe {
+                shards: std::array::from_fn(|s| &*guards[s]),
+                keys,
+                epoch,
+                homes: std::array::from_fn(|_| std::cell::Cell::new(0)),
+            };
+            probe.start();
+            let mut i = 0;
+            while i < keys.len() {
+                if active == 1 {
+                    // The common case past a shared prefix: one source left.
+                    let (n, score) = probe.run_of(i, out[0].source, &self.weights);
+                    out[0].blocks += n;
+                    out[0].score += score;
+                    if i + n < keys.len() {
+                        break 'chain;
+                    }
+                    break;
+                }
+                let Some((e, spill)) = probe.entry(i) else {
+                    break 'chain;
+                };
+                let mut m = 0;
+                while m < active {
+                    if let Some(w) = e.best_weight(spill, out[m].source, &self.weights) {
+                        out[m].blocks += 1;
+                        out[m].score += w;
+                        m += 1;
+                    } else {
+                        active -= 1;
+                        out.swap(m, active);
                     }
                 }
                 if active == 0 {
                     break 'chain;
                 }
+                i += 1;
             }
         }
         out.sort_unstable_by_key(|m| m.source);
@@ -252,7 +285,7 @@ impl Store {
     pub fn holders_of(&self, key: RouterKey) -> Vec<Holder> {
         let shard = self.shard(key).read();
         let mut v = Vec::new();
-        if let Some(e) = shard.map.get(&key.0) {
+        if let Some(e) = shard.map.get(key.0) {
             e.for_each(&shard.spill, |h| v.push(h));
         }
         v
@@ -278,8 +311,123 @@ impl Store {
             .iter()
             .map(|s| {
                 let s = s.read();
-                s.map.capacity() * (std::mem::size_of::<(u64, Entry)>() + 1) + s.spill.bytes()
+                s.map.bytes() + s.spill.bytes()
             })
             .sum()
+    }
+}
+
+/// Write access to every shard, taken once for a run of writes: the writes' cache misses
+/// overlap instead of each waiting behind a lock's full barrier, as they would with a lock
+/// per write. Every `WRITES_PER_LOCK` writes it releases and re-takes the locks, so a
+/// lookup waits for at most that many writes.
+pub struct Writer<'a> {
+    store: &'a Store,
+    guards: Option<[RwLockWriteGuard<'a, Shard>; SHARDS]>,
+    writes: usize,
+    epoch: u32,
+}
+
+impl Writer<'_> {
+    fn shard(&mut self, key: RouterKey) -> &mut Shard {
+        if self.writes == WRITES_PER_LOCK {
+            self.writes = 0;
+            self.guards = None;
+        }
+        self.writes += 1;
+        let store = self.store;
+        let guards = self.guards.get_or_insert_with(|| store.lock_all());
+        &mut guards[key.0 as usize & (SHARDS - 1)]
+    }
+
+    /// Starts loading `key`'s bucket (a later write's).
+    #[inline]
+    pub fn prefetch(&mut self, key: RouterKey) {
+        let store = self.store;
+        let guards = self.guards.get_or_insert_with(|| store.lock_all());
+        guards[key.0 as usize & (SHARDS - 1)].map.prefetch(key.0);
+    }
+
+    /// `Store::insert` under this writer's locks.
+    pub fn insert(&mut self, key: RouterKey, source: u32, tier: Tier, speculative: bool) -> Upsert {
+        let (store, epoch) = (self.store, self.epoch);
+        store.insert_in(self.shard(key), key, source, tier, speculative, epoch)
+    }
+
+    /// `Store::remove` under this writer's locks.
+    pub fn remove(
+        &mut self,
+        key: RouterKey,
+        source: u32,
+        tier: Tier,
+        only_speculative: bool,
+    ) -> bool {
+        Store::remove_in(self.shard(key), key, source, tier, only_speculative)
+    }
+}
+
+/// One chunk of a lookup: the shards, read-locked, and the chunk's keys. Probing key `i`
+/// first prefetches the home bucket of key `i + PREFETCH_AHEAD`, remembering it in `homes`.
+struct Probe<'a> {
+    shards: [&'a Shard; SHARDS],
+    keys: &'a [RouterKey],
+    epoch: u32,
+    homes: [std::cell::Cell<usize>; HOME_RING],
+}
+
+/// Home buckets remembered between a key's prefetch and its probe (a power of two above
+/// `PREFETCH_AHEAD`).
+const HOME_RING: usize = 32;
+const _: () = assert!(HOME_RING.is_power_of_two() && HOME_RING > PREFETCH_AHEAD);
+
+impl<'a> Probe<'a> {
+    #[inline(always)]
+    fn shard(&self, key: RouterKey) -> &'a Shard {
+        self.shards[key.0 as usize & (SHARDS - 1)]
+    }
+
+    /// Prefetches the first keys' buckets.
+    fn start(&self) {
+        for i in 0..PREFETCH_AHEAD.min(self.keys.len()) {
+            self.prefetch(i);
+        }
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, i: usize) {
+        let k = self.keys[i];
+        let h = self.shard(k).map.prefetch(k.0);
+        self.homes[i & (HOME_RING - 1)].set(h);
+    }
+
+    /// Key `i`'s entry (touched for LRU) and its shard's spill lists.
+    #[inline(always)]
+    fn entry(&self, i: usize) -> Option<(&'a Entry, &'a Spill)> {
+        if i + PREFETCH_AHEAD < self.keys.len() {
+            self.prefetch(i + PREFETCH_AHEAD);
+        }
+        let k = self.keys[i];
+        let shard = self.shard(k);
+        let e = shard
+            .map
+            .get_at(self.homes[i & (HOME_RING - 1)].get(), k.0)?;
+        e.touch(self.epoch);
+        Some((e, &shard.spill))
+    }
+
+    /// How many keys from `from` on `source` holds in a row, and their summed tier weight.
+    #[inline(always)]
+    fn run_of(&self, from: usize, source: u32, weights: &[f64; 8]) -> (usize, f64) {
+        let mut score = 0.0;
+        for i in from..self.keys.len() {
+            let Some(w) = self
+                .entry(i)
+                .and_then(|(e, spill)| e.best_weight(spill, source, weights))
+            else {
+                return (i - from, score);
+            };
+            score += w;
+        }
+        (self.keys.len() - from, score)
     }
 }
