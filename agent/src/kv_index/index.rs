@@ -25,6 +25,8 @@ pub const DEFAULT_MAX_ENTRIES: usize = 20_000_000;
 pub const DEFAULT_SPECULATIVE_TTL: Duration = Duration::from_secs(2);
 /// How many blocks ahead ingestion prefetches the slots it will write.
 const WRITE_AHEAD: usize = 8;
+/// How many of a batch's blocks have their engine-map slots prefetched up front.
+const BATCH_PREFETCH: usize = 32;
 /// How long a source stays unsure after an unrecoverable gap (its entries were cleared).
 pub const DEFAULT_UNSURE_SETTLE: Duration = Duration::from_secs(10);
 
@@ -177,6 +179,18 @@ impl KvIndex {
         if st.health == HealthState::Waiting {
             st.health = HealthState::Healthy;
         }
+        // The engine-map slots of the batch's first blocks start loading now, so a later
+        // event's misses overlap with the earlier events' work.
+        batch
+            .events
+            .iter()
+            .flat_map(|e| match e {
+                Event::Stored(s) => &s.hashes[..],
+                Event::Removed(r) => &r.hashes[..],
+                _ => &[],
+            })
+            .take(BATCH_PREFETCH)
+            .for_each(|h| st.engine.prefetch(h.0));
         let mut w = self.store.writer();
         for event in &batch.events {
             match event {

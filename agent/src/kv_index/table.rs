@@ -155,22 +155,27 @@ impl<V: Default> Table<V> {
     /// `false` if the search must go on past it.
     #[inline]
     fn find_in_bucket(&self, h: usize, key: u64) -> Result<usize, bool> {
-        let (hits, empties) =
-            self.buckets[h]
-                .slots
-                .iter()
-                .enumerate()
-                .fold((0u32, 0u32), |(m, e), (i, s)| {
-                    (
-                        m | (u32::from(s.key() == key) << i),
-                        e | (u32::from(s.key() == 0) << i),
-                    )
-                });
+        let (hits, empties) = self.masks(h, key);
         if hits != 0 {
             Ok(hits.trailing_zeros() as usize)
         } else {
             Err(empties != 0)
         }
+    }
+
+    /// Bit masks of bucket `h`'s slots holding `key` and of its empty slots.
+    #[inline(always)]
+    fn masks(&self, h: usize, key: u64) -> (u32, u32) {
+        self.buckets[h]
+            .slots
+            .iter()
+            .enumerate()
+            .fold((0u32, 0u32), |(m, e), (i, s)| {
+                (
+                    m | (u32::from(s.key() == key) << i),
+                    e | (u32::from(s.key() == 0) << i),
+                )
+            })
     }
 
     /// The cluster runs past home bucket `h`: search the following buckets, up to `key` or
@@ -249,8 +254,20 @@ impl<V: Default> Table<V> {
     /// up).
     fn place(&mut self, key: u64) -> Option<(usize, bool)> {
         let h = self.home(key);
+        // The common case: the home bucket holds the key or has room. Its keys all have
+        // homes at or before it and fill it from the front, so the key goes at its first
+        // empty slot, after all of them.
+        let (hits, empties) = self.masks(h, key);
+        if hits != 0 {
+            return Some((h * BUCKET + hits.trailing_zeros() as usize, false));
+        }
+        if empties != 0 {
+            let i = h * BUCKET + empties.trailing_zeros() as usize;
+            self.slot_mut(i).set_key(key);
+            return Some((i, true));
+        }
         let n = self.slot_count();
-        let mut i = h * BUCKET;
+        let mut i = (h + 1) * BUCKET;
         while i < n {
             let k = self.slot(i).key();
             if k == key {
