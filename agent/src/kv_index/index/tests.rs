@@ -652,3 +652,95 @@ fn clearing_a_source_gives_its_engine_map_memory_back() {
         index.bytes()
     );
 }
+
+/// Ingestion of four sources, lookups and speculation on threads of their own: nothing
+/// deadlocks (writers lock every shard, lookups read-lock every shard) and the result is the
+/// one sequential ingestion gives.
+#[test]
+fn concurrent_ingestion_lookups_and_speculation_agree_with_sequential_ingestion() {
+    use std::sync::{Arc, mpsc};
+    const SOURCES: usize = 4;
+    let payloads: Vec<Vec<Vec<u8>>> = (0..SOURCES as u64)
+        .map(|s| crate::bench::index::churn_payloads(3_000, 100 + s).0)
+        .collect();
+    let sequential = KvIndex::new(IndexConfig::default());
+    for (i, p) in payloads.iter().enumerate() {
+        let id = sequential.add_source(SourceInfo {
+            pod: format!("pod-{i}"),
+            rank: None,
+        });
+        crate::bench::index::ingest(&sequential, id, p);
+    }
+
+    let index = Arc::new(KvIndex::new(IndexConfig::default()));
+    let ids: Vec<SourceId> = (0..=SOURCES)
+        .map(|i| {
+            index.add_source(SourceInfo {
+                pod: format!("pod-{i}"),
+                rank: None,
+            })
+        })
+        .collect();
+    let payloads = Arc::new(payloads);
+    let (done, finished) = mpsc::channel();
+    let mut threads = Vec::new();
+    for s in 0..SOURCES {
+        let (index, payloads, done, id) = (index.clone(), payloads.clone(), done.clone(), ids[s]);
+        threads.push(std::thread::spawn(move || {
+            crate::bench::index::ingest(&index, id, &payloads[s]);
+            done.send(()).expect("the test waits for every thread");
+        }));
+    }
+    // Readers and a speculating router, bounded in count.
+    let chains: Vec<Vec<RouterKey>> = (0..64u32)
+        .map(|c| {
+            let mut keys: Vec<RouterKey> = Vec::new();
+            for b in 0..64u32 {
+                keys.push(block_key(keys.last().copied(), &[c, b, c, b], []));
+            }
+            keys
+        })
+        .collect();
+    let chains = Arc::new(chains);
+    for r in 0..2 {
+        let (index, chains, done, spec) =
+            (index.clone(), chains.clone(), done.clone(), ids[SOURCES]);
+        threads.push(std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let t0 = Instant::now();
+            for i in 0..20_000usize {
+                let chain = &chains[(i * 7 + r) % chains.len()];
+                if r == 0 && i % 4 == 0 {
+                    index.speculate(spec, chain, t0);
+                }
+                index.lookup(chain, &mut out);
+                assert!(out.iter().all(|m| m.blocks <= chain.len()));
+                if r == 0 && i % 1000 == 0 {
+                    index.sweep(t0);
+                }
+            }
+            done.send(()).expect("the test waits for every thread");
+        }));
+    }
+    for _ in 0..threads.len() {
+        finished
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a thread is stuck: writers and readers deadlocked");
+    }
+    for t in threads {
+        t.join().expect("no thread panicked");
+    }
+    // Every speculation expires; what is left is exactly what the engines stored.
+    index.sweep(Instant::now() + Duration::from_secs(3600));
+    assert_eq!(index.len(), sequential.len());
+    for (s, &id) in ids.iter().enumerate().take(SOURCES) {
+        let got = index.source_keys(id);
+        assert_eq!(got, sequential.source_keys(SourceId(s as u32)));
+        for (_, key, _) in got.iter().step_by(97) {
+            assert!(
+                index.holders(*key).contains(&(id, Tier::Gpu, false)),
+                "source {s} holds {key:?} per its engine map but not in the store"
+            );
+        }
+    }
+}
