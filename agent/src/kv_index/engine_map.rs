@@ -2,27 +2,15 @@
 //! block in. It resolves `BlockRemoved` (which names engine hashes only) and makes clearing a
 //! source proportional to its blocks.
 //!
-//! Kept in the index's own table (20-byte slots, three to a cache line), so ingestion can
-//! prefetch the slots of a batch's hashes and overlap their cache misses.
+//! A hashbrown table, not the index's own: this map is only written and probed by
+//! ingestion, and hashbrown's inserts and deletes (no cluster to shift) cost a third of the
+//! Robin Hood table's (30 ns against 87 ns per insert + delete at 100k entries), while their
+//! independent probes overlap without prefetching.
 
-use super::{RouterKey, Tier, table::Table};
+use super::{RouterKey, Tier, store::FastMap};
 
 /// Engine maps never shrink below room for this many blocks.
 const FLOOR: usize = 1024;
-
-/// A router key (as two halves: 4-byte alignment keeps the slot at 20 bytes) and a tier
-/// bitmask.
-#[derive(Debug, Default, Clone, Copy)]
-struct Block {
-    key: [u32; 2],
-    tiers: u8,
-}
-
-impl Block {
-    fn key(self) -> RouterKey {
-        RouterKey(u64::from(self.key[0]) | (u64::from(self.key[1]) << 32))
-    }
-}
 
 /// What removing a (hash, tier) found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +23,8 @@ pub enum Removal {
 
 #[derive(Debug, Default)]
 pub struct EngineMap {
-    blocks: Table<Block>,
+    /// engine hash -> (router key, tier bitmask).
+    blocks: FastMap<(u64, u8)>,
 }
 
 impl EngineMap {
@@ -43,62 +32,67 @@ impl EngineMap {
         self.blocks.len()
     }
 
+    /// Bytes allocated: hashbrown's buckets plus one control byte each.
     pub fn bytes(&self) -> usize {
-        self.blocks.bytes()
-    }
-
-    /// Starts loading `hash`'s slot (ingestion prefetches a batch ahead).
-    #[inline]
-    pub fn prefetch(&self, hash: u64) {
-        self.blocks.prefetch(hash);
+        // capacity() is 7/8 of the buckets once the table has grown.
+        let buckets = if self.blocks.capacity() == 0 {
+            0
+        } else {
+            (self.blocks.capacity() * 8 / 7).next_power_of_two()
+        };
+        buckets * (std::mem::size_of::<(u64, (u64, u8))>() + 1)
     }
 
     /// The router key of an engine block.
     pub fn key(&self, hash: u64) -> Option<RouterKey> {
-        self.blocks.get(hash).map(|b| b.key())
+        self.blocks.get(&hash).map(|&(k, _)| RouterKey(k))
     }
 
     /// Records that the engine holds `hash` (router key `key`) in `tier`.
     pub fn store(&mut self, hash: u64, key: RouterKey, tier: Tier) {
-        let b = self.blocks.get_or_insert_with(hash, Block::default);
-        b.key = [key.0 as u32, (key.0 >> 32) as u32];
-        b.tiers |= tier.bit();
+        let b = self.blocks.entry(hash).or_insert((key.0, 0));
+        b.0 = key.0;
+        b.1 |= tier.bit();
     }
 
     /// Records that the engine dropped `hash` from `tier`; forgets the hash once no tier
     /// holds it.
     pub fn remove(&mut self, hash: u64, tier: Tier) -> Removal {
-        let Some(b) = self.blocks.get_mut(hash) else {
+        // One probe: update or remove in place.
+        let std::collections::hash_map::Entry::Occupied(mut slot) = self.blocks.entry(hash) else {
             return Removal::Unknown;
         };
-        if b.tiers & tier.bit() == 0 {
+        let (key, tiers) = *slot.get();
+        if tiers & tier.bit() == 0 {
             return Removal::Unknown;
         }
-        b.tiers &= !tier.bit();
-        let (key, left) = (b.key(), b.tiers);
-        if left == 0 {
-            self.blocks.remove(hash);
+        if tiers == tier.bit() {
+            slot.remove();
+        } else {
+            slot.get_mut().1 &= !tier.bit();
         }
-        Removal::Removed(key)
+        Removal::Removed(RouterKey(key))
     }
 
-    /// Gives memory back once the engine's cache shrank well below its peak.
+    /// Gives memory back once the engine's cache shrank well below its peak (a quarter
+    /// full), keeping twice its entries so it can grow again without rehashing at once.
     pub fn shrink_if_sparse(&mut self) {
-        self.blocks.shrink_if_sparse(FLOOR);
+        if self.blocks.capacity() > 4 * self.blocks.len().max(FLOOR) {
+            self.blocks.shrink_to(self.blocks.len() * 2);
+        }
     }
 
     /// Empties the map, returning every (router key, tiers).
     pub fn take_all(&mut self) -> Vec<(RouterKey, u8)> {
-        self.blocks
-            .take_all()
-            .into_iter()
-            .map(|(_, b)| (b.key(), b.tiers))
+        std::mem::take(&mut self.blocks)
+            .into_values()
+            .map(|(k, t)| (RouterKey(k), t))
             .collect()
     }
 
     /// Every (engine hash, router key, tiers).
     pub fn iter(&self) -> impl Iterator<Item = (u64, RouterKey, u8)> + '_ {
-        self.blocks.iter().map(|(h, b)| (h, b.key(), b.tiers))
+        self.blocks.iter().map(|(h, &(k, t))| (*h, RouterKey(k), t))
     }
 }
 

@@ -25,8 +25,6 @@ pub const DEFAULT_MAX_ENTRIES: usize = 20_000_000;
 pub const DEFAULT_SPECULATIVE_TTL: Duration = Duration::from_secs(2);
 /// How many blocks ahead ingestion prefetches the slots it will write.
 const WRITE_AHEAD: usize = 8;
-/// How many of a batch's blocks have their engine-map slots prefetched up front.
-const BATCH_PREFETCH: usize = 32;
 /// How long a source stays unsure after an unrecoverable gap (its entries were cleared).
 pub const DEFAULT_UNSURE_SETTLE: Duration = Duration::from_secs(10);
 
@@ -179,18 +177,6 @@ impl KvIndex {
         if st.health == HealthState::Waiting {
             st.health = HealthState::Healthy;
         }
-        // The engine-map slots of the batch's first blocks start loading now, so a later
-        // event's misses overlap with the earlier events' work.
-        batch
-            .events
-            .iter()
-            .flat_map(|e| match e {
-                Event::Stored(s) => &s.hashes[..],
-                Event::Removed(r) => &r.hashes[..],
-                _ => &[],
-            })
-            .take(BATCH_PREFETCH)
-            .for_each(|h| st.engine.prefetch(h.0));
         let mut w = self.store.writer();
         for event in &batch.events {
             match event {
@@ -259,16 +245,12 @@ impl KvIndex {
             keys.push(key);
             parent = Some(key);
         }
-        let prefetch = |st: &SourceState, w: &mut Writer<'_>, i: usize| {
-            st.engine.prefetch(s.hashes[i].0);
-            w.prefetch(keys[i]);
-        };
-        for i in 0..keys.len().min(WRITE_AHEAD) {
-            prefetch(st, w, i);
+        for &key in keys.iter().take(WRITE_AHEAD) {
+            w.prefetch(key);
         }
         for (i, (hash, &key)) in s.hashes.iter().zip(&keys).enumerate() {
-            if i + WRITE_AHEAD < keys.len() {
-                prefetch(st, w, i + WRITE_AHEAD);
+            if let Some(&ahead) = keys.get(i + WRITE_AHEAD) {
+                w.prefetch(ahead);
             }
             st.engine.store(hash.0, key, s.tier);
             if w.insert(key, id.0, s.tier, false) == Upsert::Confirmed {
@@ -284,18 +266,11 @@ impl KvIndex {
             st.status.ignored_groups += 1;
             return;
         }
-        // Two passes, each prefetching ahead: the engine map resolves the hashes to router
-        // keys, then the store drops them.
+        // Two passes: the engine map resolves the hashes to router keys, then the store
+        // drops them, prefetching ahead.
         let mut keys = std::mem::take(&mut st.keys);
         keys.clear();
-        let hashes = &r.hashes;
-        for h in hashes.iter().take(WRITE_AHEAD) {
-            st.engine.prefetch(h.0);
-        }
-        for (i, hash) in hashes.iter().enumerate() {
-            if let Some(ahead) = hashes.get(i + WRITE_AHEAD) {
-                st.engine.prefetch(ahead.0);
-            }
+        for hash in &r.hashes {
             match st.engine.remove(hash.0, r.tier) {
                 Removal::Removed(key) => keys.push(key),
                 Removal::Unknown => st.status.unknown_removals += 1,

@@ -90,6 +90,7 @@ fn mix(key: u64) -> u64 {
 
 impl<V: Default> Table<V> {
     /// Entries held.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len + usize::from(self.zero.is_some())
     }
@@ -322,6 +323,7 @@ impl<V: Default> Table<V> {
     }
 
     /// Removes every entry, returning them.
+    #[cfg(test)]
     pub fn take_all(&mut self) -> Vec<(u64, V)> {
         let mut out = Vec::with_capacity(self.len());
         if let Some(v) = self.zero.take() {
