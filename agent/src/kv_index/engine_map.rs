@@ -23,76 +23,120 @@ pub enum Removal {
 
 #[derive(Debug, Default)]
 pub struct EngineMap {
-    /// engine hash -> (router key, tier bitmask).
-    blocks: FastMap<(u64, u8)>,
+    /// engine hash -> router key.
+    keys: FastMap<u64>,
+    /// engine hash -> tier bitmask, only for blocks held anywhere but (only) on GPU: most
+    /// engines never offload, and keeping the tiers out of `keys` makes its buckets 16
+    /// bytes instead of 24.
+    tiers: FastMap<u8>,
+}
+
+const GPU_ONLY: u8 = 1 << (Tier::Gpu as u8);
+
+/// Bytes of a hashbrown map's buckets plus their control bytes.
+fn map_bytes<V>(map: &FastMap<V>) -> usize {
+    // capacity() is 7/8 of the buckets once a table has grown.
+    let buckets = if map.capacity() == 0 {
+        0
+    } else {
+        (map.capacity() * 8 / 7).next_power_of_two()
+    };
+    buckets * (std::mem::size_of::<(u64, V)>() + 1)
 }
 
 impl EngineMap {
     pub fn len(&self) -> usize {
-        self.blocks.len()
+        self.keys.len()
     }
 
-    /// Bytes allocated: hashbrown's buckets plus one control byte each.
     pub fn bytes(&self) -> usize {
-        // capacity() is 7/8 of the buckets once the table has grown.
-        let buckets = if self.blocks.capacity() == 0 {
-            0
+        map_bytes(&self.keys) + map_bytes(&self.tiers)
+    }
+
+    fn tiers_of(&self, hash: u64) -> u8 {
+        if self.tiers.is_empty() {
+            return GPU_ONLY;
+        }
+        self.tiers.get(&hash).copied().unwrap_or(GPU_ONLY)
+    }
+
+    fn set_tiers(&mut self, hash: u64, tiers: u8) {
+        if tiers == GPU_ONLY {
+            if !self.tiers.is_empty() {
+                self.tiers.remove(&hash);
+            }
         } else {
-            (self.blocks.capacity() * 8 / 7).next_power_of_two()
-        };
-        buckets * (std::mem::size_of::<(u64, (u64, u8))>() + 1)
+            self.tiers.insert(hash, tiers);
+        }
     }
 
     /// The router key of an engine block.
     pub fn key(&self, hash: u64) -> Option<RouterKey> {
-        self.blocks.get(&hash).map(|&(k, _)| RouterKey(k))
+        self.keys.get(&hash).map(|&k| RouterKey(k))
     }
 
     /// Records that the engine holds `hash` (router key `key`) in `tier`.
     pub fn store(&mut self, hash: u64, key: RouterKey, tier: Tier) {
-        let b = self.blocks.entry(hash).or_insert((key.0, 0));
-        b.0 = key.0;
-        b.1 |= tier.bit();
+        let tiers = match self.keys.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(key.0);
+                tier.bit()
+            }
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                o.insert(key.0);
+                self.tiers_of(hash) | tier.bit()
+            }
+        };
+        self.set_tiers(hash, tiers);
     }
 
     /// Records that the engine dropped `hash` from `tier`; forgets the hash once no tier
     /// holds it.
     pub fn remove(&mut self, hash: u64, tier: Tier) -> Removal {
-        // One probe: update or remove in place.
-        let std::collections::hash_map::Entry::Occupied(mut slot) = self.blocks.entry(hash) else {
-            return Removal::Unknown;
-        };
-        let (key, tiers) = *slot.get();
+        let tiers = self.tiers_of(hash);
         if tiers & tier.bit() == 0 {
             return Removal::Unknown;
         }
-        if tiers == tier.bit() {
+        // One probe of `keys`: read, and remove in place when no tier is left.
+        let std::collections::hash_map::Entry::Occupied(slot) = self.keys.entry(hash) else {
+            return Removal::Unknown;
+        };
+        let key = RouterKey(*slot.get());
+        let left = tiers & !tier.bit();
+        if left == 0 {
             slot.remove();
+            if !self.tiers.is_empty() {
+                self.tiers.remove(&hash);
+            }
         } else {
-            slot.get_mut().1 &= !tier.bit();
+            self.set_tiers(hash, left);
         }
-        Removal::Removed(RouterKey(key))
+        Removal::Removed(key)
     }
 
     /// Gives memory back once the engine's cache shrank well below its peak (a quarter
     /// full), keeping twice its entries so it can grow again without rehashing at once.
     pub fn shrink_if_sparse(&mut self) {
-        if self.blocks.capacity() > 4 * self.blocks.len().max(FLOOR) {
-            self.blocks.shrink_to(self.blocks.len() * 2);
+        if self.keys.capacity() > 4 * self.keys.len().max(FLOOR) {
+            self.keys.shrink_to(self.keys.len() * 2);
+            self.tiers.shrink_to(self.tiers.len() * 2);
         }
     }
 
     /// Empties the map, returning every (router key, tiers).
     pub fn take_all(&mut self) -> Vec<(RouterKey, u8)> {
-        std::mem::take(&mut self.blocks)
-            .into_values()
-            .map(|(k, t)| (RouterKey(k), t))
+        let tiers = std::mem::take(&mut self.tiers);
+        std::mem::take(&mut self.keys)
+            .into_iter()
+            .map(|(h, k)| (RouterKey(k), tiers.get(&h).copied().unwrap_or(GPU_ONLY)))
             .collect()
     }
 
     /// Every (engine hash, router key, tiers).
     pub fn iter(&self) -> impl Iterator<Item = (u64, RouterKey, u8)> + '_ {
-        self.blocks.iter().map(|(h, &(k, t))| (*h, RouterKey(k), t))
+        self.keys
+            .iter()
+            .map(|(h, &k)| (*h, RouterKey(k), self.tiers_of(*h)))
     }
 }
 
