@@ -157,8 +157,13 @@ impl Entry {
     }
 
     /// The best tier weight at which `source` holds this key, if it does.
-    #[inline]
+    #[inline(always)]
     pub fn best_weight(&self, spill: &Spill, source: u32, weights: &[f64; 8]) -> Option<f64> {
+        // The common case: `source` is the only holder.
+        if self.b == EMPTY {
+            let a = Holder(self.a);
+            return (self.a != EMPTY && a.source() == source).then(|| weights[a.tier_bits()]);
+        }
         let mut best: Option<f64> = None;
         let mut see = |h: u32| {
             if h != EMPTY && Holder(h).source() == source {
