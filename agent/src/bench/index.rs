@@ -220,6 +220,34 @@ pub fn run(args: IndexBenchArgs) {
         steady.bytes() as f64 / steady.len() as f64
     );
 
+    // The same 512-block lookups while another thread ingests an engine's events into the
+    // same index: how long readers wait for writers.
+    let writer_id = index.add_source(SourceInfo {
+        pod: "ingesting".into(),
+        rank: None,
+    });
+    let (p50, p99, rate) = std::thread::scope(|s| {
+        let ingesting = s.spawn(|| {
+            let t = ingest(&index, writer_id, &payloads);
+            hashes as f64 / t.as_secs_f64()
+        });
+        let (p50, p99) = lookup_latency(&index, &chains, 512, args.lookups, args.seed);
+        (
+            p50,
+            p99,
+            ingesting.join().expect("the ingesting thread panicked"),
+        )
+    });
+    println!();
+    println!("| lookups while another thread ingests | chain (blocks) | ingestion | p50 | p99 |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| contended | 512 | {:.2}M hashes/s | {:.1} us | {:.1} us |",
+        rate / 1e6,
+        p50.as_secs_f64() * 1e6,
+        p99.as_secs_f64() * 1e6
+    );
+    index.remove_source(writer_id);
     let cap = args.blocks / 4;
     let capped = KvIndex::new(IndexConfig {
         max_entries: cap,

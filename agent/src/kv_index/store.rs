@@ -34,7 +34,7 @@ const MIN_SHRINK: usize = 64;
 /// Keys probed per round of a lookup.
 const CHUNK: usize = 512;
 /// Writes a `Writer` makes before it lets waiting readers in (re-locking the shards).
-const WRITES_PER_LOCK: usize = 256;
+const WRITES_PER_LOCK: usize = 32;
 /// How many keys ahead a lookup prefetches: enough to overlap ~16 cache misses, few enough
 /// that a lookup ending early wastes little.
 const PREFETCH_AHEAD: usize = 16;
