@@ -11,8 +11,8 @@
 //!   speculative inserts.
 //! - Memory is bounded by `max_entries` (block, source) entries: a shard over its share evicts
 //!   its least recently touched eighth (epochs are bumped by lookups and writes).
-//! - Per source, a map engine hash -> router key (+ tiers) resolves BlockRemoved and makes
-//!   removing a source or an AllBlocksCleared proportional to that source's entries.
+//! - Per source, an engine map (`engine_map`, owned by the index) resolves BlockRemoved and
+//!   makes removing a source or an AllBlocksCleared proportional to that source's entries.
 
 use std::{
     collections::HashMap,
