@@ -6,7 +6,8 @@
 //!   write-locks every shard for up to `WRITES_PER_LOCK` writes (in shard order, so lookups
 //!   and writers never deadlock). Taking the locks once per run instead of once per key
 //!   keeps the full barrier of each lock acquisition from serialising the cache misses of
-//!   consecutive keys. The shards bound the work of one LRU eviction.
+//!   consecutive keys. Waiters spin before they park (`SPIN_BEFORE_PARKING`). The shards
+//!   bound the work of one LRU eviction.
 //! - Writers are the per-source ingestion tasks (in order per source) and the router's
 //!   speculative inserts.
 //! - Memory is bounded by `max_entries` (block, source) entries: a shard over its share evicts
@@ -127,7 +128,7 @@ impl Store {
     }
 
     fn lock_all(&self) -> [RwLockWriteGuard<'_, Shard>; SHARDS] {
-        std::array::from_fn(|s| self.shards[s].write())
+        std::array::from_fn(|s| spin_write(&self.shards[s]))
     }
 
     fn insert_in(
@@ -238,7 +239,7 @@ impl Store {
             if active == 0 {
                 break;
             }
-            let guards: [_; SHARDS] = std::array::from_fn(|s| self.shards[s].read());
+            let guards: [_; SHARDS] = std::array::from_fn(|s| spin_read(&self.shards[s]));
             let probe = Probe {
                 shards: std::array::from_fn(|s| &*guards[s]),
                 keys,
@@ -429,5 +430,47 @@ impl<'a> Probe<'a> {
             score += w;
         }
         (self.keys.len() - from, score)
+    }
+}
+
+/// How long lock acquisition spins before it parks the thread. Both sides hold the shard
+/// locks for microseconds (a lookup round, a run of writes), less than it takes to park a
+/// thread and wake it again on a VM (where a parked vCPU halts and needs an interrupt to
+/// resume), so a waiter spins through a typical hold and parks only behind a long one.
+const SPIN_BEFORE_PARKING: std::time::Duration = std::time::Duration::from_micros(50);
+
+fn spin_read(lock: &RwLock<Shard>) -> parking_lot::RwLockReadGuard<'_, Shard> {
+    if let Some(g) = lock.try_read() {
+        return g;
+    }
+    let start = std::time::Instant::now();
+    loop {
+        for _ in 0..64 {
+            std::hint::spin_loop();
+        }
+        if let Some(g) = lock.try_read() {
+            return g;
+        }
+        if start.elapsed() > SPIN_BEFORE_PARKING {
+            return lock.read();
+        }
+    }
+}
+
+fn spin_write(lock: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
+    if let Some(g) = lock.try_write() {
+        return g;
+    }
+    let start = std::time::Instant::now();
+    loop {
+        for _ in 0..64 {
+            std::hint::spin_loop();
+        }
+        if let Some(g) = lock.try_write() {
+            return g;
+        }
+        if start.elapsed() > SPIN_BEFORE_PARKING {
+            return lock.write();
+        }
     }
 }
