@@ -212,16 +212,20 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
     }
     println!();
     println!(
-        "| proxy | concurrency | requests/s | proxy CPU (cores) | requests/s per proxy core |"
+        "| proxy | concurrency | requests/s | proxy CPU (cores) | requests/s per proxy core | user CPU per request | kernel CPU per request |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for t in targets.iter().filter(|t| t.pid.is_some()) {
-        let (rps, cores) = throughput(&client, t, args.concurrency, args.duration_s).await;
+        let r = throughput(&client, t, args.concurrency, args.duration_s).await;
         println!(
-            "| {} | {} | {rps:.0} | {cores:.2} | {:.0} |",
+            "| {} | {} | {:.0} | {:.2} | {:.0} | {:.1} us | {:.1} us |",
             t.name,
             args.concurrency,
-            rps / cores.max(0.01)
+            r.rps,
+            r.cores,
+            r.rps / r.cores.max(0.01),
+            r.user_per_request * 1e6,
+            r.system_per_request * 1e6
         );
     }
     decision(args.chat_tokens);
@@ -273,15 +277,25 @@ async fn latencies(
 }
 
 /// Closed-loop requests/s through a proxy and the CPU its process used meanwhile.
+/// A throughput run's figures; CPU is the target process's (NaN where unreadable).
+struct Throughput {
+    rps: f64,
+    /// Cores the target used on average.
+    cores: f64,
+    /// Seconds of user and kernel CPU per request.
+    user_per_request: f64,
+    system_per_request: f64,
+}
+
 async fn throughput(
     client: &reqwest::Client,
     target: &Target,
     concurrency: usize,
     secs: f64,
-) -> (f64, f64) {
+) -> Throughput {
     let done = Arc::new(AtomicU64::new(0));
     let end = Instant::now() + Duration::from_secs_f64(secs);
-    let cpu0 = target.pid.and_then(proc_stat::cpu_time);
+    let cpu0 = target.pid.and_then(proc_stat::cpu_times);
     let t0 = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
@@ -306,11 +320,20 @@ async fn throughput(
         let _ = t.await;
     }
     let wall = t0.elapsed().as_secs_f64();
-    let cpu = match (cpu0, target.pid.and_then(proc_stat::cpu_time)) {
-        (Some(a), Some(b)) => (b - a).as_secs_f64() / wall,
-        _ => f64::NAN,
+    let n = done.load(Ordering::Relaxed) as f64;
+    let (user, system) = match (cpu0, target.pid.and_then(proc_stat::cpu_times)) {
+        (Some(a), Some(b)) => (
+            b.user.saturating_sub(a.user).as_secs_f64(),
+            b.system.saturating_sub(a.system).as_secs_f64(),
+        ),
+        _ => (f64::NAN, f64::NAN),
     };
-    (done.load(Ordering::Relaxed) as f64 / wall, cpu)
+    Throughput {
+        rps: n / wall,
+        cores: (user + system) / wall,
+        user_per_request: user / n.max(1.0),
+        system_per_request: system / n.max(1.0),
+    }
 }
 
 /// nginx in front of the simulator, one worker, upstream keep-alive; (process, port, worker pid).
