@@ -225,7 +225,8 @@ impl<V: Default> Table<V> {
         self.get_at(self.home(key), key)
     }
 
-    /// `get` with `key`'s home bucket as `prefetch` returned it.
+    /// `get` with `key`'s home bucket as `prefetch` returned it (on this table, with no
+    /// write in between: a write may resize the table and move every home).
     #[inline(always)]
     pub fn get_at(&self, h: usize, key: u64) -> Option<&V> {
         if key == 0 {
