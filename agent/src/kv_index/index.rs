@@ -23,8 +23,6 @@ use super::{
 pub const DEFAULT_MAX_ENTRIES: usize = 20_000_000;
 /// How long a speculative entry waits for the engine's event.
 pub const DEFAULT_SPECULATIVE_TTL: Duration = Duration::from_secs(2);
-/// How many blocks ahead ingestion prefetches the slots it will write.
-const WRITE_AHEAD: usize = 8;
 /// How long a source stays unsure after an unrecoverable gap (its entries were cleared).
 pub const DEFAULT_UNSURE_SETTLE: Duration = Duration::from_secs(10);
 
@@ -245,18 +243,12 @@ impl KvIndex {
             keys.push(key);
             parent = Some(key);
         }
-        for &key in keys.iter().take(WRITE_AHEAD) {
-            w.prefetch(key);
-        }
-        for (i, (hash, &key)) in s.hashes.iter().zip(&keys).enumerate() {
-            if let Some(&ahead) = keys.get(i + WRITE_AHEAD) {
-                w.prefetch(ahead);
-            }
-            st.engine.store(hash.0, key, s.tier);
+        w.each_prefetched(&keys, |w, i, key| {
+            st.engine.store(s.hashes[i].0, key, s.tier);
             if w.insert(key, id.0, s.tier, false) == Upsert::Confirmed {
                 st.status.confirmed += 1;
             }
-        }
+        });
         st.keys = keys;
         st.status.blocks_stored += s.hashes.len() as u64;
     }
@@ -276,15 +268,9 @@ impl KvIndex {
                 Removal::Unknown => st.status.unknown_removals += 1,
             }
         }
-        for &key in keys.iter().take(WRITE_AHEAD) {
-            w.prefetch(key);
-        }
-        for (i, &key) in keys.iter().enumerate() {
-            if let Some(&ahead) = keys.get(i + WRITE_AHEAD) {
-                w.prefetch(ahead);
-            }
+        w.each_prefetched(&keys, |w, _, key| {
             w.remove(key, id.0, r.tier, false);
-        }
+        });
         st.status.blocks_removed += keys.len() as u64;
         st.keys = keys;
         // The engine's cache may have shrunk well below its peak.
