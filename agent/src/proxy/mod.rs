@@ -6,6 +6,7 @@
 
 mod admin;
 mod error;
+mod h1;
 pub mod request;
 mod scrape;
 pub mod tokens;
@@ -475,29 +476,23 @@ async fn forward(
         }
         tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), first_key = ctx.keys.first().map_or(0, |k| k.0), "routing decision");
         let guard = endpoint.start(uncached);
-        let uri = format!(
-            "http://{}{}",
-            endpoint.authority,
-            parts.uri.path_and_query().map_or("/", |p| p.as_str())
-        );
-        let mut up = http::Request::builder()
-            .method(parts.method.clone())
-            .uri(uri);
-        for (name, value) in &parts.headers {
-            if name != http::header::HOST
-                && name != http::header::CONTENT_LENGTH
-                && !hop_by_hop(name)
-            {
-                up = up.header(name, value);
-            }
-        }
-        let up = up
-            .body(Full::new(body.clone()))
-            .map_err(|e| ProxyError::bad_request(e.to_string()))?;
         if n == 0 {
             attempt.queue = Some(body_done.elapsed());
         }
-        match proxy.upstreams.client(runtime.protocol).request(up).await {
+        let sent = proxy
+            .upstreams
+            .send(
+                runtime.protocol,
+                &endpoint.label,
+                h1::Outgoing {
+                    method: &parts.method,
+                    target: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+                    headers: &parts.headers,
+                    body: &body,
+                },
+            )
+            .await;
+        match sent {
             Ok(resp) if resp.status() != StatusCode::SERVICE_UNAVAILABLE => {
                 let (mut head, incoming) = resp.into_parts();
                 // Framing is hyper's job on each leg; hop-by-hop headers never cross.

@@ -1,5 +1,6 @@
-//! Forwarding to an endpoint: pooled HTTP/1.1 connections per endpoint, responses streamed
-//! back frame by frame (never buffered), the request's in-flight accounting tied to the body.
+//! Forwarding to an endpoint: HTTP/1.1 on warmpath's own connection pools ([`super::h1`]) or
+//! h2c multiplexed by hyper, responses streamed back frame by frame (never buffered), the
+//! request's in-flight accounting tied to the body.
 
 use std::{
     pin::Pin,
@@ -16,7 +17,10 @@ use hyper_util::{
     rt::TokioExecutor,
 };
 
-use super::{Body, BoxError};
+use super::{
+    Body, BoxError,
+    h1::{H1Body, H1Client, Outgoing},
+};
 use crate::{
     pool::InFlight,
     telemetry::{
@@ -56,11 +60,54 @@ impl UpstreamProtocol {
     }
 }
 
+/// Longest wait for a TCP connection to an engine.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The upstream clients, one per protocol; pools pick theirs.
 #[derive(Debug, Clone)]
 pub struct Upstreams {
+    /// Proxied requests over HTTP/1.1.
+    h1: H1Client,
+    /// Side requests (scrapes, `/tokenize`) over HTTP/1.1: off the data path, where a
+    /// generic client's convenience is worth more than its cost.
     http1: UpstreamClient,
     h2: UpstreamClient,
+}
+
+/// A response body from an engine, whichever protocol carried it.
+#[derive(Debug)]
+pub enum UpstreamBody {
+    H1(H1Body),
+    H2(Incoming),
+}
+
+impl hyper::body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Self::H1(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Self::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::H1(b) => b.is_end_stream(),
+            Self::H2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            Self::H1(b) => b.size_hint(),
+            Self::H2(b) => b.size_hint(),
+        }
+    }
 }
 
 impl Default for Upstreams {
@@ -73,7 +120,7 @@ impl Upstreams {
     pub fn new() -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         let http1 = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE)
             .pool_max_idle_per_host(1024)
@@ -86,13 +133,47 @@ impl Upstreams {
             .http2_adaptive_window(true)
             .timer(hyper_util::rt::TokioTimer::new())
             .build(connector);
-        Self { http1, h2 }
+        Self {
+            h1: H1Client::new(CONNECT_TIMEOUT),
+            http1,
+            h2,
+        }
     }
 
+    /// The client for side requests (scrapes, `/tokenize`) in `protocol`.
     pub fn client(&self, protocol: UpstreamProtocol) -> &UpstreamClient {
         match protocol {
             UpstreamProtocol::Http1 => &self.http1,
             UpstreamProtocol::H2 => &self.h2,
+        }
+    }
+
+    /// Sends a proxied request to the engine at `authority`; the response body streams.
+    pub async fn send(
+        &self,
+        protocol: UpstreamProtocol,
+        authority: &Arc<str>,
+        req: Outgoing<'_>,
+    ) -> Result<http::Response<UpstreamBody>, BoxError> {
+        match protocol {
+            UpstreamProtocol::Http1 => {
+                Ok(self.h1.send(authority, req).await?.map(UpstreamBody::H1))
+            }
+            UpstreamProtocol::H2 => {
+                let mut up = http::Request::builder()
+                    .method(req.method.clone())
+                    .uri(format!("http://{authority}{}", req.target));
+                for (name, value) in req.headers {
+                    if name != http::header::HOST
+                        && name != http::header::CONTENT_LENGTH
+                        && !super::hop_by_hop(name)
+                    {
+                        up = up.header(name, value);
+                    }
+                }
+                let up = up.body(Full::new(req.body.clone()))?;
+                Ok(self.h2.request(up).await?.map(UpstreamBody::H2))
+            }
         }
     }
 }
@@ -125,7 +206,7 @@ pub enum Tap {
 /// also drops the upstream connection, so the engine aborts the request), reads usage as it
 /// passes, and records the request's telemetry when it ends.
 pub struct Tracked {
-    inner: Incoming,
+    inner: UpstreamBody,
     guard: InFlight,
     observer: Observer,
     ttft: Option<Duration>,
@@ -134,7 +215,7 @@ pub struct Tracked {
 }
 
 impl Tracked {
-    pub fn boxed(inner: Incoming, guard: InFlight, observer: Observer) -> Body {
+    pub fn boxed(inner: UpstreamBody, guard: InFlight, observer: Observer) -> Body {
         Self {
             inner,
             guard,
@@ -214,7 +295,7 @@ impl hyper::body::Body for Tracked {
                         ));
                         return Poll::Ready(Some(Ok(Frame::data(end))));
                     }
-                    return Poll::Ready(Some(Err(Box::new(err))));
+                    return Poll::Ready(Some(Err(err)));
                 }
                 None => {
                     this.done = true;

@@ -1,0 +1,692 @@
+//! warmpath's own HTTP/1.1 client to engines.
+//!
+//! A request is written and its response head read on the task that routes it: no connection
+//! task, no channel between the two, no per-request URI or header map rebuilt for a generic
+//! client. The response body ([`H1Body`]) owns the connection and decodes its framing
+//! (`content-length`, `chunked`, or until close) as it is polled; when the body has been read
+//! to its end the connection goes back to the endpoint's idle list, and when the body is
+//! dropped early the connection is closed (the engine sees the client go away and aborts).
+//!
+//! Settings: at most [`MAX_IDLE_PER_ENDPOINT`] idle connections per endpoint, each kept
+//! [`IDLE_TIMEOUT`]; a response head may be at most [`MAX_HEAD`] bytes with [`MAX_HEADERS`]
+//! fields. A request that fails on a reused connection before any response byte arrived is
+//! sent once more on a fresh connection (the engine closed the idle one; it never saw the
+//! request).
+
+use std::{
+    collections::HashMap,
+    io,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use bytes::{Bytes, BytesMut};
+use hyper::body::Frame;
+use parking_lot::Mutex;
+use tokio::{io::AsyncWriteExt, net::TcpStream};
+
+/// Idle connections kept per endpoint (more are closed when they come back).
+pub const MAX_IDLE_PER_ENDPOINT: usize = 1024;
+/// Idle connections older than this are closed instead of reused.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Largest response head accepted.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most header fields in a response head.
+pub const MAX_HEADERS: usize = 100;
+/// Bodies up to this size are written together with the head (one write).
+const COALESCE_BODY: usize = 32 * 1024;
+/// Read buffer growth step.
+const READ_CHUNK: usize = 16 * 1024;
+/// Longest chunk-size or trailer line accepted in a chunked body.
+const MAX_CHUNK_LINE: usize = 4096;
+
+/// Why an exchange with an engine failed.
+#[derive(Debug, thiserror::Error)]
+pub enum H1Error {
+    #[error("connect: {0}")]
+    Connect(io::Error),
+    #[error("connect: timed out after {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("connection closed before the response head")]
+    ClosedBeforeHead,
+    #[error("connection closed before the body ended")]
+    ClosedInBody,
+    #[error("invalid response: {0}")]
+    Invalid(String),
+}
+
+impl H1Error {
+    fn invalid(what: impl std::fmt::Display) -> Self {
+        Self::Invalid(what.to_string())
+    }
+}
+
+/// One connection and what has been read from it but not consumed yet.
+#[derive(Debug)]
+struct Conn {
+    io: TcpStream,
+    buf: BytesMut,
+}
+
+#[derive(Debug)]
+struct Idle {
+    conn: Conn,
+    since: Instant,
+}
+
+#[derive(Debug)]
+struct Shared {
+    idle: Mutex<HashMap<Arc<str>, Vec<Idle>>>,
+    connect_timeout: Duration,
+}
+
+/// The client: idle connections per endpoint authority (`host:port`).
+#[derive(Debug, Clone)]
+pub struct H1Client {
+    shared: Arc<Shared>,
+}
+
+/// What is sent: the client's request line target and headers, forwarded as they are except
+/// `host`, `content-length` and hop-by-hop fields (this leg's own framing replaces them).
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    pub method: &'a http::Method,
+    pub target: &'a str,
+    pub headers: &'a http::HeaderMap,
+    pub body: &'a Bytes,
+}
+
+// === impl H1Client ===
+
+impl H1Client {
+    pub fn new(connect_timeout: Duration) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                idle: Mutex::new(HashMap::new()),
+                connect_timeout,
+            }),
+        }
+    }
+
+    /// Sends `req` to `authority` and reads the response head; the body streams from the
+    /// returned response.
+    pub async fn send(
+        &self,
+        authority: &Arc<str>,
+        req: Outgoing<'_>,
+    ) -> Result<http::Response<H1Body>, H1Error> {
+        let wire = encode_request(authority, &req);
+        if let Some(conn) = self.checkout(authority) {
+            match exchange(conn, &wire, req).await {
+                Ok(parts) => return self.response(authority, req.method, parts),
+                // The engine closed the idle connection: it never saw this request.
+                Err(H1Error::Io(_) | H1Error::ClosedBeforeHead) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        let conn = self.connect(authority).await?;
+        let parts = exchange(conn, &wire, req).await?;
+        self.response(authority, req.method, parts)
+    }
+
+    /// Idle connections held now (all endpoints).
+    #[cfg(test)]
+    fn idle(&self) -> usize {
+        self.shared.idle.lock().values().map(Vec::len).sum()
+    }
+
+    fn checkout(&self, authority: &str) -> Option<Conn> {
+        let mut idle = self.shared.idle.lock();
+        let list = idle.get_mut(authority)?;
+        while let Some(c) = list.pop() {
+            if c.since.elapsed() < IDLE_TIMEOUT {
+                return Some(c.conn);
+            }
+        }
+        None
+    }
+
+    async fn connect(&self, authority: &str) -> Result<Conn, H1Error> {
+        let timeout = self.shared.connect_timeout;
+        let io = match tokio::time::timeout(timeout, TcpStream::connect(authority)).await {
+            Ok(Ok(io)) => io,
+            Ok(Err(err)) => return Err(H1Error::Connect(err)),
+            Err(_) => return Err(H1Error::ConnectTimeout(timeout)),
+        };
+        let _ = io.set_nodelay(true);
+        Ok(Conn {
+            io,
+            buf: BytesMut::with_capacity(READ_CHUNK),
+        })
+    }
+
+    fn response(
+        &self,
+        authority: &Arc<str>,
+        method: &http::Method,
+        (head, conn, framing, reusable): Exchanged,
+    ) -> Result<http::Response<H1Body>, H1Error> {
+        let framing = if method == http::Method::HEAD {
+            Framing::Done
+        } else {
+            framing
+        };
+        let mut body = H1Body {
+            conn: Some(conn),
+            framing,
+            home: reusable.then(|| (self.shared.clone(), authority.clone())),
+        };
+        body.settle()?;
+        Ok(http::Response::from_parts(head, body))
+    }
+}
+
+impl Shared {
+    /// A connection whose response was read to its end comes back for the next request.
+    fn checkin(&self, authority: &Arc<str>, conn: Conn) {
+        let mut idle = self.idle.lock();
+        let list = idle.entry(authority.clone()).or_default();
+        if list.len() < MAX_IDLE_PER_ENDPOINT {
+            list.push(Idle {
+                conn,
+                since: Instant::now(),
+            });
+        }
+    }
+}
+
+/// The request head (and a small body) as bytes on the wire.
+fn encode_request(authority: &str, req: &Outgoing<'_>) -> Vec<u8> {
+    let small = req.body.len() <= COALESCE_BODY;
+    let mut out = Vec::with_capacity(256 + if small { req.body.len() } else { 0 });
+    out.extend_from_slice(req.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(req.target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(authority.as_bytes());
+    out.extend_from_slice(b"\r\ncontent-length: ");
+    out.extend_from_slice(req.body.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in req.headers {
+        if name == http::header::HOST
+            || name == http::header::CONTENT_LENGTH
+            || super::hop_by_hop(name)
+        {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if small {
+        out.extend_from_slice(req.body);
+    }
+    out
+}
+
+/// Response head, the connection, its body framing, and whether it may be reused.
+type Exchanged = (http::response::Parts, Conn, Framing, bool);
+
+/// Writes the request and reads the response head (skipping interim 1xx heads).
+async fn exchange(mut conn: Conn, wire: &[u8], req: Outgoing<'_>) -> Result<Exchanged, H1Error> {
+    conn.io.write_all(wire).await?;
+    if req.body.len() > COALESCE_BODY {
+        conn.io.write_all(req.body).await?;
+    }
+    loop {
+        if let Some((head, framing, reusable)) = parse_head(&mut conn.buf)? {
+            if head.status.is_informational() {
+                if head.status == http::StatusCode::SWITCHING_PROTOCOLS {
+                    return Err(H1Error::invalid("unexpected 101 Switching Protocols"));
+                }
+                continue;
+            }
+            return Ok((head, conn, framing, reusable));
+        }
+        if conn.buf.len() >= MAX_HEAD {
+            return Err(H1Error::invalid(format!(
+                "response head larger than {MAX_HEAD} bytes"
+            )));
+        }
+        if read_more(&mut conn).await? == 0 {
+            return Err(if conn.buf.is_empty() {
+                H1Error::ClosedBeforeHead
+            } else {
+                H1Error::invalid("connection closed inside the response head")
+            });
+        }
+    }
+}
+
+async fn read_more(conn: &mut Conn) -> io::Result<usize> {
+    std::future::poll_fn(|cx| poll_read_more(conn, cx)).await
+}
+
+fn poll_read_more(conn: &mut Conn, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    if conn.buf.capacity() - conn.buf.len() < READ_CHUNK / 4 {
+        conn.buf.reserve(READ_CHUNK);
+    }
+    tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf)
+}
+
+/// Parses a complete response head off the front of `buf`: (head, framing, reusable), or
+/// `None` when more bytes are needed.
+fn parse_head(
+    buf: &mut BytesMut,
+) -> Result<Option<(http::response::Parts, Framing, bool)>, H1Error> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut fields);
+    let len = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(err) => return Err(H1Error::invalid(err)),
+    };
+    let status = http::StatusCode::from_u16(parsed.code.unwrap_or(0)).map_err(H1Error::invalid)?;
+    let http11 = parsed.version == Some(1);
+    let mut headers = http::HeaderMap::with_capacity(parsed.headers.len());
+    let mut length = None;
+    let mut chunked = false;
+    let mut close = !http11;
+    for h in parsed.headers.iter() {
+        let name = http::HeaderName::from_bytes(h.name.as_bytes()).map_err(H1Error::invalid)?;
+        let value = http::HeaderValue::from_bytes(h.value).map_err(H1Error::invalid)?;
+        if name == http::header::CONTENT_LENGTH {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| H1Error::invalid("bad content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(H1Error::invalid("conflicting content-length fields"));
+            }
+            length = Some(n);
+        } else if name == http::header::TRANSFER_ENCODING {
+            // Chunked must be the last coding; anything else is read until close.
+            chunked = h
+                .value
+                .rsplit(|&b| b == b',')
+                .next()
+                .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            close |= !chunked;
+        } else if name == http::header::CONNECTION {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if !http11 && token.eq_ignore_ascii_case(b"keep-alive") {
+                    close = false;
+                }
+            }
+        }
+        headers.append(name, value);
+    }
+    let framing = if status.is_informational()
+        || status == http::StatusCode::NO_CONTENT
+        || status == http::StatusCode::NOT_MODIFIED
+    {
+        Framing::Done
+    } else if chunked {
+        Framing::Chunked(Chunk::Size)
+    } else if let Some(n) = length {
+        if n == 0 {
+            Framing::Done
+        } else {
+            Framing::Length(n)
+        }
+    } else {
+        close = true;
+        Framing::UntilClose
+    };
+    let _ = buf.split_to(len);
+    let (mut parts, ()) = http::Response::new(()).into_parts();
+    parts.status = status;
+    parts.version = if http11 {
+        http::Version::HTTP_11
+    } else {
+        http::Version::HTTP_10
+    };
+    parts.headers = headers;
+    Ok(Some((parts, framing, !close)))
+}
+
+/// How the rest of the body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Length(u64),
+    Chunked(Chunk),
+    UntilClose,
+    Done,
+}
+
+/// Where a chunked decoder stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Expecting a chunk-size line.
+    Size,
+    /// Inside a chunk's data.
+    Data(u64),
+    /// Expecting the CRLF after a chunk's data.
+    DataEnd,
+    /// After the last chunk: trailer lines until an empty one.
+    Trailers,
+}
+
+/// A response body read straight off the engine's connection.
+#[derive(Debug)]
+pub struct H1Body {
+    conn: Option<Conn>,
+    framing: Framing,
+    /// Where the connection goes back when the body ended cleanly (absent: not reusable).
+    home: Option<(Arc<Shared>, Arc<str>)>,
+}
+
+// === impl H1Body ===
+
+impl H1Body {
+    /// Advances through framing that needs no payload bytes (chunk sizes, CRLFs, trailers)
+    /// as far as the buffer allows, so the body knows it ended as soon as it has.
+    fn settle(&mut self) -> Result<(), H1Error> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        while let Framing::Chunked(state) = self.framing {
+            let buf = &mut conn.buf;
+            match state {
+                Chunk::Data(_) => break,
+                Chunk::DataEnd => {
+                    if buf.len() < 2 {
+                        break;
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err(H1Error::invalid("chunk data not followed by CRLF"));
+                    }
+                    let _ = buf.split_to(2);
+                    self.framing = Framing::Chunked(Chunk::Size);
+                }
+                Chunk::Size | Chunk::Trailers => {
+                    let Some(eol) = memchr::memmem::find(buf, b"\r\n") else {
+                        if buf.len() > MAX_CHUNK_LINE {
+                            return Err(H1Error::invalid("chunk line too long"));
+                        }
+                        break;
+                    };
+                    let line = buf.split_to(eol + 2);
+                    let line = &line[..eol];
+                    self.framing = match state {
+                        Chunk::Size => match chunk_size(line)? {
+                            0 => Framing::Chunked(Chunk::Trailers),
+                            n => Framing::Chunked(Chunk::Data(n)),
+                        },
+                        // Trailer fields are dropped; the empty line ends the body.
+                        _ if line.is_empty() => Framing::Done,
+                        _ => Framing::Chunked(Chunk::Trailers),
+                    };
+                }
+            }
+        }
+        if self.framing == Framing::Done {
+            self.finish();
+        }
+        Ok(())
+    }
+
+    /// The body ended: the connection goes home if it can be reused.
+    fn finish(&mut self) {
+        self.framing = Framing::Done;
+        if let (Some(conn), Some((shared, authority))) = (self.conn.take(), self.home.take())
+            // Bytes past the response mean the engine is confused: do not reuse.
+            && conn.buf.is_empty()
+        {
+            shared.checkin(&authority, conn);
+        }
+    }
+
+    /// The body cannot go on: the connection is closed, the error reported once.
+    fn fail(&mut self, err: H1Error) -> H1Error {
+        self.conn = None;
+        self.home = None;
+        self.framing = Framing::Done;
+        err
+    }
+
+    /// Takes up to `limit` buffered bytes as a data frame.
+    fn take(&mut self, limit: u64) -> Option<Bytes> {
+        let conn = self.conn.as_mut()?;
+        if conn.buf.is_empty() {
+            return None;
+        }
+        let n = (conn.buf.len() as u64).min(limit) as usize;
+        Some(conn.buf.split_to(n).freeze())
+    }
+
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, H1Error>>> {
+        loop {
+            if let Err(err) = self.settle() {
+                return Poll::Ready(Some(Err(self.fail(err))));
+            }
+            let limit = match self.framing {
+                Framing::Done => return Poll::Ready(None),
+                Framing::Length(n) | Framing::Chunked(Chunk::Data(n)) => n,
+                Framing::UntilClose => u64::MAX,
+                Framing::Chunked(_) => 0,
+            };
+            if limit > 0
+                && let Some(data) = self.take(limit)
+            {
+                let left = limit.saturating_sub(data.len() as u64);
+                match self.framing {
+                    Framing::Length(_) if left == 0 => self.finish(),
+                    Framing::Length(_) => self.framing = Framing::Length(left),
+                    Framing::Chunked(_) if left == 0 => {
+                        self.framing = Framing::Chunked(Chunk::DataEnd)
+                    }
+                    Framing::Chunked(_) => self.framing = Framing::Chunked(Chunk::Data(left)),
+                    _ => {}
+                }
+                if let Err(err) = self.settle() {
+                    return Poll::Ready(Some(Err(self.fail(err))));
+                }
+                return Poll::Ready(Some(Ok(data)));
+            }
+            let Some(conn) = self.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match std::task::ready!(poll_read_more(conn, cx)) {
+                Ok(0) if self.framing == Framing::UntilClose => {
+                    self.framing = Framing::Done;
+                    self.conn = None;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => return Poll::Ready(Some(Err(self.fail(H1Error::ClosedInBody)))),
+                Ok(_) => {}
+                Err(err) => return Poll::Ready(Some(Err(self.fail(err.into())))),
+            }
+        }
+    }
+}
+
+/// A chunk-size line's size (extensions after `;` ignored).
+fn chunk_size(line: &[u8]) -> Result<u64, H1Error> {
+    let hex = line
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    if hex.is_empty() || hex.len() > 15 {
+        return Err(H1Error::invalid("bad chunk size"));
+    }
+    hex.iter().try_fold(0u64, |n, &b| {
+        let d = (b as char)
+            .to_digit(16)
+            .ok_or_else(|| H1Error::invalid("bad chunk size"))?;
+        Ok(n << 4 | u64::from(d))
+    })
+}
+
+impl hyper::body::Body for H1Body {
+    type Data = Bytes;
+    type Error = H1Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
+        self.get_mut()
+            .poll_data(cx)
+            .map(|d| d.map(|d| d.map(Frame::data)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.framing == Framing::Done
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self.framing {
+            Framing::Length(n) => hyper::body::SizeHint::with_exact(n),
+            Framing::Done => hyper::body::SizeHint::with_exact(0),
+            _ => hyper::body::SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    /// A one-connection server that answers each request with the next canned response
+    /// (raw bytes, written in pieces to exercise partial reads), then closes.
+    async fn server(
+        responses: Vec<Vec<&'static [u8]>>,
+    ) -> (Arc<str>, tokio::task::JoinHandle<Vec<Vec<u8>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr: Arc<str> = listener.local_addr().unwrap().to_string().into();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            for pieces in responses {
+                let mut req = Vec::new();
+                let mut b = [0u8; 4096];
+                while memchr::memmem::find(&req, b"\r\n\r\n").is_none() {
+                    let n = s.read(&mut b).await.unwrap();
+                    assert!(n > 0);
+                    req.extend_from_slice(&b[..n]);
+                }
+                seen.push(req);
+                for p in pieces {
+                    s.write_all(p).await.unwrap();
+                    s.flush().await.unwrap();
+                    tokio::task::yield_now().await;
+                }
+            }
+            seen
+        });
+        (addr, task)
+    }
+
+    async fn get(client: &H1Client, addr: &Arc<str>) -> Result<(u16, Vec<u8>), H1Error> {
+        let headers = http::HeaderMap::new();
+        let body = Bytes::new();
+        let resp = client
+            .send(
+                addr,
+                Outgoing {
+                    method: &http::Method::GET,
+                    target: "/x",
+                    headers: &headers,
+                    body: &body,
+                },
+            )
+            .await?;
+        let status = resp.status().as_u16();
+        let data = resp.into_body().collect().await?.to_bytes();
+        Ok((status, data.to_vec()))
+    }
+
+    #[tokio::test]
+    async fn every_framing_decodes_and_the_connection_is_reused() {
+        let (addr, server) = server(vec![
+            vec![b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhel", b"lo"],
+            vec![
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;x=y\r\nabc\r",
+                b"\n0\r\ntrailer: t\r\n\r\n",
+            ],
+            vec![b"HTTP/1.1 204 No Content\r\n\r\n"],
+            vec![b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil", b" close"],
+        ])
+        .await;
+        let client = H1Client::new(Duration::from_secs(2));
+        assert_eq!(get(&client, &addr).await.unwrap(), (200, b"hello".to_vec()));
+        assert_eq!(client.idle(), 1);
+        assert_eq!(get(&client, &addr).await.unwrap(), (200, b"abc".to_vec()));
+        assert_eq!(get(&client, &addr).await.unwrap(), (204, vec![]));
+        let last = tokio::spawn({
+            let (client, addr) = (client.clone(), addr.clone());
+            async move { get(&client, &addr).await }
+        });
+        let seen = server.await.unwrap();
+        assert_eq!(last.await.unwrap().unwrap(), (200, b"until close".to_vec()));
+        // Until-close bodies never come back.
+        assert_eq!(client.idle(), 0);
+        assert_eq!(seen.len(), 4);
+        let first = String::from_utf8(seen[0].clone()).unwrap();
+        assert!(
+            first.starts_with("GET /x HTTP/1.1\r\nhost: 127.0.0.1:"),
+            "{first}"
+        );
+        assert!(first.contains("content-length: 0\r\n"), "{first}");
+    }
+
+    #[tokio::test]
+    async fn a_stale_idle_connection_is_replaced_and_bad_heads_are_errors() {
+        // The first connection answers once and closes: the second request finds it dead,
+        // and goes out again on a fresh connection (accepted by the same listener).
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr: Arc<str> = listener.local_addr().unwrap().to_string().into();
+        tokio::spawn(async move {
+            for answer in [
+                &b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\na"[..],
+                b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nb",
+                b"HTTP/1.1 200 OK\r\ncontent-length: nope\r\n\r\n",
+                b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nshort",
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+            ] {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut b = [0u8; 4096];
+                let _ = s.read(&mut b).await.unwrap();
+                s.write_all(answer).await.unwrap();
+            }
+        });
+        let client = H1Client::new(Duration::from_secs(2));
+        assert_eq!(get(&client, &addr).await.unwrap(), (200, b"a".to_vec()));
+        assert_eq!(get(&client, &addr).await.unwrap(), (200, b"b".to_vec()));
+        assert!(matches!(
+            get(&client, &addr).await,
+            Err(H1Error::Invalid(_))
+        ));
+        assert!(matches!(
+            get(&client, &addr).await,
+            Err(H1Error::ClosedInBody)
+        ));
+        assert!(matches!(
+            get(&client, &addr).await,
+            Err(H1Error::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn chunk_sizes_parse_strictly() {
+        assert_eq!(chunk_size(b"1a").unwrap(), 26);
+        assert_eq!(chunk_size(b"0;ext=1").unwrap(), 0);
+        assert!(chunk_size(b"").is_err());
+        assert!(chunk_size(b"g").is_err());
+        assert!(chunk_size(b"ffffffffffffffffff").is_err());
+    }
+}
