@@ -481,3 +481,147 @@ async fn h2_upstreams_carry_every_request_and_stream() {
     }
     assert_eq!(h2, 8, "every completion reached an engine over h2");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_clients_are_served_streaming_and_not() {
+    let fleet = fleet("1").await;
+    let routing = proxy(&fleet, &[]).await;
+    let base = format!("http://{}", routing.listen);
+    let client = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"model": "sim-llama", "prompt": "over h2c", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    let s = stream_completion(
+        &client,
+        &base,
+        json!({"model": "sim-llama", "prompt": "streamed over h2c", "max_tokens": 3, "stream": true}),
+    )
+    .await;
+    assert_eq!(s.finish_reason.as_deref(), Some("length"));
+    assert!(s.usage.is_none(), "the client did not ask for usage");
+}
+
+/// Writes `wire` on a fresh connection and reads until the proxy closes it (or `until` shows
+/// up in what was read).
+async fn raw(addr: &str, wire: &[u8], until: Option<&str>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(wire).await.unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 8192];
+    loop {
+        let n = tokio::time::timeout(WAIT, s.read(&mut b))
+            .await
+            .expect("the proxy answers")
+            .unwrap_or(0);
+        got.extend_from_slice(&b[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if n == 0 || until.is_some_and(|u| text.matches(u).count() > 0) {
+            return text;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http1_server_answers_odd_and_malformed_requests_clearly() {
+    let fleet = fleet("1").await;
+    let routing = proxy(&fleet, &[]).await;
+    let addr = routing.listen.to_string();
+    let body = r#"{"model": "sim-llama", "prompt": "hi", "max_tokens": 1}"#;
+    let post = |extra: &str, body: &str| {
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    // Malformed heads: 400 with an OpenAI error body, then the connection closes.
+    for wire in [
+        "GARBAGE\r\n\r\n".to_string(),
+        "POST /v1/completions HTTP/1.1\r\ncontent-length: x\r\n\r\n".to_string(),
+        format!(
+            "POST /v1/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+        "POST /v1/completions HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n".to_string(),
+        "POST /v1/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n".to_string(),
+    ] {
+        let got = raw(&addr, wire.as_bytes(), None).await;
+        assert!(got.starts_with("HTTP/1.1 400 "), "{wire:?} -> {got}");
+        assert!(got.contains("connection: close"), "{got}");
+        assert!(got.contains(r#""type":"BadRequestError""#), "{got}");
+    }
+    // Too many header fields: 431.
+    let many: String = (0..120).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let got = raw(&addr, post(&many, body).as_bytes(), None).await;
+    assert!(got.starts_with("HTTP/1.1 431 "), "{got}");
+    // A declared body over the limit is refused before it is read.
+    let got = raw(
+        &addr,
+        b"POST /v1/completions HTTP/1.1\r\ncontent-length: 999999999\r\n\r\n",
+        None,
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 413 "), "{got}");
+    assert!(got.contains("connection: close"), "{got}");
+    // Pipelined requests are answered in order on one connection (an `Expect:
+    // 100-continue` whose body is already there needs no interim answer); the last asks to
+    // close.
+    let wire = format!(
+        "{}{}{}",
+        post("", body),
+        post("expect: 100-continue\r\n", body),
+        post("connection: close\r\n", body)
+    );
+    let got = raw(&addr, wire.as_bytes(), None).await;
+    assert_eq!(got.matches("HTTP/1.1 200 OK").count(), 3, "{got}");
+    assert_eq!(got.matches("\"completion_tokens\":1").count(), 3, "{got}");
+    assert!(got.contains("connection: close"), "{got}");
+    // HTTP/1.0 without keep-alive: one answer, delimited by its length, then close.
+    let got = raw(
+        &addr,
+        format!(
+            "POST /v1/completions HTTP/1.0\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+        None,
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200 OK"), "{got}");
+    assert!(got.contains("content-length: "), "{got}");
+    // A streamed answer to an HTTP/1.1 client is chunked and ends with the last chunk.
+    let stream_body = r#"{"model": "sim-llama", "prompt": "hi", "max_tokens": 2, "stream": true}"#;
+    let got = raw(&addr, post("", stream_body).as_bytes(), Some("0\r\n\r\n")).await;
+    assert!(got.contains("transfer-encoding: chunked"), "{got}");
+    assert!(got.contains("data: [DONE]"), "{got}");
+    assert!(got.ends_with("\r\n0\r\n\r\n"), "{got}");
+    // A chunked request body (with an extension and a trailer) arrives whole.
+    let chunked = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5;ext=1\r\n{}\r\n{:x}\r\n{}\r\n0\r\nx-trailer: t\r\n\r\n",
+        &body[..5],
+        body.len() - 5,
+        &body[5..]
+    );
+    let got = raw(&addr, chunked.as_bytes(), None).await;
+    assert!(got.starts_with("HTTP/1.1 200 OK"), "{got}");
+    assert!(got.contains("\"completion_tokens\":1"), "{got}");
+    // HEAD passes through without a body.
+    let got = raw(
+        &addr,
+        b"HEAD /health HTTP/1.1\r\nconnection: close\r\n\r\n",
+        None,
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200 OK"), "{got}");
+    assert!(got.ends_with("\r\n\r\n"), "{got}");
+}

@@ -186,10 +186,11 @@ impl Proxy {
     }
 }
 
-/// Serves the proxy on `listener` until the task is dropped.
+/// Serves the proxy on `listener` until the task is dropped: HTTP/1.x on warmpath's own
+/// server ([`h1::server`]), h2c (prior knowledge) on hyper's.
 pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let (mut stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(err) => {
                 tracing::warn!(%err, "accept failed");
@@ -199,18 +200,43 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
         let _ = stream.set_nodelay(true);
         let proxy = proxy.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let proxy = proxy.clone();
-                async move { Ok::<_, Infallible>(handle(proxy, peer.ip(), req).await) }
-            });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            if let Err(err) = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%err, "client connection ended");
+            let mut buf = bytes::BytesMut::with_capacity(8 * 1024);
+            match h1::server::sniff(&mut stream, &mut buf).await {
+                Ok(h1::server::Sniffed::Http1) => {
+                    h1::server::serve(stream, buf, peer.ip(), proxy.as_ref()).await;
+                }
+                Ok(h1::server::Sniffed::H2) => {
+                    let io = h1::server::Rewind::new(buf.freeze(), stream);
+                    let service = service_fn(move |req| {
+                        let proxy = proxy.clone();
+                        async move { Ok::<_, Infallible>(handle(&proxy, peer.ip(), req).await) }
+                    });
+                    let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(io), service)
+                        .await;
+                    if let Err(err) = served {
+                        tracing::debug!(%err, "client connection ended");
+                    }
+                }
+                Ok(h1::server::Sniffed::Closed) => {}
+                Err(err) => tracing::debug!(%err, "client connection ended"),
             }
         });
+    }
+}
+
+impl h1::server::Handler for Proxy {
+    fn max_body(&self) -> usize {
+        self.max_body
+    }
+
+    fn call(
+        &self,
+        peer: IpAddr,
+        head: http::request::Parts,
+        body: Result<Bytes, ProxyError>,
+    ) -> impl std::future::Future<Output = http::Response<Body>> + Send {
+        respond(self, peer, head, body)
     }
 }
 
@@ -232,19 +258,43 @@ fn full(
     resp
 }
 
-async fn handle(
-    proxy: Arc<Proxy>,
+/// A request from hyper's server (h2c): its body read (size-limited), then answered.
+async fn handle(proxy: &Proxy, peer: IpAddr, req: http::Request<Incoming>) -> http::Response<Body> {
+    let (parts, body) = req.into_parts();
+    let body = Limited::new(body, proxy.max_body)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .map_err(|e| {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                ProxyError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("Request body exceeds {} bytes.", proxy.max_body),
+                )
+            } else {
+                ProxyError::bad_request(format!("Could not read the request body: {e}"))
+            }
+        });
+    respond(proxy, peer, parts, body).await
+}
+
+/// Answers a request whose body has been read (or could not be: `body` is the error).
+async fn respond(
+    proxy: &Proxy,
     peer: IpAddr,
-    req: http::Request<Incoming>,
+    parts: http::request::Parts,
+    body: Result<Bytes, ProxyError>,
 ) -> http::Response<Body> {
-    let kind = match (req.method(), req.uri().path()) {
+    let kind = match (&parts.method, parts.uri.path()) {
         (&Method::GET, "/health") => return full(StatusCode::OK, "text/plain", ""),
-        (&Method::GET, "/v1/models") => return models(&proxy),
+        (&Method::GET, "/v1/models") => return models(proxy),
         (&Method::POST, "/v1/completions") => Some(request::Kind::Completion),
         (&Method::POST, "/v1/chat/completions") => Some(request::Kind::Chat),
         _ => None,
     };
-    let (tenant, via) = proxy.tenants.resolve(Some(peer), req.headers());
+    let (tenant, via) = proxy.tenants.resolve(Some(peer), &parts.headers);
     let mut attempt = Attempt {
         start: Instant::now(),
         pool: proxy.pools[0].telemetry_id,
@@ -253,7 +303,11 @@ async fn handle(
         retries: 0,
     };
     tracing::trace!(tenant = %tenant, ?via, "tenant");
-    match route(&proxy, kind, req, &mut attempt).await {
+    let routed = match body {
+        Ok(body) => route(proxy, kind, parts, body, &mut attempt).await,
+        Err(err) => Err(err),
+    };
+    match routed {
         Ok(resp) => resp,
         Err(err) => {
             proxy.telemetry.record(
@@ -323,26 +377,10 @@ struct Attempt {
 async fn route(
     proxy: &Proxy,
     kind: Option<request::Kind>,
-    req: http::Request<Incoming>,
+    parts: http::request::Parts,
+    mut body: Bytes,
     attempt: &mut Attempt,
 ) -> Result<http::Response<Body>, ProxyError> {
-    let (parts, body) = req.into_parts();
-    let body = Limited::new(body, proxy.max_body)
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                ProxyError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("Request body exceeds {} bytes.", proxy.max_body),
-                )
-            } else {
-                ProxyError::bad_request(format!("Could not read the request body: {e}"))
-            }
-        })?;
-    let mut body = body.to_bytes();
     let body_done = Instant::now();
     let mut strip_usage = false;
     let (pool, ctx) = match kind {

@@ -166,6 +166,7 @@ impl Upstreams {
                 for (name, value) in req.headers {
                     if name != http::header::HOST
                         && name != http::header::CONTENT_LENGTH
+                        && name != http::header::EXPECT
                         && !super::hop_by_hop(name)
                     {
                         up = up.header(name, value);

@@ -1,17 +1,15 @@
-//! warmpath's own HTTP/1.1 client to engines.
+//! The client leg: warmpath's HTTP/1.1 to engines.
 //!
-//! A request is written and its response head read on the task that routes it: no connection
-//! task, no channel between the two, no per-request URI or header map rebuilt for a generic
-//! client. The response body ([`H1Body`]) owns the connection and decodes its framing
-//! (`content-length`, `chunked`, or until close) as it is polled; when the body has been read
-//! to its end the connection goes back to the endpoint's idle list, and when the body is
-//! dropped early the connection is closed (the engine sees the client go away and aborts).
+//! A request is written and its response head read on the task that routes it. The response
+//! body ([`H1Body`]) owns the connection and decodes its framing as it is polled; when the
+//! body has been read to its end the connection goes back to the endpoint's idle list, and
+//! when the body is dropped early the connection is closed (the engine sees the client go
+//! away and aborts).
 //!
 //! Settings: at most [`MAX_IDLE_PER_ENDPOINT`] idle connections per endpoint, each kept
-//! [`IDLE_TIMEOUT`]; a response head may be at most [`MAX_HEAD`] bytes with [`MAX_HEADERS`]
-//! fields. A request that fails on a reused connection before any response byte arrived is
-//! sent once more on a fresh connection (the engine closed the idle one; it never saw the
-//! request).
+//! [`IDLE_TIMEOUT`]. A request that fails on a reused connection before any response byte
+//! arrived is sent once more on a fresh connection (the engine closed the idle one; it never
+//! saw the request).
 
 use std::{
     collections::HashMap,
@@ -27,20 +25,16 @@ use hyper::body::Frame;
 use parking_lot::Mutex;
 use tokio::{io::AsyncWriteExt, net::TcpStream};
 
+use super::{Decoded, Framing, FramingError, MAX_HEAD, MAX_HEADERS};
+
 /// Idle connections kept per endpoint (more are closed when they come back).
 pub const MAX_IDLE_PER_ENDPOINT: usize = 1024;
 /// Idle connections older than this are closed instead of reused.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// Largest response head accepted.
-pub const MAX_HEAD: usize = 64 * 1024;
-/// Most header fields in a response head.
-pub const MAX_HEADERS: usize = 100;
 /// Bodies up to this size are written together with the head (one write).
 const COALESCE_BODY: usize = 32 * 1024;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 16 * 1024;
-/// Longest chunk-size or trailer line accepted in a chunked body.
-const MAX_CHUNK_LINE: usize = 4096;
 
 /// Why an exchange with an engine failed.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +51,12 @@ pub enum H1Error {
     ClosedInBody,
     #[error("invalid response: {0}")]
     Invalid(String),
+}
+
+impl From<FramingError> for H1Error {
+    fn from(err: FramingError) -> Self {
+        Self::Invalid(err.to_string())
+    }
 }
 
 impl H1Error {
@@ -91,7 +91,8 @@ pub struct H1Client {
 }
 
 /// What is sent: the client's request line target and headers, forwarded as they are except
-/// `host`, `content-length` and hop-by-hop fields (this leg's own framing replaces them).
+/// `host`, `content-length`, `expect` and hop-by-hop fields (this leg's own framing replaces
+/// them; the client's `expect` was answered by the server leg).
 #[derive(Debug, Clone, Copy)]
 pub struct Outgoing<'a> {
     pub method: &'a http::Method,
@@ -180,7 +181,9 @@ impl H1Client {
             framing,
             home: reusable.then(|| (self.shared.clone(), authority.clone())),
         };
-        body.settle()?;
+        if body.framing.is_done() {
+            body.finish();
+        }
         Ok(http::Response::from_parts(head, body))
     }
 }
@@ -214,7 +217,8 @@ fn encode_request(authority: &str, req: &Outgoing<'_>) -> Vec<u8> {
     for (name, value) in req.headers {
         if name == http::header::HOST
             || name == http::header::CONTENT_LENGTH
-            || super::hop_by_hop(name)
+            || name == http::header::EXPECT
+            || super::super::hop_by_hop(name)
         {
             continue;
         }
@@ -289,41 +293,28 @@ fn parse_head(
     };
     let status = http::StatusCode::from_u16(parsed.code.unwrap_or(0)).map_err(H1Error::invalid)?;
     let http11 = parsed.version == Some(1);
-    let mut headers = http::HeaderMap::with_capacity(parsed.headers.len());
     let mut length = None;
     let mut chunked = false;
     let mut close = !http11;
     for h in parsed.headers.iter() {
-        let name = http::HeaderName::from_bytes(h.name.as_bytes()).map_err(H1Error::invalid)?;
-        let value = http::HeaderValue::from_bytes(h.value).map_err(H1Error::invalid)?;
-        if name == http::header::CONTENT_LENGTH {
-            let n = std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n = super::content_length(h.value)
                 .ok_or_else(|| H1Error::invalid("bad content-length"))?;
             if length.is_some_and(|l| l != n) {
                 return Err(H1Error::invalid("conflicting content-length fields"));
             }
             length = Some(n);
-        } else if name == http::header::TRANSFER_ENCODING {
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             // Chunked must be the last coding; anything else is read until close.
-            chunked = h
-                .value
-                .rsplit(|&b| b == b',')
-                .next()
-                .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            chunked = super::ends_chunked(h.value);
             close |= !chunked;
-        } else if name == http::header::CONNECTION {
-            for token in h.value.split(|&b| b == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    close = true;
-                } else if !http11 && token.eq_ignore_ascii_case(b"keep-alive") {
-                    close = false;
-                }
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            if super::lists(h.value, b"close") {
+                close = true;
+            } else if !http11 && super::lists(h.value, b"keep-alive") {
+                close = false;
             }
         }
-        headers.append(name, value);
     }
     let framing = if status.is_informational()
         || status == http::StatusCode::NO_CONTENT
@@ -331,7 +322,7 @@ fn parse_head(
     {
         Framing::Done
     } else if chunked {
-        Framing::Chunked(Chunk::Size)
+        Framing::Chunked(super::Chunk::Size)
     } else if let Some(n) = length {
         if n == 0 {
             Framing::Done
@@ -342,7 +333,10 @@ fn parse_head(
         close = true;
         Framing::UntilClose
     };
-    let _ = buf.split_to(len);
+    let mut spans = [super::Span::default(); MAX_HEADERS];
+    let n = super::spans(buf, parsed.headers, &mut spans);
+    let head = buf.split_to(len).freeze();
+    let headers = super::header_map(&head, &spans[..n], |_| true)?;
     let (mut parts, ()) = http::Response::new(()).into_parts();
     parts.status = status;
     parts.version = if http11 {
@@ -352,28 +346,6 @@ fn parse_head(
     };
     parts.headers = headers;
     Ok(Some((parts, framing, !close)))
-}
-
-/// How the rest of the body is delimited.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    Length(u64),
-    Chunked(Chunk),
-    UntilClose,
-    Done,
-}
-
-/// Where a chunked decoder stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Chunk {
-    /// Expecting a chunk-size line.
-    Size,
-    /// Inside a chunk's data.
-    Data(u64),
-    /// Expecting the CRLF after a chunk's data.
-    DataEnd,
-    /// After the last chunk: trailer lines until an empty one.
-    Trailers,
 }
 
 /// A response body read straight off the engine's connection.
@@ -388,53 +360,6 @@ pub struct H1Body {
 // === impl H1Body ===
 
 impl H1Body {
-    /// Advances through framing that needs no payload bytes (chunk sizes, CRLFs, trailers)
-    /// as far as the buffer allows, so the body knows it ended as soon as it has.
-    fn settle(&mut self) -> Result<(), H1Error> {
-        let Some(conn) = self.conn.as_mut() else {
-            return Ok(());
-        };
-        while let Framing::Chunked(state) = self.framing {
-            let buf = &mut conn.buf;
-            match state {
-                Chunk::Data(_) => break,
-                Chunk::DataEnd => {
-                    if buf.len() < 2 {
-                        break;
-                    }
-                    if &buf[..2] != b"\r\n" {
-                        return Err(H1Error::invalid("chunk data not followed by CRLF"));
-                    }
-                    let _ = buf.split_to(2);
-                    self.framing = Framing::Chunked(Chunk::Size);
-                }
-                Chunk::Size | Chunk::Trailers => {
-                    let Some(eol) = memchr::memmem::find(buf, b"\r\n") else {
-                        if buf.len() > MAX_CHUNK_LINE {
-                            return Err(H1Error::invalid("chunk line too long"));
-                        }
-                        break;
-                    };
-                    let line = buf.split_to(eol + 2);
-                    let line = &line[..eol];
-                    self.framing = match state {
-                        Chunk::Size => match chunk_size(line)? {
-                            0 => Framing::Chunked(Chunk::Trailers),
-                            n => Framing::Chunked(Chunk::Data(n)),
-                        },
-                        // Trailer fields are dropped; the empty line ends the body.
-                        _ if line.is_empty() => Framing::Done,
-                        _ => Framing::Chunked(Chunk::Trailers),
-                    };
-                }
-            }
-        }
-        if self.framing == Framing::Done {
-            self.finish();
-        }
-        Ok(())
-    }
-
     /// The body ended: the connection goes home if it can be reused.
     fn finish(&mut self) {
         self.framing = Framing::Done;
@@ -454,78 +379,39 @@ impl H1Body {
         err
     }
 
-    /// Takes up to `limit` buffered bytes as a data frame.
-    fn take(&mut self, limit: u64) -> Option<Bytes> {
-        let conn = self.conn.as_mut()?;
-        if conn.buf.is_empty() {
-            return None;
-        }
-        let n = (conn.buf.len() as u64).min(limit) as usize;
-        Some(conn.buf.split_to(n).freeze())
-    }
-
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, H1Error>>> {
         loop {
-            if let Err(err) = self.settle() {
-                return Poll::Ready(Some(Err(self.fail(err))));
-            }
-            let limit = match self.framing {
-                Framing::Done => return Poll::Ready(None),
-                Framing::Length(n) | Framing::Chunked(Chunk::Data(n)) => n,
-                Framing::UntilClose => u64::MAX,
-                Framing::Chunked(_) => 0,
-            };
-            if limit > 0
-                && let Some(data) = self.take(limit)
-            {
-                let left = limit.saturating_sub(data.len() as u64);
-                match self.framing {
-                    Framing::Length(_) if left == 0 => self.finish(),
-                    Framing::Length(_) => self.framing = Framing::Length(left),
-                    Framing::Chunked(_) if left == 0 => {
-                        self.framing = Framing::Chunked(Chunk::DataEnd)
-                    }
-                    Framing::Chunked(_) => self.framing = Framing::Chunked(Chunk::Data(left)),
-                    _ => {}
-                }
-                if let Err(err) = self.settle() {
-                    return Poll::Ready(Some(Err(self.fail(err))));
-                }
-                return Poll::Ready(Some(Ok(data)));
-            }
             let Some(conn) = self.conn.as_mut() else {
                 return Poll::Ready(None);
             };
-            match std::task::ready!(poll_read_more(conn, cx)) {
-                Ok(0) if self.framing == Framing::UntilClose => {
-                    self.framing = Framing::Done;
-                    self.conn = None;
+            match self.framing.decode(&mut conn.buf) {
+                Ok(Decoded::Data(data)) => {
+                    if self.framing.is_done() {
+                        self.finish();
+                    }
+                    return Poll::Ready(Some(Ok(data)));
+                }
+                Ok(Decoded::End) => {
+                    self.finish();
                     return Poll::Ready(None);
                 }
-                Ok(0) => return Poll::Ready(Some(Err(self.fail(H1Error::ClosedInBody)))),
+                Ok(Decoded::More) => {}
+                Err(err) => return Poll::Ready(Some(Err(self.fail(err.into())))),
+            }
+            match std::task::ready!(poll_read_more(conn, cx)) {
+                Ok(0) => match self.framing.at_eof() {
+                    Ok(()) => {
+                        // Until-close bodies: the connection is spent.
+                        self.conn = None;
+                        return Poll::Ready(None);
+                    }
+                    Err(_) => return Poll::Ready(Some(Err(self.fail(H1Error::ClosedInBody)))),
+                },
                 Ok(_) => {}
                 Err(err) => return Poll::Ready(Some(Err(self.fail(err.into())))),
             }
         }
     }
-}
-
-/// A chunk-size line's size (extensions after `;` ignored).
-fn chunk_size(line: &[u8]) -> Result<u64, H1Error> {
-    let hex = line
-        .split(|&b| b == b';')
-        .next()
-        .unwrap_or_default()
-        .trim_ascii();
-    if hex.is_empty() || hex.len() > 15 {
-        return Err(H1Error::invalid("bad chunk size"));
-    }
-    hex.iter().try_fold(0u64, |n, &b| {
-        let d = (b as char)
-            .to_digit(16)
-            .ok_or_else(|| H1Error::invalid("bad chunk size"))?;
-        Ok(n << 4 | u64::from(d))
-    })
 }
 
 impl hyper::body::Body for H1Body {
@@ -542,14 +428,13 @@ impl hyper::body::Body for H1Body {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.framing == Framing::Done
+        self.framing.is_done()
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        match self.framing {
-            Framing::Length(n) => hyper::body::SizeHint::with_exact(n),
-            Framing::Done => hyper::body::SizeHint::with_exact(0),
-            _ => hyper::body::SizeHint::default(),
+        match self.framing.remaining() {
+            Some(n) => hyper::body::SizeHint::with_exact(n),
+            None => hyper::body::SizeHint::default(),
         }
     }
 }
@@ -679,14 +564,5 @@ mod tests {
             get(&client, &addr).await,
             Err(H1Error::Invalid(_))
         ));
-    }
-
-    #[test]
-    fn chunk_sizes_parse_strictly() {
-        assert_eq!(chunk_size(b"1a").unwrap(), 26);
-        assert_eq!(chunk_size(b"0;ext=1").unwrap(), 0);
-        assert!(chunk_size(b"").is_err());
-        assert!(chunk_size(b"g").is_err());
-        assert!(chunk_size(b"ffffffffffffffffff").is_err());
     }
 }

@@ -1,0 +1,545 @@
+//! The server leg: warmpath's HTTP/1.1 to applications.
+//!
+//! One task per client connection reads a request head and body, hands them to the
+//! [`Handler`], and writes the response back: the head together with the first body bytes
+//! when they are ready at once (one write for a whole non-streaming answer), then each frame
+//! as it arrives (`content-length` when the body's size is known, else `chunked`; until close
+//! for HTTP/1.0 clients). While the handler works and while the body streams, the connection
+//! is watched: a client that goes away drops the handler's future and the body, and with them
+//! the engine connection (the engine aborts the request).
+//!
+//! Requests are checked before anything is forwarded: a malformed head is 400, a head over
+//! [`MAX_HEAD`] bytes or [`MAX_HEADERS`] fields is 431, `content-length` together with
+//! `transfer-encoding` (request smuggling) or a coding other than chunked is 400, a body over
+//! the handler's limit is 413 (read no further; the connection closes). Every error is an
+//! OpenAI error body. `Expect: 100-continue` is answered before the body is read. Pipelined
+//! requests are answered in order.
+
+use std::{
+    future::Future,
+    io,
+    net::IpAddr,
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use bytes::{Bytes, BytesMut};
+use http::StatusCode;
+use http_body_util::BodyExt as _;
+use hyper::body::Body as _;
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf},
+    net::{
+        TcpStream,
+        tcp::{ReadHalf, WriteHalf},
+    },
+};
+
+use super::{Decoded, Framing, MAX_HEAD, MAX_HEADERS, Span};
+use crate::proxy::{Body, ProxyError};
+
+/// The client connection preface of HTTP/2 (h2c with prior knowledge).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Read buffer growth step.
+const READ_CHUNK: usize = 8 * 1024;
+/// Body frames up to this size are copied next to their framing (one write); larger ones
+/// are written from where they are.
+const COPY_FRAME: usize = 16 * 1024;
+
+/// What answers requests.
+pub trait Handler: Send + Sync + 'static {
+    /// Largest request body accepted (413 beyond).
+    fn max_body(&self) -> usize;
+
+    /// Answers one request. `body` is the whole request body, or the error to answer when it
+    /// could not be read (too large, malformed framing).
+    fn call(
+        &self,
+        peer: IpAddr,
+        head: http::request::Parts,
+        body: Result<Bytes, ProxyError>,
+    ) -> impl Future<Output = http::Response<Body>> + Send;
+}
+
+/// The protocol a new connection speaks, from its first bytes.
+#[derive(Debug)]
+pub enum Sniffed {
+    Http1,
+    H2,
+    /// Closed before saying anything.
+    Closed,
+}
+
+/// Reads until the first bytes tell HTTP/1.x from the HTTP/2 preface; they stay in `buf`.
+pub async fn sniff(stream: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Sniffed> {
+    loop {
+        let n = buf.len().min(H2_PREFACE.len());
+        if buf[..n] != H2_PREFACE[..n] {
+            return Ok(Sniffed::Http1);
+        }
+        if n == H2_PREFACE.len() {
+            return Ok(Sniffed::H2);
+        }
+        buf.reserve(READ_CHUNK);
+        if stream.read_buf(buf).await? == 0 {
+            return Ok(if buf.is_empty() {
+                Sniffed::Closed
+            } else {
+                Sniffed::Http1
+            });
+        }
+    }
+}
+
+/// Serves HTTP/1.x on `stream` (whose first bytes are in `buf`) until the client closes, asks
+/// to close, or breaks the protocol.
+pub async fn serve<H: Handler>(
+    mut stream: TcpStream,
+    mut buf: BytesMut,
+    peer: IpAddr,
+    handler: &H,
+) {
+    if let Err(err) = connection(&mut stream, &mut buf, peer, handler).await {
+        tracing::debug!(%err, "client connection ended");
+    }
+}
+
+/// A parsed request head.
+struct Head {
+    parts: http::request::Parts,
+    framing: Framing,
+    keep_alive: bool,
+    expect_continue: bool,
+}
+
+async fn connection<H: Handler>(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    peer: IpAddr,
+    handler: &H,
+) -> io::Result<()> {
+    let (mut r, mut w) = stream.split();
+    let mut out = Vec::with_capacity(4096);
+    loop {
+        let head = loop {
+            match parse_request(buf) {
+                Ok(Some(head)) => break head,
+                Ok(None) if buf.len() >= MAX_HEAD => {
+                    let err = ProxyError::new(
+                        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        format!("The request head exceeds {MAX_HEAD} bytes."),
+                    );
+                    return reject(&mut w, &mut out, err).await;
+                }
+                Ok(None) => {}
+                Err(err) => return reject(&mut w, &mut out, err).await,
+            }
+            if read(&mut r, buf).await? == 0 {
+                // Between requests: a normal close. Inside a head: nothing to answer.
+                return Ok(());
+            }
+        };
+        let Head {
+            parts,
+            framing,
+            mut keep_alive,
+            expect_continue,
+        } = head;
+        let http11 = parts.version == http::Version::HTTP_11;
+        let head_only = parts.method == http::Method::HEAD;
+        let body = read_body(
+            &mut r,
+            &mut w,
+            buf,
+            framing,
+            expect_continue,
+            handler.max_body(),
+        )
+        .await?;
+        // The rest of a refused body was never read: the connection cannot go on.
+        keep_alive &= body.is_ok();
+        let resp = tokio::select! {
+            biased;
+            resp = handler.call(peer, parts, body) => resp,
+            () = gone(&mut r) => return Ok(()),
+        };
+        let keep = write_response(
+            &mut r, &mut w, &mut out, resp, head_only, http11, keep_alive,
+        )
+        .await?;
+        if !keep {
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
+    }
+}
+
+/// Answers a request that could not be read, and closes.
+async fn reject(w: &mut WriteHalf<'_>, out: &mut Vec<u8>, err: ProxyError) -> io::Result<()> {
+    tracing::debug!(%err, "malformed request");
+    out.clear();
+    let body = err.body();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(err.status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(err.status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(
+        b"\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: ",
+    );
+    out.extend_from_slice(body.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n\r\n");
+    out.extend_from_slice(&body);
+    w.write_all(out).await?;
+    w.shutdown().await
+}
+
+async fn read(r: &mut ReadHalf<'_>, buf: &mut BytesMut) -> io::Result<usize> {
+    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        buf.reserve(READ_CHUNK);
+    }
+    r.read_buf(buf).await
+}
+
+/// Resolves when the client closes (or resets) the connection. Bytes of a pipelined request
+/// are left for later: the connection is then alive.
+async fn gone(r: &mut ReadHalf<'_>) {
+    let mut b = [0u8; 1];
+    match r.peek(&mut b).await {
+        Ok(0) | Err(_) => {}
+        Ok(_) => std::future::pending().await,
+    }
+}
+
+/// Parses a request head off the front of `buf` (`None`: incomplete).
+fn parse_request(buf: &mut BytesMut) -> Result<Option<Head>, ProxyError> {
+    let bad = |m: &str| ProxyError::bad_request(format!("Malformed HTTP request: {m}."));
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut fields);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(ProxyError::new(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                format!("The request has more than {MAX_HEADERS} header fields."),
+            ));
+        }
+        Err(err) => return Err(bad(&err.to_string())),
+    };
+    let method = http::Method::from_bytes(req.method.unwrap_or_default().as_bytes())
+        .map_err(|_| bad("invalid method"))?;
+    let http11 = req.version == Some(1);
+    let mut length = None;
+    let mut chunked = None;
+    let mut close = false;
+    let mut keep = false;
+    let mut expect_continue = false;
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n = super::content_length(h.value).ok_or_else(|| bad("invalid content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(bad("conflicting content-length fields"));
+            }
+            length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = Some(super::ends_chunked(h.value));
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            close |= super::lists(h.value, b"close");
+            keep |= super::lists(h.value, b"keep-alive");
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            expect_continue = http11 && super::lists(h.value, b"100-continue");
+        }
+    }
+    let framing = match (chunked, length) {
+        (Some(_), Some(_)) => return Err(bad("both content-length and transfer-encoding")),
+        (Some(true), None) => Framing::Chunked(super::Chunk::Size),
+        (Some(false), None) => return Err(bad("transfer-encoding other than chunked")),
+        (None, Some(n)) if n > 0 => Framing::Length(n),
+        (None, _) => Framing::Done,
+    };
+    let target_at = req.path.unwrap_or("/").as_ptr() as usize - buf.as_ptr() as usize;
+    let target_len = req.path.unwrap_or("/").len();
+    let mut spans = [Span::default(); MAX_HEADERS];
+    let n = super::spans(buf, req.headers, &mut spans);
+    let head = buf.split_to(len).freeze();
+    let uri = http::Uri::from_maybe_shared(head.slice(target_at..target_at + target_len))
+        .map_err(|_| bad("invalid request target"))?;
+    let headers =
+        super::header_map(&head, &spans[..n], |_| true).map_err(|e| bad(&e.to_string()))?;
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = method;
+    parts.uri = uri;
+    parts.version = if http11 {
+        http::Version::HTTP_11
+    } else {
+        http::Version::HTTP_10
+    };
+    parts.headers = headers;
+    Ok(Some(Head {
+        parts,
+        framing,
+        keep_alive: if http11 { !close } else { keep && !close },
+        expect_continue,
+    }))
+}
+
+/// Reads the request body. `Err` inside: the error to answer (the connection then closes).
+async fn read_body(
+    r: &mut ReadHalf<'_>,
+    w: &mut WriteHalf<'_>,
+    buf: &mut BytesMut,
+    mut framing: Framing,
+    expect_continue: bool,
+    max: usize,
+) -> io::Result<Result<Bytes, ProxyError>> {
+    let too_large = || {
+        Ok(Err(ProxyError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("Request body exceeds {max} bytes."),
+        )))
+    };
+    if framing.remaining().is_some_and(|n| n > max as u64) {
+        return too_large();
+    }
+    if expect_continue && !framing.is_done() && buf.is_empty() {
+        w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+    }
+    let mut body = BytesMut::new();
+    loop {
+        match framing.decode(buf) {
+            // The common case: the whole body in one piece, taken without a copy.
+            Ok(Decoded::Data(d)) if body.is_empty() && framing.is_done() => return Ok(Ok(d)),
+            Ok(Decoded::Data(d)) => {
+                if body.len() + d.len() > max {
+                    return too_large();
+                }
+                body.extend_from_slice(&d);
+            }
+            Ok(Decoded::End) => return Ok(Ok(body.freeze())),
+            Ok(Decoded::More) => {
+                if read(r, buf).await? == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+            }
+            Err(err) => {
+                return Ok(Err(ProxyError::bad_request(format!(
+                    "Malformed request body: {err}."
+                ))));
+            }
+        }
+    }
+}
+
+/// How a response body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delimit {
+    None,
+    Length(u64),
+    Chunked,
+    Close,
+}
+
+/// Writes a response; whether the connection can take another request.
+async fn write_response(
+    r: &mut ReadHalf<'_>,
+    w: &mut WriteHalf<'_>,
+    out: &mut Vec<u8>,
+    resp: http::Response<Body>,
+    head_only: bool,
+    http11: bool,
+    keep_alive: bool,
+) -> io::Result<bool> {
+    let (parts, mut body) = resp.into_parts();
+    let status = parts.status;
+    let delimit = if head_only
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        Delimit::None
+    } else if let Some(n) = body.size_hint().exact() {
+        Delimit::Length(n)
+    } else if http11 {
+        Delimit::Chunked
+    } else {
+        Delimit::Close
+    };
+    let asked_close = parts
+        .headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .any(|v| super::lists(v.as_bytes(), b"close"));
+    let keep = keep_alive && !asked_close && delimit != Delimit::Close;
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in &parts.headers {
+        // A HEAD answer keeps the length the body would have had.
+        let framing_field = name == http::header::CONTENT_LENGTH && !head_only;
+        if framing_field || crate::proxy::hop_by_hop(name) {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match delimit {
+        Delimit::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(n.to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Delimit::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Delimit::None | Delimit::Close => {}
+    }
+    if !keep {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if !http11 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if delimit == Delimit::None {
+        w.write_all(out).await?;
+        return Ok(keep);
+    }
+    let mut sent = 0u64;
+    // The first frame without waiting: a ready answer goes out with its head in one write.
+    let mut next = std::future::poll_fn(|cx| Poll::Ready(poll_now(&mut body, cx))).await;
+    loop {
+        let ended = match next {
+            Some(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    sent += data.len() as u64;
+                    if let Delimit::Length(n) = delimit
+                        && sent > n
+                    {
+                        return Err(io::Error::other("response body longer than its length"));
+                    }
+                    frame_data(w, out, data, delimit).await?;
+                }
+                body.is_end_stream()
+            }
+            // Cut short: the client sees a truncated body, never a clean end.
+            Some(Some(Err(err))) => return Err(io::Error::other(err)),
+            Some(None) => true,
+            None => false,
+        };
+        if ended {
+            if let Delimit::Length(n) = delimit
+                && sent != n
+            {
+                return Err(io::Error::other("response body shorter than its length"));
+            }
+            if delimit == Delimit::Chunked {
+                out.extend_from_slice(b"0\r\n\r\n");
+            }
+            w.write_all(out).await?;
+            return Ok(keep);
+        }
+        if !out.is_empty() {
+            w.write_all(out).await?;
+            out.clear();
+        }
+        next = tokio::select! {
+            biased;
+            frame = body.frame() => Some(frame),
+            () = gone(r) => return Err(io::ErrorKind::ConnectionAborted.into()),
+        };
+    }
+}
+
+/// One poll of the body: `None` when it is not ready yet.
+#[allow(clippy::type_complexity)]
+fn poll_now(
+    body: &mut Body,
+    cx: &mut Context<'_>,
+) -> Option<Option<Result<hyper::body::Frame<Bytes>, crate::proxy::BoxError>>> {
+    match Pin::new(body).poll_frame(cx) {
+        Poll::Ready(frame) => Some(frame),
+        Poll::Pending => None,
+    }
+}
+
+/// Appends a data frame to `out` in the connection's delimiting (large frames are written
+/// straight from their buffer).
+async fn frame_data(
+    w: &mut WriteHalf<'_>,
+    out: &mut Vec<u8>,
+    data: Bytes,
+    delimit: Delimit,
+) -> io::Result<()> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let chunked = delimit == Delimit::Chunked;
+    if chunked {
+        out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    }
+    if data.len() <= COPY_FRAME {
+        out.extend_from_slice(&data);
+    } else {
+        w.write_all(out).await?;
+        out.clear();
+        w.write_all(&data).await?;
+    }
+    if chunked {
+        out.extend_from_slice(b"\r\n");
+    }
+    Ok(())
+}
+
+/// A connection whose first bytes were read already (to tell the protocol): they are read
+/// again first.
+#[derive(Debug)]
+pub struct Rewind {
+    pre: Bytes,
+    io: TcpStream,
+}
+
+impl Rewind {
+    pub fn new(pre: Bytes, io: TcpStream) -> Self {
+        Self { pre, io }
+    }
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.pre.is_empty() {
+            let n = this.pre.len().min(out.remaining());
+            out.put_slice(&this.pre.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, out)
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, b)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
