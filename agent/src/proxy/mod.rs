@@ -378,22 +378,25 @@ async fn route(
     proxy: &Proxy,
     kind: Option<request::Kind>,
     parts: http::request::Parts,
-    mut body: Bytes,
+    body: Bytes,
     attempt: &mut Attempt,
 ) -> Result<http::Response<Body>, ProxyError> {
-    let body_done = Instant::now();
+    // The body was read before the request was handed over.
+    let body_done = attempt.start;
     let mut strip_usage = false;
-    let (pool, ctx) = match kind {
+    let (pool, ctx, body) = match kind {
         Some(kind) => {
             let req = request::Request::read(kind, &body, &proxy.pools[0].pool.model)?;
             let (pool, lora) = proxy
                 .pool_for(&req.model)
                 .ok_or_else(|| ProxyError::model_not_found(&req.model))?;
             attempt.pool = pool.telemetry_id;
-            if proxy.inject_usage && !req.wants_usage() {
-                body = request::ask_for_usage(&body, req.include_usage);
+            let forwarded = if proxy.inject_usage && !req.wants_usage() {
                 strip_usage = true;
-            }
+                request::ask_for_usage(&body, req.include_usage)
+            } else {
+                body.clone()
+            };
             let keys = pool
                 .tokens
                 .keys(
@@ -409,7 +412,7 @@ async fn route(
                 session: pool.session.key(&parts.headers),
                 lora,
             };
-            (pool, ctx)
+            (pool, ctx, forwarded)
         }
         // Other paths pass through to the first pool's least-loaded endpoint, without prefix
         // information.
@@ -419,7 +422,7 @@ async fn route(
                 session: pool.session.key(&parts.headers),
                 ..RequestCtx::default()
             };
-            (pool, ctx)
+            (pool, ctx, body)
         }
     };
     forward(
@@ -506,16 +509,17 @@ async fn forward(
                 decision.prefix_blocks,
             );
         }
+        let now = Instant::now();
         if let Some(source) = endpoint.source {
-            proxy.index.speculate(source, &ctx.keys, Instant::now());
+            proxy.index.speculate(source, &ctx.keys, now);
         }
         if let Some(history) = &runtime.history {
-            history.record(chosen, &ctx.keys, Instant::now());
+            history.record(chosen, &ctx.keys, now);
         }
         tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), first_key = ctx.keys.first().map_or(0, |k| k.0), "routing decision");
         let guard = endpoint.start(uncached);
         if n == 0 {
-            attempt.queue = Some(body_done.elapsed());
+            attempt.queue = Some(now.saturating_duration_since(body_done));
         }
         let sent = proxy
             .upstreams

@@ -2,6 +2,9 @@
 //! Tokenization mirrors vLLM: completions add special tokens by default, chat prompts are
 //! rendered with the chat template and do not.
 
+use std::borrow::Cow;
+
+use serde_json::value::RawValue;
 use warmpath_sim::tokenizer::{ChatMessage, Tokenizer};
 
 use super::error::ProxyError;
@@ -93,36 +96,100 @@ pub fn ask_for_usage(body: &bytes::Bytes, include_usage: Option<bool>) -> bytes:
     }
 }
 
-/// A request body read as JSON, with what every token source needs.
+/// The request fields routing reads, as raw JSON slices of the body: everything else is
+/// skipped without being built, and a field is only decoded when a token source asks for it.
+/// A repeated member counts as its last occurrence (as Python's `json` reads it for vLLM).
+#[derive(Debug, Clone, Copy, Default)]
+struct Fields<'a> {
+    model: Option<&'a RawValue>,
+    stream: Option<&'a RawValue>,
+    stream_options: Option<&'a RawValue>,
+    cache_salt: Option<&'a RawValue>,
+    prompt: Option<&'a RawValue>,
+    messages: Option<&'a RawValue>,
+    add_special_tokens: Option<&'a RawValue>,
+    add_generation_prompt: Option<&'a RawValue>,
+    chat_template_kwargs: Option<&'a RawValue>,
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Fields<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Fields<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut map: M,
+            ) -> Result<Fields<'a>, M::Error> {
+                let mut out = Fields::default();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    let slot = match key.as_ref() {
+                        "model" => &mut out.model,
+                        "stream" => &mut out.stream,
+                        "stream_options" => &mut out.stream_options,
+                        "cache_salt" => &mut out.cache_salt,
+                        "prompt" => &mut out.prompt,
+                        "messages" => &mut out.messages,
+                        "add_special_tokens" => &mut out.add_special_tokens,
+                        "add_generation_prompt" => &mut out.add_generation_prompt,
+                        "chat_template_kwargs" => &mut out.chat_template_kwargs,
+                        _ => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    *slot = Some(map.next_value::<&'de RawValue>()?);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+/// A raw member as `T`, if it is one.
+fn typed<'a, T: serde::Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
+    serde_json::from_str(raw?.get()).ok()
+}
+
+/// A raw member as a `Value` (the odd shapes: decoded only when met).
+fn value(raw: Option<&RawValue>) -> Option<serde_json::Value> {
+    typed(raw)
+}
+
+/// A request body read as JSON, with what every token source needs; borrows the body.
 #[derive(Debug, Clone)]
-pub struct Request {
+pub struct Request<'a> {
     pub kind: Kind,
-    pub obj: serde_json::Map<String, serde_json::Value>,
-    pub model: String,
+    fields: Fields<'a>,
+    pub model: Cow<'a, str>,
     pub stream: bool,
     pub include_usage: Option<bool>,
     pub cache_salt: Option<String>,
 }
 
-impl Request {
+impl<'a> Request<'a> {
     /// Parses the body (400 on bad JSON or a non-string model). `default_model` fills an
     /// absent `model`, as vLLM does.
-    pub fn read(kind: Kind, body: &[u8], default_model: &str) -> Result<Self, ProxyError> {
-        let v: serde_json::Value = serde_json::from_slice(body)
-            .map_err(|e| ProxyError::bad_request(format!("Invalid JSON body: {e}")))?;
-        let serde_json::Value::Object(obj) = v else {
-            return Err(ProxyError::bad_request(
-                "The request body must be a JSON object.",
-            ));
+    pub fn read(kind: Kind, body: &'a [u8], default_model: &str) -> Result<Self, ProxyError> {
+        let fields: Fields<'a> = serde_json::from_slice(body).map_err(|e| {
+            if e.classify() == serde_json::error::Category::Data {
+                ProxyError::bad_request("The request body must be a JSON object.")
+            } else {
+                ProxyError::bad_request(format!("Invalid JSON body: {e}"))
+            }
+        })?;
+        let model = match fields.model.map(RawValue::get) {
+            None | Some("null") => Cow::Owned(default_model.to_string()),
+            Some(_) => typed::<Cow<'a, str>>(fields.model)
+                .ok_or_else(|| ProxyError::bad_request("Field 'model' must be a string."))?,
         };
-        let model = match obj.get("model") {
-            None | Some(serde_json::Value::Null) => default_model.to_string(),
-            Some(serde_json::Value::String(m)) => m.clone(),
-            Some(_) => return Err(ProxyError::bad_request("Field 'model' must be a string.")),
-        };
-        let stream = obj.get("stream").and_then(|s| s.as_bool()).unwrap_or(false);
-        let include_usage = obj
-            .get("stream_options")
+        let stream = typed::<bool>(fields.stream).unwrap_or(false);
+        let include_usage = value(fields.stream_options)
+            .as_ref()
             .and_then(|o| o.as_object())
             .map(|o| {
                 // vLLM: include_usage defaults to true whenever stream_options is present.
@@ -130,13 +197,10 @@ impl Request {
                     .and_then(|b| b.as_bool())
                     .unwrap_or(true)
             });
-        let cache_salt = obj
-            .get("cache_salt")
-            .and_then(|s| s.as_str())
-            .map(str::to_string);
+        let cache_salt = typed::<String>(fields.cache_salt);
         Ok(Self {
             kind,
-            obj,
+            fields,
             model,
             stream,
             include_usage,
@@ -162,19 +226,16 @@ impl Request {
     /// prefix information, and the engine answers with its own validation error.
     pub fn local_tokens(&self, tokenizer: &dyn Encoder) -> Option<Vec<u32>> {
         match self.kind {
-            Kind::Completion => completion_tokens(&self.obj, tokenizer),
-            Kind::Chat => chat_tokens(&self.obj, tokenizer),
+            Kind::Completion => completion_tokens(&self.fields, tokenizer),
+            Kind::Chat => chat_tokens(&self.fields, tokenizer),
         }
     }
 
     /// Token ids given directly as the prompt (completions), if so.
     pub fn prompt_ids(&self) -> Option<Vec<u32>> {
-        match self.obj.get("prompt")? {
-            serde_json::Value::Array(items) if items.first()?.is_number() => items
-                .iter()
-                .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
-                .collect(),
-            _ => None,
+        match prompt(self.fields.prompt)? {
+            Prompt::Ids(ids) => Some(ids),
+            Prompt::Text(_) => None,
         }
     }
 
@@ -182,29 +243,26 @@ impl Request {
     /// tokens and the chat template apply there).
     pub fn tokenize_body(&self) -> Option<serde_json::Value> {
         let mut out = serde_json::Map::new();
-        out.insert("model".into(), self.model.clone().into());
-        let copy = |out: &mut serde_json::Map<String, serde_json::Value>, k: &str| {
-            if let Some(v) = self.obj.get(k) {
-                out.insert(k.into(), v.clone());
+        out.insert("model".into(), self.model.as_ref().into());
+        let copy = |out: &mut serde_json::Map<String, serde_json::Value>, k: &str, raw| {
+            if let Some(v) = value(raw) {
+                out.insert(k.into(), v);
             }
         };
+        let f = &self.fields;
         match self.kind {
             Kind::Completion => {
-                let prompt = match self.obj.get("prompt")? {
-                    serde_json::Value::String(s) => s.clone(),
-                    serde_json::Value::Array(items) if items.len() == 1 => {
-                        items[0].as_str()?.to_string()
-                    }
-                    _ => return None,
+                let Prompt::Text(prompt) = prompt(f.prompt)? else {
+                    return None;
                 };
-                out.insert("prompt".into(), prompt.into());
-                copy(&mut out, "add_special_tokens");
+                out.insert("prompt".into(), prompt.as_ref().into());
+                copy(&mut out, "add_special_tokens", f.add_special_tokens);
             }
             Kind::Chat => {
-                copy(&mut out, "messages");
-                copy(&mut out, "add_generation_prompt");
-                copy(&mut out, "add_special_tokens");
-                copy(&mut out, "chat_template_kwargs");
+                copy(&mut out, "messages", f.messages);
+                copy(&mut out, "add_generation_prompt", f.add_generation_prompt);
+                copy(&mut out, "add_special_tokens", f.add_special_tokens);
+                copy(&mut out, "chat_template_kwargs", f.chat_template_kwargs);
             }
         }
         Some(out.into())
@@ -214,16 +272,13 @@ impl Request {
     /// for approximate keys.
     pub fn text(&self) -> Option<String> {
         match self.kind {
-            Kind::Completion => match self.obj.get("prompt")? {
-                serde_json::Value::String(s) => Some(s.clone()),
-                serde_json::Value::Array(items) if items.len() == 1 => {
-                    items[0].as_str().map(str::to_string)
-                }
-                _ => None,
+            Kind::Completion => match prompt(self.fields.prompt)? {
+                Prompt::Text(s) => Some(s.into_owned()),
+                Prompt::Ids(_) => None,
             },
             Kind::Chat => {
                 let mut text = String::new();
-                for m in self.obj.get("messages")?.as_array()? {
+                for m in value(self.fields.messages)?.as_array()? {
                     text.push_str(m.get("role").and_then(|r| r.as_str()).unwrap_or(""));
                     text.push('\n');
                     match m.get("content") {
@@ -243,6 +298,28 @@ impl Request {
     }
 }
 
+/// A completion prompt routing can use: one text, or token ids.
+enum Prompt<'a> {
+    Text(Cow<'a, str>),
+    Ids(Vec<u32>),
+}
+
+/// The prompt, when it is a string, a one-string list, or a list of token ids.
+fn prompt(raw: Option<&RawValue>) -> Option<Prompt<'_>> {
+    let raw = raw?;
+    match raw.get().as_bytes().first()? {
+        b'"' => typed(Some(raw)).map(Prompt::Text),
+        b'[' => {
+            if let Some(ids) = typed::<Vec<u32>>(Some(raw)) {
+                return (!ids.is_empty()).then_some(Prompt::Ids(ids));
+            }
+            let [one] = typed::<[Cow<'_, str>; 1]>(Some(raw))?;
+            Some(Prompt::Text(one))
+        }
+        _ => None,
+    }
+}
+
 /// Parses a JSON body and computes its key chain with a local tokenizer. The body itself is
 /// forwarded untouched.
 pub fn parse(
@@ -259,70 +336,69 @@ pub fn parse(
         prompt_tokens: tokens.len(),
         stream: req.stream,
         include_usage: req.include_usage,
-        model: req.model,
+        model: req.model.into_owned(),
     })
 }
 
-fn completion_tokens(
-    obj: &serde_json::Map<String, serde_json::Value>,
-    tokenizer: &dyn Encoder,
-) -> Option<Vec<u32>> {
-    let add_special = obj
-        .get("add_special_tokens")
-        .and_then(|b| b.as_bool())
-        .unwrap_or(true);
-    match obj.get("prompt")? {
-        serde_json::Value::String(text) => tokenizer.encode_text(text, add_special),
-        serde_json::Value::Array(items) => match items.first()? {
-            serde_json::Value::Number(_) => items
-                .iter()
-                .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
-                .collect(),
-            serde_json::Value::String(text) if items.len() == 1 => {
-                tokenizer.encode_text(text, add_special)
-            }
-            _ => None,
-        },
-        _ => None,
+fn completion_tokens(f: &Fields<'_>, tokenizer: &dyn Encoder) -> Option<Vec<u32>> {
+    match prompt(f.prompt)? {
+        Prompt::Ids(ids) => Some(ids),
+        Prompt::Text(text) => {
+            let add_special = typed::<bool>(f.add_special_tokens).unwrap_or(true);
+            tokenizer.encode_text(&text, add_special)
+        }
     }
 }
 
-fn chat_tokens(
-    obj: &serde_json::Map<String, serde_json::Value>,
-    tokenizer: &dyn Encoder,
-) -> Option<Vec<u32>> {
-    let messages: Vec<ChatMessage> = obj
-        .get("messages")?
-        .as_array()?
-        .iter()
-        .map(|m| {
-            let role = m.get("role")?.as_str()?.to_string();
-            let content = match m.get("content") {
-                None | Some(serde_json::Value::Null) => String::new(),
-                Some(serde_json::Value::String(s)) => s.clone(),
-                Some(serde_json::Value::Array(parts)) => parts
+/// A chat message as routing reads it.
+#[derive(serde::Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(default, borrow)]
+    content: Option<Content<'a>>,
+}
+
+/// A message's content: text, or parts of which the text ones count.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Content<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Parts(#[serde(borrow)] Vec<Part<'a>>),
+}
+
+#[derive(serde::Deserialize)]
+struct Part<'a> {
+    #[serde(default, borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+fn chat_tokens(f: &Fields<'_>, tokenizer: &dyn Encoder) -> Option<Vec<u32>> {
+    let messages: Vec<Message<'_>> = typed(f.messages)?;
+    let messages: Vec<ChatMessage> = messages
+        .into_iter()
+        .map(|m| ChatMessage {
+            role: m.role.into_owned(),
+            content: match m.content {
+                None => String::new(),
+                Some(Content::Text(s)) => s.into_owned(),
+                Some(Content::Parts(parts)) => parts
                     .iter()
-                    .filter(|p| p.get("type").and_then(|t| t.as_str()) == Some("text"))
-                    .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
+                    .filter(|p| p.kind.as_deref() == Some("text"))
+                    .filter_map(|p| p.text.as_deref())
                     .collect::<Vec<_>>()
                     .join("\n"),
-                Some(_) => return None,
-            };
-            Some(ChatMessage { role, content })
+            },
         })
-        .collect::<Option<_>>()?;
-    let add_generation_prompt = obj
-        .get("add_generation_prompt")
-        .and_then(|b| b.as_bool())
-        .unwrap_or(true);
+        .collect();
+    let add_generation_prompt = typed::<bool>(f.add_generation_prompt).unwrap_or(true);
     let text = tokenizer
         .template()
         .apply_chat_template(&messages, add_generation_prompt)
         .ok()?;
-    let add_special = obj
-        .get("add_special_tokens")
-        .and_then(|b| b.as_bool())
-        .unwrap_or(false);
+    let add_special = typed::<bool>(f.add_special_tokens).unwrap_or(false);
     tokenizer.encode_text(&text, add_special)
 }
 
@@ -390,6 +466,68 @@ mod tests {
         );
         let odd = parse(Kind::Completion, br#"{"prompt": {"x": 1}}"#, "m", &tok, 16).unwrap();
         assert!(odd.keys.is_empty());
+    }
+
+    #[test]
+    fn fields_read_as_vllm_reads_them() {
+        let tok = Tokenizer::builtin();
+        // A repeated member counts as its last occurrence; unknown members are skipped.
+        let r = Request::read(
+            Kind::Completion,
+            br#"{"prompt": "a", "extra": {"deep": [1, {"x": null}]}, "prompt": [5, 6, 7], "model": "m2"}"#,
+            "m",
+        )
+        .unwrap();
+        assert_eq!(r.model, "m2");
+        assert_eq!(r.local_tokens(&tok), Some(vec![5, 6, 7]));
+        assert_eq!(r.prompt_ids(), Some(vec![5, 6, 7]));
+        // A one-string list is that string; other lists and shapes are not routable prompts.
+        let one = Request::read(Kind::Completion, br#"{"prompt": ["hi there"]}"#, "m").unwrap();
+        assert_eq!(one.text().as_deref(), Some("hi there"));
+        assert_eq!(one.local_tokens(&tok), tok.encode("hi there", true).ok());
+        for odd in [
+            &br#"{"prompt": ["a", "b"]}"#[..],
+            br#"{"prompt": [1.5]}"#,
+            br#"{"prompt": []}"#,
+        ] {
+            let r = Request::read(Kind::Completion, odd, "m").unwrap();
+            assert_eq!(
+                r.local_tokens(&tok),
+                None,
+                "{}",
+                String::from_utf8_lossy(odd)
+            );
+        }
+        // Chat: null content is empty, only text parts count, a numeric content is unroutable.
+        let chat = |body: &[u8]| {
+            Request::read(Kind::Chat, body, "m")
+                .unwrap()
+                .local_tokens(&tok)
+        };
+        assert_eq!(
+            chat(br#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "hi"}]}]}"#),
+            chat(br#"{"messages": [{"role": "user", "content": "hi"}]}"#),
+        );
+        assert!(chat(br#"{"messages": [{"role": "user", "content": null}]}"#).is_some());
+        assert_eq!(
+            chat(br#"{"messages": [{"role": "user", "content": 3}]}"#),
+            None
+        );
+        // Errors name the problem.
+        let err = |body: &[u8]| {
+            Request::read(Kind::Completion, body, "m")
+                .unwrap_err()
+                .message
+        };
+        assert_eq!(err(b"[1]"), "The request body must be a JSON object.");
+        assert!(err(b"{nope").starts_with("Invalid JSON body"));
+        assert_eq!(err(br#"{"model": 3}"#), "Field 'model' must be a string.");
+        assert_eq!(
+            Request::read(Kind::Completion, br#"{"model": null}"#, "m")
+                .unwrap()
+                .model,
+            "m"
+        );
     }
 
     #[test]

@@ -47,7 +47,7 @@ impl TokenSource {
     /// endpoint to ask (engine source only; called at most once).
     pub async fn keys<'a>(
         &self,
-        req: &Request,
+        req: &Request<'_>,
         lora: Option<&str>,
         block_size: usize,
         engine: impl FnOnce() -> Option<&'a str>,
@@ -82,7 +82,7 @@ pub fn pseudo_tokens(text: &str) -> Vec<u32> {
 }
 
 async fn engine_tokens(
-    req: &Request,
+    req: &Request<'_>,
     authority: &str,
     client: &UpstreamClient,
 ) -> Option<Vec<u32>> {

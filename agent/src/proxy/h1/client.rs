@@ -284,9 +284,13 @@ fn poll_read_more(conn: &mut Conn, cx: &mut Context<'_>) -> Poll<io::Result<usiz
 fn parse_head(
     buf: &mut BytesMut,
 ) -> Result<Option<(http::response::Parts, Framing, bool)>, H1Error> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut fields);
-    let len = match parsed.parse(buf) {
+    let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut fields,
+    ) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(err) => return Err(H1Error::invalid(err)),

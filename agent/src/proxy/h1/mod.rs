@@ -209,14 +209,15 @@ fn lists(value: &[u8], token: &[u8]) -> bool {
 /// can be taken as a slice of the head once the head is split off the read buffer.
 #[derive(Debug, Clone, Copy, Default)]
 struct Span {
-    name: (usize, usize),
-    value: (usize, usize),
+    name: (u32, u32),
+    value: (u32, u32),
 }
 
 /// The spans of `fields`, parsed by httparse out of `buf`.
 fn spans(buf: &[u8], fields: &[httparse::Header<'_>], out: &mut [Span; MAX_HEADERS]) -> usize {
     let base = buf.as_ptr() as usize;
-    let at = |s: &[u8]| (s.as_ptr() as usize - base, s.len());
+    // Heads are at most MAX_HEAD bytes: offsets fit in u32.
+    let at = |s: &[u8]| ((s.as_ptr() as usize - base) as u32, s.len() as u32);
     for (f, span) in fields.iter().zip(out.iter_mut()) {
         *span = Span {
             name: at(f.name.as_bytes()),
@@ -224,6 +225,10 @@ fn spans(buf: &[u8], fields: &[httparse::Header<'_>], out: &mut [Span; MAX_HEADE
         };
     }
     fields.len()
+}
+
+fn range((at, len): (u32, u32)) -> std::ops::Range<usize> {
+    at as usize..(at + len) as usize
 }
 
 /// Header fields as an `http` map whose values are slices of `head` (no copy); `keep`
@@ -235,14 +240,14 @@ fn header_map(
 ) -> Result<http::HeaderMap, FramingError> {
     let mut map = http::HeaderMap::with_capacity(spans.len());
     for s in spans {
-        let name = http::HeaderName::from_bytes(&head[s.name.0..s.name.0 + s.name.1])
+        let (name, value) = (range(s.name), range(s.value));
+        let name = http::HeaderName::from_bytes(&head[name])
             .map_err(|_| FramingError("bad header name"))?;
         if !keep(&name) {
             continue;
         }
-        let value =
-            http::HeaderValue::from_maybe_shared(head.slice(s.value.0..s.value.0 + s.value.1))
-                .map_err(|_| FramingError("bad header value"))?;
+        let value = http::HeaderValue::from_maybe_shared(head.slice(value))
+            .map_err(|_| FramingError("bad header value"))?;
         map.append(name, value);
     }
     Ok(map)

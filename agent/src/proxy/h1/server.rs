@@ -45,6 +45,9 @@ const READ_CHUNK: usize = 8 * 1024;
 /// Body frames up to this size are copied next to their framing (one write); larger ones
 /// are written from where they are.
 const COPY_FRAME: usize = 16 * 1024;
+/// How long the rest of a refused request is read (and dropped) before the connection
+/// closes.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What answers requests.
 pub trait Handler: Send + Sync + 'static {
@@ -129,10 +132,10 @@ async fn connection<H: Handler>(
                         StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                         format!("The request head exceeds {MAX_HEAD} bytes."),
                     );
-                    return reject(&mut w, &mut out, err).await;
+                    return reject(&mut r, &mut w, &mut out, err).await;
                 }
                 Ok(None) => {}
-                Err(err) => return reject(&mut w, &mut out, err).await,
+                Err(err) => return reject(&mut r, &mut w, &mut out, err).await,
             }
             if read(&mut r, buf).await? == 0 {
                 // Between requests: a normal close. Inside a head: nothing to answer.
@@ -157,7 +160,8 @@ async fn connection<H: Handler>(
         )
         .await?;
         // The rest of a refused body was never read: the connection cannot go on.
-        keep_alive &= body.is_ok();
+        let unread = body.is_err();
+        keep_alive &= !unread;
         let resp = tokio::select! {
             biased;
             resp = handler.call(peer, parts, body) => resp,
@@ -169,13 +173,21 @@ async fn connection<H: Handler>(
         .await?;
         if !keep {
             let _ = w.shutdown().await;
+            if unread {
+                linger(&mut r).await;
+            }
             return Ok(());
         }
     }
 }
 
 /// Answers a request that could not be read, and closes.
-async fn reject(w: &mut WriteHalf<'_>, out: &mut Vec<u8>, err: ProxyError) -> io::Result<()> {
+async fn reject(
+    r: &mut ReadHalf<'_>,
+    w: &mut WriteHalf<'_>,
+    out: &mut Vec<u8>,
+    err: ProxyError,
+) -> io::Result<()> {
     tracing::debug!(%err, "malformed request");
     out.clear();
     let body = err.body();
@@ -190,7 +202,24 @@ async fn reject(w: &mut WriteHalf<'_>, out: &mut Vec<u8>, err: ProxyError) -> io
     out.extend_from_slice(b"\r\n\r\n");
     out.extend_from_slice(&body);
     w.write_all(out).await?;
-    w.shutdown().await
+    w.shutdown().await?;
+    linger(r).await;
+    Ok(())
+}
+
+/// After answering a request whose input was not all read, and closing the sending side:
+/// reads and drops what the client still sends, for up to [`LINGER`], so it can finish
+/// writing and read the answer (closing at once would reset the connection under it).
+async fn linger(r: &mut ReadHalf<'_>) {
+    let mut scratch = [0u8; 8192];
+    let drain = async {
+        while let Ok(n) = r.read(&mut scratch).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 async fn read(r: &mut ReadHalf<'_>, buf: &mut BytesMut) -> io::Result<usize> {
@@ -213,9 +242,9 @@ async fn gone(r: &mut ReadHalf<'_>) {
 /// Parses a request head off the front of `buf` (`None`: incomplete).
 fn parse_request(buf: &mut BytesMut) -> Result<Option<Head>, ProxyError> {
     let bad = |m: &str| ProxyError::bad_request(format!("Malformed HTTP request: {m}."));
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut fields);
-    let len = match req.parse(buf) {
+    let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, &mut fields) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => {
