@@ -39,7 +39,10 @@ impl ProxyError {
 
     fn kind(&self) -> &'static str {
         match self.status {
-            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "BadRequestError",
+            StatusCode::BAD_REQUEST
+            | StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::REQUEST_TIMEOUT
+            | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "BadRequestError",
             StatusCode::NOT_FOUND => "NotFoundError",
             StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
             StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => "BadGatewayError",

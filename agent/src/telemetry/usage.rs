@@ -46,7 +46,13 @@ struct Details {
 /// The usage object starting at the value after the last `"usage":` in `bytes`.
 fn last_usage(bytes: &[u8]) -> Option<TokenUsage> {
     let at = memmem::rfind(bytes, b"\"usage\":")? + b"\"usage\":".len();
-    let wire = serde_json::Deserializer::from_slice(&bytes[at..])
+    let rest = &bytes[at..];
+    if let Some(usage) = scan_usage(rest) {
+        return usage;
+    }
+    // Whatever the quick scan does not follow (escapes, other value types) takes the full
+    // parser.
+    let wire = serde_json::Deserializer::from_slice(rest)
         .into_iter::<Option<Wire>>()
         .next()?
         .ok()??;
@@ -60,27 +66,148 @@ fn last_usage(bytes: &[u8]) -> Option<TokenUsage> {
     })
 }
 
-/// Watches a non-streaming JSON body.
+/// A quick read of a usage value as engines write it: `null`, or an object of integer counts
+/// with an optional `prompt_tokens_details` object (or null). `None`: not that shape, ask
+/// the full parser. Every engine body goes through here, so it is kept to one pass.
+fn scan_usage(v: &[u8]) -> Option<Option<TokenUsage>> {
+    let mut s = Scan { v, at: 0 };
+    s.ws();
+    if s.v[s.at..].starts_with(b"null") {
+        return Some(None);
+    }
+    let mut usage = TokenUsage::default();
+    s.object(|s, key| {
+        match key {
+            b"prompt_tokens" => usage.prompt = s.int()?,
+            b"completion_tokens" => usage.completion = s.int()?,
+            b"prompt_tokens_details" if s.peek()? == b'n' => s.literal(b"null")?,
+            b"prompt_tokens_details" => s.object(|s, key| {
+                match key {
+                    b"cached_tokens" if s.peek()? == b'n' => s.literal(b"null")?,
+                    b"cached_tokens" => usage.cached = s.int()?,
+                    _ => s.scalar()?,
+                }
+                Some(())
+            })?,
+            _ => s.scalar()?,
+        }
+        Some(())
+    })?;
+    Some(Some(usage))
+}
+
+/// A cursor over JSON bytes for [`scan_usage`].
+struct Scan<'a> {
+    v: &'a [u8],
+    at: usize,
+}
+
+impl Scan<'_> {
+    fn ws(&mut self) {
+        while self.v.get(self.at).is_some_and(u8::is_ascii_whitespace) {
+            self.at += 1;
+        }
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        self.ws();
+        self.v.get(self.at).copied()
+    }
+
+    fn eat(&mut self, b: u8) -> Option<()> {
+        (self.peek()? == b).then(|| self.at += 1)
+    }
+
+    fn literal(&mut self, lit: &[u8]) -> Option<()> {
+        self.ws();
+        self.v[self.at..]
+            .starts_with(lit)
+            .then(|| self.at += lit.len())
+    }
+
+    /// `{ "key": value, ... }`, each value read by `member`.
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &[u8]) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        if self.eat(b'}').is_some() {
+            return Some(());
+        }
+        loop {
+            self.eat(b'"')?;
+            let start = self.at;
+            let len = self.v[start..]
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\')?;
+            if self.v[start + len] != b'"' {
+                return None;
+            }
+            self.at = start + len + 1;
+            self.eat(b':')?;
+            let key = &self.v[start..start + len];
+            member(self, key)?;
+            if self.eat(b',').is_none() {
+                return self.eat(b'}');
+            }
+        }
+    }
+
+    /// A non-negative integer.
+    fn int(&mut self) -> Option<u64> {
+        self.ws();
+        let digits = self.v[self.at..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if digits == 0 || digits > 19 {
+            return None;
+        }
+        let n = std::str::from_utf8(&self.v[self.at..self.at + digits])
+            .ok()?
+            .parse()
+            .ok()?;
+        self.at += digits;
+        Some(n)
+    }
+
+    /// A number, `true`, `false` or `null` that is not read.
+    fn scalar(&mut self) -> Option<()> {
+        self.ws();
+        let len = self.v[self.at..]
+            .iter()
+            .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'+' | b'.'))
+            .count();
+        (len > 0).then(|| self.at += len)
+    }
+}
+
+/// Watches a non-streaming JSON body: keeps (shares, never copies) the last frames that add
+/// up to at least [`JSON_TAIL`] bytes.
 #[derive(Debug, Default)]
 pub struct JsonTap {
-    tail: Vec<u8>,
+    tail: std::collections::VecDeque<Bytes>,
+    held: usize,
 }
 
 impl JsonTap {
-    pub fn observe(&mut self, chunk: &[u8]) {
-        if chunk.len() >= JSON_TAIL {
-            self.tail.clear();
-            self.tail
-                .extend_from_slice(&chunk[chunk.len() - JSON_TAIL..]);
-            return;
+    pub fn observe(&mut self, chunk: &Bytes) {
+        self.held += chunk.len();
+        self.tail.push_back(chunk.clone());
+        while self.tail.len() > 1
+            && self.held - self.tail.front().map_or(0, Bytes::len) >= JSON_TAIL
+        {
+            let gone = self.tail.pop_front().map_or(0, |b| b.len());
+            self.held -= gone;
         }
-        let overflow = (self.tail.len() + chunk.len()).saturating_sub(JSON_TAIL);
-        self.tail.drain(..overflow);
-        self.tail.extend_from_slice(chunk);
     }
 
     pub fn usage(&self) -> Option<TokenUsage> {
-        last_usage(&self.tail)
+        match self.tail.len() {
+            0 => None,
+            1 => last_usage(&self.tail[0]),
+            _ => {
+                let joined: Vec<u8> = self.tail.iter().flat_map(|b| b.iter().copied()).collect();
+                last_usage(&joined)
+            }
+        }
     }
 }
 
@@ -321,6 +448,44 @@ mod tests {
     }
 
     #[test]
+    fn the_quick_usage_scan_agrees_with_the_parser() {
+        for v in [
+            r#"{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2,"prompt_tokens_details":null}"#,
+            r#"{ "prompt_tokens": 5, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 16} } ,"x":1}"#,
+            r#"{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":null,"audio_tokens":0}}"#,
+            r#"{}"#,
+            r#"null,"x":1"#,
+            r#"{"prompt_tokens":5,"completion_tokens":2.0}"#,
+            r#"{"prompt_tokens":5,"extra":{"deep":[1]},"completion_tokens":2}"#,
+            r#"{"prompt_tokens":5,"we\u0069rd":1,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":-5}"#,
+            r#"{"prompt_tokens":5"#,
+        ] {
+            let full = serde_json::Deserializer::from_slice(v.as_bytes())
+                .into_iter::<Option<Wire>>()
+                .next()
+                .and_then(Result::ok)
+                .map(|w| {
+                    w.map(|w| TokenUsage {
+                        prompt: w.prompt_tokens,
+                        cached: w
+                            .prompt_tokens_details
+                            .and_then(|d| d.cached_tokens)
+                            .unwrap_or(0),
+                        completion: w.completion_tokens,
+                    })
+                });
+            if let Some(quick) = scan_usage(v.as_bytes()) {
+                assert_eq!(Some(quick), full, "{v}");
+            }
+            let body = format!(r#"{{"choices":[],"usage":{v}"#);
+            assert_eq!(last_usage(body.as_bytes()), full.flatten(), "{v}");
+        }
+        // The common shapes take the quick path.
+        assert!(scan_usage(br#"{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}"#).is_some());
+    }
+
+    #[test]
     fn json_tail_finds_usage_of_any_body_size() {
         let body = format!(
             r#"{{"choices":[{{"text":"{}"}}],"usage":{{"prompt_tokens":5,"completion_tokens":2}},"x":null}}"#,
@@ -329,8 +494,9 @@ mod tests {
         for split in [3, 4096, 100_000] {
             let mut tap = JsonTap::default();
             for c in body.as_bytes().chunks(split) {
-                tap.observe(c);
+                tap.observe(&Bytes::copy_from_slice(c));
             }
+            assert!(tap.held < JSON_TAIL + split);
             assert_eq!(
                 tap.usage(),
                 Some(TokenUsage {

@@ -11,8 +11,8 @@
 //! Requests are checked before anything is forwarded: a malformed head is 400, a head over
 //! [`MAX_HEAD`] bytes or [`MAX_HEADERS`] fields is 431, `content-length` together with
 //! `transfer-encoding` (request smuggling) or a coding other than chunked is 400, a body over
-//! the handler's limit is 413 (read no further; the connection closes). Every error is an
-//! OpenAI error body. `Expect: 100-continue` is answered before the body is read. Pipelined
+//! the handler's limit is 413 (read no further; the connection closes), a head not complete
+//! within [`Handler::read_timeout`] of its first byte, or a body stalled that long, is 408. Every error is an OpenAI error body. `Expect: 100-continue` is answered before the body is read. Pipelined
 //! requests are answered in order.
 
 use std::{
@@ -45,6 +45,9 @@ const READ_CHUNK: usize = 8 * 1024;
 /// Body frames up to this size are copied next to their framing (one write); larger ones
 /// are written from where they are.
 const COPY_FRAME: usize = 16 * 1024;
+/// A request head that has started must be complete within this, and a body that stops
+/// arriving for this long is given up (408): slow-request attacks hold no connection longer.
+pub const DEFAULT_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long the rest of a refused request is read (and dropped) before the connection
 /// closes.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
@@ -53,6 +56,11 @@ const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 pub trait Handler: Send + Sync + 'static {
     /// Largest request body accepted (413 beyond).
     fn max_body(&self) -> usize;
+
+    /// How long a started request head, or a stalled body, is waited for.
+    fn read_timeout(&self) -> std::time::Duration {
+        DEFAULT_READ_TIMEOUT
+    }
 
     /// Answers one request. `body` is the whole request body, or the error to answer when it
     /// could not be read (too large, malformed framing).
@@ -124,6 +132,8 @@ async fn connection<H: Handler>(
     let (mut r, mut w) = stream.split();
     let mut out = Vec::with_capacity(4096);
     loop {
+        // Set when a head arrives in pieces: the rest must come within HEAD_TIMEOUT.
+        let mut head_started: Option<tokio::time::Instant> = None;
         let head = loop {
             match parse_request(buf) {
                 Ok(Some(head)) => break head,
@@ -137,9 +147,24 @@ async fn connection<H: Handler>(
                 Ok(None) => {}
                 Err(err) => return reject(&mut r, &mut w, &mut out, err).await,
             }
-            if read(&mut r, buf).await? == 0 {
+            // An idle keep-alive connection waits without a timer; a started head does not.
+            let deadline = (!buf.is_empty()).then(|| {
+                *head_started.get_or_insert_with(tokio::time::Instant::now) + handler.read_timeout()
+            });
+            match read_by(&mut r, buf, deadline).await? {
                 // Between requests: a normal close. Inside a head: nothing to answer.
-                return Ok(());
+                Some(0) => return Ok(()),
+                Some(_) => {}
+                None => {
+                    let err = ProxyError::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        format!(
+                            "The request head did not arrive within {:?}.",
+                            handler.read_timeout()
+                        ),
+                    );
+                    return reject(&mut r, &mut w, &mut out, err).await;
+                }
             }
         };
         let Head {
@@ -157,6 +182,7 @@ async fn connection<H: Handler>(
             framing,
             expect_continue,
             handler.max_body(),
+            handler.read_timeout(),
         )
         .await?;
         // The rest of a refused body was never read: the connection cannot go on.
@@ -222,11 +248,22 @@ async fn linger(r: &mut ReadHalf<'_>) {
     let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
-async fn read(r: &mut ReadHalf<'_>, buf: &mut BytesMut) -> io::Result<usize> {
+/// Reads more into `buf`: the bytes read (0: closed), or `None` when `deadline` passed first.
+async fn read_by(
+    r: &mut ReadHalf<'_>,
+    buf: &mut BytesMut,
+    deadline: Option<tokio::time::Instant>,
+) -> io::Result<Option<usize>> {
     if buf.capacity() - buf.len() < READ_CHUNK / 4 {
         buf.reserve(READ_CHUNK);
     }
-    r.read_buf(buf).await
+    match deadline {
+        None => r.read_buf(buf).await.map(Some),
+        Some(at) => match tokio::time::timeout_at(at, r.read_buf(buf)).await {
+            Ok(n) => n.map(Some),
+            Err(_) => Ok(None),
+        },
+    }
 }
 
 /// Resolves when the client closes (or resets) the connection. Bytes of a pipelined request
@@ -320,6 +357,7 @@ async fn read_body(
     mut framing: Framing,
     expect_continue: bool,
     max: usize,
+    timeout: std::time::Duration,
 ) -> io::Result<Result<Bytes, ProxyError>> {
     let too_large = || {
         Ok(Err(ProxyError::new(
@@ -346,8 +384,16 @@ async fn read_body(
             }
             Ok(Decoded::End) => return Ok(Ok(body.freeze())),
             Ok(Decoded::More) => {
-                if read(r, buf).await? == 0 {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
+                let deadline = tokio::time::Instant::now() + timeout;
+                match read_by(r, buf, Some(deadline)).await? {
+                    Some(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    Some(_) => {}
+                    None => {
+                        return Ok(Err(ProxyError::new(
+                            StatusCode::REQUEST_TIMEOUT,
+                            format!("The request body stalled for {timeout:?}."),
+                        )));
+                    }
                 }
             }
             Err(err) => {
@@ -570,5 +616,169 @@ impl AsyncWrite for Rewind {
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+    use std::time::Duration;
+
+    use http_body_util::{BodyExt, Full};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// Answers with the body's length; `/hang` never answers (and notes when it is dropped).
+    struct Echo {
+        started: Arc<AtomicBool>,
+        dropped: Arc<AtomicBool>,
+    }
+
+    struct NoteDrop(Arc<AtomicBool>);
+    impl Drop for NoteDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    impl Handler for Echo {
+        fn max_body(&self) -> usize {
+            1024
+        }
+        fn read_timeout(&self) -> Duration {
+            Duration::from_millis(200)
+        }
+        fn call(
+            &self,
+            _peer: IpAddr,
+            head: http::request::Parts,
+            body: Result<Bytes, ProxyError>,
+        ) -> impl Future<Output = http::Response<Body>> + Send {
+            let note = NoteDrop(self.dropped.clone());
+            let started = self.started.clone();
+            async move {
+                let body = match body {
+                    Ok(b) => b,
+                    Err(e) => return e.into_response(),
+                };
+                if head.uri.path() == "/hang" {
+                    let _note = note;
+                    started.store(true, Ordering::SeqCst);
+                    std::future::pending::<()>().await;
+                }
+                let text = format!("{} bytes", body.len());
+                http::Response::new(
+                    Full::new(Bytes::from(text))
+                        .map_err(|never| match never {})
+                        .boxed_unsync(),
+                )
+            }
+        }
+    }
+
+    /// Waits (bounded) until `flag` is set.
+    async fn until(flag: &AtomicBool, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !flag.load(Ordering::SeqCst) {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn start() -> (String, Arc<AtomicBool>, Arc<AtomicBool>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (started, dropped) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let handler = Arc::new(Echo {
+            started: started.clone(),
+            dropped: dropped.clone(),
+        });
+        tokio::spawn(async move {
+            loop {
+                let (mut s, peer) = listener.accept().await.unwrap();
+                let handler = handler.clone();
+                tokio::spawn(async move {
+                    let mut buf = BytesMut::new();
+                    if let Ok(Sniffed::Http1) = sniff(&mut s, &mut buf).await {
+                        serve(s, buf, peer.ip(), handler.as_ref()).await;
+                    }
+                });
+            }
+        });
+        (addr, started, dropped)
+    }
+
+    async fn read_all(s: &mut TcpStream) -> String {
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn started_heads_and_stalled_bodies_time_out_idle_connections_do_not() {
+        let (addr, _, _) = start().await;
+        // Idle past the timeout, then a whole request: answered.
+        let mut idle = TcpStream::connect(&addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        idle.write_all(b"POST / HTTP/1.1\r\ncontent-length: 2\r\nconnection: close\r\n\r\nhi")
+            .await
+            .unwrap();
+        let got = read_all(&mut idle).await;
+        assert!(
+            got.starts_with("HTTP/1.1 200 OK") && got.ends_with("2 bytes"),
+            "{got}"
+        );
+        // A head that stops half-way: 408.
+        let mut slow = TcpStream::connect(&addr).await.unwrap();
+        slow.write_all(b"POST / HTTP/1.1\r\ncontent-le")
+            .await
+            .unwrap();
+        let got = read_all(&mut slow).await;
+        assert!(got.starts_with("HTTP/1.1 408 "), "{got}");
+        assert!(got.contains("did not arrive within"), "{got}");
+        // A body that stops half-way: 408.
+        let mut stalled = TcpStream::connect(&addr).await.unwrap();
+        stalled
+            .write_all(b"POST / HTTP/1.1\r\ncontent-length: 10\r\n\r\nhalf")
+            .await
+            .unwrap();
+        let got = read_all(&mut stalled).await;
+        assert!(got.starts_with("HTTP/1.1 408 "), "{got}");
+        assert!(got.contains("stalled"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_goes_away_drops_its_request() {
+        let (addr, started, dropped) = start().await;
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(b"GET /hang HTTP/1.1\r\n\r\n").await.unwrap();
+        // The handler is running (and hangs); the client leaves.
+        until(&started, "the handler never started").await;
+        assert!(!dropped.load(Ordering::SeqCst));
+        drop(s);
+        until(&dropped, "the handler was never dropped").await;
+    }
+
+    #[tokio::test]
+    async fn chunked_bodies_over_the_limit_are_413_and_the_answer_is_readable() {
+        let (addr, _, _) = start().await;
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        let chunk = format!("{:x}\r\n{}\r\n", 600, "x".repeat(600));
+        s.write_all(
+            format!("POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n{chunk}{chunk}{chunk}")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let got = read_all(&mut s).await;
+        assert!(got.starts_with("HTTP/1.1 413 "), "{got}");
+        assert!(got.contains("connection: close"), "{got}");
     }
 }
