@@ -27,9 +27,13 @@ pub struct ProxyBenchArgs {
     /// Concurrent clients for the throughput figure.
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
-    /// Seconds of the throughput run per proxy.
+    /// Seconds of throughput runs per proxy, split over `--rounds`.
     #[arg(long, default_value_t = 8.0)]
     pub duration_s: f64,
+    /// Throughput rounds: every proxy runs once per round, interleaved, so a noisy
+    /// neighbour's burst lands on all of them alike; figures add up the rounds.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
     /// Tokens of the chat prompt in the decision benchmark.
     #[arg(long, default_value_t = 8192)]
     pub chat_tokens: usize,
@@ -215,17 +219,25 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
         "| proxy | concurrency | requests/s | proxy CPU (cores) | requests/s per proxy core | user CPU per request | kernel CPU per request |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for t in targets.iter().filter(|t| t.pid.is_some()) {
-        let r = throughput(&client, t, args.concurrency, args.duration_s).await;
+    let measured: Vec<&Target> = targets.iter().filter(|t| t.pid.is_some()).collect();
+    let rounds = args.rounds.max(1);
+    let mut totals: Vec<Throughput> = measured.iter().map(|_| Throughput::default()).collect();
+    for _ in 0..rounds {
+        for (t, total) in measured.iter().zip(&mut totals) {
+            let secs = args.duration_s / rounds as f64;
+            total.add(&throughput(&client, t, args.concurrency, secs).await);
+        }
+    }
+    for (t, r) in measured.iter().zip(&totals) {
         println!(
             "| {} | {} | {:.0} | {:.2} | {:.0} | {:.1} us | {:.1} us |",
             t.name,
             args.concurrency,
-            r.rps,
-            r.cores,
-            r.rps / r.cores.max(0.01),
-            r.user_per_request * 1e6,
-            r.system_per_request * 1e6
+            r.requests / r.wall,
+            (r.user + r.system) / r.wall,
+            r.requests / (r.user + r.system).max(1e-9),
+            r.user / r.requests.max(1.0) * 1e6,
+            r.system / r.requests.max(1.0) * 1e6
         );
     }
     decision(args.chat_tokens);
@@ -276,17 +288,26 @@ async fn latencies(
         .collect())
 }
 
-/// Closed-loop requests/s through a proxy and the CPU its process used meanwhile.
-/// A throughput run's figures; CPU is the target process's (NaN where unreadable).
+/// A throughput run's totals; CPU is the target process's (NaN where unreadable).
+#[derive(Debug, Default)]
 struct Throughput {
-    rps: f64,
-    /// Cores the target used on average.
-    cores: f64,
-    /// Seconds of user and kernel CPU per request.
-    user_per_request: f64,
-    system_per_request: f64,
+    requests: f64,
+    wall: f64,
+    /// Seconds of user and kernel CPU the target used.
+    user: f64,
+    system: f64,
 }
 
+impl Throughput {
+    fn add(&mut self, other: &Throughput) {
+        self.requests += other.requests;
+        self.wall += other.wall;
+        self.user += other.user;
+        self.system += other.system;
+    }
+}
+
+/// Closed-loop requests through a proxy for `secs`, and the CPU its process used meanwhile.
 async fn throughput(
     client: &reqwest::Client,
     target: &Target,
@@ -320,7 +341,6 @@ async fn throughput(
         let _ = t.await;
     }
     let wall = t0.elapsed().as_secs_f64();
-    let n = done.load(Ordering::Relaxed) as f64;
     let (user, system) = match (cpu0, target.pid.and_then(proc_stat::cpu_times)) {
         (Some(a), Some(b)) => (
             b.user.saturating_sub(a.user).as_secs_f64(),
@@ -329,10 +349,10 @@ async fn throughput(
         _ => (f64::NAN, f64::NAN),
     };
     Throughput {
-        rps: n / wall,
-        cores: (user + system) / wall,
-        user_per_request: user / n.max(1.0),
-        system_per_request: system / n.max(1.0),
+        requests: done.load(Ordering::Relaxed) as f64,
+        wall,
+        user,
+        system,
     }
 }
 

@@ -125,7 +125,7 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Fields<'a> {
                 mut map: M,
             ) -> Result<Fields<'a>, M::Error> {
                 let mut out = Fields::default();
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
                     let slot = match key.as_ref() {
                         "model" => &mut out.model,
                         "stream" => &mut out.stream,
@@ -149,6 +149,12 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Fields<'a> {
         d.deserialize_map(Visit(std::marker::PhantomData))
     }
 }
+
+/// A JSON string, borrowed from the body unless it has escapes (serde's own `Cow` always
+/// copies).
+#[derive(Debug, serde::Deserialize)]
+#[serde(transparent)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
 /// A raw member as `T`, if it is one.
 fn typed<'a, T: serde::Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
@@ -184,7 +190,8 @@ impl<'a> Request<'a> {
         })?;
         let model = match fields.model.map(RawValue::get) {
             None | Some("null") => Cow::Owned(default_model.to_string()),
-            Some(_) => typed::<Cow<'a, str>>(fields.model)
+            Some(_) => typed::<Text<'a>>(fields.model)
+                .map(|t| t.0)
                 .ok_or_else(|| ProxyError::bad_request("Field 'model' must be a string."))?,
         };
         let stream = typed::<bool>(fields.stream).unwrap_or(false);
@@ -308,13 +315,13 @@ enum Prompt<'a> {
 fn prompt(raw: Option<&RawValue>) -> Option<Prompt<'_>> {
     let raw = raw?;
     match raw.get().as_bytes().first()? {
-        b'"' => typed(Some(raw)).map(Prompt::Text),
+        b'"' => typed::<Text<'_>>(Some(raw)).map(|t| Prompt::Text(t.0)),
         b'[' => {
             if let Some(ids) = typed::<Vec<u32>>(Some(raw)) {
                 return (!ids.is_empty()).then_some(Prompt::Ids(ids));
             }
-            let [one] = typed::<[Cow<'_, str>; 1]>(Some(raw))?;
-            Some(Prompt::Text(one))
+            let [one] = typed::<[Text<'_>; 1]>(Some(raw))?;
+            Some(Prompt::Text(one.0))
         }
         _ => None,
     }

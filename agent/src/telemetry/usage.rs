@@ -180,34 +180,40 @@ impl Scan<'_> {
 }
 
 /// Watches a non-streaming JSON body: keeps (shares, never copies) the last frames that add
-/// up to at least [`JSON_TAIL`] bytes.
+/// up to at least [`JSON_TAIL`] bytes. A body in one frame, the common case, holds no list.
 #[derive(Debug, Default)]
 pub struct JsonTap {
-    tail: std::collections::VecDeque<Bytes>,
+    last: Bytes,
+    earlier: std::collections::VecDeque<Bytes>,
     held: usize,
 }
 
 impl JsonTap {
     pub fn observe(&mut self, chunk: &Bytes) {
+        let before = std::mem::replace(&mut self.last, chunk.clone());
+        if !before.is_empty() {
+            self.earlier.push_back(before);
+        }
         self.held += chunk.len();
-        self.tail.push_back(chunk.clone());
-        while self.tail.len() > 1
-            && self.held - self.tail.front().map_or(0, Bytes::len) >= JSON_TAIL
+        while let Some(first) = self.earlier.front()
+            && self.held - first.len() >= JSON_TAIL
         {
-            let gone = self.tail.pop_front().map_or(0, |b| b.len());
-            self.held -= gone;
+            self.held -= first.len();
+            self.earlier.pop_front();
         }
     }
 
     pub fn usage(&self) -> Option<TokenUsage> {
-        match self.tail.len() {
-            0 => None,
-            1 => last_usage(&self.tail[0]),
-            _ => {
-                let joined: Vec<u8> = self.tail.iter().flat_map(|b| b.iter().copied()).collect();
-                last_usage(&joined)
-            }
+        if self.earlier.is_empty() {
+            return last_usage(&self.last);
         }
+        let joined: Vec<u8> = self
+            .earlier
+            .iter()
+            .chain([&self.last])
+            .flat_map(|b| b.iter().copied())
+            .collect();
+        last_usage(&joined)
     }
 }
 
@@ -505,7 +511,6 @@ mod tests {
                     completion: 2
                 })
             );
-            assert!(tap.tail.len() <= JSON_TAIL);
         }
         assert_eq!(JsonTap::default().usage(), None);
     }

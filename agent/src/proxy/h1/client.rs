@@ -20,6 +20,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use std::io::Write as _;
+
 use bytes::{Bytes, BytesMut};
 use hyper::body::Frame;
 use parking_lot::Mutex;
@@ -33,6 +35,8 @@ pub const MAX_IDLE_PER_ENDPOINT: usize = 1024;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Bodies up to this size are written together with the head (one write).
 const COALESCE_BODY: usize = 32 * 1024;
+/// Largest request buffer an idle connection keeps for its next request.
+const MAX_KEPT_WIRE: usize = 64 * 1024;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -70,6 +74,8 @@ impl H1Error {
 struct Conn {
     io: TcpStream,
     buf: BytesMut,
+    /// The next request's bytes (kept, emptied, between requests: no allocation per request).
+    wire: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -120,9 +126,8 @@ impl H1Client {
         authority: &Arc<str>,
         req: Outgoing<'_>,
     ) -> Result<http::Response<H1Body>, H1Error> {
-        let wire = encode_request(authority, &req);
         if let Some(conn) = self.checkout(authority) {
-            match exchange(conn, &wire, req).await {
+            match exchange(conn, authority, req).await {
                 Ok(parts) => return self.response(authority, req.method, parts),
                 // The engine closed the idle connection: it never saw this request.
                 Err(H1Error::Io(_) | H1Error::ClosedBeforeHead) => {}
@@ -130,7 +135,7 @@ impl H1Client {
             }
         }
         let conn = self.connect(authority).await?;
-        let parts = exchange(conn, &wire, req).await?;
+        let parts = exchange(conn, authority, req).await?;
         self.response(authority, req.method, parts)
     }
 
@@ -162,6 +167,7 @@ impl H1Client {
         Ok(Conn {
             io,
             buf: BytesMut::with_capacity(READ_CHUNK),
+            wire: Vec::new(),
         })
     }
 
@@ -203,16 +209,17 @@ impl Shared {
 }
 
 /// The request head (and a small body) as bytes on the wire.
-fn encode_request(authority: &str, req: &Outgoing<'_>) -> Vec<u8> {
+fn encode_request(authority: &str, req: &Outgoing<'_>, out: &mut Vec<u8>) {
     let small = req.body.len() <= COALESCE_BODY;
-    let mut out = Vec::with_capacity(256 + if small { req.body.len() } else { 0 });
+    out.clear();
+    out.reserve(256 + if small { req.body.len() } else { 0 });
     out.extend_from_slice(req.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(req.target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(authority.as_bytes());
     out.extend_from_slice(b"\r\ncontent-length: ");
-    out.extend_from_slice(req.body.len().to_string().as_bytes());
+    let _ = write!(out, "{}", req.body.len());
     out.extend_from_slice(b"\r\n");
     for (name, value) in req.headers {
         if name == http::header::HOST
@@ -231,15 +238,23 @@ fn encode_request(authority: &str, req: &Outgoing<'_>) -> Vec<u8> {
     if small {
         out.extend_from_slice(req.body);
     }
-    out
 }
 
 /// Response head, the connection, its body framing, and whether it may be reused.
 type Exchanged = (http::response::Parts, Conn, Framing, bool);
 
 /// Writes the request and reads the response head (skipping interim 1xx heads).
-async fn exchange(mut conn: Conn, wire: &[u8], req: Outgoing<'_>) -> Result<Exchanged, H1Error> {
-    conn.io.write_all(wire).await?;
+async fn exchange(
+    mut conn: Conn,
+    authority: &str,
+    req: Outgoing<'_>,
+) -> Result<Exchanged, H1Error> {
+    encode_request(authority, &req, &mut conn.wire);
+    conn.io.write_all(&conn.wire).await?;
+    if conn.wire.capacity() > MAX_KEPT_WIRE {
+        // A large body is not kept alive with an idle connection.
+        conn.wire = Vec::new();
+    }
     if req.body.len() > COALESCE_BODY {
         conn.io.write_all(req.body).await?;
     }

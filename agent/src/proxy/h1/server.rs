@@ -23,6 +23,8 @@ use std::{
     task::{Context, Poll},
 };
 
+use std::io::Write as _;
+
 use bytes::{Bytes, BytesMut};
 use http::StatusCode;
 use http_body_util::BodyExt as _;
@@ -224,7 +226,7 @@ async fn reject(
     out.extend_from_slice(
         b"\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: ",
     );
-    out.extend_from_slice(body.len().to_string().as_bytes());
+    let _ = write!(out, "{}", body.len());
     out.extend_from_slice(b"\r\n\r\n");
     out.extend_from_slice(&body);
     w.write_all(out).await?;
@@ -464,9 +466,7 @@ async fn write_response(
     }
     match delimit {
         Delimit::Length(n) => {
-            out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(n.to_string().as_bytes());
-            out.extend_from_slice(b"\r\n");
+            let _ = write!(out, "content-length: {n}\r\n");
         }
         Delimit::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         Delimit::None | Delimit::Close => {}
@@ -552,7 +552,7 @@ async fn frame_data(
     }
     let chunked = delimit == Delimit::Chunked;
     if chunked {
-        out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        let _ = write!(out, "{:x}\r\n", data.len());
     }
     if data.len() <= COPY_FRAME {
         out.extend_from_slice(&data);
