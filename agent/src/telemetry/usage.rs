@@ -19,6 +19,13 @@ const JSON_TAIL: usize = 16 * 1024;
 /// An SSE event longer than this is passed through unparsed (never buffered without bound).
 const MAX_EVENT: usize = 1024 * 1024;
 
+/// A substring searcher built once (its setup costs more than searching one small body).
+type Searcher<F> = std::sync::LazyLock<F>;
+
+/// The end of an SSE event.
+static EVENT_END: Searcher<memmem::Finder<'static>> =
+    Searcher::new(|| memmem::Finder::new(b"\n\n"));
+
 /// Token counts of one request, as the engine reported them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TokenUsage {
@@ -45,7 +52,9 @@ struct Details {
 
 /// The usage object starting at the value after the last `"usage":` in `bytes`.
 fn last_usage(bytes: &[u8]) -> Option<TokenUsage> {
-    let at = memmem::rfind(bytes, b"\"usage\":")? + b"\"usage\":".len();
+    static USAGE: Searcher<memmem::FinderRev<'static>> =
+        Searcher::new(|| memmem::FinderRev::new(b"\"usage\":"));
+    let at = USAGE.rfind(bytes)? + b"\"usage\":".len();
     let rest = &bytes[at..];
     if let Some(usage) = scan_usage(rest) {
         return usage;
@@ -277,7 +286,9 @@ impl SseTap {
             return data;
         }
         self.pending.extend_from_slice(&data);
-        let Some(end) = memmem::rfind(&self.pending, b"\n\n").map(|i| i + 2) else {
+        static EVENT_END_REV: Searcher<memmem::FinderRev<'static>> =
+            Searcher::new(|| memmem::FinderRev::new(b"\n\n"));
+        let Some(end) = EVENT_END_REV.rfind(&self.pending).map(|i| i + 2) else {
             if self.pending.len() > MAX_EVENT {
                 tracing::debug!("SSE event over {MAX_EVENT} bytes: passing the stream through");
                 self.gave_up = true;
@@ -317,13 +328,17 @@ impl SseTap {
             self.error_event = true;
             return false;
         }
-        if memmem::find(json, b"\"usage\":{").is_none() {
+        static USAGE_OBJECT: Searcher<memmem::Finder<'static>> =
+            Searcher::new(|| memmem::Finder::new(b"\"usage\":{"));
+        if USAGE_OBJECT.find(json).is_none() {
             return false;
         }
         if let Some(u) = last_usage(json) {
             self.usage = Some(u);
         }
-        self.strip_usage && memmem::find(json, b"\"choices\":[]").is_some()
+        static NO_CHOICES: Searcher<memmem::Finder<'static>> =
+            Searcher::new(|| memmem::Finder::new(b"\"choices\":[]"));
+        self.strip_usage && NO_CHOICES.find(json).is_some()
     }
 }
 
@@ -342,7 +357,7 @@ impl<'a> Iterator for EventIter<'a> {
 
     fn next(&mut self) -> Option<&'a [u8]> {
         let rest = &self.buf[self.at..];
-        let end = memmem::find(rest, b"\n\n")?;
+        let end = EVENT_END.find(rest)?;
         self.at += end + 2;
         Some(&rest[..end])
     }
@@ -351,7 +366,9 @@ impl<'a> Iterator for EventIter<'a> {
 /// Copies `event` without the `,"usage":null` (or `"usage":null,`) the injected option added.
 fn strip_null_usage(event: &[u8], out: &mut BytesMut) {
     let mut rest = event;
-    while let Some(i) = memmem::find(rest, b"\"usage\":null") {
+    static NULL_USAGE: Searcher<memmem::Finder<'static>> =
+        Searcher::new(|| memmem::Finder::new(b"\"usage\":null"));
+    while let Some(i) = NULL_USAGE.find(rest) {
         let (before, after) = (&rest[..i], &rest[i + b"\"usage\":null".len()..]);
         if let Some(b) = before.strip_suffix(b",") {
             out.extend_from_slice(b);
