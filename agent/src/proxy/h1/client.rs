@@ -86,8 +86,17 @@ struct Idle {
 
 #[derive(Debug)]
 struct Shared {
-    idle: Mutex<HashMap<Arc<str>, Vec<Idle>>>,
+    idle: Mutex<IdleLists>,
     connect_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+/// Idle connections per endpoint, most recently used last.
+#[derive(Debug)]
+struct IdleLists {
+    by_endpoint: HashMap<Arc<str>, Vec<Idle>>,
+    /// When expired connections (and the lists of endpoints that went away) were last dropped.
+    swept: Instant,
 }
 
 /// The client: idle connections per endpoint authority (`host:port`).
@@ -110,11 +119,20 @@ pub struct Outgoing<'a> {
 // === impl H1Client ===
 
 impl H1Client {
+    /// A client with the default idle timeout ([`IDLE_TIMEOUT`]).
     pub fn new(connect_timeout: Duration) -> Self {
+        Self::with_idle_timeout(connect_timeout, IDLE_TIMEOUT)
+    }
+
+    pub fn with_idle_timeout(connect_timeout: Duration, idle_timeout: Duration) -> Self {
         Self {
             shared: Arc::new(Shared {
-                idle: Mutex::new(HashMap::new()),
+                idle: Mutex::new(IdleLists {
+                    by_endpoint: HashMap::new(),
+                    swept: Instant::now(),
+                }),
                 connect_timeout,
+                idle_timeout,
             }),
         }
     }
@@ -142,17 +160,25 @@ impl H1Client {
     /// Idle connections held now (all endpoints).
     #[cfg(test)]
     fn idle(&self) -> usize {
-        self.shared.idle.lock().values().map(Vec::len).sum()
+        self.shared
+            .idle
+            .lock()
+            .by_endpoint
+            .values()
+            .map(Vec::len)
+            .sum()
     }
 
+    /// The endpoint's most recently used idle connection, if one is young enough.
     fn checkout(&self, authority: &str) -> Option<Conn> {
         let mut idle = self.shared.idle.lock();
-        let list = idle.get_mut(authority)?;
-        while let Some(c) = list.pop() {
-            if c.since.elapsed() < IDLE_TIMEOUT {
-                return Some(c.conn);
-            }
+        let list = idle.by_endpoint.get_mut(authority)?;
+        let c = list.pop()?;
+        if c.since.elapsed() < self.shared.idle_timeout {
+            return Some(c.conn);
         }
+        // The newest is too old: so are the others.
+        list.clear();
         None
     }
 
@@ -196,14 +222,26 @@ impl H1Client {
 
 impl Shared {
     /// A connection whose response was read to its end comes back for the next request.
+    /// Every third of the idle timeout, a check-in also drops expired connections everywhere,
+    /// so the connections of endpoints no longer used do not stay open.
     fn checkin(&self, authority: &Arc<str>, conn: Conn) {
+        let now = Instant::now();
         let mut idle = self.idle.lock();
-        let list = idle.entry(authority.clone()).or_default();
-        if list.len() < MAX_IDLE_PER_ENDPOINT {
-            list.push(Idle {
-                conn,
-                since: Instant::now(),
+        if now.saturating_duration_since(idle.swept) >= self.idle_timeout / 3 {
+            idle.swept = now;
+            let timeout = self.idle_timeout;
+            idle.by_endpoint.retain(|_, list| {
+                list.retain(|c| now.saturating_duration_since(c.since) < timeout);
+                !list.is_empty()
             });
+        }
+        let entry = Idle { conn, since: now };
+        match idle.by_endpoint.get_mut(authority) {
+            Some(list) if list.len() < MAX_IDLE_PER_ENDPOINT => list.push(entry),
+            Some(_) => {}
+            None => {
+                idle.by_endpoint.insert(authority.clone(), vec![entry]);
+            }
         }
     }
 }
@@ -546,6 +584,23 @@ mod tests {
             "{first}"
         );
         assert!(first.contains("content-length: 0\r\n"), "{first}");
+    }
+
+    #[tokio::test]
+    async fn idle_connections_expire_and_gone_endpoints_lose_theirs() {
+        let answer = &b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"[..];
+        let (a, _server_a) = server(vec![vec![answer]]).await;
+        let (b, _server_b) = server(vec![vec![answer]]).await;
+        let client =
+            H1Client::with_idle_timeout(Duration::from_secs(2), Duration::from_millis(100));
+        assert_eq!(get(&client, &a).await.unwrap(), (200, b"ok".to_vec()));
+        assert_eq!(client.idle(), 1);
+        // Time passes (the expiry is measured in real time).
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(get(&client, &b).await.unwrap(), (200, b"ok".to_vec()));
+        // Checking b's connection in swept a's expired one away.
+        assert_eq!(client.idle(), 1);
+        assert!(client.shared.idle.lock().by_endpoint.get(&*a).is_none());
     }
 
     #[tokio::test]

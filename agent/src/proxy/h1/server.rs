@@ -373,6 +373,9 @@ async fn read_body(
     if expect_continue && !framing.is_done() && buf.is_empty() {
         w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
     }
+    // A declared length is known to fit (checked above): one allocation for the whole body
+    // once it arrives in pieces.
+    let declared = framing.remaining().unwrap_or(0) as usize;
     let mut body = BytesMut::new();
     loop {
         match framing.decode(buf) {
@@ -381,6 +384,9 @@ async fn read_body(
             Ok(Decoded::Data(d)) => {
                 if body.len() + d.len() > max {
                     return too_large();
+                }
+                if body.capacity() == 0 {
+                    body.reserve(declared.max(d.len()));
                 }
                 body.extend_from_slice(&d);
             }
