@@ -600,7 +600,7 @@ mod tests {
         assert_eq!(get(&client, &b).await.unwrap(), (200, b"ok".to_vec()));
         // Checking b's connection in swept a's expired one away.
         assert_eq!(client.idle(), 1);
-        assert!(client.shared.idle.lock().by_endpoint.get(&*a).is_none());
+        assert!(!client.shared.idle.lock().by_endpoint.contains_key(&*a));
     }
 
     #[tokio::test]
