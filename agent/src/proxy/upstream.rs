@@ -336,7 +336,8 @@ impl Drop for Tracked {
         };
         let outcome = if self.failed || error_event {
             Outcome::UpstreamError
-        } else if !self.done {
+        } else if !self.done && !hyper::body::Body::is_end_stream(&self.inner) {
+            // (A body that ended without being read — HEAD, 204 — finished all the same.)
             Outcome::Cancelled
         } else {
             Outcome::of_status(o.status)

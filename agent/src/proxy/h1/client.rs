@@ -49,6 +49,10 @@ pub enum H1Error {
     ConnectTimeout(Duration),
     #[error("{0}")]
     Io(#[from] io::Error),
+    #[error("sending the request: {0}")]
+    Write(io::Error),
+    #[error("connection reset before any response byte: {0}")]
+    ResetBeforeHead(io::Error),
     #[error("connection closed before the response head")]
     ClosedBeforeHead,
     #[error("connection closed before the body ended")]
@@ -147,8 +151,11 @@ impl H1Client {
         if let Some(conn) = self.checkout(authority) {
             match exchange(conn, authority, req).await {
                 Ok(parts) => return self.response(authority, req.method, parts),
-                // The engine closed the idle connection: it never saw this request.
-                Err(H1Error::Io(_) | H1Error::ClosedBeforeHead) => {}
+                // The engine had closed the idle connection: nothing came back, so it never
+                // ran this request.
+                Err(
+                    H1Error::Write(_) | H1Error::ResetBeforeHead(_) | H1Error::ClosedBeforeHead,
+                ) => {}
                 Err(err) => return Err(err),
             }
         }
@@ -288,14 +295,19 @@ async fn exchange(
     req: Outgoing<'_>,
 ) -> Result<Exchanged, H1Error> {
     encode_request(authority, &req, &mut conn.wire);
-    conn.io.write_all(&conn.wire).await?;
+    conn.io
+        .write_all(&conn.wire)
+        .await
+        .map_err(H1Error::Write)?;
     if conn.wire.capacity() > MAX_KEPT_WIRE {
         // A large body is not kept alive with an idle connection.
         conn.wire = Vec::new();
     }
     if req.body.len() > COALESCE_BODY {
-        conn.io.write_all(req.body).await?;
+        conn.io.write_all(req.body).await.map_err(H1Error::Write)?;
     }
+    // Whether any response byte (an interim head included) has come back.
+    let mut answered = false;
     loop {
         if let Some((head, framing, reusable)) = parse_head(&mut conn.buf)? {
             if head.status.is_informational() {
@@ -311,12 +323,16 @@ async fn exchange(
                 "response head larger than {MAX_HEAD} bytes"
             )));
         }
-        if read_more(&mut conn).await? == 0 {
-            return Err(if conn.buf.is_empty() {
-                H1Error::ClosedBeforeHead
-            } else {
-                H1Error::invalid("connection closed inside the response head")
-            });
+        match read_more(&mut conn).await {
+            Ok(0) if !answered => return Err(H1Error::ClosedBeforeHead),
+            Ok(0) => {
+                return Err(H1Error::invalid(
+                    "connection closed inside the response head",
+                ));
+            }
+            Ok(_) => answered = true,
+            Err(err) if !answered => return Err(H1Error::ResetBeforeHead(err)),
+            Err(err) => return Err(H1Error::Io(err)),
         }
     }
 }

@@ -134,7 +134,7 @@ async fn connection<H: Handler>(
     let (mut r, mut w) = stream.split();
     let mut out = Vec::with_capacity(4096);
     loop {
-        // Set when a head arrives in pieces: the rest must come within HEAD_TIMEOUT.
+        // Set when a head arrives in pieces: the rest must come within the read timeout.
         let mut head_started: Option<tokio::time::Instant> = None;
         let head = loop {
             match parse_request(buf) {
