@@ -51,7 +51,7 @@ fn record(c: &mut Criterion) {
         let peers: Vec<std::net::IpAddr> = (0..TENANTS)
             .map(|i| format!("127.0.{i}.7").parse().expect("addr"))
             .collect();
-        let headers = http::HeaderMap::new();
+        let headers = warmpath::headers::Headers::default();
         let name = if otlp {
             "resolve_and_record_prom_otlp"
         } else {

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod ebpf;
+pub mod headers;
 pub mod kv_index;
 pub mod pool;
 pub mod proxy;

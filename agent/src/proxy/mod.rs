@@ -7,6 +7,7 @@
 mod admin;
 mod error;
 mod h1;
+pub mod message;
 pub mod request;
 mod scrape;
 pub mod tokens;
@@ -28,7 +29,10 @@ pub use scrape::{parse_adapters, parse_lora};
 pub use tokens::TokenSource;
 pub use upstream::UpstreamProtocol;
 
+use message::{Answer, RequestHead};
+
 use crate::{
+    headers::Headers,
     kv_index::KvIndex,
     pool::Pool,
     routing::{Candidate, History, Policy, RequestCtx, rank},
@@ -69,15 +73,17 @@ impl Default for SessionSource {
 
 impl SessionSource {
     /// The session key of a request, if it carries one.
-    pub fn key(&self, headers: &http::HeaderMap) -> Option<String> {
-        if let Some(v) = headers.get(&self.header).and_then(|v| v.to_str().ok()) {
+    pub fn key(&self, headers: &Headers) -> Option<String> {
+        if let Some(v) = headers
+            .get(self.header.as_str())
+            .and_then(|v| std::str::from_utf8(v).ok())
+        {
             return Some(v.to_string());
         }
         let name = self.cookie.as_deref()?;
         headers
-            .get_all(http::header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
+            .get_all("cookie")
+            .filter_map(|v| std::str::from_utf8(v).ok())
             .flat_map(|v| v.split(';'))
             .filter_map(|pair| pair.trim().split_once('='))
             .find(|(k, _)| *k == name)
@@ -233,9 +239,9 @@ impl h1::server::Handler for Proxy {
     fn call(
         &self,
         peer: IpAddr,
-        head: http::request::Parts,
+        head: RequestHead,
         body: Result<Bytes, ProxyError>,
-    ) -> impl std::future::Future<Output = http::Response<Body>> + Send {
+    ) -> impl std::future::Future<Output = Answer> + Send {
         respond(self, peer, head, body)
     }
 }
@@ -277,19 +283,19 @@ async fn handle(proxy: &Proxy, peer: IpAddr, req: http::Request<Incoming>) -> ht
                 ProxyError::bad_request(format!("Could not read the request body: {e}"))
             }
         });
-    respond(proxy, peer, parts, body).await
+    respond(proxy, peer, parts.into(), body).await.into_http()
 }
 
 /// Answers a request whose body has been read (or could not be: `body` is the error).
 async fn respond(
     proxy: &Proxy,
     peer: IpAddr,
-    parts: http::request::Parts,
+    parts: RequestHead,
     body: Result<Bytes, ProxyError>,
-) -> http::Response<Body> {
-    let kind = match (&parts.method, parts.uri.path()) {
-        (&Method::GET, "/health") => return full(StatusCode::OK, "text/plain", ""),
-        (&Method::GET, "/v1/models") => return models(proxy),
+) -> Answer {
+    let kind = match (&parts.method, parts.path()) {
+        (&Method::GET, "/health") => return full(StatusCode::OK, "text/plain", "").into(),
+        (&Method::GET, "/v1/models") => return models(proxy).into(),
         (&Method::POST, "/v1/completions") => Some(request::Kind::Completion),
         (&Method::POST, "/v1/chat/completions") => Some(request::Kind::Chat),
         _ => None,
@@ -325,13 +331,13 @@ async fn respond(
                 },
             );
             let unread_body = err.status == StatusCode::PAYLOAD_TOO_LARGE;
-            let mut resp = err.into_response();
+            let mut resp = Answer::from(err.into_response());
             if unread_body {
                 // The rest of the body was never read: this connection cannot be reused.
-                resp.headers_mut().insert(
+                resp.extra.push((
                     http::header::CONNECTION,
                     http::HeaderValue::from_static("close"),
-                );
+                ));
             }
             resp
         }
@@ -377,10 +383,10 @@ struct Attempt {
 async fn route(
     proxy: &Proxy,
     kind: Option<request::Kind>,
-    parts: http::request::Parts,
+    parts: RequestHead,
     body: Bytes,
     attempt: &mut Attempt,
-) -> Result<http::Response<Body>, ProxyError> {
+) -> Result<Answer, ProxyError> {
     // The body was read before the request was handed over.
     let body_done = attempt.start;
     let mut strip_usage = false;
@@ -445,12 +451,12 @@ async fn forward(
     proxy: &Proxy,
     runtime: &PoolRuntime,
     ctx: &RequestCtx,
-    parts: http::request::Parts,
+    parts: RequestHead,
     body: Bytes,
     attempt: &mut Attempt,
     body_done: Instant,
     strip_usage: bool,
-) -> Result<http::Response<Body>, ProxyError> {
+) -> Result<Answer, ProxyError> {
     let pool = &runtime.pool;
     let history = runtime.history.as_ref().map(|h| h.lookup(&ctx.keys));
     let approximate = pool.policy.kind == Policy::Approximate;
@@ -528,51 +534,39 @@ async fn forward(
                 &endpoint.label,
                 h1::Outgoing {
                     method: &parts.method,
-                    target: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+                    target: parts.target(),
                     headers: &parts.headers,
                     body: &body,
                 },
             )
             .await;
         match sent {
-            Ok(resp) if resp.status() != StatusCode::SERVICE_UNAVAILABLE => {
-                let (mut head, incoming) = resp.into_parts();
-                // Framing is hyper's job on each leg; hop-by-hop headers never cross.
-                let hop: Vec<http::HeaderName> = head
-                    .headers
-                    .keys()
-                    .filter(|n| hop_by_hop(n))
-                    .cloned()
-                    .collect();
-                for name in hop {
-                    head.headers.remove(name);
-                }
+            Ok(resp) if resp.status != StatusCode::SERVICE_UNAVAILABLE => {
+                // Framing and hop-by-hop fields are each leg's own: the writers leave the
+                // engine's out.
+                let mut extra = Vec::new();
                 if proxy.explain {
-                    let h = &mut head.headers;
-                    let set = |h: &mut http::HeaderMap, k: &'static str, v: String| {
+                    let mut set = |k: &'static str, v: String| {
                         if let Ok(v) = http::HeaderValue::from_str(&v) {
-                            h.insert(k, v);
+                            extra.push((http::HeaderName::from_static(k), v));
                         }
                     };
-                    set(h, "x-warmpath-pod", endpoint.authority.clone());
+                    set("x-warmpath-pod", endpoint.authority.clone());
                     set(
-                        h,
                         "x-warmpath-prefix-blocks",
                         decision.prefix_blocks.to_string(),
                     );
-                    set(h, "x-warmpath-score", format!("{:.3}", decision.score));
+                    set("x-warmpath-score", format!("{:.3}", decision.score));
                 }
-                let sse = head
+                let sse = resp
                     .headers
-                    .get(http::header::CONTENT_TYPE)
-                    .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+                    .get("content-type")
+                    .is_some_and(|v| v.starts_with(b"text/event-stream"));
+                // (A rewritten stream's length is no longer the engine's: the body's size
+                // hint says so, and the engine's content-length is never forwarded.)
                 let tap = if sse {
-                    if strip_usage {
-                        // The stream is rewritten: its length is no longer the engine's.
-                        head.headers.remove(http::header::CONTENT_LENGTH);
-                    }
                     upstream::Tap::Sse(SseTap::new(strip_usage))
-                } else if head.status.is_success() {
+                } else if resp.status.is_success() {
                     upstream::Tap::Json(JsonTap::default())
                 } else {
                     upstream::Tap::None
@@ -585,13 +579,15 @@ async fn forward(
                     start: attempt.start,
                     queue: attempt.queue,
                     retries: attempt.retries,
-                    status: head.status,
+                    status: resp.status,
                     tap,
                 };
-                return Ok(http::Response::from_parts(
-                    head,
-                    upstream::Tracked::boxed(incoming, guard, observer),
-                ));
+                return Ok(Answer {
+                    status: resp.status,
+                    headers: resp.headers,
+                    extra,
+                    body: upstream::Tracked::boxed(resp.body, guard, observer),
+                });
             }
             Ok(_) => {
                 endpoint.note_failure();
@@ -623,18 +619,4 @@ fn decision_reason(policy: Policy, prefix_blocks: usize) -> DecisionReason {
         Policy::Precise | Policy::Approximate if prefix_blocks > 0 => DecisionReason::Prefix,
         Policy::Precise | Policy::Approximate => DecisionReason::Load,
     }
-}
-
-/// Headers that describe one connection, not the message (RFC 9110 7.6.1).
-fn hop_by_hop(name: &http::HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "transfer-encoding"
-            | "te"
-            | "trailer"
-            | "upgrade"
-    )
 }

@@ -22,6 +22,7 @@ use super::{
     h1::{H1Body, H1Client, Outgoing},
 };
 use crate::{
+    headers::Headers,
     pool::InFlight,
     telemetry::{
         Outcome, PoolId, RequestRecord, Telemetry, Tenant,
@@ -72,6 +73,14 @@ pub struct Upstreams {
     /// generic client's convenience is worth more than its cost.
     http1: UpstreamClient,
     h2: UpstreamClient,
+}
+
+/// An engine's response, whichever protocol carried it.
+#[derive(Debug)]
+pub struct UpstreamResponse {
+    pub status: http::StatusCode,
+    pub headers: Headers,
+    pub body: UpstreamBody,
 }
 
 /// A response body from an engine, whichever protocol carried it.
@@ -154,26 +163,29 @@ impl Upstreams {
         protocol: UpstreamProtocol,
         authority: &Arc<str>,
         req: Outgoing<'_>,
-    ) -> Result<http::Response<UpstreamBody>, BoxError> {
+    ) -> Result<UpstreamResponse, BoxError> {
         match protocol {
             UpstreamProtocol::Http1 => {
-                Ok(self.h1.send(authority, req).await?.map(UpstreamBody::H1))
+                let r = self.h1.send(authority, req).await?;
+                Ok(UpstreamResponse {
+                    status: r.status,
+                    headers: r.headers,
+                    body: UpstreamBody::H1(r.body),
+                })
             }
             UpstreamProtocol::H2 => {
-                let mut up = http::Request::builder()
-                    .method(req.method.clone())
-                    .uri(format!("http://{authority}{}", req.target));
-                for (name, value) in req.headers {
-                    if name != http::header::HOST
-                        && name != http::header::CONTENT_LENGTH
-                        && name != http::header::EXPECT
-                        && !super::hop_by_hop(name)
-                    {
-                        up = up.header(name, value);
-                    }
-                }
-                let up = up.body(Full::new(req.body.clone()))?;
-                Ok(self.h2.request(up).await?.map(UpstreamBody::H2))
+                let mut up = http::Request::new(Full::new(req.body.clone()));
+                *up.method_mut() = req.method.clone();
+                *up.uri_mut() = format!("http://{authority}{}", req.target).parse()?;
+                *up.headers_mut() = req
+                    .headers
+                    .to_map(|n| super::h1::client::forwarded(n.as_str().as_bytes()));
+                let (parts, body) = self.h2.request(up).await?.into_parts();
+                Ok(UpstreamResponse {
+                    status: parts.status,
+                    headers: Headers::Map(parts.headers),
+                    body: UpstreamBody::H2(body),
+                })
             }
         }
     }

@@ -15,6 +15,8 @@ use std::{net::IpAddr, sync::Arc};
 
 use ipnet::IpNet;
 
+use crate::headers::Headers;
+
 /// Header a trusted gateway sets.
 pub const DEFAULT_HEADER: &str = "x-warmpath-tenant";
 /// Tenant of requests nobody claims.
@@ -100,7 +102,7 @@ impl Default for TenantPolicy {
 
 impl TenantPolicy {
     /// The tenant of a request from `peer` carrying `headers`.
-    pub fn resolve(&self, peer: Option<IpAddr>, headers: &http::HeaderMap) -> (Arc<str>, Via) {
+    pub fn resolve(&self, peer: Option<IpAddr>, headers: &Headers) -> (Arc<str>, Via) {
         let peer = peer.map(canonical);
         for source in &self.order {
             match source {
@@ -112,9 +114,9 @@ impl TenantPolicy {
                 IdentitySource::Header => {
                     let trusted = peer.is_some_and(|p| self.trusted.iter().any(|n| n.contains(&p)));
                     if let Some(name) = trusted
-                        .then(|| headers.get(&self.header))
+                        .then(|| headers.get(self.header.as_str()))
                         .flatten()
-                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| std::str::from_utf8(v).ok())
                         .filter(|v| check_name(v).is_ok())
                     {
                         return (Arc::from(name), Via::Header);
@@ -185,16 +187,16 @@ mod tests {
         }
     }
 
-    fn headers(tenant: &str) -> http::HeaderMap {
+    fn headers(tenant: &str) -> Headers {
         let mut h = http::HeaderMap::new();
         h.insert(DEFAULT_HEADER, tenant.parse().unwrap());
-        h
+        Headers::Map(h)
     }
 
     #[test]
     fn longest_prefix_wins_and_mapped_v6_is_v4() {
         let p = policy();
-        let none = http::HeaderMap::new();
+        let none = Headers::default();
         assert_eq!(
             &*p.resolve(Some("127.0.0.2".parse().unwrap()), &none).0,
             "team-a"

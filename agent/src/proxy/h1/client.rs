@@ -28,6 +28,7 @@ use parking_lot::Mutex;
 use tokio::{io::AsyncWriteExt, net::TcpStream};
 
 use super::{Decoded, Framing, FramingError, MAX_HEAD, MAX_HEADERS};
+use crate::headers::{Headers, hop_by_hop};
 
 /// Idle connections kept per endpoint (more are closed when they come back).
 pub const MAX_IDLE_PER_ENDPOINT: usize = 1024;
@@ -116,7 +117,7 @@ pub struct H1Client {
 pub struct Outgoing<'a> {
     pub method: &'a http::Method,
     pub target: &'a str,
-    pub headers: &'a http::HeaderMap,
+    pub headers: &'a Headers,
     pub body: &'a Bytes,
 }
 
@@ -147,7 +148,7 @@ impl H1Client {
         &self,
         authority: &Arc<str>,
         req: Outgoing<'_>,
-    ) -> Result<http::Response<H1Body>, H1Error> {
+    ) -> Result<H1Response, H1Error> {
         if let Some(conn) = self.checkout(authority) {
             match exchange(conn, authority, req).await {
                 Ok(parts) => return self.response(authority, req.method, parts),
@@ -209,7 +210,7 @@ impl H1Client {
         authority: &Arc<str>,
         method: &http::Method,
         (head, conn, framing, reusable): Exchanged,
-    ) -> Result<http::Response<H1Body>, H1Error> {
+    ) -> Result<H1Response, H1Error> {
         let framing = if method == http::Method::HEAD {
             Framing::Done
         } else {
@@ -223,7 +224,11 @@ impl H1Client {
         if body.framing.is_done() {
             body.finish();
         }
-        Ok(http::Response::from_parts(head, body))
+        Ok(H1Response {
+            status: head.status,
+            headers: head.headers,
+            body,
+        })
     }
 }
 
@@ -266,18 +271,13 @@ fn encode_request(authority: &str, req: &Outgoing<'_>, out: &mut Vec<u8>) {
     out.extend_from_slice(b"\r\ncontent-length: ");
     let _ = write!(out, "{}", req.body.len());
     out.extend_from_slice(b"\r\n");
-    for (name, value) in req.headers {
-        if name == http::header::HOST
-            || name == http::header::CONTENT_LENGTH
-            || name == http::header::EXPECT
-            || super::super::hop_by_hop(name)
-        {
-            continue;
+    for (name, value) in req.headers.iter() {
+        if forwarded(name) {
+            out.extend_from_slice(name);
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
     if small {
@@ -286,7 +286,32 @@ fn encode_request(authority: &str, req: &Outgoing<'_>, out: &mut Vec<u8>) {
 }
 
 /// Response head, the connection, its body framing, and whether it may be reused.
-type Exchanged = (http::response::Parts, Conn, Framing, bool);
+type Exchanged = (Head, Conn, Framing, bool);
+
+/// Whether a client's request field goes on to the engine: not `host`, `content-length` or
+/// `expect` (this leg writes its own, and the client's `expect` was answered by the server
+/// leg), nor hop-by-hop fields.
+pub fn forwarded(name: &[u8]) -> bool {
+    !(name.eq_ignore_ascii_case(b"host")
+        || name.eq_ignore_ascii_case(b"content-length")
+        || name.eq_ignore_ascii_case(b"expect")
+        || hop_by_hop(name))
+}
+
+/// A response head.
+#[derive(Debug)]
+struct Head {
+    status: http::StatusCode,
+    headers: Headers,
+}
+
+/// An engine's response: its head, and its body to stream.
+#[derive(Debug)]
+pub struct H1Response {
+    pub status: http::StatusCode,
+    pub headers: Headers,
+    pub body: H1Body,
+}
 
 /// Writes the request and reads the response head (skipping interim 1xx heads).
 async fn exchange(
@@ -350,9 +375,7 @@ fn poll_read_more(conn: &mut Conn, cx: &mut Context<'_>) -> Poll<io::Result<usiz
 
 /// Parses a complete response head off the front of `buf`: (head, framing, reusable), or
 /// `None` when more bytes are needed.
-fn parse_head(
-    buf: &mut BytesMut,
-) -> Result<Option<(http::response::Parts, Framing, bool)>, H1Error> {
+fn parse_head(buf: &mut BytesMut) -> Result<Option<(Head, Framing, bool)>, H1Error> {
     let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Response::new(&mut []);
     let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
@@ -406,19 +429,13 @@ fn parse_head(
         close = true;
         Framing::UntilClose
     };
-    let mut spans = [super::Span::default(); MAX_HEADERS];
-    let n = super::spans(buf, parsed.headers, &mut spans);
+    let spans = super::spans(buf, parsed.headers);
     let head = buf.split_to(len).freeze();
-    let headers = super::header_map(&head, &spans[..n], |_| true)?;
-    let (mut parts, ()) = http::Response::new(()).into_parts();
-    parts.status = status;
-    parts.version = if http11 {
-        http::Version::HTTP_11
-    } else {
-        http::Version::HTTP_10
+    let head = Head {
+        status,
+        headers: Headers::Raw { head, spans },
     };
-    parts.headers = headers;
-    Ok(Some((parts, framing, !close)))
+    Ok(Some((head, framing, !close)))
 }
 
 /// A response body read straight off the engine's connection.
@@ -550,7 +567,7 @@ mod tests {
     }
 
     async fn get(client: &H1Client, addr: &Arc<str>) -> Result<(u16, Vec<u8>), H1Error> {
-        let headers = http::HeaderMap::new();
+        let headers = Headers::default();
         let body = Bytes::new();
         let resp = client
             .send(
@@ -563,8 +580,8 @@ mod tests {
                 },
             )
             .await?;
-        let status = resp.status().as_u16();
-        let data = resp.into_body().collect().await?.to_bytes();
+        let status = resp.status.as_u16();
+        let data = resp.body.collect().await?.to_bytes();
         Ok((status, data.to_vec()))
     }
 

@@ -12,6 +12,8 @@ pub mod server;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::headers::Span;
+
 pub use client::{H1Body, H1Client, Outgoing};
 
 /// Largest message head accepted (request or response).
@@ -205,52 +207,19 @@ fn lists(value: &[u8], token: &[u8]) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
-/// Where one header field sits in the head it was parsed from (byte offsets), so the field
-/// can be taken as a slice of the head once the head is split off the read buffer.
-#[derive(Debug, Clone, Copy, Default)]
-struct Span {
-    name: (u32, u32),
-    value: (u32, u32),
-}
-
-/// The spans of `fields`, parsed by httparse out of `buf`.
-fn spans(buf: &[u8], fields: &[httparse::Header<'_>], out: &mut [Span; MAX_HEADERS]) -> usize {
+/// Where each of `fields` (parsed by httparse out of `buf`) sits in `buf`, so the fields can
+/// be read as slices of the head once it is split off the read buffer.
+fn spans(buf: &[u8], fields: &[httparse::Header<'_>]) -> Vec<Span> {
     let base = buf.as_ptr() as usize;
     // Heads are at most MAX_HEAD bytes: offsets fit in u32.
     let at = |s: &[u8]| ((s.as_ptr() as usize - base) as u32, s.len() as u32);
-    for (f, span) in fields.iter().zip(out.iter_mut()) {
-        *span = Span {
+    fields
+        .iter()
+        .map(|f| Span {
             name: at(f.name.as_bytes()),
             value: at(f.value),
-        };
-    }
-    fields.len()
-}
-
-fn range((at, len): (u32, u32)) -> std::ops::Range<usize> {
-    at as usize..(at + len) as usize
-}
-
-/// Header fields as an `http` map whose values are slices of `head` (no copy); `keep`
-/// filters fields out by name.
-fn header_map(
-    head: &Bytes,
-    spans: &[Span],
-    mut keep: impl FnMut(&http::HeaderName) -> bool,
-) -> Result<http::HeaderMap, FramingError> {
-    let mut map = http::HeaderMap::with_capacity(spans.len());
-    for s in spans {
-        let (name, value) = (range(s.name), range(s.value));
-        let name = http::HeaderName::from_bytes(&head[name])
-            .map_err(|_| FramingError("bad header name"))?;
-        if !keep(&name) {
-            continue;
-        }
-        let value = http::HeaderValue::from_maybe_shared(head.slice(value))
-            .map_err(|_| FramingError("bad header value"))?;
-        map.append(name, value);
-    }
-    Ok(map)
+        })
+        .collect()
 }
 
 #[cfg(test)]

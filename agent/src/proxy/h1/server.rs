@@ -37,7 +37,9 @@ use tokio::{
     },
 };
 
-use super::{Decoded, Framing, MAX_HEAD, MAX_HEADERS, Span};
+use super::{Decoded, Framing, MAX_HEAD, MAX_HEADERS};
+use crate::headers::{Headers, hop_by_hop};
+use crate::proxy::message::{Answer, RequestHead};
 use crate::proxy::{Body, ProxyError};
 
 /// The client connection preface of HTTP/2 (h2c with prior knowledge).
@@ -69,9 +71,9 @@ pub trait Handler: Send + Sync + 'static {
     fn call(
         &self,
         peer: IpAddr,
-        head: http::request::Parts,
+        head: RequestHead,
         body: Result<Bytes, ProxyError>,
-    ) -> impl Future<Output = http::Response<Body>> + Send;
+    ) -> impl Future<Output = Answer> + Send;
 }
 
 /// The protocol a new connection speaks, from its first bytes.
@@ -119,7 +121,7 @@ pub async fn serve<H: Handler>(
 
 /// A parsed request head.
 struct Head {
-    parts: http::request::Parts,
+    parts: RequestHead,
     framing: Framing,
     keep_alive: bool,
     expect_continue: bool,
@@ -327,22 +329,20 @@ fn parse_request(buf: &mut BytesMut) -> Result<Option<Head>, ProxyError> {
     };
     let target_at = req.path.unwrap_or("/").as_ptr() as usize - buf.as_ptr() as usize;
     let target_len = req.path.unwrap_or("/").len();
-    let mut spans = [Span::default(); MAX_HEADERS];
-    let n = super::spans(buf, req.headers, &mut spans);
+    let spans = super::spans(buf, req.headers);
     let head = buf.split_to(len).freeze();
     let uri = http::Uri::from_maybe_shared(head.slice(target_at..target_at + target_len))
         .map_err(|_| bad("invalid request target"))?;
-    let headers =
-        super::header_map(&head, &spans[..n], |_| true).map_err(|e| bad(&e.to_string()))?;
-    let (mut parts, ()) = http::Request::new(()).into_parts();
-    parts.method = method;
-    parts.uri = uri;
-    parts.version = if http11 {
-        http::Version::HTTP_11
-    } else {
-        http::Version::HTTP_10
+    let parts = RequestHead {
+        method,
+        uri,
+        version: if http11 {
+            http::Version::HTTP_11
+        } else {
+            http::Version::HTTP_10
+        },
+        headers: Headers::Raw { head, spans },
     };
-    parts.headers = headers;
     Ok(Some(Head {
         parts,
         framing,
@@ -427,13 +427,17 @@ async fn write_response(
     r: &mut ReadHalf<'_>,
     w: &mut WriteHalf<'_>,
     out: &mut Vec<u8>,
-    resp: http::Response<Body>,
+    resp: Answer,
     head_only: bool,
     http11: bool,
     keep_alive: bool,
 ) -> io::Result<bool> {
-    let (parts, mut body) = resp.into_parts();
-    let status = parts.status;
+    let Answer {
+        status,
+        headers,
+        extra,
+        mut body,
+    } = resp;
     let delimit = if head_only
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -447,11 +451,10 @@ async fn write_response(
     } else {
         Delimit::Close
     };
-    let asked_close = parts
-        .headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .any(|v| super::lists(v.as_bytes(), b"close"));
+    let asked_close = headers.connection_lists("close")
+        || extra
+            .iter()
+            .any(|(n, v)| n == http::header::CONNECTION && super::lists(v.as_bytes(), b"close"));
     let keep = keep_alive && !asked_close && delimit != Delimit::Close;
     out.clear();
     out.extend_from_slice(b"HTTP/1.1 ");
@@ -459,15 +462,20 @@ async fn write_response(
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
-    for (name, value) in &parts.headers {
+    let fields = headers.iter().chain(
+        extra
+            .iter()
+            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
+    );
+    for (name, value) in fields {
         // A HEAD answer keeps the length the body would have had.
-        let framing_field = name == http::header::CONTENT_LENGTH && !head_only;
-        if framing_field || crate::proxy::hop_by_hop(name) {
+        let framing_field = name.eq_ignore_ascii_case(b"content-length") && !head_only;
+        if framing_field || hop_by_hop(name) {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(name);
         out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
     }
     match delimit {
@@ -661,15 +669,15 @@ mod tests {
         fn call(
             &self,
             _peer: IpAddr,
-            head: http::request::Parts,
+            head: RequestHead,
             body: Result<Bytes, ProxyError>,
-        ) -> impl Future<Output = http::Response<Body>> + Send {
+        ) -> impl Future<Output = Answer> + Send {
             let note = NoteDrop(self.dropped.clone());
             let started = self.started.clone();
             async move {
                 let body = match body {
                     Ok(b) => b,
-                    Err(e) => return e.into_response(),
+                    Err(e) => return e.into_response().into(),
                 };
                 if head.uri.path() == "/hang" {
                     let _note = note;
@@ -682,6 +690,7 @@ mod tests {
                         .map_err(|never| match never {})
                         .boxed_unsync(),
                 )
+                .into()
             }
         }
     }
