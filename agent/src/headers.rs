@@ -80,10 +80,8 @@ impl Headers {
 
     /// Whether the `connection` field lists `token`.
     pub fn connection_lists(&self, token: &str) -> bool {
-        self.get_all("connection").any(|v| {
-            v.split(|&b| b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
-        })
+        self.get_all("connection")
+            .any(|v| lists(v, token.as_bytes()))
     }
 
     /// As an `http` map (for hyper), leaving out fields `keep` refuses and any a map cannot
@@ -112,6 +110,14 @@ impl Headers {
         }
         out
     }
+}
+
+/// Whether a comma-separated field value (`connection`, `expect`, ...) lists `token` (any
+/// case).
+pub fn lists(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 /// Headers that describe one connection, not the message (RFC 9110 7.6.1), by name in any case.

@@ -83,41 +83,8 @@ pub struct UpstreamResponse {
     pub body: UpstreamBody,
 }
 
-/// A response body from an engine, whichever protocol carried it.
-#[derive(Debug)]
-pub enum UpstreamBody {
-    H1(H1Body),
-    H2(Incoming),
-}
-
-impl hyper::body::Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            Self::H1(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            Self::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Self::H1(b) => b.is_end_stream(),
-            Self::H2(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        match self {
-            Self::H1(b) => b.size_hint(),
-            Self::H2(b) => b.size_hint(),
-        }
-    }
-}
+/// A response body from an engine, whichever protocol carried it (`Left`: HTTP/1.1).
+pub type UpstreamBody = http_body_util::Either<H1Body, Incoming>;
 
 impl Default for Upstreams {
     fn default() -> Self {
@@ -170,7 +137,7 @@ impl Upstreams {
                 Ok(UpstreamResponse {
                     status: r.status,
                     headers: r.headers,
-                    body: UpstreamBody::H1(r.body),
+                    body: UpstreamBody::Left(r.body),
                 })
             }
             UpstreamProtocol::H2 => {
@@ -184,7 +151,7 @@ impl Upstreams {
                 Ok(UpstreamResponse {
                     status: parts.status,
                     headers: Headers::Map(parts.headers),
-                    body: UpstreamBody::H2(body),
+                    body: UpstreamBody::Right(body),
                 })
             }
         }

@@ -151,7 +151,7 @@ impl H1Client {
     ) -> Result<H1Response, H1Error> {
         if let Some(conn) = self.checkout(authority) {
             match exchange(conn, authority, req).await {
-                Ok(parts) => return self.response(authority, req.method, parts),
+                Ok(parts) => return Ok(self.response(authority, req.method, parts)),
                 // The engine had closed the idle connection: nothing came back, so it never
                 // ran this request.
                 Err(
@@ -162,7 +162,7 @@ impl H1Client {
         }
         let conn = self.connect(authority).await?;
         let parts = exchange(conn, authority, req).await?;
-        self.response(authority, req.method, parts)
+        Ok(self.response(authority, req.method, parts))
     }
 
     /// Idle connections held now (all endpoints).
@@ -210,7 +210,7 @@ impl H1Client {
         authority: &Arc<str>,
         method: &http::Method,
         (head, conn, framing, reusable): Exchanged,
-    ) -> Result<H1Response, H1Error> {
+    ) -> H1Response {
         let framing = if method == http::Method::HEAD {
             Framing::Done
         } else {
@@ -224,11 +224,11 @@ impl H1Client {
         if body.framing.is_done() {
             body.finish();
         }
-        Ok(H1Response {
+        H1Response {
             status: head.status,
             headers: head.headers,
             body,
-        })
+        }
     }
 }
 

@@ -12,7 +12,7 @@ pub mod server;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::headers::Span;
+use crate::headers::{Span, lists};
 
 pub use client::{H1Body, H1Client, Outgoing};
 
@@ -198,13 +198,6 @@ fn content_length(value: &[u8]) -> Option<u64> {
     (!v.is_empty() && v.len() <= 19 && v.iter().all(u8::is_ascii_digit))
         .then(|| std::str::from_utf8(v).ok()?.parse().ok())
         .flatten()
-}
-
-/// Whether a `connection` header value lists `token`.
-fn lists(value: &[u8], token: &[u8]) -> bool {
-    value
-        .split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 /// Where each of `fields` (parsed by httparse out of `buf`) sits in `buf`, so the fields can

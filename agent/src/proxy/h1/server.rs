@@ -219,14 +219,10 @@ async fn reject(
     err: ProxyError,
 ) -> io::Result<()> {
     tracing::debug!(%err, "malformed request");
-    out.clear();
     let body = err.body();
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(err.status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(err.status.canonical_reason().unwrap_or("").as_bytes());
+    status_line(out, err.status);
     out.extend_from_slice(
-        b"\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: ",
+        b"content-type: application/json\r\nconnection: close\r\ncontent-length: ",
     );
     let _ = write!(out, "{}", body.len());
     out.extend_from_slice(b"\r\n\r\n");
@@ -456,12 +452,7 @@ async fn write_response(
             .iter()
             .any(|(n, v)| n == http::header::CONNECTION && super::lists(v.as_bytes(), b"close"));
     let keep = keep_alive && !asked_close && delimit != Delimit::Close;
-    out.clear();
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
+    status_line(out, status);
     let fields = headers.iter().chain(
         extra
             .iter()
@@ -539,6 +530,16 @@ async fn write_response(
             () = gone(r) => return Err(io::ErrorKind::ConnectionAborted.into()),
         };
     }
+}
+
+/// Starts `out` afresh with a response's status line.
+fn status_line(out: &mut Vec<u8>, status: StatusCode) {
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
 /// One poll of the body: `None` when it is not ready yet.
