@@ -79,6 +79,7 @@ fn record(c: &mut Criterion) {
                         queue: Some(Duration::from_micros(40)),
                         ttft: Some(Duration::from_millis(35)),
                         duration: Duration::from_millis(420),
+                        at: std::time::Instant::now(),
                         streamed: true,
                     }),
                 );

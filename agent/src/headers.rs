@@ -24,13 +24,17 @@ fn range((at, len): (u32, u32)) -> std::ops::Range<usize> {
     at as usize..(at + len) as usize
 }
 
+/// The spans of a head's fields: a response from an engine (a handful of fields) needs no
+/// allocation; a connection's request heads reuse one list.
+pub type Spans = smallvec::SmallVec<[Span; 4]>;
+
 /// Header fields, in the order received.
 #[derive(Debug, Clone)]
 pub enum Headers {
     /// Fields of an HTTP/1.1 head: `spans` index into `head`.
     Raw {
         head: Bytes,
-        spans: Vec<Span>,
+        spans: Spans,
     },
     Map(http::HeaderMap),
 }
@@ -141,7 +145,7 @@ mod tests {
     #[test]
     fn raw_and_map_fields_read_alike() {
         let head = Bytes::from_static(b"X-Session-Id: a\r\ncookie: x=1\r\nCookie: y=2\r\n");
-        let spans = vec![
+        let spans = smallvec::smallvec![
             Span {
                 name: (0, 12),
                 value: (14, 1),

@@ -280,6 +280,9 @@ impl KvIndex {
     /// Records that the router sent a request with `keys` to `id`: the keys count as held
     /// (GPU) until the engine's event confirms them or the TTL expires.
     pub fn speculate(&self, id: SourceId, keys: &[RouterKey], now: Instant) {
+        if keys.is_empty() {
+            return;
+        }
         let Some(source) = self.source(id) else {
             return;
         };
@@ -290,14 +293,12 @@ impl KvIndex {
         }
         drop(w);
         let mut st = source.state.lock();
-        if !keys.is_empty() {
-            let deadline = now + self.config.speculative_ttl;
-            st.status.routed += 1;
-            for key in keys {
-                st.spec_deadline.insert(key.0, deadline);
-            }
-            st.speculative.push_back((deadline, keys.to_vec()));
+        let deadline = now + self.config.speculative_ttl;
+        st.status.routed += 1;
+        for key in keys {
+            st.spec_deadline.insert(key.0, deadline);
         }
+        st.speculative.push_back((deadline, keys.to_vec()));
     }
 
     /// Expires speculative entries whose TTL passed; settles unsure sources whose grace

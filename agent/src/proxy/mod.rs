@@ -236,12 +236,12 @@ impl h1::server::Handler for Proxy {
         self.max_body
     }
 
-    fn call(
-        &self,
+    fn call<'a>(
+        &'a self,
         peer: IpAddr,
-        head: RequestHead,
+        head: &'a RequestHead,
         body: Result<Bytes, ProxyError>,
-    ) -> impl std::future::Future<Output = Answer> + Send {
+    ) -> impl std::future::Future<Output = Answer> + Send + 'a {
         respond(self, peer, head, body)
     }
 }
@@ -283,14 +283,14 @@ async fn handle(proxy: &Proxy, peer: IpAddr, req: http::Request<Incoming>) -> ht
                 ProxyError::bad_request(format!("Could not read the request body: {e}"))
             }
         });
-    respond(proxy, peer, parts.into(), body).await.into_http()
+    respond(proxy, peer, &parts.into(), body).await.into_http()
 }
 
 /// Answers a request whose body has been read (or could not be: `body` is the error).
 async fn respond(
     proxy: &Proxy,
     peer: IpAddr,
-    parts: RequestHead,
+    parts: &RequestHead,
     body: Result<Bytes, ProxyError>,
 ) -> Answer {
     let kind = match (&parts.method, parts.path()) {
@@ -316,6 +316,7 @@ async fn respond(
     match routed {
         Ok(resp) => resp,
         Err(err) => {
+            let now = Instant::now();
             proxy.telemetry.record(
                 &attempt.tenant,
                 &RequestRecord {
@@ -326,7 +327,8 @@ async fn respond(
                     retries: attempt.retries,
                     queue: attempt.queue,
                     ttft: None,
-                    duration: attempt.start.elapsed(),
+                    duration: now.saturating_duration_since(attempt.start),
+                    at: now,
                     streamed: false,
                 },
             );
@@ -383,7 +385,7 @@ struct Attempt {
 async fn route(
     proxy: &Proxy,
     kind: Option<request::Kind>,
-    parts: RequestHead,
+    parts: &RequestHead,
     body: Bytes,
     attempt: &mut Attempt,
 ) -> Result<Answer, ProxyError> {
@@ -403,16 +405,22 @@ async fn route(
             } else {
                 body.clone()
             };
-            let keys = pool
-                .tokens
-                .keys(
-                    &req,
-                    lora.as_deref(),
-                    pool.pool.block_size,
-                    || pool.tokenize_target(),
-                    proxy.upstreams.client(pool.protocol),
-                )
-                .await;
+            let block_size = pool.pool.block_size;
+            let keys = match pool.tokens.keys_now(&req, lora.as_deref(), block_size) {
+                Some(keys) => keys,
+                // A round trip to the engine: boxed, so that the common path's future (moved
+                // with every request) stays small.
+                None => {
+                    Box::pin(pool.tokens.keys(
+                        &req,
+                        lora.as_deref(),
+                        block_size,
+                        || pool.tokenize_target(),
+                        proxy.upstreams.client(pool.protocol),
+                    ))
+                    .await
+                }
+            };
             let ctx = RequestCtx {
                 keys,
                 session: pool.session.key(&parts.headers),
@@ -451,7 +459,7 @@ async fn forward(
     proxy: &Proxy,
     runtime: &PoolRuntime,
     ctx: &RequestCtx,
-    parts: RequestHead,
+    parts: &RequestHead,
     body: Bytes,
     attempt: &mut Attempt,
     body_done: Instant,

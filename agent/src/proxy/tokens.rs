@@ -43,6 +43,26 @@ impl TokenSource {
         }
     }
 
+    /// The request's key chain when it needs no round trip (`None`: the engine must be
+    /// asked; see [`TokenSource::keys`]); empty when the prompt cannot be tokenized.
+    pub fn keys_now(
+        &self,
+        req: &Request<'_>,
+        lora: Option<&str>,
+        block_size: usize,
+    ) -> Option<Vec<RouterKey>> {
+        let tokens = match self {
+            TokenSource::Local(tok) => req.local_tokens(tok.as_ref()),
+            TokenSource::Engine => Some(req.prompt_ids()?),
+            TokenSource::Approximate => req.text().map(|t| pseudo_tokens(&t)),
+        };
+        Some(request_keys(
+            &tokens.unwrap_or_default(),
+            block_size,
+            &req.extras(lora),
+        ))
+    }
+
     /// The request's key chain; empty when the prompt cannot be tokenized. `engine` names the
     /// endpoint to ask (engine source only; called at most once).
     pub async fn keys<'a>(
@@ -53,19 +73,14 @@ impl TokenSource {
         engine: impl FnOnce() -> Option<&'a str>,
         client: &UpstreamClient,
     ) -> Vec<RouterKey> {
-        let extras = req.extras(lora);
-        let tokens = match self {
-            TokenSource::Local(tok) => req.local_tokens(tok.as_ref()),
-            TokenSource::Engine => match req.prompt_ids() {
-                Some(ids) => Some(ids),
-                None => match engine() {
-                    Some(authority) => engine_tokens(req, authority, client).await,
-                    None => None,
-                },
-            },
-            TokenSource::Approximate => req.text().map(|t| pseudo_tokens(&t)),
+        if let Some(keys) = self.keys_now(req, lora, block_size) {
+            return keys;
+        }
+        let tokens = match engine() {
+            Some(authority) => engine_tokens(req, authority, client).await,
+            None => None,
         };
-        request_keys(&tokens.unwrap_or_default(), block_size, &extras)
+        request_keys(&tokens.unwrap_or_default(), block_size, &req.extras(lora))
     }
 }
 

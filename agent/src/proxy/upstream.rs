@@ -321,6 +321,7 @@ impl Drop for Tracked {
         } else {
             Outcome::of_status(o.status)
         };
+        let now = Instant::now();
         o.telemetry.record(
             &o.tenant,
             &RequestRecord {
@@ -331,7 +332,8 @@ impl Drop for Tracked {
                 retries: o.retries,
                 queue: o.queue,
                 ttft: self.ttft,
-                duration: o.start.elapsed(),
+                duration: now.saturating_duration_since(o.start),
+                at: now,
                 streamed,
             },
         );

@@ -5,7 +5,10 @@
 //! which is exactly why approximate routing is close to precise while caches are roomy and
 //! collapses under KV pressure (docs/benchmarks.md).
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
 
 use crate::kv_index::{IndexConfig, KvIndex, Match, RouterKey, SourceId, SourceInfo};
 
@@ -16,11 +19,18 @@ pub const HISTORY_TTL: Duration = Duration::from_secs(300);
 /// (block, endpoint) entries remembered at most.
 pub const HISTORY_ENTRIES: usize = 4_000_000;
 
+/// How often recording also expires old records: a record outlives [`HISTORY_TTL`] by at
+/// most this (and a sweep's cost is not paid per request).
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
 /// Per-pool routing history.
 #[derive(Debug)]
 pub struct History {
     index: KvIndex,
     sources: Vec<SourceId>,
+    origin: Instant,
+    /// Milliseconds after `origin` when the next sweep is due.
+    next_sweep: AtomicU64,
 }
 
 impl History {
@@ -38,7 +48,12 @@ impl History {
                 })
             })
             .collect();
-        Self { index, sources }
+        Self {
+            index,
+            sources,
+            origin: Instant::now(),
+            next_sweep: AtomicU64::new(0),
+        }
     }
 
     /// Consecutive prefix blocks each endpoint was routed, by endpoint.
@@ -58,7 +73,21 @@ impl History {
     /// Remembers that `keys` went to `endpoint`; expires old records.
     pub fn record(&self, endpoint: EndpointId, keys: &[RouterKey], now: Instant) {
         if let Some(source) = self.sources.get(endpoint.0) {
-            self.index.sweep(now);
+            let at = now.saturating_duration_since(self.origin).as_millis() as u64;
+            let due = self.next_sweep.load(Ordering::Relaxed);
+            if at >= due
+                && self
+                    .next_sweep
+                    .compare_exchange(
+                        due,
+                        at + SWEEP_EVERY.as_millis() as u64,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            {
+                self.index.sweep(now);
+            }
             self.index.speculate(*source, keys, now);
         }
     }

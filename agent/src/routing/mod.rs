@@ -26,6 +26,7 @@
 mod history;
 pub mod scorers;
 
+use smallvec::SmallVec;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use history::History;
@@ -263,10 +264,13 @@ impl From<Policy> for RoutePolicy {
     }
 }
 
+/// Endpoints a decision handles without allocating.
+const INLINE: usize = 16;
+
 /// A decision: endpoints best first (the rest are retry candidates) and why.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
-    pub ranked: Vec<EndpointId>,
+    pub ranked: SmallVec<[EndpointId; INLINE]>,
     /// Matched prefix blocks on the chosen endpoint.
     pub prefix_blocks: usize,
     /// The chosen endpoint's cost (scorers) or rotation position.
@@ -281,7 +285,8 @@ pub fn rank(
     rotation: &AtomicUsize,
 ) -> Option<Decision> {
     let policy = policy.into();
-    let live: Vec<&Candidate> = candidates.iter().filter(|c| !c.excluded).collect();
+    // Pools rarely have more endpoints than fit inline: no allocation per decision.
+    let live: SmallVec<[&Candidate; INLINE]> = candidates.iter().filter(|c| !c.excluded).collect();
     if live.is_empty() {
         return None;
     }
@@ -290,7 +295,7 @@ pub fn rank(
         total_blocks: ctx.keys.len(),
     };
     let n = live.len();
-    let mut costs = vec![0.0; n];
+    let mut costs: SmallVec<[f64; INLINE]> = smallvec::smallvec![0.0; n];
     if policy.kind == Policy::RoundRobin {
         let start = rotation.fetch_add(1, Ordering::Relaxed);
         for (i, c) in costs.iter_mut().enumerate() {
@@ -303,7 +308,7 @@ pub fn rank(
     }
     // Ties: fewer in flight, then a rotating offset so equal pods share the load.
     let offset = rotation.load(Ordering::Relaxed);
-    let mut order: Vec<usize> = (0..n).collect();
+    let mut order: SmallVec<[usize; INLINE]> = (0..n).collect();
     order.sort_by(|&a, &b| {
         costs[a]
             .total_cmp(&costs[b])
@@ -410,7 +415,7 @@ mod tests {
         let mut gone = cand(0, 10, 0, 0);
         gone.excluded = true;
         let d = rank(Policy::Precise, &ctx(100), &[gone, cand(1, 0, 0, 0)], &rr).unwrap();
-        assert_eq!(d.ranked, vec![EndpointId(1)]);
+        assert_eq!(d.ranked.as_slice(), [EndpointId(1)]);
         let mut all = cand(0, 0, 0, 0);
         all.excluded = true;
         assert!(rank(Policy::Precise, &ctx(1), &[all], &rr).is_none());

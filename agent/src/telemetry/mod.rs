@@ -189,6 +189,8 @@ pub struct RequestRecord<'a> {
     pub ttft: Option<Duration>,
     /// Request received to response complete (or abandoned).
     pub duration: Duration,
+    /// When it completed (or was abandoned).
+    pub at: Instant,
     /// Streamed (SSE): time per output token is measurable.
     pub streamed: bool,
 }
@@ -452,12 +454,10 @@ impl Telemetry {
                 bound.tpot.record(decode / (u.completion - 1) as f64);
             }
         }
-        tenant.live.lock().record(
-            Instant::now(),
-            rec.outcome == Outcome::Ok,
-            rec.usage,
-            rec.ttft,
-        );
+        tenant
+            .live
+            .lock()
+            .record(rec.at, rec.outcome == Outcome::Ok, rec.usage, rec.ttft);
     }
 
     fn bound(&self, tenant: &Tenant, rec: &RequestRecord<'_>) -> Arc<Bound> {

@@ -17,10 +17,8 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
-    time::{Duration, Instant},
+    time::Duration,
 };
-
-use std::io::Write as _;
 
 use bytes::{Bytes, BytesMut};
 use hyper::body::Frame;
@@ -86,7 +84,8 @@ struct Conn {
 #[derive(Debug)]
 struct Idle {
     conn: Conn,
-    since: Instant,
+    /// Checked in at (coarse clock).
+    since: Duration,
 }
 
 #[derive(Debug)]
@@ -101,7 +100,7 @@ struct Shared {
 struct IdleLists {
     by_endpoint: HashMap<Arc<str>, Vec<Idle>>,
     /// When expired connections (and the lists of endpoints that went away) were last dropped.
-    swept: Instant,
+    swept: Duration,
 }
 
 /// The client: idle connections per endpoint authority (`host:port`).
@@ -134,7 +133,7 @@ impl H1Client {
             shared: Arc::new(Shared {
                 idle: Mutex::new(IdleLists {
                     by_endpoint: HashMap::new(),
-                    swept: Instant::now(),
+                    swept: coarse_now(),
                 }),
                 connect_timeout,
                 idle_timeout,
@@ -182,7 +181,7 @@ impl H1Client {
         let mut idle = self.shared.idle.lock();
         let list = idle.by_endpoint.get_mut(authority)?;
         let c = list.pop()?;
-        if c.since.elapsed() < self.shared.idle_timeout {
+        if coarse_now().saturating_sub(c.since) < self.shared.idle_timeout {
             return Some(c.conn);
         }
         // The newest is too old: so are the others.
@@ -237,13 +236,13 @@ impl Shared {
     /// Every third of the idle timeout, a check-in also drops expired connections everywhere,
     /// so the connections of endpoints no longer used do not stay open.
     fn checkin(&self, authority: &Arc<str>, conn: Conn) {
-        let now = Instant::now();
+        let now = coarse_now();
         let mut idle = self.idle.lock();
-        if now.saturating_duration_since(idle.swept) >= self.idle_timeout / 3 {
+        if now.saturating_sub(idle.swept) >= self.idle_timeout / 3 {
             idle.swept = now;
             let timeout = self.idle_timeout;
             idle.by_endpoint.retain(|_, list| {
-                list.retain(|c| now.saturating_duration_since(c.since) < timeout);
+                list.retain(|c| now.saturating_sub(c.since) < timeout);
                 !list.is_empty()
             });
         }
@@ -258,6 +257,14 @@ impl Shared {
     }
 }
 
+/// The monotonic clock at tick resolution (a few milliseconds): ample for idle ages, and
+/// without the timestamp-counter read of a precise clock on every check-out and check-in.
+fn coarse_now() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
 /// The request head (and a small body) as bytes on the wire.
 fn encode_request(authority: &str, req: &Outgoing<'_>, out: &mut Vec<u8>) {
     let small = req.body.len() <= COALESCE_BODY;
@@ -269,7 +276,7 @@ fn encode_request(authority: &str, req: &Outgoing<'_>, out: &mut Vec<u8>) {
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(authority.as_bytes());
     out.extend_from_slice(b"\r\ncontent-length: ");
-    let _ = write!(out, "{}", req.body.len());
+    out.extend_from_slice(itoa::Buffer::new().format(req.body.len()).as_bytes());
     out.extend_from_slice(b"\r\n");
     for (name, value) in req.headers.iter() {
         if forwarded(name) {
@@ -429,7 +436,8 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<(Head, Framing, bool)>, H1Err
         close = true;
         Framing::UntilClose
     };
-    let spans = super::spans(buf, parsed.headers);
+    let mut spans = crate::headers::Spans::new();
+    super::spans(buf, parsed.headers, &mut spans);
     let head = buf.split_to(len).freeze();
     let head = Head {
         status,

@@ -12,7 +12,7 @@ pub mod server;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::headers::{Span, lists};
+use crate::headers::{Span, Spans, lists};
 
 pub use client::{H1Body, H1Client, Outgoing};
 
@@ -201,18 +201,17 @@ fn content_length(value: &[u8]) -> Option<u64> {
 }
 
 /// Where each of `fields` (parsed by httparse out of `buf`) sits in `buf`, so the fields can
-/// be read as slices of the head once it is split off the read buffer.
-fn spans(buf: &[u8], fields: &[httparse::Header<'_>]) -> Vec<Span> {
+/// be read as slices of the head once it is split off the read buffer; into `out`, emptied
+/// first.
+fn spans(buf: &[u8], fields: &[httparse::Header<'_>], out: &mut Spans) {
     let base = buf.as_ptr() as usize;
-    // Heads are at most MAX_HEAD bytes: offsets fit in u32.
+    // Heads are at most MAX_HEAD bytes (plus one read): offsets fit in u32.
     let at = |s: &[u8]| ((s.as_ptr() as usize - base) as u32, s.len() as u32);
-    fields
-        .iter()
-        .map(|f| Span {
-            name: at(f.name.as_bytes()),
-            value: at(f.value),
-        })
-        .collect()
+    out.clear();
+    out.extend(fields.iter().map(|f| Span {
+        name: at(f.name.as_bytes()),
+        value: at(f.value),
+    }));
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ use tokio::{
 };
 
 use super::{Decoded, Framing, MAX_HEAD, MAX_HEADERS};
-use crate::headers::{Headers, hop_by_hop};
+use crate::headers::{Headers, Spans, hop_by_hop};
 use crate::proxy::message::{Answer, RequestHead};
 use crate::proxy::{Body, ProxyError};
 
@@ -68,12 +68,12 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Answers one request. `body` is the whole request body, or the error to answer when it
     /// could not be read (too large, malformed framing).
-    fn call(
-        &self,
+    fn call<'a>(
+        &'a self,
         peer: IpAddr,
-        head: RequestHead,
+        head: &'a RequestHead,
         body: Result<Bytes, ProxyError>,
-    ) -> impl Future<Output = Answer> + Send;
+    ) -> impl Future<Output = Answer> + Send + 'a;
 }
 
 /// The protocol a new connection speaks, from its first bytes.
@@ -135,11 +135,13 @@ async fn connection<H: Handler>(
 ) -> io::Result<()> {
     let (mut r, mut w) = stream.split();
     let mut out = Vec::with_capacity(4096);
+    // Field spans of the request heads, one list reused (no allocation per request).
+    let mut spans = Spans::new();
     loop {
         // Set when a head arrives in pieces: the rest must come within the read timeout.
         let mut head_started: Option<tokio::time::Instant> = None;
         let head = loop {
-            match parse_request(buf) {
+            match parse_request(buf, &mut spans) {
                 Ok(Some(head)) => break head,
                 Ok(None) if buf.len() >= MAX_HEAD => {
                     let err = ProxyError::new(
@@ -194,13 +196,16 @@ async fn connection<H: Handler>(
         keep_alive &= !unread;
         let resp = tokio::select! {
             biased;
-            resp = handler.call(peer, parts, body) => resp,
+            resp = handler.call(peer, &parts, body) => resp,
             () = gone(&mut r) => return Ok(()),
         };
         let keep = write_response(
             &mut r, &mut w, &mut out, resp, head_only, http11, keep_alive,
         )
         .await?;
+        if let Headers::Raw { spans: used, .. } = parts.headers {
+            spans = used;
+        }
         if !keep {
             let _ = w.shutdown().await;
             if unread {
@@ -237,7 +242,8 @@ async fn reject(
 /// reads and drops what the client still sends, for up to [`LINGER`], so it can finish
 /// writing and read the answer (closing at once would reset the connection under it).
 async fn linger(r: &mut ReadHalf<'_>) {
-    let mut scratch = [0u8; 8192];
+    // On the heap: an array here would sit in every connection's future.
+    let mut scratch = vec![0u8; 8192];
     let drain = async {
         while let Ok(n) = r.read(&mut scratch).await {
             if n == 0 {
@@ -277,7 +283,8 @@ async fn gone(r: &mut ReadHalf<'_>) {
 }
 
 /// Parses a request head off the front of `buf` (`None`: incomplete).
-fn parse_request(buf: &mut BytesMut) -> Result<Option<Head>, ProxyError> {
+/// `spans` is the connection's list for the head's field spans (taken when complete).
+fn parse_request(buf: &mut BytesMut, spans: &mut Spans) -> Result<Option<Head>, ProxyError> {
     let bad = |m: &str| ProxyError::bad_request(format!("Malformed HTTP request: {m}."));
     let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut []);
@@ -325,7 +332,8 @@ fn parse_request(buf: &mut BytesMut) -> Result<Option<Head>, ProxyError> {
     };
     let target_at = req.path.unwrap_or("/").as_ptr() as usize - buf.as_ptr() as usize;
     let target_len = req.path.unwrap_or("/").len();
-    let spans = super::spans(buf, req.headers);
+    super::spans(buf, req.headers, spans);
+    let spans = std::mem::take(spans);
     let head = buf.split_to(len).freeze();
     let uri = http::Uri::from_maybe_shared(head.slice(target_at..target_at + target_len))
         .map_err(|_| bad("invalid request target"))?;
@@ -471,7 +479,9 @@ async fn write_response(
     }
     match delimit {
         Delimit::Length(n) => {
-            let _ = write!(out, "content-length: {n}\r\n");
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
         }
         Delimit::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         Delimit::None | Delimit::Close => {}
@@ -567,7 +577,8 @@ async fn frame_data(
     }
     let chunked = delimit == Delimit::Chunked;
     if chunked {
-        let _ = write!(out, "{:x}\r\n", data.len());
+        put_hex(out, data.len());
+        out.extend_from_slice(b"\r\n");
     }
     if data.len() <= COPY_FRAME {
         out.extend_from_slice(&data);
@@ -580,6 +591,21 @@ async fn frame_data(
         out.extend_from_slice(b"\r\n");
     }
     Ok(())
+}
+
+/// Appends `n` in lowercase hexadecimal (a chunk size).
+fn put_hex(out: &mut Vec<u8>, mut n: usize) {
+    let mut digits = [0u8; 16];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b"0123456789abcdef"[n & 15];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// A connection whose first bytes were read already (to tell the protocol): they are read
@@ -667,12 +693,12 @@ mod tests {
         fn read_timeout(&self) -> Duration {
             Duration::from_millis(200)
         }
-        fn call(
-            &self,
+        fn call<'a>(
+            &'a self,
             _peer: IpAddr,
-            head: RequestHead,
+            head: &'a RequestHead,
             body: Result<Bytes, ProxyError>,
-        ) -> impl Future<Output = Answer> + Send {
+        ) -> impl Future<Output = Answer> + Send + 'a {
             let note = NoteDrop(self.dropped.clone());
             let started = self.started.clone();
             async move {
