@@ -194,10 +194,19 @@ async fn connection<H: Handler>(
         // The rest of a refused body was never read: the connection cannot go on.
         let unread = body.is_err();
         keep_alive &= !unread;
-        let resp = tokio::select! {
-            biased;
-            resp = handler.call(peer, &parts, body) => resp,
-            () = gone(&mut r) => return Ok(()),
+        let resp = {
+            // Pinned where it is built: the handler's future is large, and `select!` would
+            // copy it twice per request.
+            let mut call = std::pin::pin!(handler.call(peer, &parts, body));
+            let mut gone = std::pin::pin!(gone(&mut r));
+            std::future::poll_fn(|cx| match call.as_mut().poll(cx) {
+                Poll::Ready(resp) => Poll::Ready(Some(resp)),
+                Poll::Pending => gone.as_mut().poll(cx).map(|()| None),
+            })
+            .await
+        };
+        let Some(resp) = resp else {
+            return Ok(());
         };
         let keep = write_response(
             &mut r, &mut w, &mut out, resp, head_only, http11, keep_alive,
