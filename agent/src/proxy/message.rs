@@ -10,27 +10,57 @@ use super::Body;
 #[derive(Debug, Clone)]
 pub struct RequestHead {
     pub method: http::Method,
-    pub uri: http::Uri,
+    /// Path and query, as forwarded (always UTF-8: see [`RequestHead::new`]).
+    target: bytes::Bytes,
     pub version: http::Version,
     pub headers: Headers,
 }
 
 impl RequestHead {
-    pub fn path(&self) -> &str {
-        self.uri.path()
+    /// `target` is the request target as received: origin form (`/path?query`) is kept as
+    /// it is, without another parse; any other form (absolute, `*`) is read as a URI and its
+    /// path and query kept. `None`: not a request target.
+    pub fn new(
+        method: http::Method,
+        target: bytes::Bytes,
+        version: http::Version,
+        headers: Headers,
+    ) -> Option<Self> {
+        let origin_form = target.first() == Some(&b'/') && std::str::from_utf8(&target).is_ok();
+        let target = if origin_form {
+            target
+        } else {
+            let uri = http::Uri::from_maybe_shared(target).ok()?;
+            bytes::Bytes::copy_from_slice(path_and_query(&uri).as_bytes())
+        };
+        Some(Self {
+            method,
+            target,
+            version,
+            headers,
+        })
     }
 
     /// The request target to forward: path and query.
     pub fn target(&self) -> &str {
-        self.uri.path_and_query().map_or("/", |p| p.as_str())
+        std::str::from_utf8(&self.target).unwrap_or("/")
     }
+
+    pub fn path(&self) -> &str {
+        let t = self.target();
+        t.split_once('?').map_or(t, |(path, _)| path)
+    }
+}
+
+fn path_and_query(uri: &http::Uri) -> &str {
+    uri.path_and_query().map_or("/", |p| p.as_str())
 }
 
 impl From<http::request::Parts> for RequestHead {
     fn from(p: http::request::Parts) -> Self {
         Self {
             method: p.method,
-            uri: p.uri,
+            target: bytes::Bytes::copy_from_slice(path_and_query(&p.uri).as_bytes()),
             version: p.version,
             headers: Headers::Map(p.headers),
         }
@@ -82,5 +112,33 @@ impl Answer {
         *resp.status_mut() = self.status;
         *resp.headers_mut() = headers;
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(target: &'static [u8]) -> Option<RequestHead> {
+        RequestHead::new(
+            http::Method::GET,
+            bytes::Bytes::from_static(target),
+            http::Version::HTTP_11,
+            Headers::default(),
+        )
+    }
+
+    #[test]
+    fn request_targets_in_every_form_forward_their_path_and_query() {
+        let h = head(b"/v1/models?x=1").unwrap();
+        assert_eq!((h.path(), h.target()), ("/v1/models", "/v1/models?x=1"));
+        let h = head(b"http://pod:8000/v1/completions?y").unwrap();
+        assert_eq!(
+            (h.path(), h.target()),
+            ("/v1/completions", "/v1/completions?y")
+        );
+        let h = head(b"http://pod:8000").unwrap();
+        assert_eq!(h.target(), "/");
+        assert!(head(b"not a target").is_none());
     }
 }

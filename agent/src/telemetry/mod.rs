@@ -237,11 +237,15 @@ struct PoolSeries {
 /// A tenant's series within a pool, per pod when pods are an attribute.
 type SeriesKey = (PoolId, Option<u16>);
 
+/// The request path's maps: looked up per request, keyed by the agent's own bounded names
+/// (tenants are capped), so a fast hash.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// One tenant: its series and its live window.
 #[derive(Debug)]
 pub struct Tenant {
     name: Arc<str>,
-    series: RwLock<HashMap<SeriesKey, Arc<Bound>>>,
+    series: RwLock<FastMap<SeriesKey, Arc<Bound>>>,
     live: Mutex<live::Live>,
 }
 
@@ -259,7 +263,7 @@ pub struct Telemetry {
     meter: Meter,
     inst: Instruments,
     pools: RwLock<Vec<PoolSeries>>,
-    tenants: RwLock<HashMap<Arc<str>, Arc<Tenant>>>,
+    tenants: RwLock<FastMap<Arc<str>, Arc<Tenant>>>,
     max_tenants: usize,
     pod_attribute: bool,
     origin: Instant,
@@ -356,7 +360,7 @@ impl Telemetry {
             meter,
             inst,
             pools: RwLock::new(Vec::new()),
-            tenants: RwLock::new(HashMap::new()),
+            tenants: RwLock::new(FastMap::default()),
             max_tenants: config.max_tenants.max(1),
             pod_attribute: config.pod_attribute,
             origin: Instant::now(),
@@ -415,7 +419,7 @@ impl Telemetry {
             .or_insert_with(|| {
                 Arc::new(Tenant {
                     name,
-                    series: RwLock::new(HashMap::new()),
+                    series: RwLock::new(FastMap::default()),
                     live: Mutex::new(live::Live::new(self.origin)),
                 })
             })

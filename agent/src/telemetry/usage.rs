@@ -169,10 +169,10 @@ impl Scan<'_> {
         if digits == 0 || digits > 19 {
             return None;
         }
-        let n = std::str::from_utf8(&self.v[self.at..self.at + digits])
-            .ok()?
-            .parse()
-            .ok()?;
+        // At most 19 digits: fits in u64.
+        let n = self.v[self.at..self.at + digits]
+            .iter()
+            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
         self.at += digits;
         Some(n)
     }

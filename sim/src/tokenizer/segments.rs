@@ -22,7 +22,6 @@
 use std::{collections::VecDeque, sync::Arc};
 
 use super::{Error, Tokenizer};
-use memchr::memmem;
 use parking_lot::Mutex;
 
 /// Maps keyed by a 64-bit hash already (xxh3): the key is its own hash.
@@ -96,12 +95,31 @@ impl WordCache {
     }
 }
 
+/// Added tokens and a single-pass searcher for them: leftmost match first, the longest of
+/// those starting there (how the tokenizers crate splits on added tokens).
+#[derive(Debug)]
+struct Specials {
+    finder: aho_corasick::AhoCorasick,
+    ids: Vec<u32>,
+}
+
+impl Specials {
+    fn new(tokens: impl Iterator<Item = (String, u32)>) -> Option<Self> {
+        let (contents, ids): (Vec<String>, Vec<u32>) = tokens.unzip();
+        let finder = aho_corasick::AhoCorasick::builder()
+            .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+            .build(&contents)
+            .ok()?;
+        Some(Self { finder, ids })
+    }
+}
+
 /// A tokenizer with a per-segment cache.
 #[derive(Debug)]
 pub struct SegmentTokenizer {
     tokenizer: Arc<Tokenizer>,
-    /// Added tokens to split at, as (content, id); `None` when splitting would not be exact.
-    specials: Option<Vec<(String, u32)>>,
+    /// Added tokens to split at; `None` when splitting would not be exact.
+    specials: Option<Specials>,
     /// What `add_special_tokens = true` prepends; `None` when it does more than prepend.
     bos: Option<Vec<u32>>,
     cache: Mutex<Cache>,
@@ -115,13 +133,8 @@ impl SegmentTokenizer {
         let specials = added
             .iter()
             .all(|(content, _, plain)| *plain && !content.is_empty())
-            .then(|| {
-                let mut v: Vec<(String, u32)> =
-                    added.into_iter().map(|(c, id, _)| (c, id)).collect();
-                // Longest first: leftmost-longest matching like the tokenizers crate.
-                v.sort_by_key(|t| std::cmp::Reverse(t.0.len()));
-                v
-            });
+            .then(|| Specials::new(added.into_iter().map(|(c, id, _)| (c, id))))
+            .flatten();
         // add_special_tokens must only prepend: probe with a text whose tokens we know.
         let bos = (|| {
             let with = tokenizer.encode("probe text", true).ok()?;
@@ -156,25 +169,15 @@ impl SegmentTokenizer {
             out.extend_from_slice(bos);
         }
         let mut pos = 0;
-        while pos < text.len() {
-            let next = specials
-                .iter()
-                .filter_map(|(c, id)| {
-                    memmem::find(&text.as_bytes()[pos..], c.as_bytes())
-                        .map(|at| (pos + at, c.len(), *id))
-                })
-                .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-            let end = next.map_or(text.len(), |(at, _, _)| at);
-            if end > pos {
-                self.piece(&text[pos..end], &mut out)?;
+        for m in specials.finder.find_iter(text) {
+            if m.start() > pos {
+                self.piece(&text[pos..m.start()], &mut out)?;
             }
-            match next {
-                Some((at, len, id)) => {
-                    out.push(id);
-                    pos = at + len;
-                }
-                None => break,
-            }
+            out.push(specials.ids[m.pattern().as_usize()]);
+            pos = m.end();
+        }
+        if pos < text.len() {
+            self.piece(&text[pos..], &mut out)?;
         }
         Ok(out)
     }

@@ -344,18 +344,14 @@ fn parse_request(buf: &mut BytesMut, spans: &mut Spans) -> Result<Option<Head>, 
     super::spans(buf, req.headers, spans);
     let spans = std::mem::take(spans);
     let head = buf.split_to(len).freeze();
-    let uri = http::Uri::from_maybe_shared(head.slice(target_at..target_at + target_len))
-        .map_err(|_| bad("invalid request target"))?;
-    let parts = RequestHead {
-        method,
-        uri,
-        version: if http11 {
-            http::Version::HTTP_11
-        } else {
-            http::Version::HTTP_10
-        },
-        headers: Headers::Raw { head, spans },
+    let version = if http11 {
+        http::Version::HTTP_11
+    } else {
+        http::Version::HTTP_10
     };
+    let target = head.slice(target_at..target_at + target_len);
+    let parts = RequestHead::new(method, target, version, Headers::Raw { head, spans })
+        .ok_or_else(|| bad("invalid request target"))?;
     Ok(Some(Head {
         parts,
         framing,
@@ -715,7 +711,7 @@ mod tests {
                     Ok(b) => b,
                     Err(e) => return e.into_response().into(),
                 };
-                if head.uri.path() == "/hang" {
+                if head.path() == "/hang" {
                     let _note = note;
                     started.store(true, Ordering::SeqCst);
                     std::future::pending::<()>().await;
@@ -770,6 +766,15 @@ mod tests {
         let mut out = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
         String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn chunk_sizes_are_lowercase_hex() {
+        for n in [0usize, 1, 15, 16, 255, 4096, 0xdead_beef, usize::MAX] {
+            let mut out = Vec::new();
+            put_hex(&mut out, n);
+            assert_eq!(String::from_utf8(out).unwrap(), format!("{n:x}"));
+        }
     }
 
     #[tokio::test]
