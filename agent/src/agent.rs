@@ -98,7 +98,12 @@ pub fn routing_config(args: &AgentArgs) -> Result<Config, Error> {
                     "give either --config FILE or --endpoint flags, not both".into(),
                 ));
             }
-            Ok(crate::config::load(path)?)
+            let mut config = crate::config::load(path)?;
+            if let Some(n) = args.workers {
+                config.workers = n;
+                config.validate("--workers")?;
+            }
+            Ok(config)
         }
         None => Ok(Config::from_args(args)?),
     }
@@ -198,16 +203,26 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
             source,
         })
     };
+    let workers = Arc::new(proxy::Workers::start(config.workers).map_err(|source| {
+        Error::Config(format!(
+            "starting {} data-path threads: {source}",
+            config.workers
+        ))
+    })?);
     let mut listen_addrs = Vec::new();
     for &asked in &config.listen {
         let l = listen(asked).await?;
         listen_addrs.push(addr(&l, asked)?);
-        tasks.push(tokio::spawn(proxy::serve(l, proxy.clone())));
+        tasks.push(tokio::spawn(proxy::serve(
+            l,
+            proxy.clone(),
+            workers.clone(),
+        )));
     }
     let admin = listen(config.admin).await?;
     let admin_addr = addr(&admin, config.admin)?;
     let endpoints: usize = config.pools.iter().map(|p| p.endpoints.len()).sum();
-    tracing::info!(listen = ?listen_addrs, admin = %admin_addr, pools = config.pools.len(), endpoints, "routing proxy ready");
+    tracing::info!(listen = ?listen_addrs, admin = %admin_addr, pools = config.pools.len(), endpoints, workers = workers.len(), "routing proxy ready");
     tasks.push(tokio::spawn(proxy::serve_admin(admin, proxy.clone())));
     tasks.push(tokio::spawn(proxy::scrape_loop(proxy.clone())));
     tasks.push(tokio::spawn(async move {

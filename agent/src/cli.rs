@@ -36,6 +36,11 @@ pub struct AgentArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
     pub admin: std::net::SocketAddr,
 
+    /// Data-path threads, each serving its share of client connections (default: one per
+    /// CPU this process may use). Overrides `proxy.workers` of a --config file.
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+
     /// A configuration file (YAML; docs/config.md) instead of the one-pool flags below.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,

@@ -64,7 +64,7 @@ struct Target {
     pid: Option<u32>,
 }
 
-/// `warmpath agent` (one worker thread) in front of the simulator at `sim_addr`, with
+/// `warmpath agent` (one data-path thread, one runtime thread for the rest) in front of the simulator at `sim_addr`, with
 /// `extra` flags, once ready: (process, pid, listen port).
 async fn start_agent(
     client: &reqwest::Client,
@@ -80,6 +80,9 @@ async fn start_agent(
         format!("127.0.0.1:{admin}"),
         "--endpoint".into(),
         format!("http://{sim_addr}"),
+        // One data-path thread: figures per core.
+        "--workers".into(),
+        "1".into(),
     ]
     .into();
     args.extend(extra.iter().map(|a| a.to_string()));

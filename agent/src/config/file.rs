@@ -59,6 +59,9 @@ struct ProxyFile {
     explain: bool,
     #[serde(default = "yes")]
     inject_usage: bool,
+    /// Data-path threads (default: one per CPU).
+    #[serde(default)]
+    workers: Option<usize>,
 }
 
 impl Default for ProxyFile {
@@ -68,6 +71,7 @@ impl Default for ProxyFile {
             retries: DEFAULT_RETRIES,
             explain: false,
             inject_usage: true,
+            workers: None,
         }
     }
 }
@@ -413,6 +417,10 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
         retries: f.proxy.retries,
         explain: f.proxy.explain,
         inject_usage: f.proxy.inject_usage,
+        workers: f
+            .proxy
+            .workers
+            .unwrap_or_else(crate::proxy::workers::default_workers),
         tenants,
         telemetry: TelemetryConfig {
             max_tenants: t.max_tenants,
@@ -485,6 +493,14 @@ mod tests {
             "{base}tenants:\n  cidrs: {{team-a: [300.1.1.1/8]}}\n"
         ));
         assert!(e.contains("tenants.cidrs.team-a[0]"), "{e}");
+        let e = error(&format!("{base}proxy: {{workers: 0}}\n"));
+        assert!(e.contains("proxy.workers") && e.contains("1 to 256"), "{e}");
+        assert_eq!(
+            parse(&format!("{base}proxy: {{workers: 3}}\n"), "f")
+                .unwrap()
+                .workers,
+            3
+        );
         let e = error("version: 1\npools: []\n");
         assert!(e.contains("pools: at least one"), "{e}");
         let e = error(&format!(

@@ -61,6 +61,8 @@ pub struct PoolConfig {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: Vec<SocketAddr>,
+    /// Data-path threads ([`crate::proxy::Workers`]).
+    pub workers: usize,
     pub admin: SocketAddr,
     pub pools: Vec<PoolConfig>,
     pub max_body: usize,
@@ -119,6 +121,13 @@ impl Config {
         }
         if self.listen.is_empty() {
             return err("listen".into(), "at least one address is needed".into());
+        }
+        let max = crate::proxy::workers::MAX_WORKERS;
+        if !(1..=max).contains(&self.workers) {
+            return err(
+                "proxy.workers".into(),
+                format!("must be 1 to {max} (data-path threads)"),
+            );
         }
         let mut names = std::collections::HashSet::new();
         let mut models = std::collections::HashSet::new();
@@ -251,6 +260,9 @@ impl Config {
             .map_err(|e| ConfigError::field(FLAGS, "telemetry flags", e.to_string()))?;
         let config = Config {
             listen: vec![args.listen],
+            workers: args
+                .workers
+                .unwrap_or_else(crate::proxy::workers::default_workers),
             admin: args.admin,
             pools: vec![PoolConfig {
                 name: crate::proxy::DEFAULT_POOL.into(),

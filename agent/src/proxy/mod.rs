@@ -12,8 +12,14 @@ pub mod request;
 mod scrape;
 pub mod tokens;
 mod upstream;
+pub mod workers;
 
-use std::{convert::Infallible, net::IpAddr, sync::Arc, time::Instant};
+use std::{
+    convert::Infallible,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::Instant,
+};
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -28,6 +34,7 @@ pub use scrape::scrape_loop;
 pub use scrape::{parse_adapters, parse_lora};
 pub use tokens::TokenSource;
 pub use upstream::UpstreamProtocol;
+pub use workers::Workers;
 
 use message::{Answer, RequestHead};
 
@@ -192,11 +199,11 @@ impl Proxy {
     }
 }
 
-/// Serves the proxy on `listener` until the task is dropped: HTTP/1.x on warmpath's own
-/// server ([`h1::server`]), h2c (prior knowledge) on hyper's.
-pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
+/// Serves the proxy on `listener` until the task is dropped: each connection accepted is
+/// served on one of `workers`.
+pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, workers: Arc<Workers>) {
     loop {
-        let (mut stream, peer) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(err) => {
                 tracing::warn!(%err, "accept failed");
@@ -204,30 +211,33 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
             }
         };
         let _ = stream.set_nodelay(true);
-        let proxy = proxy.clone();
-        tokio::spawn(async move {
-            let mut buf = bytes::BytesMut::with_capacity(8 * 1024);
-            match h1::server::sniff(&mut stream, &mut buf).await {
-                Ok(h1::server::Sniffed::Http1) => {
-                    h1::server::serve(stream, buf, peer.ip(), proxy.as_ref()).await;
-                }
-                Ok(h1::server::Sniffed::H2) => {
-                    let io = h1::server::Rewind::new(buf.freeze(), stream);
-                    let service = service_fn(move |req| {
-                        let proxy = proxy.clone();
-                        async move { Ok::<_, Infallible>(handle(&proxy, peer.ip(), req).await) }
-                    });
-                    let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(io), service)
-                        .await;
-                    if let Err(err) = served {
-                        tracing::debug!(%err, "client connection ended");
-                    }
-                }
-                Ok(h1::server::Sniffed::Closed) => {}
-                Err(err) => tracing::debug!(%err, "client connection ended"),
+        workers.serve(stream, peer, proxy.clone());
+    }
+}
+
+/// Serves one client connection: HTTP/1.x on warmpath's own server ([`h1::server`]), h2c
+/// (prior knowledge) on hyper's.
+async fn connection(mut stream: tokio::net::TcpStream, peer: SocketAddr, proxy: Arc<Proxy>) {
+    let mut buf = bytes::BytesMut::with_capacity(8 * 1024);
+    match h1::server::sniff(&mut stream, &mut buf).await {
+        Ok(h1::server::Sniffed::Http1) => {
+            h1::server::serve(stream, buf, peer.ip(), proxy.as_ref()).await;
+        }
+        Ok(h1::server::Sniffed::H2) => {
+            let io = h1::server::Rewind::new(buf.freeze(), stream);
+            let service = service_fn(move |req| {
+                let proxy = proxy.clone();
+                async move { Ok::<_, Infallible>(handle(&proxy, peer.ip(), req).await) }
+            });
+            let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(io), service)
+                .await;
+            if let Err(err) = served {
+                tracing::debug!(%err, "client connection ended");
             }
-        });
+        }
+        Ok(h1::server::Sniffed::Closed) => {}
+        Err(err) => tracing::debug!(%err, "client connection ended"),
     }
 }
 

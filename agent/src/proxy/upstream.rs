@@ -190,6 +190,8 @@ pub struct Tracked {
     guard: InFlight,
     observer: Observer,
     ttft: Option<Duration>,
+    /// When the engine's last byte was read (a body in one frame: when its first was).
+    ended: Option<Instant>,
     done: bool,
     failed: bool,
 }
@@ -201,6 +203,7 @@ impl Tracked {
             guard,
             observer,
             ttft: None,
+            ended: None,
             done: false,
             failed: false,
         }
@@ -246,11 +249,14 @@ impl hyper::body::Body for Tracked {
                 Some(Ok(frame)) => {
                     let frame = match frame.into_data() {
                         Ok(data) => {
+                            let last = this.inner.is_end_stream();
                             if this.ttft.is_none() {
-                                this.ttft = Some(this.observer.start.elapsed());
+                                let now = Instant::now();
+                                this.ttft =
+                                    Some(now.saturating_duration_since(this.observer.start));
+                                this.ended = last.then_some(now);
                                 this.guard.first_byte();
                             }
-                            let last = this.inner.is_end_stream();
                             let out = this.tap(data, last);
                             this.done = last;
                             if out.is_empty() && !last {
@@ -321,7 +327,7 @@ impl Drop for Tracked {
         } else {
             Outcome::of_status(o.status)
         };
-        let now = Instant::now();
+        let now = self.ended.unwrap_or_else(Instant::now);
         o.telemetry.record(
             &o.tenant,
             &RequestRecord {

@@ -437,7 +437,25 @@ impl Telemetry {
 
     /// Records one finished request for `tenant`.
     pub fn record(&self, tenant: &Tenant, rec: &RequestRecord<'_>) {
-        let bound = self.bound(tenant, rec);
+        let pod = rec.pod.filter(|_| self.pod_attribute);
+        let key = (rec.pool, pod.map(|(i, _)| i));
+        // The series' instruments are used under the read lock (no reference count taken);
+        // a series seen for the first time is bound once.
+        let series = tenant.series.read();
+        match series.get(&key) {
+            Some(bound) => Self::apply(bound, rec),
+            None => {
+                drop(series);
+                Self::apply(&self.bind(tenant, key, rec, pod), rec);
+            }
+        }
+        tenant
+            .live
+            .lock()
+            .record(rec.at, rec.outcome == Outcome::Ok, rec.usage, rec.ttft);
+    }
+
+    fn apply(bound: &Bound, rec: &RequestRecord<'_>) {
         bound.requests[rec.outcome as usize].add(1);
         if let Some(u) = rec.usage {
             bound.prompt_tokens.add(u.prompt);
@@ -458,18 +476,16 @@ impl Telemetry {
                 bound.tpot.record(decode / (u.completion - 1) as f64);
             }
         }
-        tenant
-            .live
-            .lock()
-            .record(rec.at, rec.outcome == Outcome::Ok, rec.usage, rec.ttft);
     }
 
-    fn bound(&self, tenant: &Tenant, rec: &RequestRecord<'_>) -> Arc<Bound> {
-        let pod = rec.pod.filter(|_| self.pod_attribute);
-        let key = (rec.pool, pod.map(|(i, _)| i));
-        if let Some(b) = tenant.series.read().get(&key) {
-            return b.clone();
-        }
+    /// Binds the instruments of a tenant's series (once per series).
+    fn bind(
+        &self,
+        tenant: &Tenant,
+        key: SeriesKey,
+        rec: &RequestRecord<'_>,
+        pod: Option<(u16, &str)>,
+    ) -> Arc<Bound> {
         let mut attrs = vec![KeyValue::new("tenant", tenant.name.to_string())];
         if let Some(p) = self.pools.read().get(usize::from(rec.pool.0)) {
             attrs.push(KeyValue::new("pool", p.name.to_string()));

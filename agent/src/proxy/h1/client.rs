@@ -27,6 +27,7 @@ use tokio::{io::AsyncWriteExt, net::TcpStream};
 
 use super::{Decoded, Framing, FramingError, MAX_HEAD, MAX_HEADERS};
 use crate::headers::{Headers, hop_by_hop};
+use crate::proxy::workers::MAX_WORKERS;
 
 /// Idle connections kept per endpoint (more are closed when they come back).
 pub const MAX_IDLE_PER_ENDPOINT: usize = 1024;
@@ -90,7 +91,10 @@ struct Idle {
 
 #[derive(Debug)]
 struct Shared {
-    idle: Mutex<IdleLists>,
+    /// Idle connections by the worker they are registered with: shard 0 for any runtime
+    /// but the data-path workers', shard 1 + i for worker i (see [`set_worker`]). A
+    /// connection is only used on the runtime whose poller it is registered with.
+    idle: Box<[Mutex<IdleLists>]>,
     connect_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -98,7 +102,7 @@ struct Shared {
 /// Idle connections per endpoint, most recently used last.
 #[derive(Debug)]
 struct IdleLists {
-    by_endpoint: HashMap<Arc<str>, Vec<Idle>>,
+    by_endpoint: HashMap<Arc<str>, Vec<Idle>, foldhash::fast::RandomState>,
     /// When expired connections (and the lists of endpoints that went away) were last dropped.
     swept: Duration,
 }
@@ -131,10 +135,14 @@ impl H1Client {
     pub fn with_idle_timeout(connect_timeout: Duration, idle_timeout: Duration) -> Self {
         Self {
             shared: Arc::new(Shared {
-                idle: Mutex::new(IdleLists {
-                    by_endpoint: HashMap::new(),
-                    swept: coarse_now(),
-                }),
+                idle: (0..=MAX_WORKERS)
+                    .map(|_| {
+                        Mutex::new(IdleLists {
+                            by_endpoint: HashMap::default(),
+                            swept: coarse_now(),
+                        })
+                    })
+                    .collect(),
                 connect_timeout,
                 idle_timeout,
             }),
@@ -169,16 +177,21 @@ impl H1Client {
     fn idle(&self) -> usize {
         self.shared
             .idle
-            .lock()
-            .by_endpoint
-            .values()
-            .map(Vec::len)
+            .iter()
+            .map(|shard| {
+                shard
+                    .lock()
+                    .by_endpoint
+                    .values()
+                    .map(Vec::len)
+                    .sum::<usize>()
+            })
             .sum()
     }
 
     /// The endpoint's most recently used idle connection, if one is young enough.
     fn checkout(&self, authority: &str) -> Option<Conn> {
-        let mut idle = self.shared.idle.lock();
+        let mut idle = self.shared.shard().lock();
         let list = idle.by_endpoint.get_mut(authority)?;
         let c = list.pop()?;
         if coarse_now().saturating_sub(c.since) < self.shared.idle_timeout {
@@ -232,12 +245,18 @@ impl H1Client {
 }
 
 impl Shared {
+    /// This thread's idle lists.
+    fn shard(&self) -> &Mutex<IdleLists> {
+        &self.idle[WORKER.get().map_or(0, |i| i + 1)]
+    }
+
     /// A connection whose response was read to its end comes back for the next request.
-    /// Every third of the idle timeout, a check-in also drops expired connections everywhere,
-    /// so the connections of endpoints no longer used do not stay open.
+    /// Every third of the idle timeout, a check-in also drops this thread's expired
+    /// connections to every endpoint, so the connections of endpoints no longer used do not
+    /// stay open.
     fn checkin(&self, authority: &Arc<str>, conn: Conn) {
         let now = coarse_now();
-        let mut idle = self.idle.lock();
+        let mut idle = self.shard().lock();
         if now.saturating_sub(idle.swept) >= self.idle_timeout / 3 {
             idle.swept = now;
             let timeout = self.idle_timeout;
@@ -255,6 +274,17 @@ impl Shared {
             }
         }
     }
+}
+
+thread_local! {
+    /// The data-path worker this thread is, if it is one.
+    static WORKER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Marks this thread as data-path worker `i` (< [`MAX_WORKERS`]): its engine connections
+/// are pooled apart from every other thread's.
+pub fn set_worker(i: usize) {
+    WORKER.set(Some(i.min(MAX_WORKERS - 1)));
 }
 
 /// The monotonic clock at tick resolution (a few milliseconds): ample for idle ages, and
@@ -641,7 +671,7 @@ mod tests {
         assert_eq!(get(&client, &b).await.unwrap(), (200, b"ok".to_vec()));
         // Checking b's connection in swept a's expired one away.
         assert_eq!(client.idle(), 1);
-        assert!(!client.shared.idle.lock().by_endpoint.contains_key(&*a));
+        assert!(!client.shared.idle[0].lock().by_endpoint.contains_key(&*a));
     }
 
     #[tokio::test]

@@ -1,0 +1,121 @@
+//! The data path's threads. Each runs a current-thread tokio runtime and serves the client
+//! connections handed to it, whole: the request, the engine exchange (on the worker's own
+//! idle engine connections, see [`super::h1::client`]) and the streamed answer. The model is
+//! nginx's worker processes, as threads: no work stealing, no cross-thread wake-ups within
+//! a request, and none of the multi-threaded scheduler's bookkeeping per poll. Routing state
+//! (index, load, telemetry) is shared by all of them.
+//!
+//! The listeners accept on the agent's own runtime and hand each connection to the worker
+//! with the fewest open.
+
+use std::{
+    io,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use super::Proxy;
+
+/// Most data-path threads (`--workers`).
+pub const MAX_WORKERS: usize = 256;
+
+/// The workers; stopped (with every connection they serve) when dropped.
+#[derive(Debug)]
+pub struct Workers {
+    workers: Vec<Worker>,
+}
+
+#[derive(Debug)]
+struct Worker {
+    handle: tokio::runtime::Handle,
+    /// Client connections open on it.
+    open: Arc<AtomicUsize>,
+    /// Its thread stops when this is dropped.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Counts a connection open on its worker until dropped.
+struct Open(Arc<AtomicUsize>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One per CPU this process may use (cgroup quotas included).
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(MAX_WORKERS)
+}
+
+impl Workers {
+    /// Starts `n` workers (at least one, at most [`MAX_WORKERS`]).
+    pub fn start(n: usize) -> io::Result<Self> {
+        let n = n.clamp(1, MAX_WORKERS);
+        let mut workers = Vec::with_capacity(n);
+        for i in 0..n {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let handle = rt.handle().clone();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            std::thread::Builder::new()
+                .name(format!("warmpath-data-{i}"))
+                .spawn(move || {
+                    super::h1::client::set_worker(i);
+                    // Serves until the sender is dropped; dropping the runtime then drops
+                    // its connections.
+                    rt.block_on(async {
+                        let _ = stopped.await;
+                    });
+                })?;
+            workers.push(Worker {
+                handle,
+                open: Arc::new(AtomicUsize::new(0)),
+                _stop: stop,
+            });
+        }
+        Ok(Self { workers })
+    }
+
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    /// Serves a connection accepted on another runtime on the worker with the fewest open.
+    pub fn serve(&self, stream: tokio::net::TcpStream, peer: SocketAddr, proxy: Arc<Proxy>) {
+        let Some(worker) = self
+            .workers
+            .iter()
+            .min_by_key(|w| w.open.load(Ordering::Relaxed))
+        else {
+            return;
+        };
+        // Leaves the accepting runtime's poller for the worker's.
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(err) => {
+                tracing::debug!(%err, "cannot hand the connection to a worker");
+                return;
+            }
+        };
+        worker.open.fetch_add(1, Ordering::Relaxed);
+        let open = Open(worker.open.clone());
+        worker.handle.spawn(async move {
+            let _open = open;
+            match tokio::net::TcpStream::from_std(stream) {
+                Ok(stream) => super::connection(stream, peer, proxy).await,
+                Err(err) => tracing::debug!(%err, "cannot register the connection"),
+            }
+        });
+    }
+}
