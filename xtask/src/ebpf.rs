@@ -45,6 +45,9 @@ pub fn build() -> Result<PathBuf> {
         ]
         .join("\x1f"),
     )
+    // The workspace's release LTO is the host binary's; bpf-linker links the BPF bitcode.
+    .env("CARGO_PROFILE_RELEASE_LTO", "false")
+    .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16")
     .env_remove("RUSTC")
     .env_remove("RUSTC_WORKSPACE_WRAPPER")
     .current_dir(shell::workspace_root());

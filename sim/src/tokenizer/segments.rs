@@ -101,6 +101,9 @@ impl WordCache {
 struct Specials {
     finder: aho_corasick::AhoCorasick,
     ids: Vec<u32>,
+    /// The first bytes added tokens start with, when there are at most three (Llama 3's all
+    /// start with `<`): a text without them has none, found by one `memchr`.
+    first: Option<Vec<u8>>,
 }
 
 impl Specials {
@@ -110,7 +113,26 @@ impl Specials {
             .match_kind(aho_corasick::MatchKind::LeftmostLongest)
             .build(&contents)
             .ok()?;
-        Some(Self { finder, ids })
+        let mut first: Vec<u8> = contents.iter().filter_map(|c| c.bytes().next()).collect();
+        first.sort_unstable();
+        first.dedup();
+        Some(Self {
+            finder,
+            ids,
+            first: (first.len() <= 3).then_some(first),
+        })
+    }
+
+    /// Whether `text` may hold an added token.
+    fn may_occur(&self, text: &str) -> bool {
+        let t = text.as_bytes();
+        match self.first.as_deref() {
+            Some([]) => false,
+            Some([a]) => memchr::memchr(*a, t).is_some(),
+            Some([a, b]) => memchr::memchr2(*a, *b, t).is_some(),
+            Some([a, b, c]) => memchr::memchr3(*a, *b, *c, t).is_some(),
+            _ => true,
+        }
     }
 }
 
@@ -167,6 +189,12 @@ impl SegmentTokenizer {
         let mut out = Vec::with_capacity(text.len() / 3 + 8);
         if add_special_tokens {
             out.extend_from_slice(bos);
+        }
+        if !specials.may_occur(text) {
+            if !text.is_empty() {
+                self.piece(text, &mut out)?;
+            }
+            return Ok(out);
         }
         let mut pos = 0;
         for m in specials.finder.find_iter(text) {
