@@ -268,6 +268,18 @@ pub struct Telemetry {
     pod_attribute: bool,
     origin: Instant,
     overflow_warned: AtomicBool,
+    /// Tells instances apart in [`LAST_TENANT`].
+    id: u64,
+}
+
+/// Telemetry instance ids.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Per thread cache of [`Telemetry::tenant`]: instance id, name, tenant.
+type LastTenant = Option<(u64, Arc<str>, Arc<Tenant>)>;
+
+thread_local! {
+    static LAST_TENANT: std::cell::RefCell<LastTenant> = const { std::cell::RefCell::new(None) };
 }
 
 impl Telemetry {
@@ -365,6 +377,7 @@ impl Telemetry {
             pod_attribute: config.pod_attribute,
             origin: Instant::now(),
             overflow_warned: AtomicBool::new(false),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -402,6 +415,22 @@ impl Telemetry {
 
     /// The tenant called `name`, or the overflow bucket once `max_tenants` exist.
     pub fn tenant(&self, name: &Arc<str>) -> Arc<Tenant> {
+        // Most requests name the tenant the previous one on this thread named, by the very
+        // same `Arc` (the default tenant, a CIDR rule's): no lock, no hash.
+        let hit = LAST_TENANT.with_borrow(|last| {
+            last.as_ref()
+                .filter(|(id, n, _)| *id == self.id && Arc::ptr_eq(n, name))
+                .map(|(_, _, t)| t.clone())
+        });
+        if let Some(t) = hit {
+            return t;
+        }
+        let t = self.lookup_tenant(name);
+        LAST_TENANT.set(Some((self.id, name.clone(), t.clone())));
+        t
+    }
+
+    fn lookup_tenant(&self, name: &Arc<str>) -> Arc<Tenant> {
         if let Some(t) = self.tenants.read().get(name) {
             return t.clone();
         }
@@ -544,5 +573,26 @@ impl Drop for Telemetry {
         if let Err(err) = self.provider.shutdown() {
             tracing::debug!(%err, "telemetry shutdown");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tenant_cache_tells_instances_and_names_apart() {
+        let a = Telemetry::new(&TelemetryConfig::default()).unwrap();
+        let b = Telemetry::new(&TelemetryConfig::default()).unwrap();
+        let x: Arc<str> = Arc::from("team-x");
+        let y: Arc<str> = Arc::from("team-y");
+        let ax = a.tenant(&x);
+        assert!(Arc::ptr_eq(&ax, &a.tenant(&x)), "the same tenant again");
+        let bx = b.tenant(&x);
+        assert!(!Arc::ptr_eq(&ax, &bx), "another instance's own tenant");
+        assert_eq!(a.tenant(&y).name(), "team-y");
+        // An equal name in another allocation finds the same tenant.
+        assert!(Arc::ptr_eq(&ax, &a.tenant(&Arc::from("team-x"))));
+        assert!(Arc::ptr_eq(&bx, &b.tenant(&x)));
     }
 }
