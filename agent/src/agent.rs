@@ -101,7 +101,7 @@ pub fn routing_config(args: &AgentArgs) -> Result<Config, Error> {
             let mut config = crate::config::load(path)?;
             if let Some(n) = args.workers {
                 config.workers = n;
-                config.validate("--workers")?;
+                config.validate(crate::config::FLAGS)?;
             }
             Ok(config)
         }

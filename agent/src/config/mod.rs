@@ -124,8 +124,13 @@ impl Config {
         }
         let max = crate::proxy::workers::MAX_WORKERS;
         if !(1..=max).contains(&self.workers) {
+            let field = if file == FLAGS {
+                "--workers"
+            } else {
+                "proxy.workers"
+            };
             return err(
-                "proxy.workers".into(),
+                field.into(),
                 format!("must be 1 to {max} (data-path threads)"),
             );
         }
@@ -199,10 +204,12 @@ pub enum TokensFlag {
     Approximate,
 }
 
+/// What errors in the flags' configuration name as their file.
+pub const FLAGS: &str = "command line";
+
 impl Config {
     /// The one-pool configuration the command-line flags describe.
     pub fn from_args(args: &crate::cli::AgentArgs) -> Result<Self, ConfigError> {
-        const FLAGS: &str = "command line";
         let n = args.endpoints.len();
         for (flag, count) in [
             ("--kv-events", args.kv_events.len()),
