@@ -52,9 +52,20 @@ struct Details {
 
 /// The usage object starting at the value after the last `"usage":` in `bytes`.
 fn last_usage(bytes: &[u8]) -> Option<TokenUsage> {
-    static USAGE: Searcher<memmem::FinderRev<'static>> =
-        Searcher::new(|| memmem::FinderRev::new(b"\"usage\":"));
-    let at = USAGE.rfind(bytes)? + b"\"usage\":".len();
+    const NEEDLE: &[u8] = b"\"usage\":";
+    /// Engines write usage last: the tail is searched forwards first (vectorised), the whole
+    /// body backwards only when the tail has none.
+    const TAIL: usize = 512;
+    static USAGE: Searcher<memmem::Finder<'static>> = Searcher::new(|| memmem::Finder::new(NEEDLE));
+    static USAGE_REV: Searcher<memmem::FinderRev<'static>> =
+        Searcher::new(|| memmem::FinderRev::new(NEEDLE));
+    let tail_at = bytes.len().saturating_sub(TAIL);
+    let found = USAGE
+        .find_iter(&bytes[tail_at..])
+        .last()
+        .map(|i| tail_at + i)
+        .or_else(|| USAGE_REV.rfind(&bytes[..(tail_at + NEEDLE.len() - 1).min(bytes.len())]));
+    let at = found? + NEEDLE.len();
     let rest = &bytes[at..];
     if let Some(usage) = scan_usage(rest) {
         return usage;
@@ -530,5 +541,30 @@ mod tests {
             );
         }
         assert_eq!(JsonTap::default().usage(), None);
+    }
+
+    #[test]
+    fn the_last_usage_is_found_in_the_tail_or_before_it() {
+        let usage = |p: u64| format!(r#""usage":{{"prompt_tokens":{p},"completion_tokens":1}}"#);
+        // Last of two in the tail; only one, well before the tail; one across its start.
+        let bodies = [
+            (format!("{{{},{},\"x\":1}}", usage(1), usage(2)), 2),
+            (
+                format!("{{{},\"pad\":\"{}\"}}", usage(3), "z".repeat(2000)),
+                3,
+            ),
+        ];
+        for (body, prompt) in bodies {
+            assert_eq!(last_usage(body.as_bytes()).map(|u| u.prompt), Some(prompt));
+        }
+        for pad in 400..520 {
+            let body = format!("{{{},\"p\":\"{}\"}}", usage(4), "z".repeat(pad));
+            assert_eq!(
+                last_usage(body.as_bytes()).map(|u| u.prompt),
+                Some(4),
+                "{pad}"
+            );
+        }
+        assert_eq!(last_usage(b"{\"usage\""), None);
     }
 }
