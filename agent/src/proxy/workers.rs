@@ -59,14 +59,24 @@ impl Workers {
         let n = n.clamp(1, MAX_WORKERS);
         let mut workers = Vec::with_capacity(n);
         for i in 0..n {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let handle = rt.handle().clone();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            // The runtime is built, run and dropped on its own thread (a runtime may not be
+            // dropped inside another's async context); its handle comes back here.
+            let (ready, handle) = std::sync::mpsc::sync_channel(1);
             std::thread::Builder::new()
                 .name(format!("warmpath-data-{i}"))
                 .spawn(move || {
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(err) => {
+                            let _ = ready.send(Err(err));
+                            return;
+                        }
+                    };
+                    let _ = ready.send(Ok(rt.handle().clone()));
                     super::h1::client::set_worker(i);
                     // Serves until the sender is dropped; dropping the runtime then drops
                     // its connections.
@@ -74,6 +84,9 @@ impl Workers {
                         let _ = stopped.await;
                     });
                 })?;
+            let handle = handle
+                .recv()
+                .map_err(|_| io::Error::other("a data-path thread ended at start"))??;
             workers.push(Worker {
                 handle,
                 open: Arc::new(AtomicUsize::new(0)),
