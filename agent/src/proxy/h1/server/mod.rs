@@ -15,40 +15,31 @@
 //! within [`Handler::read_timeout`] of its first byte, or a body stalled that long, is 408. Every error is an OpenAI error body. `Expect: 100-continue` is answered before the body is read. Pipelined
 //! requests are answered in order.
 
-use std::{
-    future::Future,
-    io,
-    net::IpAddr,
-    pin::Pin,
-    task::{Context, Poll},
-};
-
-use std::io::Write as _;
+use std::{future::Future, io, net::IpAddr, task::Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::StatusCode;
-use http_body_util::BodyExt as _;
-use hyper::body::Body as _;
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf},
+    io::{AsyncReadExt, AsyncWriteExt},
     net::{
         TcpStream,
         tcp::{ReadHalf, WriteHalf},
     },
 };
 
-use super::{Decoded, Framing, MAX_HEAD, MAX_HEADERS};
-use crate::headers::{Headers, Spans, hop_by_hop};
-use crate::proxy::message::{Answer, RequestHead};
-use crate::proxy::{Body, ProxyError};
+mod sniff;
+mod write;
 
-/// The client connection preface of HTTP/2 (h2c with prior knowledge).
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub use sniff::{Rewind, Sniffed, sniff};
+use write::{status_line, write_response};
+
+use super::{Decoded, Framing, MAX_HEAD, MAX_HEADERS};
+use crate::headers::{Headers, Spans};
+use crate::proxy::ProxyError;
+use crate::proxy::message::{Answer, RequestHead};
+
 /// Read buffer growth step.
 const READ_CHUNK: usize = 8 * 1024;
-/// Body frames up to this size are copied next to their framing (one write); larger ones
-/// are written from where they are.
-const COPY_FRAME: usize = 16 * 1024;
 /// A request head that has started must be complete within this, and a body that stops
 /// arriving for this long is given up (408): slow-request attacks hold no connection longer.
 pub const DEFAULT_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -74,36 +65,6 @@ pub trait Handler: Send + Sync + 'static {
         head: &'a RequestHead,
         body: Result<Bytes, ProxyError>,
     ) -> impl Future<Output = Answer> + Send + 'a;
-}
-
-/// The protocol a new connection speaks, from its first bytes.
-#[derive(Debug)]
-pub enum Sniffed {
-    Http1,
-    H2,
-    /// Closed before saying anything.
-    Closed,
-}
-
-/// Reads until the first bytes tell HTTP/1.x from the HTTP/2 preface; they stay in `buf`.
-pub async fn sniff(stream: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Sniffed> {
-    loop {
-        let n = buf.len().min(H2_PREFACE.len());
-        if buf[..n] != H2_PREFACE[..n] {
-            return Ok(Sniffed::Http1);
-        }
-        if n == H2_PREFACE.len() {
-            return Ok(Sniffed::H2);
-        }
-        buf.reserve(READ_CHUNK);
-        if stream.read_buf(buf).await? == 0 {
-            return Ok(if buf.is_empty() {
-                Sniffed::Closed
-            } else {
-                Sniffed::Http1
-            });
-        }
-    }
 }
 
 /// Serves HTTP/1.x on `stream` (whose first bytes are in `buf`) until the client closes, asks
@@ -238,7 +199,7 @@ async fn reject(
     out.extend_from_slice(
         b"content-type: application/json\r\nconnection: close\r\ncontent-length: ",
     );
-    let _ = write!(out, "{}", body.len());
+    out.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
     out.extend_from_slice(b"\r\n\r\n");
     out.extend_from_slice(&body);
     w.write_all(out).await?;
@@ -422,249 +383,6 @@ async fn read_body(
     }
 }
 
-/// How a response body is delimited on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Delimit {
-    None,
-    Length(u64),
-    Chunked,
-    Close,
-}
-
-/// Writes a response; whether the connection can take another request.
-async fn write_response(
-    r: &mut ReadHalf<'_>,
-    w: &mut WriteHalf<'_>,
-    out: &mut Vec<u8>,
-    resp: Answer,
-    head_only: bool,
-    http11: bool,
-    keep_alive: bool,
-) -> io::Result<bool> {
-    let Answer {
-        status,
-        headers,
-        extra,
-        mut body,
-    } = resp;
-    let delimit = if head_only
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        Delimit::None
-    } else if let Some(n) = body.size_hint().exact() {
-        Delimit::Length(n)
-    } else if http11 {
-        Delimit::Chunked
-    } else {
-        Delimit::Close
-    };
-    let asked_close = headers.connection_lists("close")
-        || extra
-            .iter()
-            .any(|(n, v)| n == http::header::CONNECTION && super::lists(v.as_bytes(), b"close"));
-    let keep = keep_alive && !asked_close && delimit != Delimit::Close;
-    status_line(out, status);
-    let fields = headers.iter().chain(
-        extra
-            .iter()
-            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
-    );
-    for (name, value) in fields {
-        // A HEAD answer keeps the length the body would have had.
-        let framing_field = name.eq_ignore_ascii_case(b"content-length") && !head_only;
-        if framing_field || hop_by_hop(name) {
-            continue;
-        }
-        out.extend_from_slice(name);
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
-    }
-    match delimit {
-        Delimit::Length(n) => {
-            out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        Delimit::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-        Delimit::None | Delimit::Close => {}
-    }
-    if !keep {
-        out.extend_from_slice(b"connection: close\r\n");
-    } else if !http11 {
-        out.extend_from_slice(b"connection: keep-alive\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    if delimit == Delimit::None {
-        w.write_all(out).await?;
-        return Ok(keep);
-    }
-    let mut sent = 0u64;
-    // The first frame without waiting: a ready answer goes out with its head in one write.
-    let mut next = std::future::poll_fn(|cx| Poll::Ready(poll_now(&mut body, cx))).await;
-    loop {
-        let ended = match next {
-            Some(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    sent += data.len() as u64;
-                    if let Delimit::Length(n) = delimit
-                        && sent > n
-                    {
-                        return Err(io::Error::other("response body longer than its length"));
-                    }
-                    frame_data(w, out, data, delimit).await?;
-                }
-                body.is_end_stream()
-            }
-            // Cut short: the client sees a truncated body, never a clean end.
-            Some(Some(Err(err))) => return Err(io::Error::other(err)),
-            Some(None) => true,
-            None => false,
-        };
-        if ended {
-            if let Delimit::Length(n) = delimit
-                && sent != n
-            {
-                return Err(io::Error::other("response body shorter than its length"));
-            }
-            if delimit == Delimit::Chunked {
-                out.extend_from_slice(b"0\r\n\r\n");
-            }
-            w.write_all(out).await?;
-            return Ok(keep);
-        }
-        if !out.is_empty() {
-            w.write_all(out).await?;
-            out.clear();
-        }
-        next = tokio::select! {
-            biased;
-            frame = body.frame() => Some(frame),
-            () = gone(r) => return Err(io::ErrorKind::ConnectionAborted.into()),
-        };
-    }
-}
-
-/// Starts `out` afresh with a response's status line.
-fn status_line(out: &mut Vec<u8>, status: StatusCode) {
-    out.clear();
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
-}
-
-/// One poll of the body: `None` when it is not ready yet.
-#[allow(clippy::type_complexity)]
-fn poll_now(
-    body: &mut Body,
-    cx: &mut Context<'_>,
-) -> Option<Option<Result<hyper::body::Frame<Bytes>, crate::proxy::BoxError>>> {
-    match Pin::new(body).poll_frame(cx) {
-        Poll::Ready(frame) => Some(frame),
-        Poll::Pending => None,
-    }
-}
-
-/// Appends a data frame to `out` in the connection's delimiting (large frames are written
-/// straight from their buffer).
-async fn frame_data(
-    w: &mut WriteHalf<'_>,
-    out: &mut Vec<u8>,
-    data: Bytes,
-    delimit: Delimit,
-) -> io::Result<()> {
-    if data.is_empty() {
-        return Ok(());
-    }
-    let chunked = delimit == Delimit::Chunked;
-    if chunked {
-        put_hex(out, data.len());
-        out.extend_from_slice(b"\r\n");
-    }
-    if data.len() <= COPY_FRAME {
-        out.extend_from_slice(&data);
-    } else {
-        w.write_all(out).await?;
-        out.clear();
-        w.write_all(&data).await?;
-    }
-    if chunked {
-        out.extend_from_slice(b"\r\n");
-    }
-    Ok(())
-}
-
-/// Appends `n` in lowercase hexadecimal (a chunk size).
-fn put_hex(out: &mut Vec<u8>, mut n: usize) {
-    let mut digits = [0u8; 16];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b"0123456789abcdef"[n & 15];
-        n >>= 4;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
-}
-
-/// A connection whose first bytes were read already (to tell the protocol): they are read
-/// again first.
-#[derive(Debug)]
-pub struct Rewind {
-    pre: Bytes,
-    io: TcpStream,
-}
-
-impl Rewind {
-    pub fn new(pre: Bytes, io: TcpStream) -> Self {
-        Self { pre, io }
-    }
-}
-
-impl AsyncRead for Rewind {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        out: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if !this.pre.is_empty() {
-            let n = this.pre.len().min(out.remaining());
-            out.put_slice(&this.pre.split_to(n));
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.io).poll_read(cx, out)
-    }
-}
-
-impl AsyncWrite for Rewind {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, b)
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::{
@@ -766,15 +484,6 @@ mod tests {
         let mut out = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
         String::from_utf8_lossy(&out).into_owned()
-    }
-
-    #[test]
-    fn chunk_sizes_are_lowercase_hex() {
-        for n in [0usize, 1, 15, 16, 255, 4096, 0xdead_beef, usize::MAX] {
-            let mut out = Vec::new();
-            put_hex(&mut out, n);
-            assert_eq!(String::from_utf8(out).unwrap(), format!("{n:x}"));
-        }
     }
 
     #[tokio::test]
