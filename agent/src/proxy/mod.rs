@@ -27,6 +27,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::{body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
+use smallvec::SmallVec;
 
 pub use admin::serve_admin;
 pub use error::ProxyError;
@@ -42,7 +43,7 @@ use crate::{
     headers::Headers,
     kv_index::KvIndex,
     pool::Pool,
-    routing::{Candidate, History, Policy, RequestCtx, rank},
+    routing::{self, Candidate, History, Policy, RequestCtx, rank},
     telemetry::{
         DecisionReason, Outcome, PoolId, RequestRecord, Telemetry, Tenant,
         tenant::TenantPolicy,
@@ -482,7 +483,8 @@ async fn forward(
     if !approximate {
         proxy.index.lookup(&ctx.keys, &mut matches);
     }
-    let mut candidates: Vec<Candidate> = pool
+    // On the stack for pools of up to `routing::INLINE` endpoints.
+    let mut candidates: SmallVec<[Candidate; routing::INLINE]> = pool
         .endpoints
         .iter()
         .map(|e| {
@@ -514,8 +516,8 @@ async fn forward(
             }
         })
         .collect();
-    let mut last_error =
-        ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, "No endpoint is available.");
+    // Built only when an attempt fails (an error's message is a heap string).
+    let mut last_error = None;
     for n in 0..=proxy.retries {
         let Some(decision) = rank(pool.policy, ctx, &candidates, &pool.rotation) else {
             break;
@@ -609,23 +611,25 @@ async fn forward(
             }
             Ok(_) => {
                 endpoint.note_failure();
-                last_error = ProxyError::new(
+                last_error = Some(ProxyError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!("{} is overloaded (503).", endpoint.authority),
-                );
+                ));
             }
             Err(err) => {
                 endpoint.note_failure();
                 tracing::warn!(endpoint = %endpoint.authority, %err, "upstream request failed before a response; trying the next endpoint");
-                last_error = ProxyError::new(
+                last_error = Some(ProxyError::new(
                     StatusCode::BAD_GATEWAY,
                     format!("{} failed: {err}", endpoint.authority),
-                );
+                ));
             }
         }
         candidates[chosen.0].excluded = true;
     }
-    Err(last_error)
+    Err(last_error.unwrap_or_else(|| {
+        ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, "No endpoint is available.")
+    }))
 }
 
 /// Why a pick was made, for the decisions counter.

@@ -265,7 +265,7 @@ impl From<Policy> for RoutePolicy {
 }
 
 /// Endpoints a decision handles without allocating.
-const INLINE: usize = 16;
+pub const INLINE: usize = 16;
 
 /// A decision: endpoints best first (the rest are retry candidates) and why.
 #[derive(Debug, Clone, PartialEq)]

@@ -50,22 +50,24 @@ struct Details {
     cached_tokens: Option<u64>,
 }
 
+const USAGE_KEY: &[u8] = b"\"usage\":";
+
+/// Where the last `"usage":` in `bytes` starts. Engines write usage last, so the search runs
+/// backwards from the end, from one `g` to the next: JSON punctuation, which a forward
+/// substring search would stop at all the time, is skipped in vector steps, and the keys
+/// after usage (`prompt_tokens`, `total_tokens`, ...) have no `g`.
+fn last_usage_key(bytes: &[u8]) -> Option<usize> {
+    /// Where the `g` sits in the key.
+    const G: usize = 4;
+    memchr::memrchr_iter(b'g', bytes).find_map(|i| {
+        let start = i.checked_sub(G)?;
+        (bytes.get(start..start + USAGE_KEY.len()) == Some(USAGE_KEY)).then_some(start)
+    })
+}
+
 /// The usage object starting at the value after the last `"usage":` in `bytes`.
 fn last_usage(bytes: &[u8]) -> Option<TokenUsage> {
-    const NEEDLE: &[u8] = b"\"usage\":";
-    /// Engines write usage last: the tail is searched forwards first (vectorised), the whole
-    /// body backwards only when the tail has none.
-    const TAIL: usize = 512;
-    static USAGE: Searcher<memmem::Finder<'static>> = Searcher::new(|| memmem::Finder::new(NEEDLE));
-    static USAGE_REV: Searcher<memmem::FinderRev<'static>> =
-        Searcher::new(|| memmem::FinderRev::new(NEEDLE));
-    let tail_at = bytes.len().saturating_sub(TAIL);
-    let found = USAGE
-        .find_iter(&bytes[tail_at..])
-        .last()
-        .map(|i| tail_at + i)
-        .or_else(|| USAGE_REV.rfind(&bytes[..(tail_at + NEEDLE.len() - 1).min(bytes.len())]));
-    let at = found? + NEEDLE.len();
+    let at = last_usage_key(bytes)? + USAGE_KEY.len();
     let rest = &bytes[at..];
     if let Some(usage) = scan_usage(rest) {
         return usage;
@@ -544,27 +546,41 @@ mod tests {
     }
 
     #[test]
-    fn the_last_usage_is_found_in_the_tail_or_before_it() {
+    fn the_last_usage_is_found_wherever_it_is() {
         let usage = |p: u64| format!(r#""usage":{{"prompt_tokens":{p},"completion_tokens":1}}"#);
-        // Last of two in the tail; only one, well before the tail; one across its start.
+        // Last of two; only one, far from the end behind text full of `g`; at the very start.
         let bodies = [
             (format!("{{{},{},\"x\":1}}", usage(1), usage(2)), 2),
             (
-                format!("{{{},\"pad\":\"{}\"}}", usage(3), "z".repeat(2000)),
+                format!("{{{},\"pad\":\"{}\"}}", usage(3), "g\"usag".repeat(400)),
                 3,
             ),
+            (format!("{}}}", usage(4)), 4),
         ];
         for (body, prompt) in bodies {
-            assert_eq!(last_usage(body.as_bytes()).map(|u| u.prompt), Some(prompt));
-        }
-        for pad in 400..520 {
-            let body = format!("{{{},\"p\":\"{}\"}}", usage(4), "z".repeat(pad));
-            assert_eq!(
-                last_usage(body.as_bytes()).map(|u| u.prompt),
-                Some(4),
-                "{pad}"
-            );
+            assert_eq!(last_usage(body.as_bytes()).map(|u| u.prompt), Some(prompt), "{body}");
         }
         assert_eq!(last_usage(b"{\"usage\""), None);
+        assert_eq!(last_usage(b"g"), None);
+        assert_eq!(last_usage(b""), None);
+    }
+
+    proptest::proptest! {
+        /// The backwards search agrees with a plain search for the last occurrence, on text
+        /// made of pieces of the key.
+        #[test]
+        fn the_key_search_finds_the_last_occurrence(
+            pieces in proptest::collection::vec(
+                proptest::sample::select(vec!["\"usage\":", "\"usa", "ge\":", "g", "\"", ":", "x", "usage"]),
+                0..40,
+            )
+        ) {
+            let text = pieces.concat();
+            let naive = text
+                .as_bytes()
+                .windows(USAGE_KEY.len())
+                .rposition(|w| w == USAGE_KEY);
+            proptest::prop_assert_eq!(last_usage_key(text.as_bytes()), naive);
+        }
     }
 }
