@@ -224,13 +224,21 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
     println!("|---|---|---|---|---|---|---|");
     let measured: Vec<&Target> = targets.iter().filter(|t| t.pid.is_some()).collect();
     let rounds = args.rounds.max(1);
-    let mut totals: Vec<Throughput> = measured.iter().map(|_| Throughput::default()).collect();
+    let mut per_round: Vec<Vec<Throughput>> = measured.iter().map(|_| Vec::new()).collect();
     for _ in 0..rounds {
-        for (t, total) in measured.iter().zip(&mut totals) {
+        for (t, runs) in measured.iter().zip(&mut per_round) {
             let secs = args.duration_s / rounds as f64;
-            total.add(&throughput(&client, t, args.concurrency, secs).await);
+            runs.push(throughput(&client, t, args.concurrency, secs).await);
         }
     }
+    let totals: Vec<Throughput> = per_round
+        .iter()
+        .map(|runs| {
+            let mut total = Throughput::default();
+            runs.iter().for_each(|r| total.add(r));
+            total
+        })
+        .collect();
     for (t, r) in measured.iter().zip(&totals) {
         println!(
             "| {} | {} | {:.0} | {:.2} | {:.0} | {:.1} us | {:.1} us |",
@@ -243,6 +251,7 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
             r.system / r.requests.max(1.0) * 1e6
         );
     }
+    against_nginx(&measured, &per_round);
     decision(args.chat_tokens);
     if let Some(mut nginx) = _nginx {
         // A graceful stop lets the master take its worker down with it.
@@ -307,6 +316,87 @@ impl Throughput {
         self.wall += other.wall;
         self.user += other.user;
         self.system += other.system;
+    }
+}
+
+impl Throughput {
+    /// Requests per second of the target's CPU (NaN where CPU was unreadable).
+    fn per_core(&self) -> f64 {
+        self.requests / (self.user + self.system).max(1e-9)
+    }
+}
+
+/// Each proxy's requests per core over nginx's, round by round. The rounds run the targets
+/// back to back, so a round's ratio compares runs that met the same neighbours; the spread
+/// of the ratios says whether a difference is more than this machine's noise.
+fn against_nginx(measured: &[&Target], per_round: &[Vec<Throughput>]) {
+    let Some(nginx) = measured.iter().position(|t| t.name == "nginx") else {
+        return;
+    };
+    println!();
+    println!(
+        "| proxy | requests per core over nginx's, each round | mean | 95 % interval of the mean |"
+    );
+    println!("|---|---|---|---|");
+    for (t, runs) in measured.iter().zip(per_round) {
+        if t.name == "nginx" || t.name == "direct" {
+            continue;
+        }
+        let ratios: Vec<f64> = runs
+            .iter()
+            .zip(&per_round[nginx])
+            .map(|(a, b)| a.per_core() / b.per_core())
+            .filter(|r| r.is_finite())
+            .collect();
+        let Some(summary) = RatioSummary::of(&ratios) else {
+            continue;
+        };
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        let interval = summary.half_width.map_or("-".to_string(), |h| {
+            format!("{:.3}-{:.3}x", summary.mean - h, summary.mean + h)
+        });
+        println!(
+            "| {} | {} | {:.3}x | {interval} |",
+            t.name,
+            each.join(" "),
+            summary.mean
+        );
+    }
+}
+
+/// The mean of per-round ratios and the half width of its 95 % confidence interval
+/// (Student's t; none from a single round).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct RatioSummary {
+    mean: f64,
+    half_width: Option<f64>,
+}
+
+impl RatioSummary {
+    fn of(ratios: &[f64]) -> Option<Self> {
+        let n = ratios.len();
+        if n == 0 {
+            return None;
+        }
+        let mean = ratios.iter().sum::<f64>() / n as f64;
+        let half_width = (n > 1).then(|| {
+            let var = ratios.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+            t975(n - 1) * (var / n as f64).sqrt()
+        });
+        Some(Self { mean, half_width })
+    }
+}
+
+/// The 97.5 % quantile of Student's t with `df` degrees of freedom: exact to three places up
+/// to 10, then 1.96 + 2.5/df (within 0.015 of the exact value from 11 on).
+fn t975(df: usize) -> f64 {
+    const TABLE: [f64; 10] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    ];
+    match df {
+        0 => f64::INFINITY,
+        1..=10 => TABLE[df - 1],
+        _ => 1.96 + 2.5 / df as f64,
     }
 }
 
@@ -532,4 +622,35 @@ fn decision(tokens: usize) {
         warm.0,
         warm.1
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratio_summary_gives_the_t_interval_of_the_mean() {
+        let s = RatioSummary::of(&[1.0, 1.02, 0.98, 1.0]).unwrap();
+        assert!((s.mean - 1.0).abs() < 1e-12);
+        // s = sqrt(0.0008 / 3), t(3) = 3.182: half width 3.182 * s / 2.
+        let expected = 3.182 * (0.0008f64 / 3.0).sqrt() / 2.0;
+        assert!((s.half_width.unwrap() - expected).abs() < 1e-12);
+        assert_eq!(
+            RatioSummary::of(&[1.1]),
+            Some(RatioSummary {
+                mean: 1.1,
+                half_width: None
+            })
+        );
+        assert_eq!(RatioSummary::of(&[]), None);
+    }
+
+    #[test]
+    fn t_quantiles_are_close_to_the_exact_ones() {
+        // Exact values for 12, 20 and 30 degrees of freedom.
+        for (df, exact) in [(12, 2.179), (20, 2.086), (30, 2.042)] {
+            assert!((t975(df) - exact).abs() < 0.015, "{df}");
+        }
+        assert!(t975(1) > t975(2) && t975(10) > t975(11) && t975(11) > 1.96);
+    }
 }

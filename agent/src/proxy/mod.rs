@@ -26,8 +26,8 @@ use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpListener;
 use smallvec::SmallVec;
+use tokio::net::TcpListener;
 
 pub use admin::serve_admin;
 pub use error::ProxyError;

@@ -558,7 +558,11 @@ mod tests {
             (format!("{}}}", usage(4)), 4),
         ];
         for (body, prompt) in bodies {
-            assert_eq!(last_usage(body.as_bytes()).map(|u| u.prompt), Some(prompt), "{body}");
+            assert_eq!(
+                last_usage(body.as_bytes()).map(|u| u.prompt),
+                Some(prompt),
+                "{body}"
+            );
         }
         assert_eq!(last_usage(b"{\"usage\""), None);
         assert_eq!(last_usage(b"g"), None);
