@@ -129,6 +129,50 @@ async fn a_dead_endpoint_is_retried_before_the_first_byte() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_every_endpoint_fails_the_client_gets_the_last_failure() {
+    let dead: Vec<String> = (0..2)
+        .map(|_| {
+            let addr = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap();
+            format!("http://{addr}")
+        })
+        .collect();
+    let routing = proxy(
+        &Fleet {
+            engines: Vec::new(),
+        },
+        &["--endpoint", &dead[0], "--endpoint", &dead[1]],
+    )
+    .await;
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", routing.listen))
+        .json(&json!({"model": "sim-llama", "prompt": "hello", "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    let v: serde_json::Value = r.json().await.unwrap();
+    let message = v["error"]["message"].as_str().unwrap();
+    assert_eq!(v["error"]["type"], "BadGatewayError", "{v}");
+    // The answer names the endpoint tried last; both were tried.
+    assert!(
+        dead.iter()
+            .any(|d| message.starts_with(&format!("{} failed: connect", &d["http://".len()..]))),
+        "{v}"
+    );
+    let client = reqwest::Client::new();
+    let status = get_json(&client, &format!("http://{}/status", routing.admin)).await;
+    for pod in 0..2 {
+        assert!(
+            status["pods"][pod]["load"]["failures"].as_u64().unwrap() >= 1,
+            "{status}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_openai_errors() {
     let fleet = fleet("1").await;
     let routing = proxy(&fleet, &[]).await;
