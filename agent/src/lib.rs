@@ -4,6 +4,7 @@
 //! `tests/` drive the same modules.
 
 pub mod agent;
+pub mod ascii;
 pub mod bench;
 pub mod cli;
 pub mod config;

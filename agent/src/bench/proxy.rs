@@ -246,7 +246,7 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
             args.concurrency,
             r.requests / r.wall,
             (r.user + r.system) / r.wall,
-            r.requests / (r.user + r.system).max(1e-9),
+            r.per_core(),
             r.user / r.requests.max(1.0) * 1e6,
             r.system / r.requests.max(1.0) * 1e6
         );
@@ -317,9 +317,7 @@ impl Throughput {
         self.user += other.user;
         self.system += other.system;
     }
-}
 
-impl Throughput {
     /// Requests per second of the target's CPU (NaN where CPU was unreadable).
     fn per_core(&self) -> f64 {
         self.requests / (self.user + self.system).max(1e-9)

@@ -422,7 +422,7 @@ async fn route(
                 // A round trip to the engine: boxed, so that the common path's future (moved
                 // with every request) stays small.
                 None => {
-                    Box::pin(pool.tokens.keys(
+                    Box::pin(pool.tokens.engine_keys(
                         &req,
                         lora.as_deref(),
                         block_size,

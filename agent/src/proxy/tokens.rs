@@ -44,7 +44,7 @@ impl TokenSource {
     }
 
     /// The request's key chain when it needs no round trip (`None`: the engine must be
-    /// asked; see [`TokenSource::keys`]); empty when the prompt cannot be tokenized.
+    /// asked: [`TokenSource::engine_keys`]); empty when the prompt cannot be tokenized.
     pub fn keys_now(
         &self,
         req: &Request<'_>,
@@ -63,9 +63,9 @@ impl TokenSource {
         ))
     }
 
-    /// The request's key chain; empty when the prompt cannot be tokenized. `engine` names the
-    /// endpoint to ask (engine source only; called at most once).
-    pub async fn keys<'a>(
+    /// The key chain [`TokenSource::keys_now`] could not give: the engine's `/tokenize` at the
+    /// endpoint `engine` names (called at most once); empty when that fails.
+    pub async fn engine_keys<'a>(
         &self,
         req: &Request<'_>,
         lora: Option<&str>,
@@ -73,9 +73,6 @@ impl TokenSource {
         engine: impl FnOnce() -> Option<&'a str>,
         client: &UpstreamClient,
     ) -> Vec<RouterKey> {
-        if let Some(keys) = self.keys_now(req, lora, block_size) {
-            return keys;
-        }
         let tokens = match engine() {
             Some(authority) => engine_tokens(req, authority, client).await,
             None => None,

@@ -179,13 +179,7 @@ impl Scan<'_> {
             .iter()
             .take_while(|b| b.is_ascii_digit())
             .count();
-        if digits == 0 || digits > 19 {
-            return None;
-        }
-        // At most 19 digits: fits in u64.
-        let n = self.v[self.at..self.at + digits]
-            .iter()
-            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let n = crate::ascii::decimal(&self.v[self.at..self.at + digits])?;
         self.at += digits;
         Some(n)
     }

@@ -190,19 +190,15 @@ impl SegmentTokenizer {
         if add_special_tokens {
             out.extend_from_slice(bos);
         }
-        if !specials.may_occur(text) {
-            if !text.is_empty() {
-                self.piece(text, &mut out)?;
-            }
-            return Ok(out);
-        }
         let mut pos = 0;
-        for m in specials.finder.find_iter(text) {
-            if m.start() > pos {
-                self.piece(&text[pos..m.start()], &mut out)?;
+        if specials.may_occur(text) {
+            for m in specials.finder.find_iter(text) {
+                if m.start() > pos {
+                    self.piece(&text[pos..m.start()], &mut out)?;
+                }
+                out.push(specials.ids[m.pattern().as_usize()]);
+                pos = m.end();
             }
-            out.push(specials.ids[m.pattern().as_usize()]);
-            pos = m.end();
         }
         if pos < text.len() {
             self.piece(&text[pos..], &mut out)?;

@@ -194,10 +194,7 @@ fn ends_chunked(value: &[u8]) -> bool {
 
 /// A `content-length` value.
 fn content_length(value: &[u8]) -> Option<u64> {
-    let v = value.trim_ascii();
-    // At most 19 digits: fits in u64.
-    (!v.is_empty() && v.len() <= 19 && v.iter().all(u8::is_ascii_digit))
-        .then(|| v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
+    crate::ascii::decimal(value.trim_ascii())
 }
 
 /// Where each of `fields` (parsed by httparse out of `buf`) sits in `buf`, so the fields can

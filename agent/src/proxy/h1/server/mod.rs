@@ -12,8 +12,9 @@
 //! [`MAX_HEAD`] bytes or [`MAX_HEADERS`] fields is 431, `content-length` together with
 //! `transfer-encoding` (request smuggling) or a coding other than chunked is 400, a body over
 //! the handler's limit is 413 (read no further; the connection closes), a head not complete
-//! within [`Handler::read_timeout`] of its first byte, or a body stalled that long, is 408. Every error is an OpenAI error body. `Expect: 100-continue` is answered before the body is read. Pipelined
-//! requests are answered in order.
+//! within [`Handler::read_timeout`] of its first byte, or a body stalled that long, is 408.
+//! Every error is an OpenAI error body. `Expect: 100-continue` is answered before the body is
+//! read. Pipelined requests are answered in order.
 
 use std::{future::Future, io, net::IpAddr, task::Poll};
 
