@@ -20,9 +20,11 @@ fn setup(otlp: bool) -> (Telemetry, TenantPolicy) {
     let config = TelemetryConfig {
         otlp: otlp.then(|| OtlpConfig {
             // Nothing listens there and the interval is long: recording cost only.
-            endpoint: Some("http://127.0.0.1:9".into()),
+            endpoint: "http://127.0.0.1:9".into(),
             protocol: OtlpProtocol::Grpc,
             interval: Duration::from_secs(3600),
+            timeout: Duration::from_millis(100),
+            headers: Vec::new(),
         }),
         ..TelemetryConfig::default()
     };

@@ -137,7 +137,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     let telemetry = Arc::new(crate::telemetry::Telemetry::new(&config.telemetry)?);
     crate::telemetry::index::observe(telemetry.meter(), index.clone());
     if let Some(otlp) = &config.telemetry.otlp {
-        tracing::info!(endpoint = otlp.endpoint.as_deref().unwrap_or("(from OTEL_EXPORTER_OTLP_*)"), protocol = ?otlp.protocol, interval = ?otlp.interval, "pushing OTLP metrics");
+        tracing::info!(endpoint = %otlp.endpoint, protocol = ?otlp.protocol, interval = ?otlp.interval, "pushing OTLP metrics");
     }
     let mut proxy = proxy::Proxy::new(index.clone(), telemetry, config.tenants.clone());
     proxy.max_body = config.max_body;

@@ -1,21 +1,26 @@
 //! Per-tenant telemetry: who sent each request, how it was served, what routing decided.
 //!
-//! One OpenTelemetry SDK meter provider is the single aggregation. Readers pull from it: a
-//! manual reader renders the admin port's Prometheus `/metrics`, and (when configured) a
-//! periodic reader pushes OTLP over gRPC or HTTP/protobuf ([`export`]). Request-path recording
-//! uses instruments bound once per (tenant, pool[, pod]) series, so a request costs a handful of
-//! atomic adds and histogram bucket increments (see `cargo bench --bench telemetry`). Exporting
-//! runs on the SDK's own thread: a slow or dead collector never blocks a request.
+//! Request-path recording goes to warmpath's own cells, aggregated per thread without locks
+//! ([`cells`]): a request costs a thread-local lookup and a few plain stores (see
+//! `cargo bench --bench telemetry`). The families and their labels are defined once
+//! ([`series`]). Two exports read them: the admin port's Prometheus `/metrics`
+//! ([`prometheus`]) and, when configured, an OTLP push over gRPC or HTTP/protobuf ([`push`]),
+//! which runs on its own thread, so a slow or dead collector never blocks a request. Other
+//! subsystems' observable instruments (index health, ...) live on an OpenTelemetry SDK meter
+//! ([`Telemetry::meter`]); both exports include them.
 //!
 //! Cardinality is bounded: at most `max_tenants` tenant names get their own series; later
 //! ones share the [`OTHER_TENANT`] bucket (with one warning). Pods appear as an attribute only
 //! when configured (`--telemetry-pod-attribute`).
 
+mod cells;
 pub mod export;
 pub mod index;
 mod live;
 mod logging;
 pub mod prometheus;
+mod push;
+mod series;
 pub mod tenant;
 pub mod usage;
 
@@ -25,15 +30,15 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
-use opentelemetry::{
-    KeyValue,
-    metrics::{BoundCounter, BoundHistogram, Counter, Histogram, Meter, MeterProvider as _},
-};
-use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry::metrics::{Meter, MeterProvider as _};
+use opentelemetry_sdk::{Resource, metrics::SdkMeterProvider};
 use parking_lot::{Mutex, RwLock};
+
+use cells::{Labels, SeriesKey};
+use series::PoolNames;
 
 pub use live::LiveSummary;
 pub use logging::init_tracing;
@@ -44,25 +49,8 @@ pub const OTHER_TENANT: &str = "other";
 /// Distinct tenant names with their own series.
 pub const DEFAULT_MAX_TENANTS: usize = 100;
 
-/// Histogram bounds for latencies, seconds (1 ms .. 2 min).
-const LATENCY_BOUNDS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0,
-    3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0,
-];
-/// Bounds for time per output token, seconds (0.5 ms .. 2 s).
-const TPOT_BOUNDS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
-    0.5, 1.0, 2.0,
-];
-/// Bounds for time spent inside warmpath before the upstream request, seconds (10 us .. 1 s).
-const QUEUE_BOUNDS: &[f64] = &[
-    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-    0.1, 0.25, 0.5, 1.0,
-];
-/// Bounds for matched prefix blocks.
-const BLOCK_BOUNDS: &[f64] = &[
-    0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
-];
+/// The instrumentation scope of warmpath's own metrics (and its SDK meter).
+const SCOPE: &str = "warmpath";
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -195,48 +183,6 @@ pub struct RequestRecord<'a> {
     pub streamed: bool,
 }
 
-/// The instruments, created once.
-#[derive(Debug)]
-struct Instruments {
-    requests: Counter<u64>,
-    prompt_tokens: Counter<u64>,
-    cached_tokens: Counter<u64>,
-    completion_tokens: Counter<u64>,
-    retries: Counter<u64>,
-    ttft: Histogram<f64>,
-    tpot: Histogram<f64>,
-    duration: Histogram<f64>,
-    queue: Histogram<f64>,
-    prefix_blocks: Histogram<u64>,
-    decisions: Counter<u64>,
-}
-
-/// Instruments bound to one series' attributes.
-#[derive(Debug)]
-struct Bound {
-    requests: [BoundCounter<u64>; 5],
-    prompt_tokens: BoundCounter<u64>,
-    cached_tokens: BoundCounter<u64>,
-    completion_tokens: BoundCounter<u64>,
-    retries: BoundCounter<u64>,
-    ttft: BoundHistogram<f64>,
-    tpot: BoundHistogram<f64>,
-    duration: BoundHistogram<f64>,
-    queue: BoundHistogram<f64>,
-}
-
-/// Per-pool routing series.
-#[derive(Debug)]
-struct PoolSeries {
-    name: Arc<str>,
-    model: Arc<str>,
-    prefix_blocks: BoundHistogram<u64>,
-    decisions: [BoundCounter<u64>; 4],
-}
-
-/// A tenant's series within a pool, per pod when pods are an attribute.
-type SeriesKey = (PoolId, Option<u16>);
-
 /// The request path's maps: looked up per request, keyed by the agent's own bounded names
 /// (tenants are capped), so a fast hash.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -245,7 +191,8 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 #[derive(Debug)]
 pub struct Tenant {
     name: Arc<str>,
-    series: RwLock<FastMap<SeriesKey, Arc<Bound>>>,
+    /// Its number in series keys.
+    index: u32,
     live: Mutex<live::Live>,
 }
 
@@ -255,14 +202,32 @@ impl Tenant {
     }
 }
 
+/// What the exports read: the per-request cells, the pools' names, the resource.
+#[derive(Debug)]
+pub struct Sources {
+    cells: cells::Registry,
+    pools: RwLock<Vec<PoolNames>>,
+    resource: Resource,
+    /// Start of every cumulative series.
+    started: SystemTime,
+}
+
+impl Sources {
+    /// Every series summed, and the pools' names.
+    fn snapshot(&self) -> (cells::Totals, Vec<PoolNames>) {
+        (self.cells.totals(), self.pools.read().clone())
+    }
+}
+
 /// The telemetry subsystem; one per agent.
 #[derive(Debug)]
 pub struct Telemetry {
+    sources: Arc<Sources>,
     provider: SdkMeterProvider,
-    prometheus: prometheus::PromReader,
+    prometheus: prometheus::SdkReader,
     meter: Meter,
-    inst: Instruments,
-    pools: RwLock<Vec<PoolSeries>>,
+    /// Declared after `provider`'s users: dropped first, so its final push still collects.
+    push: Option<push::Pusher>,
     tenants: RwLock<FastMap<Arc<str>, Arc<Tenant>>>,
     max_tenants: usize,
     pod_attribute: bool,
@@ -284,94 +249,33 @@ thread_local! {
 
 impl Telemetry {
     pub fn new(config: &TelemetryConfig) -> Result<Self, Error> {
-        let prometheus = prometheus::PromReader::new();
+        let resource = export::resource();
+        let prometheus = prometheus::SdkReader::new();
         let mut builder = SdkMeterProvider::builder()
-            .with_resource(export::resource())
+            .with_resource(resource.clone())
             .with_reader(prometheus.reader());
-        if let Some(otlp) = &config.otlp {
-            builder = builder.with_reader(export::periodic_reader(otlp)?);
+        let otlp_reader = config.otlp.as_ref().map(|_| prometheus::SdkReader::new());
+        if let Some(r) = &otlp_reader {
+            builder = builder.with_reader(r.reader());
         }
         let provider = builder.build();
-        let meter = provider.meter("warmpath");
-        let counter = |name: &'static str, unit: &'static str, desc: &'static str| {
-            meter
-                .u64_counter(name)
-                .with_unit(unit)
-                .with_description(desc)
-                .build()
-        };
-        let seconds = |name: &'static str, desc: &'static str, bounds: &[f64]| {
-            meter
-                .f64_histogram(name)
-                .with_unit("s")
-                .with_description(desc)
-                .with_boundaries(bounds.to_vec())
-                .build()
-        };
-        let inst = Instruments {
-            requests: counter(
-                "warmpath.requests",
-                "{request}",
-                "Requests by tenant and outcome",
-            ),
-            prompt_tokens: counter(
-                "warmpath.prompt_tokens",
-                "{token}",
-                "Prompt tokens (engine usage)",
-            ),
-            cached_tokens: counter(
-                "warmpath.cached_prompt_tokens",
-                "{token}",
-                "Prompt tokens served from the engine's prefix cache",
-            ),
-            completion_tokens: counter(
-                "warmpath.completion_tokens",
-                "{token}",
-                "Completion tokens (engine usage)",
-            ),
-            retries: counter(
-                "warmpath.retries",
-                "{retry}",
-                "Upstream attempts retried on another pod before the first byte",
-            ),
-            ttft: seconds(
-                "warmpath.ttft",
-                "Time to first token (first response body bytes)",
-                LATENCY_BOUNDS,
-            ),
-            tpot: seconds(
-                "warmpath.tpot",
-                "Time per output token after the first (streams)",
-                TPOT_BOUNDS,
-            ),
-            duration: seconds(
-                "warmpath.request.duration",
-                "Request received to response complete",
-                LATENCY_BOUNDS,
-            ),
-            queue: seconds(
-                "warmpath.queue.duration",
-                "Time inside warmpath before the upstream request",
-                QUEUE_BOUNDS,
-            ),
-            prefix_blocks: meter
-                .u64_histogram("warmpath.prefix_blocks")
-                .with_unit("{block}")
-                .with_description("Cached prefix blocks of the chosen pod per routing decision")
-                .with_boundaries(BLOCK_BOUNDS.to_vec())
-                .build(),
-            decisions: counter(
-                "warmpath.decisions",
-                "{decision}",
-                "Routing decisions by reason",
-            ),
+        let meter = provider.meter(SCOPE);
+        let sources = Arc::new(Sources {
+            cells: cells::Registry::default(),
+            pools: RwLock::new(Vec::new()),
+            resource,
+            started: SystemTime::now(),
+        });
+        let push = match (&config.otlp, otlp_reader) {
+            (Some(otlp), Some(reader)) => Some(push::Pusher::start(otlp, sources.clone(), reader)?),
+            _ => None,
         };
         Ok(Self {
+            sources,
             provider,
             prometheus,
             meter,
-            inst,
-            pools: RwLock::new(Vec::new()),
+            push,
             tenants: RwLock::new(FastMap::default()),
             max_tenants: config.max_tenants.max(1),
             pod_attribute: config.pod_attribute,
@@ -388,27 +292,16 @@ impl Telemetry {
 
     /// Registers a pool; its name and model label every series of it.
     pub fn register_pool(&self, name: &str, model: &str) -> PoolId {
-        let mut pools = self.pools.write();
+        let mut pools = self.sources.pools.write();
         if let Some(i) = pools
             .iter()
             .position(|p| &*p.name == name && &*p.model == model)
         {
             return PoolId(i as u16);
         }
-        let attrs = [
-            KeyValue::new("pool", name.to_string()),
-            KeyValue::new("model", model.to_string()),
-        ];
-        let decisions = DecisionReason::ALL.map(|r| {
-            let mut a = attrs.to_vec();
-            a.push(KeyValue::new("reason", r.as_str()));
-            self.inst.decisions.bind(&a)
-        });
-        pools.push(PoolSeries {
+        pools.push(PoolNames {
             name: name.into(),
             model: model.into(),
-            prefix_blocks: self.inst.prefix_blocks.bind(&attrs),
-            decisions,
         });
         PoolId(u16::try_from(pools.len() - 1).unwrap_or(u16::MAX))
     }
@@ -443,12 +336,13 @@ impl Telemetry {
         } else {
             name.clone()
         };
+        let index = u32::try_from(tenants.len()).unwrap_or(u32::MAX);
         tenants
             .entry(name.clone())
             .or_insert_with(|| {
                 Arc::new(Tenant {
                     name,
-                    series: RwLock::new(FastMap::default()),
+                    index,
                     live: Mutex::new(live::Live::new(self.origin)),
                 })
             })
@@ -457,89 +351,40 @@ impl Telemetry {
 
     /// Records a routing decision.
     pub fn record_decision(&self, pool: PoolId, reason: DecisionReason, prefix_blocks: usize) {
-        let pools = self.pools.read();
-        if let Some(p) = pools.get(usize::from(pool.0)) {
-            p.decisions[reason as usize].add(1);
-            p.prefix_blocks.record(prefix_blocks as u64);
-        }
+        let key = SeriesKey {
+            kind: series::POOL,
+            tenant: 0,
+            pool: pool.0,
+            pod: None,
+        };
+        self.sources
+            .cells
+            .with(key, &series::POOL_LAYOUT, Labels::default, |c| {
+                c.counters[reason as usize].add(1);
+                c.histograms[0].record(prefix_blocks as f64);
+            });
     }
 
     /// Records one finished request for `tenant`.
     pub fn record(&self, tenant: &Tenant, rec: &RequestRecord<'_>) {
         let pod = rec.pod.filter(|_| self.pod_attribute);
-        let key = (rec.pool, pod.map(|(i, _)| i));
-        // The series' instruments are used under the read lock (no reference count taken);
-        // a series seen for the first time is bound once.
-        let series = tenant.series.read();
-        match series.get(&key) {
-            Some(bound) => Self::apply(bound, rec),
-            None => {
-                drop(series);
-                Self::apply(&self.bind(tenant, key, rec, pod), rec);
-            }
-        }
+        let key = SeriesKey {
+            kind: series::REQUEST,
+            tenant: tenant.index,
+            pool: rec.pool.0,
+            pod: pod.map(|(i, _)| i),
+        };
+        let labels = || Labels {
+            tenant: Some(tenant.name.clone()),
+            pod: pod.map(|(_, authority)| Arc::from(authority)),
+        };
+        self.sources
+            .cells
+            .with(key, &series::REQUEST_LAYOUT, labels, |c| apply(c, rec));
         tenant
             .live
             .lock()
             .record(rec.at, rec.outcome == Outcome::Ok, rec.usage, rec.ttft);
-    }
-
-    fn apply(bound: &Bound, rec: &RequestRecord<'_>) {
-        bound.requests[rec.outcome as usize].add(1);
-        if let Some(u) = rec.usage {
-            bound.prompt_tokens.add(u.prompt);
-            bound.cached_tokens.add(u.cached);
-            bound.completion_tokens.add(u.completion);
-        }
-        if rec.retries > 0 {
-            bound.retries.add(u64::from(rec.retries));
-        }
-        bound.duration.record(rec.duration.as_secs_f64());
-        if let Some(q) = rec.queue {
-            bound.queue.record(q.as_secs_f64());
-        }
-        if let Some(ttft) = rec.ttft {
-            bound.ttft.record(ttft.as_secs_f64());
-            if let Some(u) = rec.usage.filter(|u| rec.streamed && u.completion > 1) {
-                let decode = rec.duration.saturating_sub(ttft).as_secs_f64();
-                bound.tpot.record(decode / (u.completion - 1) as f64);
-            }
-        }
-    }
-
-    /// Binds the instruments of a tenant's series (once per series).
-    fn bind(
-        &self,
-        tenant: &Tenant,
-        key: SeriesKey,
-        rec: &RequestRecord<'_>,
-        pod: Option<(u16, &str)>,
-    ) -> Arc<Bound> {
-        let mut attrs = vec![KeyValue::new("tenant", tenant.name.to_string())];
-        if let Some(p) = self.pools.read().get(usize::from(rec.pool.0)) {
-            attrs.push(KeyValue::new("pool", p.name.to_string()));
-            attrs.push(KeyValue::new("model", p.model.to_string()));
-        }
-        if let Some((_, authority)) = pod {
-            attrs.push(KeyValue::new("pod", authority.to_string()));
-        }
-        let i = &self.inst;
-        let bound = Arc::new(Bound {
-            requests: Outcome::ALL.map(|o| {
-                let mut a = attrs.clone();
-                a.push(KeyValue::new("outcome", o.as_str()));
-                i.requests.bind(&a)
-            }),
-            prompt_tokens: i.prompt_tokens.bind(&attrs),
-            cached_tokens: i.cached_tokens.bind(&attrs),
-            completion_tokens: i.completion_tokens.bind(&attrs),
-            retries: i.retries.bind(&attrs),
-            ttft: i.ttft.bind(&attrs),
-            tpot: i.tpot.bind(&attrs),
-            duration: i.duration.bind(&attrs),
-            queue: i.queue.bind(&attrs),
-        });
-        tenant.series.write().entry(key).or_insert(bound).clone()
     }
 
     /// Live per-tenant figures over the last minute, busiest first.
@@ -557,21 +402,55 @@ impl Telemetry {
 
     /// The Prometheus text exposition of everything recorded.
     pub fn prometheus(&self) -> String {
-        self.prometheus.render()
+        let mut out = String::new();
+        let (totals, pools) = self.sources.snapshot();
+        for family in series::FAMILIES {
+            prometheus::render_family(family, &series::points(family, &totals, &pools), &mut out);
+        }
+        self.prometheus.render(&mut out);
+        out
     }
 
-    /// Pushes pending OTLP data now (tests, shutdown).
+    /// Pushes to the OTLP collector now and waits for it (tests, shutdown).
     pub fn flush(&self) {
-        if let Err(err) = self.provider.force_flush() {
-            tracing::debug!(%err, "telemetry flush");
+        if let Some(push) = &self.push {
+            push.flush();
         }
     }
 }
 
 impl Drop for Telemetry {
     fn drop(&mut self) {
+        // The final push first, while the SDK's readers can still collect.
+        drop(self.push.take());
         if let Err(err) = self.provider.shutdown() {
             tracing::debug!(%err, "telemetry shutdown");
+        }
+    }
+}
+
+/// Adds one request to its series' cells.
+#[inline]
+fn apply(c: &cells::Cells, rec: &RequestRecord<'_>) {
+    use series::*;
+    c.counters[rec.outcome as usize].add(1);
+    if let Some(u) = rec.usage {
+        c.counters[PROMPT_TOKENS].add(u.prompt);
+        c.counters[CACHED_TOKENS].add(u.cached);
+        c.counters[COMPLETION_TOKENS].add(u.completion);
+    }
+    if rec.retries > 0 {
+        c.counters[RETRIES].add(u64::from(rec.retries));
+    }
+    c.histograms[DURATION].record(rec.duration.as_secs_f64());
+    if let Some(q) = rec.queue {
+        c.histograms[QUEUE].record(q.as_secs_f64());
+    }
+    if let Some(ttft) = rec.ttft {
+        c.histograms[TTFT].record(ttft.as_secs_f64());
+        if let Some(u) = rec.usage.filter(|u| rec.streamed && u.completion > 1) {
+            let decode = rec.duration.saturating_sub(ttft).as_secs_f64();
+            c.histograms[TPOT].record(decode / (u.completion - 1) as f64);
         }
     }
 }

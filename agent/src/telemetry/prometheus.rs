@@ -1,5 +1,6 @@
-//! The admin port's Prometheus text exposition, rendered from the same SDK aggregation that
-//! OTLP exports (a manual reader collects on each scrape).
+//! The admin port's Prometheus text exposition: warmpath's own per-request families
+//! ([`super::series`]) and what other subsystems registered on the SDK meter (index
+//! health, ...), collected by a manual reader on each scrape.
 //!
 //! Names: dots become underscores; unit `s` adds `_seconds`; monotonic sums add `_total`
 //! (`warmpath.ttft` -> `warmpath_ttft_seconds`, `warmpath.requests` ->
@@ -17,11 +18,14 @@ use opentelemetry_sdk::{
     },
 };
 
-/// A manual reader the meter provider owns one handle of and the admin port the other.
-#[derive(Debug, Clone)]
-pub struct PromReader(Arc<ManualReader>);
+use super::series::{Family, Point, PointValue, Value};
 
-impl PromReader {
+/// A manual reader of the SDK's aggregation: the meter provider owns one handle, a consumer
+/// (the admin port, the OTLP pusher) the other.
+#[derive(Debug, Clone)]
+pub struct SdkReader(Arc<ManualReader>);
+
+impl SdkReader {
     pub fn new() -> Self {
         Self(Arc::new(ManualReader::builder().build()))
     }
@@ -31,30 +35,37 @@ impl PromReader {
         self.clone()
     }
 
-    /// Collects now and renders the text format.
-    pub fn render(&self) -> String {
+    /// Everything the SDK's instruments hold now; `None` (logged) when collection fails.
+    pub fn collect_now(&self) -> Option<ResourceMetrics> {
         let mut rm = ResourceMetrics::default();
-        if let Err(err) = self.0.collect(&mut rm) {
-            tracing::debug!(%err, "prometheus collect");
-            return String::new();
-        }
-        let mut out = String::new();
-        for scope in rm.scope_metrics() {
-            for metric in scope.metrics() {
-                render_metric(metric, &mut out);
+        match self.0.collect(&mut rm) {
+            Ok(()) => Some(rm),
+            Err(err) => {
+                tracing::debug!(%err, "SDK metrics collect");
+                None
             }
         }
-        out
+    }
+
+    /// Collects now and renders the text format.
+    pub fn render(&self, out: &mut String) {
+        if let Some(rm) = self.collect_now() {
+            for scope in rm.scope_metrics() {
+                for metric in scope.metrics() {
+                    render_metric(metric, out);
+                }
+            }
+        }
     }
 }
 
-impl Default for PromReader {
+impl Default for SdkReader {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl MetricReader for PromReader {
+impl MetricReader for SdkReader {
     fn register_pipeline(&self, pipeline: std::sync::Weak<Pipeline>) {
         self.0.register_pipeline(pipeline);
     }
@@ -69,6 +80,50 @@ impl MetricReader for PromReader {
     }
     fn temporality(&self, kind: InstrumentKind) -> Temporality {
         self.0.temporality(kind)
+    }
+}
+
+/// Renders one of warmpath's own families; nothing when it has no points yet.
+pub fn render_family(family: &Family, points: &[Point<'_>], out: &mut String) {
+    if points.is_empty() {
+        return;
+    }
+    let counter = matches!(family.value, Value::Counter { .. });
+    let name = prom_name(family.name, family.unit, counter);
+    let _ = writeln!(out, "# HELP {name} {}", family.description);
+    let _ = writeln!(
+        out,
+        "# TYPE {name} {}",
+        if counter { "counter" } else { "histogram" }
+    );
+    for p in points {
+        let pairs = || p.labels.iter().map(|(k, v)| (*k, *v));
+        match p.value {
+            PointValue::Counter(v) => {
+                let _ = writeln!(out, "{name}{} {v}", label_text(pairs(), None));
+            }
+            PointValue::Histogram(h) => {
+                let mut cumulative = 0u64;
+                for (bound, count) in h.bounds.iter().zip(&h.counts) {
+                    cumulative += count;
+                    let le = bound.to_string();
+                    let _ = writeln!(
+                        out,
+                        "{name}_bucket{} {cumulative}",
+                        label_text(pairs(), Some(("le", &le)))
+                    );
+                }
+                let count = h.count();
+                let _ = writeln!(
+                    out,
+                    "{name}_bucket{} {count}",
+                    label_text(pairs(), Some(("le", "+Inf")))
+                );
+                let l = label_text(pairs(), None);
+                let _ = writeln!(out, "{name}_sum{l} {}", h.sum);
+                let _ = writeln!(out, "{name}_count{l} {count}");
+            }
+        }
     }
 }
 
@@ -97,23 +152,39 @@ fn labels<'a>(attrs: impl Iterator<Item = &'a KeyValue>, extra: Option<(&str, &s
         })
         .collect();
     pairs.sort();
+    label_text(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())), extra)
+}
+
+/// `{k="v",...}` from pairs already in order, `extra` last; empty without labels.
+fn label_text<'a, 'b>(
+    pairs: impl Iterator<Item = (&'a str, &'b str)>,
+    extra: Option<(&str, &str)>,
+) -> String {
+    let mut out = String::new();
+    let mut push = |k: &str, v: &str| {
+        out.push(if out.is_empty() { '{' } else { ',' });
+        out.push_str(k);
+        out.push_str("=\"");
+        for c in v.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    };
+    for (k, v) in pairs {
+        push(k, v);
+    }
     if let Some((k, v)) = extra {
-        pairs.push((k.to_string(), v.to_string()));
+        push(k, v);
     }
-    if pairs.is_empty() {
-        return String::new();
+    if !out.is_empty() {
+        out.push('}');
     }
-    let body: Vec<String> = pairs
-        .into_iter()
-        .map(|(k, v)| {
-            let v = v
-                .replace('\\', "\\\\")
-                .replace('"', "\\\"")
-                .replace('\n', "\\n");
-            format!("{k}=\"{v}\"")
-        })
-        .collect();
-    format!("{{{}}}", body.join(","))
+    out
 }
 
 fn render_metric(metric: &Metric, out: &mut String) {

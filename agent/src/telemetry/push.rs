@@ -1,0 +1,385 @@
+//! OTLP push: every interval (and on flush or shutdown) one export request carries warmpath's
+//! own families and whatever other subsystems registered on the SDK meter, over gRPC or
+//! HTTP/protobuf, cumulative.
+//!
+//! Pushing runs on its own thread with its own small runtime: a slow or dead collector never
+//! delays a request. A failed push is logged (a warning on the first failure of a streak, then
+//! debug); the next one carries the cumulative totals again, so nothing is lost but freshness.
+
+use std::{
+    sync::{Arc, mpsc},
+    thread::JoinHandle,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use opentelemetry_proto::tonic::{
+    collector::metrics::v1::{
+        ExportMetricsServiceRequest, metrics_service_client::MetricsServiceClient,
+    },
+    common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value},
+    metrics::v1::{
+        AggregationTemporality, Histogram, HistogramDataPoint, Metric, NumberDataPoint,
+        ResourceMetrics, ScopeMetrics, Sum, metric, number_data_point,
+    },
+};
+use prost::Message as _;
+
+use super::{
+    Error, SCOPE, Sources,
+    export::{OtlpConfig, OtlpProtocol},
+    prometheus::SdkReader,
+    series::{FAMILIES, Point, PointValue, Value, points},
+};
+
+/// Longest a flush or the final push at shutdown waits beyond the export timeout.
+const GRACE: Duration = Duration::from_secs(1);
+
+enum Command {
+    /// Push now; answer when done.
+    Flush(mpsc::SyncSender<()>),
+}
+
+/// The pushing thread; a final push happens when this is dropped.
+#[derive(Debug)]
+pub struct Pusher {
+    commands: Option<mpsc::SyncSender<Command>>,
+    thread: Option<JoinHandle<()>>,
+    timeout: Duration,
+}
+
+impl Pusher {
+    pub fn start(
+        config: &OtlpConfig,
+        sources: Arc<Sources>,
+        sdk: SdkReader,
+    ) -> Result<Self, Error> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Exporter(format!("OTLP runtime: {e}")))?;
+        let transport = {
+            let _entered = runtime.enter();
+            Transport::new(config)?
+        };
+        let (commands, received) = mpsc::sync_channel(4);
+        let interval = config.interval;
+        let timeout = config.timeout;
+        let exporter = Exporter {
+            transport,
+            sources,
+            sdk,
+            timeout,
+            failing: false,
+        };
+        let thread = std::thread::Builder::new()
+            .name("warmpath-otlp".into())
+            .spawn(move || exporter.run(&runtime, &received, interval))
+            .map_err(|e| Error::Exporter(format!("OTLP thread: {e}")))?;
+        Ok(Self {
+            commands: Some(commands),
+            thread: Some(thread),
+            timeout,
+        })
+    }
+
+    /// Pushes now and waits for it (at most the export timeout and a grace second).
+    pub fn flush(&self) {
+        let (done, wait) = mpsc::sync_channel(1);
+        let Some(commands) = &self.commands else {
+            return;
+        };
+        if commands.try_send(Command::Flush(done)).is_ok() {
+            let _ = wait.recv_timeout(self.timeout + GRACE);
+        }
+    }
+}
+
+impl Drop for Pusher {
+    fn drop(&mut self) {
+        // Closing the channel asks for the final push; the thread is joined when it is done
+        // in time, and left to finish on its own otherwise.
+        drop(self.commands.take());
+        if let Some(thread) = self.thread.take() {
+            let deadline = Instant::now() + self.timeout + GRACE;
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+struct Exporter {
+    transport: Transport,
+    sources: Arc<Sources>,
+    sdk: SdkReader,
+    timeout: Duration,
+    /// The last push failed (log the first failure of a streak only at warning level).
+    failing: bool,
+}
+
+impl Exporter {
+    fn run(
+        mut self,
+        runtime: &tokio::runtime::Runtime,
+        commands: &mpsc::Receiver<Command>,
+        every: Duration,
+    ) {
+        let mut next = Instant::now() + every;
+        loop {
+            match commands.recv_timeout(next.saturating_duration_since(Instant::now())) {
+                Ok(Command::Flush(done)) => {
+                    runtime.block_on(self.push());
+                    let _ = done.send(());
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    runtime.block_on(self.push());
+                    next = Instant::now() + every;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    runtime.block_on(self.push());
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn push(&mut self) {
+        let request = request(&self.sources, &self.sdk);
+        let result = match tokio::time::timeout(self.timeout, self.transport.send(request)).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+        };
+        match result {
+            Ok(()) => self.failing = false,
+            Err(err) if !self.failing => {
+                self.failing = true;
+                tracing::warn!(%err, endpoint = %self.transport.endpoint(), "OTLP push failed; retrying at the next interval");
+            }
+            Err(err) => tracing::debug!(%err, "OTLP push failed again"),
+        }
+    }
+}
+
+enum Transport {
+    Grpc {
+        endpoint: String,
+        client: MetricsServiceClient<tonic::transport::Channel>,
+        headers: tonic::metadata::MetadataMap,
+    },
+    Http {
+        endpoint: String,
+        client: reqwest::Client,
+        headers: http::HeaderMap,
+    },
+}
+
+impl Transport {
+    /// Builds the client; connections are made at the first push. Must run inside a runtime.
+    fn new(config: &OtlpConfig) -> Result<Self, Error> {
+        let bad = |e: &dyn std::fmt::Display| Error::Exporter(format!("{}: {e}", config.endpoint));
+        Ok(match config.protocol {
+            OtlpProtocol::Grpc => {
+                let channel = tonic::transport::Endpoint::from_shared(config.endpoint.clone())
+                    .map_err(|e| bad(&e))?
+                    .connect_timeout(config.timeout)
+                    .timeout(config.timeout)
+                    .connect_lazy();
+                let mut headers = tonic::metadata::MetadataMap::new();
+                for (k, v) in &config.headers {
+                    let key = tonic::metadata::MetadataKey::from_bytes(k.as_bytes())
+                        .map_err(|e| bad(&e))?;
+                    headers.insert(key, v.parse().map_err(|e| bad(&e))?);
+                }
+                Transport::Grpc {
+                    endpoint: config.endpoint.clone(),
+                    client: MetricsServiceClient::new(channel),
+                    headers,
+                }
+            }
+            OtlpProtocol::HttpProtobuf => {
+                let mut headers = http::HeaderMap::new();
+                for (k, v) in &config.headers {
+                    headers.insert(
+                        http::HeaderName::from_bytes(k.as_bytes()).map_err(|e| bad(&e))?,
+                        http::HeaderValue::from_str(v).map_err(|e| bad(&e))?,
+                    );
+                }
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/x-protobuf"),
+                );
+                Transport::Http {
+                    endpoint: config.endpoint.clone(),
+                    client: reqwest::Client::builder()
+                        .timeout(config.timeout)
+                        .build()
+                        .map_err(|e| bad(&e))?,
+                    headers,
+                }
+            }
+        })
+    }
+
+    fn endpoint(&self) -> &str {
+        match self {
+            Transport::Grpc { endpoint, .. } | Transport::Http { endpoint, .. } => endpoint,
+        }
+    }
+
+    async fn send(&mut self, request: ExportMetricsServiceRequest) -> Result<(), String> {
+        match self {
+            Transport::Grpc {
+                client, headers, ..
+            } => {
+                let mut r = tonic::Request::new(request);
+                *r.metadata_mut() = headers.clone();
+                client
+                    .export(r)
+                    .await
+                    .map(drop)
+                    .map_err(|s| format!("{}: {}", s.code(), s.message()))
+            }
+            Transport::Http {
+                endpoint,
+                client,
+                headers,
+            } => {
+                let response = client
+                    .post(endpoint.as_str())
+                    .headers(headers.clone())
+                    .body(request.encode_to_vec())
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if response.status().is_success() {
+                    Ok(())
+                } else {
+                    Err(format!("the collector answered {}", response.status()))
+                }
+            }
+        }
+    }
+}
+
+/// One export: the SDK's scopes as the SDK renders them, warmpath's families in its own scope.
+pub fn request(sources: &Sources, sdk: &SdkReader) -> ExportMetricsServiceRequest {
+    let mut scopes: Vec<ScopeMetrics> = match sdk.collect_now() {
+        Some(rm) => rm.scope_metrics().map(Into::into).collect(),
+        None => Vec::new(),
+    };
+    let (totals, pools) = sources.snapshot();
+    let start = unix_nanos(sources.started);
+    let now = unix_nanos(SystemTime::now());
+    let ours: Vec<Metric> = FAMILIES
+        .iter()
+        .filter_map(|family| {
+            let points = points(family, &totals, &pools);
+            if points.is_empty() {
+                return None;
+            }
+            let cumulative = AggregationTemporality::Cumulative as i32;
+            let data = match family.value {
+                Value::Counter { .. } => metric::Data::Sum(Sum {
+                    data_points: points.iter().map(|p| number_point(p, start, now)).collect(),
+                    aggregation_temporality: cumulative,
+                    is_monotonic: true,
+                }),
+                Value::Histogram(_) => metric::Data::Histogram(Histogram {
+                    data_points: points
+                        .iter()
+                        .filter_map(|p| histogram_point(p, start, now))
+                        .collect(),
+                    aggregation_temporality: cumulative,
+                }),
+            };
+            Some(Metric {
+                name: family.name.to_string(),
+                description: family.description.to_string(),
+                unit: family.unit.to_string(),
+                metadata: Vec::new(),
+                data: Some(data),
+            })
+        })
+        .collect();
+    match scopes
+        .iter_mut()
+        .find(|s| s.scope.as_ref().is_some_and(|s| s.name == SCOPE))
+    {
+        Some(scope) => scope.metrics.extend(ours),
+        None => scopes.push(ScopeMetrics {
+            scope: Some(InstrumentationScope {
+                name: SCOPE.to_string(),
+                ..InstrumentationScope::default()
+            }),
+            metrics: ours,
+            schema_url: String::new(),
+        }),
+    }
+    ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            resource: Some((&sources.resource).into()),
+            scope_metrics: scopes,
+            schema_url: sources
+                .resource
+                .schema_url()
+                .unwrap_or_default()
+                .to_string(),
+        }],
+    }
+}
+
+fn unix_nanos(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn attributes(p: &Point<'_>) -> Vec<KeyValue> {
+    p.labels
+        .iter()
+        .map(|(k, v)| KeyValue {
+            key: (*k).to_string(),
+            value: Some(AnyValue {
+                value: Some(any_value::Value::StringValue((*v).to_string())),
+            }),
+            ..KeyValue::default()
+        })
+        .collect()
+}
+
+fn number_point(p: &Point<'_>, start: u64, now: u64) -> NumberDataPoint {
+    let v = match p.value {
+        PointValue::Counter(v) => v,
+        PointValue::Histogram(_) => 0,
+    };
+    NumberDataPoint {
+        attributes: attributes(p),
+        start_time_unix_nano: start,
+        time_unix_nano: now,
+        value: Some(number_data_point::Value::AsInt(
+            i64::try_from(v).unwrap_or(i64::MAX),
+        )),
+        ..NumberDataPoint::default()
+    }
+}
+
+fn histogram_point(p: &Point<'_>, start: u64, now: u64) -> Option<HistogramDataPoint> {
+    let PointValue::Histogram(h) = p.value else {
+        return None;
+    };
+    let count = h.count();
+    Some(HistogramDataPoint {
+        attributes: attributes(p),
+        start_time_unix_nano: start,
+        time_unix_nano: now,
+        count,
+        sum: Some(h.sum),
+        bucket_counts: h.counts.clone(),
+        explicit_bounds: h.bounds.to_vec(),
+        min: (count > 0).then_some(h.min),
+        max: (count > 0).then_some(h.max),
+        ..HistogramDataPoint::default()
+    })
+}
