@@ -474,4 +474,71 @@ mod tests {
         assert!(Arc::ptr_eq(&ax, &a.tenant(&Arc::from("team-x"))));
         assert!(Arc::ptr_eq(&bx, &b.tenant(&x)));
     }
+
+    fn request(outcome: Outcome, ttft_ms: u64) -> RequestRecord<'static> {
+        RequestRecord {
+            pool: PoolId(0),
+            pod: Some((1, "127.0.0.1:8101")),
+            outcome,
+            usage: Some(TokenUsage {
+                prompt: 100,
+                cached: 60,
+                completion: 8,
+            }),
+            retries: 0,
+            queue: Some(Duration::from_micros(20)),
+            ttft: Some(Duration::from_millis(ttft_ms)),
+            duration: Duration::from_millis(ttft_ms + 10),
+            at: Instant::now(),
+            streamed: false,
+        }
+    }
+
+    #[test]
+    fn prometheus_shows_every_thread_s_records_exactly() {
+        let t = Arc::new(
+            Telemetry::new(&TelemetryConfig {
+                pod_attribute: true,
+                ..TelemetryConfig::default()
+            })
+            .unwrap(),
+        );
+        assert_eq!(t.register_pool("chat", "m"), PoolId(0));
+        let a = t.tenant(&Arc::from("team-a"));
+        t.record(&a, &request(Outcome::Ok, 3));
+        t.record_decision(PoolId(0), DecisionReason::Prefix, 5);
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    let b = t.tenant(&Arc::from("team-b"));
+                    t.record(&b, &request(Outcome::Ok, 40));
+                    t.record(&b, &request(Outcome::Cancelled, 40));
+                    t.record_decision(PoolId(0), DecisionReason::Load, 0);
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().unwrap();
+        }
+        let text = t.prometheus();
+        let line = |l: &str| assert!(text.lines().any(|x| x == l), "missing `{l}` in\n{text}");
+        let labels_b = r#"model="m",pod="127.0.0.1:8101",pool="chat",tenant="team-b""#;
+        line("# TYPE warmpath_requests_total counter");
+        line(r#"warmpath_requests_total{model="m",outcome="ok",pod="127.0.0.1:8101",pool="chat",tenant="team-a"} 1"#);
+        line(r#"warmpath_requests_total{model="m",outcome="cancelled",pod="127.0.0.1:8101",pool="chat",tenant="team-b"} 3"#);
+        line(&format!("warmpath_prompt_tokens_total{{{labels_b}}} 600"));
+        line(&format!("warmpath_cached_prompt_tokens_total{{{labels_b}}} 360"));
+        line("# TYPE warmpath_ttft_seconds histogram");
+        line(&format!(r#"warmpath_ttft_seconds_bucket{{{labels_b},le="0.025"}} 0"#));
+        line(&format!(r#"warmpath_ttft_seconds_bucket{{{labels_b},le="0.05"}} 6"#));
+        line(&format!(r#"warmpath_ttft_seconds_bucket{{{labels_b},le="+Inf"}} 6"#));
+        line(&format!("warmpath_ttft_seconds_count{{{labels_b}}} 6"));
+        line(r#"warmpath_decisions_total{model="m",pool="chat",reason="load"} 3"#);
+        line(r#"warmpath_decisions_total{model="m",pool="chat",reason="prefix"} 1"#);
+        line(r#"warmpath_prefix_blocks_bucket{model="m",pool="chat",le="0"} 3"#);
+        line(r#"warmpath_prefix_blocks_sum{model="m",pool="chat"} 5"#);
+        // Not streamed: no time per output token, but the series is there, empty.
+        line(&format!("warmpath_tpot_seconds_count{{{labels_b}}} 0"));
+    }
 }

@@ -383,3 +383,100 @@ fn histogram_point(p: &Point<'_>, start: u64, now: u64) -> Option<HistogramDataP
         ..HistogramDataPoint::default()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::{Resource, metrics::SdkMeterProvider};
+
+    use super::*;
+    use crate::telemetry::{
+        Outcome, RequestRecord, Telemetry, TelemetryConfig, TokenUsage, cells::Labels,
+    };
+
+    #[test]
+    fn one_request_carries_both_scopes_in_one_and_the_resource() {
+        let reader = SdkReader::new();
+        let provider = SdkMeterProvider::builder()
+            .with_resource(Resource::builder().with_service_name("warmpath").build())
+            .with_reader(reader.reader())
+            .build();
+        let _gauge = provider
+            .meter(SCOPE)
+            .u64_observable_gauge("warmpath.index.entries")
+            .with_callback(|o| o.observe(7, &[]))
+            .build();
+        let telemetry = Telemetry::new(&TelemetryConfig::default()).unwrap();
+        let pool = telemetry.register_pool("chat", "m");
+        let tenant = telemetry.tenant(&Arc::from("team-a"));
+        telemetry.record(
+            &tenant,
+            &RequestRecord {
+                pool,
+                pod: None,
+                outcome: Outcome::Ok,
+                usage: Some(TokenUsage {
+                    prompt: 10,
+                    cached: 4,
+                    completion: 3,
+                }),
+                retries: 1,
+                queue: Some(Duration::from_micros(30)),
+                ttft: Some(Duration::from_millis(20)),
+                duration: Duration::from_millis(50),
+                at: Instant::now(),
+                streamed: true,
+            },
+        );
+        let r = request(&telemetry.sources, &reader);
+        let rm = &r.resource_metrics[0];
+        let service = rm.resource.as_ref().unwrap().attributes.iter().any(|kv| {
+            kv.key == "service.name"
+                && kv.value.as_ref().and_then(|v| v.value.as_ref())
+                    == Some(&any_value::Value::StringValue("warmpath".into()))
+        });
+        assert!(service, "the resource names the service");
+        assert_eq!(rm.scope_metrics.len(), 1, "one `warmpath` scope");
+        let metrics = &rm.scope_metrics[0].metrics;
+        let find = |name: &str| metrics.iter().find(|m| m.name == name).unwrap();
+        find("warmpath.index.entries");
+        let Some(metric::Data::Sum(requests)) = &find("warmpath.requests").data else {
+            panic!("requests is a sum");
+        };
+        assert!(requests.is_monotonic);
+        let ok = requests
+            .data_points
+            .iter()
+            .find(|p| p.attributes.iter().any(|kv| kv.key == "outcome" && format!("{:?}", kv.value).contains("\"ok\"")))
+            .unwrap();
+        assert_eq!(ok.value, Some(number_data_point::Value::AsInt(1)));
+        assert_eq!(ok.attributes.len(), 4, "model, outcome, pool, tenant");
+        let Some(metric::Data::Histogram(tpot)) = &find("warmpath.tpot").data else {
+            panic!("tpot is a histogram");
+        };
+        let p = &tpot.data_points[0];
+        assert_eq!(p.count, 1);
+        assert_eq!(p.bucket_counts.len(), p.explicit_bounds.len() + 1);
+        assert_eq!(p.min, Some(0.015));
+        assert!(p.start_time_unix_nano <= p.time_unix_nano);
+        // A series recorded but never given a value in a histogram exports it empty.
+        telemetry.sources.cells.with(
+            crate::telemetry::cells::SeriesKey {
+                kind: crate::telemetry::series::POOL,
+                tenant: 0,
+                pool: 0,
+                pod: None,
+            },
+            &crate::telemetry::series::POOL_LAYOUT,
+            Labels::default,
+            |_| (),
+        );
+        let r = request(&telemetry.sources, &reader);
+        let metrics = &r.resource_metrics[0].scope_metrics[0].metrics;
+        let blocks = metrics.iter().find(|m| m.name == "warmpath.prefix_blocks").unwrap();
+        let Some(metric::Data::Histogram(h)) = &blocks.data else {
+            panic!("prefix blocks is a histogram");
+        };
+        assert_eq!((h.data_points[0].count, h.data_points[0].min), (0, None));
+    }
+}
