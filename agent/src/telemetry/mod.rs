@@ -525,14 +525,26 @@ mod tests {
         let line = |l: &str| assert!(text.lines().any(|x| x == l), "missing `{l}` in\n{text}");
         let labels_b = r#"model="m",pod="127.0.0.1:8101",pool="chat",tenant="team-b""#;
         line("# TYPE warmpath_requests_total counter");
-        line(r#"warmpath_requests_total{model="m",outcome="ok",pod="127.0.0.1:8101",pool="chat",tenant="team-a"} 1"#);
-        line(r#"warmpath_requests_total{model="m",outcome="cancelled",pod="127.0.0.1:8101",pool="chat",tenant="team-b"} 3"#);
+        line(
+            r#"warmpath_requests_total{model="m",outcome="ok",pod="127.0.0.1:8101",pool="chat",tenant="team-a"} 1"#,
+        );
+        line(
+            r#"warmpath_requests_total{model="m",outcome="cancelled",pod="127.0.0.1:8101",pool="chat",tenant="team-b"} 3"#,
+        );
         line(&format!("warmpath_prompt_tokens_total{{{labels_b}}} 600"));
-        line(&format!("warmpath_cached_prompt_tokens_total{{{labels_b}}} 360"));
+        line(&format!(
+            "warmpath_cached_prompt_tokens_total{{{labels_b}}} 360"
+        ));
         line("# TYPE warmpath_ttft_seconds histogram");
-        line(&format!(r#"warmpath_ttft_seconds_bucket{{{labels_b},le="0.025"}} 0"#));
-        line(&format!(r#"warmpath_ttft_seconds_bucket{{{labels_b},le="0.05"}} 6"#));
-        line(&format!(r#"warmpath_ttft_seconds_bucket{{{labels_b},le="+Inf"}} 6"#));
+        line(&format!(
+            r#"warmpath_ttft_seconds_bucket{{{labels_b},le="0.025"}} 0"#
+        ));
+        line(&format!(
+            r#"warmpath_ttft_seconds_bucket{{{labels_b},le="0.05"}} 6"#
+        ));
+        line(&format!(
+            r#"warmpath_ttft_seconds_bucket{{{labels_b},le="+Inf"}} 6"#
+        ));
         line(&format!("warmpath_ttft_seconds_count{{{labels_b}}} 6"));
         line(r#"warmpath_decisions_total{model="m",pool="chat",reason="load"} 3"#);
         line(r#"warmpath_decisions_total{model="m",pool="chat",reason="prefix"} 1"#);

@@ -44,6 +44,8 @@ enum Command {
 pub struct Pusher {
     commands: Option<mpsc::SyncSender<Command>>,
     thread: Option<JoinHandle<()>>,
+    /// Disconnected when the thread has finished (behind a lock only to be `Sync`).
+    finished: parking_lot::Mutex<mpsc::Receiver<()>>,
     timeout: Duration,
 }
 
@@ -71,13 +73,18 @@ impl Pusher {
             timeout,
             failing: false,
         };
+        let (finishing, finished) = mpsc::sync_channel::<()>(0);
         let thread = std::thread::Builder::new()
             .name("warmpath-otlp".into())
-            .spawn(move || exporter.run(&runtime, &received, interval))
+            .spawn(move || {
+                let _finishing = finishing;
+                exporter.run(&runtime, &received, interval);
+            })
             .map_err(|e| Error::Exporter(format!("OTLP thread: {e}")))?;
         Ok(Self {
             commands: Some(commands),
             thread: Some(thread),
+            finished: parking_lot::Mutex::new(finished),
             timeout,
         })
     }
@@ -99,14 +106,12 @@ impl Drop for Pusher {
         // Closing the channel asks for the final push; the thread is joined when it is done
         // in time, and left to finish on its own otherwise.
         drop(self.commands.take());
-        if let Some(thread) = self.thread.take() {
-            let deadline = Instant::now() + self.timeout + GRACE;
-            while !thread.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            if thread.is_finished() {
-                let _ = thread.join();
-            }
+        let done = matches!(
+            self.finished.get_mut().recv_timeout(self.timeout + GRACE),
+            Err(mpsc::RecvTimeoutError::Disconnected)
+        );
+        if let Some(thread) = self.thread.take().filter(|_| done) {
+            let _ = thread.join();
         }
     }
 }
@@ -447,7 +452,11 @@ mod tests {
         let ok = requests
             .data_points
             .iter()
-            .find(|p| p.attributes.iter().any(|kv| kv.key == "outcome" && format!("{:?}", kv.value).contains("\"ok\"")))
+            .find(|p| {
+                p.attributes
+                    .iter()
+                    .any(|kv| kv.key == "outcome" && format!("{:?}", kv.value).contains("\"ok\""))
+            })
             .unwrap();
         assert_eq!(ok.value, Some(number_data_point::Value::AsInt(1)));
         assert_eq!(ok.attributes.len(), 4, "model, outcome, pool, tenant");
@@ -473,10 +482,111 @@ mod tests {
         );
         let r = request(&telemetry.sources, &reader);
         let metrics = &r.resource_metrics[0].scope_metrics[0].metrics;
-        let blocks = metrics.iter().find(|m| m.name == "warmpath.prefix_blocks").unwrap();
+        let blocks = metrics
+            .iter()
+            .find(|m| m.name == "warmpath.prefix_blocks")
+            .unwrap();
         let Some(metric::Data::Histogram(h)) = &blocks.data else {
             panic!("prefix blocks is a histogram");
         };
         assert_eq!((h.data_points[0].count, h.data_points[0].min), (0, None));
+    }
+
+    /// A one-request HTTP collector on a loopback port: returns what it read.
+    fn collector() -> (String, std::thread::JoinHandle<Vec<u8>>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1/metrics", listener.local_addr().unwrap());
+        let thread = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Head, then as many body bytes as content-length says.
+            loop {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "the request ended early");
+                got.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len: usize = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    if got.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                .unwrap();
+            got
+        });
+        (url, thread)
+    }
+
+    #[test]
+    fn a_flush_pushes_protobuf_with_the_configured_headers() {
+        let (url, collector) = collector();
+        let config = OtlpConfig {
+            endpoint: url,
+            protocol: OtlpProtocol::HttpProtobuf,
+            interval: Duration::from_secs(3600),
+            timeout: Duration::from_secs(5),
+            headers: vec![("authorization".into(), "Bearer abc".into())],
+        };
+        let telemetry = Telemetry::new(&TelemetryConfig {
+            otlp: Some(config),
+            ..TelemetryConfig::default()
+        })
+        .unwrap();
+        let pool = telemetry.register_pool("chat", "m");
+        telemetry.record_decision(pool, crate::telemetry::DecisionReason::Load, 0);
+        telemetry.flush();
+        let got = collector.join().unwrap();
+        let end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+        assert!(head.starts_with("post /v1/metrics "), "{head}");
+        assert!(head.contains("authorization: bearer abc"), "{head}");
+        assert!(
+            head.contains("content-type: application/x-protobuf"),
+            "{head}"
+        );
+        let request = ExportMetricsServiceRequest::decode(&got[end + 4..]).unwrap();
+        let names: Vec<_> = request.resource_metrics[0].scope_metrics[0]
+            .metrics
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect();
+        assert_eq!(names, ["warmpath.prefix_blocks", "warmpath.decisions"]);
+    }
+
+    #[test]
+    fn a_dead_collector_does_not_hang_a_flush_or_the_shutdown() {
+        // A port that was just free: nothing listens.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        for protocol in [OtlpProtocol::Grpc, OtlpProtocol::HttpProtobuf] {
+            let telemetry = Telemetry::new(&TelemetryConfig {
+                otlp: Some(OtlpConfig {
+                    endpoint: format!("http://127.0.0.1:{port}"),
+                    protocol,
+                    interval: Duration::from_secs(3600),
+                    timeout: Duration::from_millis(300),
+                    headers: Vec::new(),
+                }),
+                ..TelemetryConfig::default()
+            })
+            .unwrap();
+            let started = Instant::now();
+            telemetry.flush();
+            drop(telemetry);
+            // The flush and the final push at drop each give up after the timeout (plus
+            // grace) at the latest; the bound is loose, this is about not hanging.
+            assert!(started.elapsed() < Duration::from_secs(10), "{protocol:?}");
+        }
     }
 }
