@@ -112,6 +112,60 @@ async fn a_multi_turn_run_reports_every_request_per_tenant() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--no-stream`: whole answers through the proxy, each request counted with its usage and
+/// its TTFT equal to its end-to-end time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_streaming_run_counts_whole_answers() {
+    let fleet = Fleet::start(&["--port", "0", "--profile", "tiny"]).await;
+    let routing = proxy(&fleet, &[]).await;
+    let json = std::env::temp_dir().join(format!(
+        "warmpath-bench-run-whole-{}.json",
+        std::process::id()
+    ));
+    let argv = [
+        "warmpath",
+        "bench",
+        "run",
+        "--no-stream",
+        "--target",
+        &format!("http://{}", routing.listen),
+        "--groups",
+        "2",
+        "--users",
+        "3",
+        "--rounds",
+        "2",
+        "--system-tokens",
+        "64",
+        "--question-tokens",
+        "8",
+        "--output-tokens",
+        "5",
+        "--concurrency",
+        "4",
+        "--max-seconds",
+        "60",
+        "--json",
+        &json.display().to_string(),
+    ];
+    let Command::Bench(BenchCommand::Run(args)) = Cli::try_parse_from(argv).unwrap().command else {
+        unreachable!()
+    };
+    warmpath::bench::run::run(*args).await.unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    let overall = &v["report"]["overall"];
+    assert_eq!(overall["requests"], 12, "{overall}");
+    assert_eq!(overall["errors"], 0, "{overall}");
+    for s in v["samples"].as_array().unwrap() {
+        assert_eq!(s["output_tokens"], 5, "{s}");
+        assert!(s["prompt_tokens"].as_u64().unwrap() >= 64, "{s}");
+        assert!(s["ttft"].as_f64().unwrap() > 0.0, "{s}");
+        assert_eq!(s["ttft"], s["e2e"], "{s}");
+    }
+}
+
 /// `warmpath bench compare` end to end on a small shared-prefix workload: two policies, each
 /// in front of its own fresh fleet, through two agents; the JSON rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

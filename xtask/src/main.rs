@@ -4,6 +4,7 @@
 //! commands work on a fresh machine.
 
 mod ebpf;
+mod pgo;
 mod setup;
 mod shell;
 
@@ -28,6 +29,10 @@ enum Task {
         /// Optimised build.
         #[arg(long)]
         release: bool,
+        /// With --release: a profile-guided build of the `warmpath` binary, trained on the
+        /// data path, at target/pgo/warmpath (about three release builds' time).
+        #[arg(long, requires = "release")]
+        pgo: bool,
     },
     /// The README test command: fmt check, clippy, unit, integration and BPF tests.
     Test,
@@ -41,7 +46,8 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Task::Setup => setup::all(),
         Task::BuildEbpf => ebpf::build().map(|path| println!("{}", path.display())),
-        Task::Build { release } => build(release),
+        Task::Build { pgo: true, .. } => pgo::build().map(drop),
+        Task::Build { release, .. } => build(release),
         Task::Test => test(),
         Task::Demo => demo(),
         Task::GenTokenizer => shell::run(&mut shell::cargo([

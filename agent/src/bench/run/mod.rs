@@ -64,6 +64,10 @@ pub struct RunArgs {
     /// Chart path stem: STEM-ttft-cdf.svg/.png (and STEM-ladder.svg/.png with --ladder).
     #[arg(long, value_name = "STEM")]
     pub chart: Option<PathBuf>,
+    /// Non-streaming requests: each answer arrives whole, so TTFT is the end-to-end time and
+    /// there are no inter-token gaps.
+    #[arg(long)]
+    pub no_stream: bool,
 }
 
 fn parse_tenant(s: &str) -> Result<(String, f64), String> {
@@ -114,6 +118,7 @@ struct Ctx {
     url: String,
     model: String,
     tenant_header: Option<String>,
+    stream: bool,
     start: Instant,
     deadline: Instant,
     budget: AtomicUsize,
@@ -185,6 +190,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
         url: format!("{target}/v1/completions"),
         model,
         tenant_header: (!args.tenants.is_empty()).then(|| args.tenant_header.clone()),
+        stream: !args.no_stream,
         start,
         deadline: start + Duration::from_secs_f64(args.max_seconds),
         budget: AtomicUsize::new(args.max_requests),
@@ -408,7 +414,8 @@ fn failed() -> Sample {
     }
 }
 
-/// Streams one completion: TTFT at the first content, gaps between content chunks, usage.
+/// One completion, streamed (TTFT at the first content, gaps between content chunks) or
+/// not (`--no-stream`), with its usage.
 async fn one_request(
     ctx: &Ctx,
     prompt: &str,
@@ -416,6 +423,17 @@ async fn one_request(
     tenant: &str,
 ) -> Option<(Sample, String)> {
     let header = ctx.tenant_header.as_deref().map(|h| (h, tenant));
+    if !ctx.stream {
+        return whole_completion(
+            &ctx.client,
+            &ctx.url,
+            &ctx.model,
+            prompt,
+            max_tokens,
+            header,
+        )
+        .await;
+    }
     stream_completion(
         &ctx.client,
         &ctx.url,
@@ -425,6 +443,42 @@ async fn one_request(
         header,
     )
     .await
+}
+
+/// One non-streaming `/v1/completions` request (`ignore_eos`): the answer arrives whole, so
+/// TTFT is the end-to-end time. `None` on an error status or an unreadable body.
+async fn whole_completion(
+    client: &reqwest::Client,
+    url: &str,
+    model: &str,
+    prompt: &str,
+    max_tokens: usize,
+    header: Option<(&str, &str)>,
+) -> Option<(Sample, String)> {
+    let t0 = std::time::Instant::now();
+    let body = serde_json::json!({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+        "ignore_eos": true});
+    let mut req = client.post(url).json(&body);
+    if let Some((name, value)) = header {
+        req = req.header(name, value);
+    }
+    let resp = req.send().await.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await.ok()?).ok()?;
+    let mut s = failed();
+    s.e2e = t0.elapsed().as_secs_f64();
+    s.ttft = s.e2e;
+    let u = &v["usage"];
+    s.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+    s.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
+    s.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    let answer = v["choices"][0]["text"].as_str()?.to_string();
+    s.ok = true;
+    Some((s, answer))
 }
 
 /// Streams one `/v1/completions` request (`ignore_eos`, usage asked for): TTFT at the first

@@ -149,16 +149,24 @@ pub fn render(r: &Report) -> String {
     let mut out = String::new();
     let head = "| | requests | errors | TTFT p50/p90/p99 (s) | ITL p50/p90/p99 (ms) | e2e p50/p90/p99 (s) | req/s | output tok/s | prefix hit % |\n|---|---|---|---|---|---|---|---|---|\n";
     let row = |name: &str, s: &Stats| {
+        // No gaps to measure (non-streaming, or one-token answers): a dash, not NaN.
+        let itl = if s.itl_s.p50.is_nan() {
+            "-".to_string()
+        } else {
+            format!(
+                "{:.1} / {:.1} / {:.1}",
+                s.itl_s.p50 * 1e3,
+                s.itl_s.p90 * 1e3,
+                s.itl_s.p99 * 1e3
+            )
+        };
         format!(
-            "| {name} | {} | {} | {:.3} / {:.3} / {:.3} | {:.1} / {:.1} / {:.1} | {:.2} / {:.2} / {:.2} | {:.2} | {:.0} | {:.1} |\n",
+            "| {name} | {} | {} | {:.3} / {:.3} / {:.3} | {itl} | {:.2} / {:.2} / {:.2} | {:.2} | {:.0} | {:.1} |\n",
             s.requests,
             s.errors,
             s.ttft_s.p50,
             s.ttft_s.p90,
             s.ttft_s.p99,
-            s.itl_s.p50 * 1e3,
-            s.itl_s.p90 * 1e3,
-            s.itl_s.p99 * 1e3,
             s.e2e_s.p50,
             s.e2e_s.p90,
             s.e2e_s.p99,
