@@ -112,16 +112,33 @@ fn rustc_host_and_llvm() -> Result<(String, String)> {
     Ok((host, major))
 }
 
+/// `llvm-profdata` of LLVM `major`, installed from Debian's `llvm-N` (as root) when none is
+/// found.
+fn llvm_profdata(major: &str) -> Result<PathBuf> {
+    if let Some(found) = find_llvm_profdata(major)? {
+        return Ok(found);
+    }
+    if crate::setup::apt_install(&[&format!("llvm-{major}")])?
+        && let Some(found) = find_llvm_profdata(major)?
+    {
+        return Ok(found);
+    }
+    bail!(
+        "no llvm-profdata for LLVM {major} (rustc's): `apt-get install llvm-{major}` or \
+         `rustup component add llvm-tools`"
+    )
+}
+
 /// `llvm-profdata` of LLVM `major`: Debian's `llvm-profdata-N`, rustup's `llvm-tools`, or
 /// a plain `llvm-profdata` that reports that version.
-fn llvm_profdata(major: &str) -> Result<PathBuf> {
+fn find_llvm_profdata(major: &str) -> Result<Option<PathBuf>> {
     let versioned = format!("llvm-profdata-{major}");
     if shell::on_path(&versioned) {
-        return Ok(versioned.into());
+        return Ok(Some(versioned.into()));
     }
     let prefixed = PathBuf::from(format!("/usr/lib/llvm-{major}/bin/llvm-profdata"));
     if prefixed.is_file() {
-        return Ok(prefixed);
+        return Ok(Some(prefixed));
     }
     let sysroot = Command::new(std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()))
         .args(["--print", "sysroot"])
@@ -135,18 +152,15 @@ fn llvm_profdata(major: &str) -> Result<PathBuf> {
             .map(|e| e.path().join("bin/llvm-profdata"))
             .find(|p| p.is_file())
     }) {
-        return Ok(found);
+        return Ok(Some(found));
     }
     if shell::on_path("llvm-profdata") {
         let out = Command::new("llvm-profdata").arg("--version").output()?;
         if String::from_utf8_lossy(&out.stdout).contains(&format!("version {major}.")) {
-            return Ok("llvm-profdata".into());
+            return Ok(Some("llvm-profdata".into()));
         }
     }
-    bail!(
-        "no llvm-profdata for LLVM {major} (rustc's): `apt-get install llvm-{major}` or \
-         `rustup component add llvm-tools`"
-    )
+    Ok(None)
 }
 
 /// Builds `warmpath` for `host` into `target_dir` with `flags`; returns the binary.

@@ -28,20 +28,8 @@ fn chart_font() -> Result<()> {
     if Path::new(CHART_FONT).is_file() || std::env::var_os("WARMPATH_FONT").is_some() {
         return Ok(());
     }
-    let root = nix_is_root();
-    if root && shell::on_path("apt-get") {
-        shell::run(std::process::Command::new("apt-get").args(["update", "-qq"]))?;
-        return shell::run(
-            std::process::Command::new("apt-get")
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .args([
-                    "install",
-                    "-y",
-                    "-qq",
-                    "--no-install-recommends",
-                    "fonts-dejavu-core",
-                ]),
-        );
+    if apt_install(&["fonts-dejavu-core"])? {
+        return Ok(());
     }
     bail!(
         "benchmark charts need a TrueType font: `sudo apt-get install fonts-dejavu-core`, or set WARMPATH_FONT=/path/to/font.ttf"
@@ -91,6 +79,22 @@ pub fn bpf_toolchain() -> Result<()> {
     Ok(())
 }
 
+/// Installs Debian `packages` when we run as root on a machine with apt: `Ok(false)` when we
+/// cannot (the caller then says what to install).
+pub fn apt_install(packages: &[&str]) -> Result<bool> {
+    if !(nix_is_root() && shell::on_path("apt-get")) {
+        return Ok(false);
+    }
+    shell::run(std::process::Command::new("apt-get").args(["update", "-qq"]))?;
+    shell::run(
+        std::process::Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-qq"])
+            .args(packages),
+    )?;
+    Ok(true)
+}
+
 /// Whether we run as root (apt installs allowed).
 fn nix_is_root() -> bool {
     std::process::Command::new("id")
@@ -104,15 +108,7 @@ fn llvm() -> Result<()> {
     if Path::new(LLVM_PREFIX).join("bin/llvm-config").is_file() {
         return Ok(());
     }
-    let root = nix_is_root();
-    if root && shell::on_path("apt-get") {
-        shell::run(std::process::Command::new("apt-get").args(["update", "-qq"]))?;
-        shell::run(
-            std::process::Command::new("apt-get")
-                .args(["install", "-y", "-qq"])
-                .args(LLVM_PACKAGES)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )?;
+    if apt_install(&LLVM_PACKAGES)? {
         return Ok(());
     }
     bail!(
