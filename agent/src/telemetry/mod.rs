@@ -226,7 +226,7 @@ pub struct Telemetry {
     provider: SdkMeterProvider,
     prometheus: prometheus::SdkReader,
     meter: Meter,
-    /// Declared after `provider`'s users: dropped first, so its final push still collects.
+    /// Dropped first (see `Drop`), so its final push still collects from the SDK.
     push: Option<push::Pusher>,
     tenants: RwLock<FastMap<Arc<str>, Arc<Tenant>>>,
     max_tenants: usize,
