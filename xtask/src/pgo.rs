@@ -192,9 +192,7 @@ fn cargo_build(host: &str, target_dir: &Path, flags: &str, object: &Path) -> Res
 
 /// Runs the training workload on the instrumented binary.
 fn train(bin: &Path, profiles: &Path, clients: &Path) -> Result<()> {
-    let profile_file = |dir: &Path| dir.join("warmpath-%p-%m.profraw");
     let sim_port = free_port()?;
-    let (listen, admin) = (free_port()?, free_port()?);
     let mut sim = Stopped(
         Command::new(bin)
             .args(["sim", "--port", &sim_port.to_string(), "--profile", "tiny"])
@@ -208,31 +206,9 @@ fn train(bin: &Path, profiles: &Path, clients: &Path) -> Result<()> {
     );
     // Kept open until the simulator stops: it may write more.
     let _sim_stdout = ready_line(&mut sim)?;
-    let agent = Stopped(
-        Command::new(bin)
-            .args(["agent", "--listen", &format!("127.0.0.1:{listen}")])
-            .args(["--admin", &format!("127.0.0.1:{admin}")])
-            .args(["--endpoint", &format!("http://127.0.0.1:{sim_port}")])
-            .args(["--workers", "1"])
-            .env("LLVM_PROFILE_FILE", profile_file(profiles))
-            .env("TOKIO_WORKER_THREADS", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start the instrumented agent")?,
-    );
-    wait_for_port(listen)?;
-    let target = format!("http://127.0.0.1:{listen}");
+    let (agent, target) = start_agent(bin, sim_port, &[], profiles)?;
     // Small non-streaming completions, closed loop (what `bench proxy` measures).
-    shell::run(
-        Command::new(bin)
-            .args(["bench", "run", "--no-stream", "--target", &target])
-            .args(["--groups", "4", "--users", "64", "--rounds", "1000"])
-            .args(["--system-tokens", "16", "--question-tokens", "4"])
-            .args(["--output-tokens", "1", "--concurrency", "32"])
-            .args(["--max-requests", "1000000", "--max-seconds", PHASE_SECONDS])
-            .env("LLVM_PROFILE_FILE", profile_file(clients)),
-    )?;
+    small_requests(bin, &target, PHASE_SECONDS, clients)?;
     // Streamed shared-prefix requests with real prompts: tokenization, prefix scoring, the
     // SSE tap.
     shell::run(
@@ -242,32 +218,9 @@ fn train(bin: &Path, profiles: &Path, clients: &Path) -> Result<()> {
             .env("LLVM_PROFILE_FILE", profile_file(clients)),
     )?;
     agent.stop()?;
-    // The same non-streaming load through an agent with HTTP/2 engine connections.
-    let (listen, admin) = (free_port()?, free_port()?);
-    let h2 = Stopped(
-        Command::new(bin)
-            .args(["agent", "--listen", &format!("127.0.0.1:{listen}")])
-            .args(["--admin", &format!("127.0.0.1:{admin}")])
-            .args(["--endpoint", &format!("http://127.0.0.1:{sim_port}")])
-            .args(["--workers", "1", "--upstream-protocol", "h2"])
-            .env("LLVM_PROFILE_FILE", profile_file(profiles))
-            .env("TOKIO_WORKER_THREADS", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start the instrumented h2 agent")?,
-    );
-    wait_for_port(listen)?;
-    shell::run(
-        Command::new(bin)
-            .args(["bench", "run", "--no-stream"])
-            .args(["--target", &format!("http://127.0.0.1:{listen}")])
-            .args(["--groups", "4", "--users", "64", "--rounds", "1000"])
-            .args(["--system-tokens", "16", "--question-tokens", "4"])
-            .args(["--output-tokens", "1", "--concurrency", "32"])
-            .args(["--max-requests", "1000000", "--max-seconds", H2_SECONDS])
-            .env("LLVM_PROFILE_FILE", profile_file(clients)),
-    )?;
+    // The same small requests through an agent with HTTP/2 engine connections.
+    let (h2, target) = start_agent(bin, sim_port, &["--upstream-protocol", "h2"], profiles)?;
+    small_requests(bin, &target, H2_SECONDS, clients)?;
     h2.stop()?;
     sim.stop()?;
     // The routing decision for long chat prompts, in process.
@@ -275,6 +228,52 @@ fn train(bin: &Path, profiles: &Path, clients: &Path) -> Result<()> {
         Command::new(bin)
             .args(["bench", "proxy", "--decision-only"])
             .env("LLVM_PROFILE_FILE", profile_file(profiles)),
+    )
+}
+
+/// Where instrumented processes writing into `dir` put their profiles.
+fn profile_file(dir: &Path) -> PathBuf {
+    dir.join("warmpath-%p-%m.profraw")
+}
+
+/// An instrumented agent (one data-path worker, `extra` flags) in front of the simulator on
+/// `sim_port`, once it accepts: the process and its base URL.
+fn start_agent(
+    bin: &Path,
+    sim_port: u16,
+    extra: &[&str],
+    profiles: &Path,
+) -> Result<(Stopped, String)> {
+    let (listen, admin) = (free_port()?, free_port()?);
+    let agent = Stopped(
+        Command::new(bin)
+            .args(["agent", "--listen", &format!("127.0.0.1:{listen}")])
+            .args(["--admin", &format!("127.0.0.1:{admin}")])
+            .args(["--endpoint", &format!("http://127.0.0.1:{sim_port}")])
+            .args(["--workers", "1"])
+            .args(extra)
+            .env("LLVM_PROFILE_FILE", profile_file(profiles))
+            .env("TOKIO_WORKER_THREADS", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start the instrumented agent")?,
+    );
+    wait_for_port(listen)?;
+    Ok((agent, format!("http://127.0.0.1:{listen}")))
+}
+
+/// Small non-streaming completions from 32 closed-loop clients for `seconds`; the load
+/// generator's own profile goes to `clients`.
+fn small_requests(bin: &Path, target: &str, seconds: &str, clients: &Path) -> Result<()> {
+    shell::run(
+        Command::new(bin)
+            .args(["bench", "run", "--no-stream", "--target", target])
+            .args(["--groups", "4", "--users", "64", "--rounds", "1000"])
+            .args(["--system-tokens", "16", "--question-tokens", "4"])
+            .args(["--output-tokens", "1", "--concurrency", "32"])
+            .args(["--max-requests", "1000000", "--max-seconds", seconds])
+            .env("LLVM_PROFILE_FILE", profile_file(clients)),
     )
 }
 

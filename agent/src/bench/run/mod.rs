@@ -458,27 +458,40 @@ async fn whole_completion(
     let t0 = std::time::Instant::now();
     let body = serde_json::json!({"model": model, "prompt": prompt, "max_tokens": max_tokens,
         "ignore_eos": true});
-    let mut req = client.post(url).json(&body);
-    if let Some((name, value)) = header {
-        req = req.header(name, value);
-    }
-    let resp = req.send().await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
+    let resp = post(client, url, &body, header).await?;
     let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await.ok()?).ok()?;
     let mut s = failed();
     s.e2e = t0.elapsed().as_secs_f64();
     s.ttft = s.e2e;
-    let u = &v["usage"];
+    read_usage(&mut s, &v["usage"]);
+    let answer = v["choices"][0]["text"].as_str()?.to_string();
+    s.ok = true;
+    Some((s, answer))
+}
+
+/// POSTs `body` (with the tenant header, if any); `None` on a transport error or an error
+/// status.
+async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+    header: Option<(&str, &str)>,
+) -> Option<reqwest::Response> {
+    let mut req = client.post(url).json(body);
+    if let Some((name, value)) = header {
+        req = req.header(name, value);
+    }
+    let resp = req.send().await.ok()?;
+    resp.status().is_success().then_some(resp)
+}
+
+/// A response's `usage` object into the sample's token counts.
+fn read_usage(s: &mut Sample, u: &serde_json::Value) {
     s.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
     s.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
     s.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap_or(0);
-    let answer = v["choices"][0]["text"].as_str()?.to_string();
-    s.ok = true;
-    Some((s, answer))
 }
 
 /// Streams one `/v1/completions` request (`ignore_eos`, usage asked for): TTFT at the first
@@ -495,15 +508,7 @@ pub(crate) async fn stream_completion(
     let t0 = std::time::Instant::now();
     let body = serde_json::json!({"model": model, "prompt": prompt, "max_tokens": max_tokens,
         "stream": true, "ignore_eos": true, "stream_options": {"include_usage": true}});
-    let mut req = client.post(url).json(&body);
-    if let Some((name, value)) = header {
-        req = req.header(name, value);
-    }
-    let resp = req.send().await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    let mut stream = resp.bytes_stream();
+    let mut stream = post(client, url, &body, header).await?.bytes_stream();
     let mut buf = Vec::new();
     let mut s = failed();
     let mut answer = String::new();
@@ -535,11 +540,7 @@ pub(crate) async fn stream_completion(
                 answer.push_str(text);
             }
             if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                s.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
-                s.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
-                s.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
-                    .as_u64()
-                    .unwrap_or(0);
+                read_usage(&mut s, u);
             }
         }
     }
