@@ -8,7 +8,7 @@ use std::{hint::black_box, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
-use warmpath::telemetry::{
+use warmpath_agent::telemetry::{
     Outcome, RequestRecord, Telemetry, TelemetryConfig, TokenUsage,
     export::{OtlpConfig, OtlpProtocol},
     tenant::{CidrTable, TenantPolicy, parse_net},
@@ -54,7 +54,7 @@ fn record(c: &mut Criterion) {
         let peers: Vec<std::net::IpAddr> = (0..TENANTS)
             .map(|i| format!("127.0.{i}.7").parse().expect("addr"))
             .collect();
-        let headers = warmpath::headers::Headers::default();
+        let headers = warmpath_agent::headers::Headers::default();
         let name = if otlp {
             "resolve_and_record_prom_otlp"
         } else {
@@ -66,7 +66,11 @@ fn record(c: &mut Criterion) {
                 i = i.wrapping_add(1);
                 let (tenant, _) = policy.resolve(Some(peers[i % TENANTS]), &headers);
                 let tenant = telemetry.tenant(&tenant);
-                telemetry.record_decision(pool, warmpath::telemetry::DecisionReason::Prefix, 12);
+                telemetry.record_decision(
+                    pool,
+                    warmpath_agent::telemetry::DecisionReason::Prefix,
+                    12,
+                );
                 telemetry.record(
                     &tenant,
                     black_box(&RequestRecord {

@@ -6,7 +6,7 @@
 
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::{cli::AgentArgs, config::Config, ebpf};
+use crate::{args::AgentArgs, config::Config, ebpf};
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
@@ -26,7 +26,7 @@ pub enum Error {
     #[error(transparent)]
     Subscribe(#[from] crate::kv_index::subscriber::SubscribeError),
     #[error(transparent)]
-    Tokenizer(#[from] warmpath_sim::tokenizer::Error),
+    Tokenizer(#[from] warmpath_tokenizer::Error),
     #[error("kernel data path unavailable: {0}")]
     Unavailable(String),
     #[error(transparent)]
@@ -105,7 +105,7 @@ pub fn routing_config(args: &AgentArgs) -> Result<Config, Error> {
             }
             Ok(config)
         }
-        None => Ok(Config::from_args(args)?),
+        None => Ok(args.config()?),
     }
 }
 
@@ -120,7 +120,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         pool::Pool,
         proxy::{self, TokenSource},
     };
-    use warmpath_sim::tokenizer::{Tokenizer, segments::SegmentTokenizer};
+    use warmpath_tokenizer::{Tokenizer, segments::SegmentTokenizer};
 
     let block_sizes: std::collections::HashSet<usize> =
         config.pools.iter().map(|p| p.block_size).collect();

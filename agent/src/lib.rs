@@ -1,12 +1,11 @@
 //! warmpath: a node-local, KV-cache-aware inference router for vLLM.
 //!
-//! The binary (`src/main.rs`) is a thin CLI over this library; the end-to-end suites in
-//! `tests/` drive the same modules.
+//! The `warmpath` binary (`cli/`) is a thin command line over this library, the simulator
+//! and the benchmarks; the end-to-end suites in `tests/` drive the same modules.
 
 pub mod agent;
+pub mod args;
 pub mod ascii;
-pub mod bench;
-pub mod cli;
 pub mod config;
 pub mod ebpf;
 pub mod headers;

@@ -9,8 +9,8 @@ use crate::{
     engine::{EngineConfig, scheduler::Limits, timing::Profile},
     events::{Encoder, HashEncoding, KvEventsConfig, Publisher, ReplayLayout, WireFormat},
     fleet::{EngineSpec, RunningEngine, StartError, start_engine},
-    tokenizer::Tokenizer,
 };
+use warmpath_tokenizer::Tokenizer;
 
 /// Options of `warmpath sim`.
 #[derive(Debug, Clone, Args)]
@@ -121,7 +121,7 @@ pub enum Error {
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
-    Tokenizer(#[from] crate::tokenizer::Error),
+    Tokenizer(#[from] warmpath_tokenizer::Error),
     #[error(transparent)]
     Start(#[from] StartError),
 }
@@ -320,7 +320,7 @@ fn shift_port(endpoint: &str, by: u16) -> String {
 /// Starts every engine described by `args`.
 pub async fn start(args: &SimArgs) -> Result<Vec<RunningEngine>, Error> {
     let specs = args.specs()?;
-    let encoder = Arc::new(crate::tokenizer::segments::SegmentTokenizer::new(
+    let encoder = Arc::new(warmpath_tokenizer::segments::SegmentTokenizer::new(
         args.load_tokenizer()?,
     ));
     let mut engines = Vec::with_capacity(specs.len());

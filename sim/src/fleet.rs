@@ -9,8 +9,8 @@ use crate::{
     api::{Faults, ServedModel, router},
     engine::{EVENT_QUEUE, EngineConfig, EngineHandle, Vocabulary},
     events::{Publisher, Started},
-    tokenizer::segments::SegmentTokenizer,
 };
+use warmpath_tokenizer::segments::SegmentTokenizer;
 
 /// Everything needed to start one engine.
 #[derive(Debug, Clone)]

@@ -5,5 +5,3 @@ pub mod cli;
 pub mod engine;
 pub mod events;
 pub mod fleet;
-pub mod text;
-pub mod tokenizer;

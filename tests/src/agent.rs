@@ -1,9 +1,9 @@
 //! The routing proxy started in-process from `warmpath agent` flags, in front of a fleet.
 
 use clap::Parser;
-use warmpath::{
+use warmpath_agent::{
     agent::{Routing, start_routing},
-    cli::{Cli, Command},
+    args::AgentArgs,
 };
 
 use crate::sim::Fleet;
@@ -12,7 +12,6 @@ use crate::sim::Fleet;
 /// replay endpoints, plus `extra` flags.
 pub async fn proxy(fleet: &Fleet, extra: &[&str]) -> Routing {
     let mut args: Vec<String> = [
-        "warmpath",
         "agent",
         "--listen",
         "127.0.0.1:0",
@@ -32,11 +31,6 @@ pub async fn proxy(fleet: &Fleet, extra: &[&str]) -> Routing {
         }
     }
     args.extend(extra.iter().map(|s| s.to_string()));
-    let Command::Agent(agent) = Cli::try_parse_from(args)
-        .expect("valid agent flags")
-        .command
-    else {
-        unreachable!("parsed an agent command")
-    };
+    let agent = AgentArgs::try_parse_from(args).expect("valid agent flags");
     start_routing(&agent).await.expect("proxy starts")
 }

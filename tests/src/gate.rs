@@ -14,7 +14,7 @@ pub const REQUIRE_BPF: &str = "WARMPATH_REQUIRE_BPF";
 /// # Panics
 /// When the BPF path is unavailable and `WARMPATH_REQUIRE_BPF=1`.
 pub fn bpf_available(test: &str) -> bool {
-    let Some(reason) = warmpath::ebpf::unavailable_reason() else {
+    let Some(reason) = warmpath_agent::ebpf::unavailable_reason() else {
         return true;
     };
     if std::env::var(REQUIRE_BPF).is_ok_and(|v| v == "1") {

@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use warmpath::kv_index::{
+use warmpath_agent::kv_index::{
     IndexConfig, KvIndex, SourceId, SourceInfo,
     subscriber::{self, SourceConfig},
 };
@@ -44,7 +44,7 @@ pub fn indexed_gpu(index: &KvIndex, id: SourceId) -> Vec<u64> {
     let mut v: Vec<u64> = index
         .source_keys(id)
         .into_iter()
-        .filter(|(_, _, tiers)| tiers & warmpath::kv_index::Tier::Gpu.bit() != 0)
+        .filter(|(_, _, tiers)| tiers & warmpath_agent::kv_index::Tier::Gpu.bit() != 0)
         .map(|(h, _, _)| h)
         .collect();
     v.sort_unstable();

@@ -3,11 +3,16 @@
 #![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
 
 use clap::Parser;
-use warmpath::{
-    bench::BenchCommand,
-    cli::{Cli, Command},
-};
+use clap::Parser;
+use warmpath_bench::BenchCommand;
 use warmpath_e2e::{agent::proxy, sim::Fleet};
+
+/// `warmpath bench ...` as the binary parses it.
+#[derive(Debug, Parser)]
+struct Bench {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_turn_run_reports_every_request_per_tenant() {
@@ -31,8 +36,7 @@ async fn a_multi_turn_run_reports_every_request_per_tenant() {
         .map(|i| format!("{}/metrics", fleet.url(i)))
         .collect();
     let mut argv = vec![
-        "warmpath".to_string(),
-        "bench".into(),
+        "bench".to_string(),
         "run".into(),
         "--target".into(),
         format!("http://{}", routing.listen),
@@ -64,10 +68,13 @@ async fn a_multi_turn_run_reports_every_request_per_tenant() {
     for m in &metrics {
         argv.extend(["--engine-metrics".into(), m.clone()]);
     }
-    let Command::Bench(BenchCommand::Run(args)) = Cli::try_parse_from(argv).unwrap().command else {
+    let Bench {
+        command: BenchCommand::Run(args),
+    } = Bench::try_parse_from(argv).unwrap()
+    else {
         unreachable!()
     };
-    warmpath::bench::run::run(*args).await.unwrap();
+    warmpath_bench::run::run(*args).await.unwrap();
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let overall = &v["report"]["overall"];
@@ -123,7 +130,6 @@ async fn a_non_streaming_run_counts_whole_answers() {
         std::process::id()
     ));
     let argv = [
-        "warmpath",
         "bench",
         "run",
         "--no-stream",
@@ -148,10 +154,13 @@ async fn a_non_streaming_run_counts_whole_answers() {
         "--json",
         &json.display().to_string(),
     ];
-    let Command::Bench(BenchCommand::Run(args)) = Cli::try_parse_from(argv).unwrap().command else {
+    let Bench {
+        command: BenchCommand::Run(args),
+    } = Bench::try_parse_from(argv).unwrap()
+    else {
         unreachable!()
     };
-    warmpath::bench::run::run(*args).await.unwrap();
+    warmpath_bench::run::run(*args).await.unwrap();
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_file(&json).unwrap();
@@ -174,7 +183,6 @@ async fn a_comparison_runs_every_policy_through_every_agent() {
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("compare.json");
     let argv = [
-        "warmpath",
         "bench",
         "compare",
         "--groups",
@@ -212,11 +220,13 @@ async fn a_comparison_runs_every_policy_through_every_agent() {
         "--json",
         json.to_str().unwrap(),
     ];
-    let Command::Bench(BenchCommand::Compare(args)) = Cli::try_parse_from(argv).unwrap().command
+    let Bench {
+        command: BenchCommand::Compare(args),
+    } = Bench::try_parse_from(argv).unwrap()
     else {
         unreachable!()
     };
-    warmpath::bench::compare::run(*args).await.unwrap();
+    warmpath_bench::compare::run(*args).await.unwrap();
     let rows: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();

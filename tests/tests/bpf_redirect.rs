@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use warmpath::ebpf::{ChildCgroup, Redirector, cgroup2_root};
+use warmpath_agent::ebpf::{ChildCgroup, Redirector, cgroup2_root};
 use warmpath_e2e::{gate, process::OwnedChild};
 
 const VIP: &str = "127.77.0.1:8000";

@@ -90,9 +90,9 @@ async fn pools_from_a_file_route_by_model_with_their_own_token_sources() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("agent.yaml");
     std::fs::write(&path, &yaml).unwrap();
-    let config = warmpath::config::load(&path).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    let config = warmpath_agent::config::load(&path).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
     std::fs::remove_dir_all(&dir).unwrap();
-    let routing = warmpath::agent::start(&config).await.unwrap();
+    let routing = warmpath_agent::agent::start(&config).await.unwrap();
     assert_eq!(routing.listens.len(), 2);
     let client = reqwest::Client::new();
     let pods = |f: &Fleet| {

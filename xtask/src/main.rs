@@ -38,7 +38,7 @@ enum Task {
     Test,
     /// Run the demo.
     Demo,
-    /// Retrain the built-in tokenizer into sim/assets/default-tokenizer/ (deterministic).
+    /// Retrain the built-in tokenizer into tokenizer/assets/default-tokenizer/ (deterministic).
     GenTokenizer,
 }
 
@@ -54,11 +54,11 @@ fn main() -> Result<()> {
             "run",
             "--release",
             "--package",
-            "warmpath-sim",
+            "warmpath-tokenizer",
             "--bin",
             "warmpath-train-tokenizer",
             "--",
-            "sim/assets/default-tokenizer",
+            "tokenizer/assets/default-tokenizer",
         ])),
     }
 }

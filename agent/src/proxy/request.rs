@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use serde_json::value::RawValue;
-use warmpath_sim::tokenizer::{ChatMessage, Tokenizer};
+use warmpath_tokenizer::{ChatMessage, Tokenizer};
 
 use super::error::ProxyError;
 use crate::kv_index::{RequestExtras, RouterKey, request_keys};
@@ -26,7 +26,7 @@ impl Encoder for Tokenizer {
     }
 }
 
-impl Encoder for warmpath_sim::tokenizer::segments::SegmentTokenizer {
+impl Encoder for warmpath_tokenizer::segments::SegmentTokenizer {
     fn template(&self) -> &Tokenizer {
         self.tokenizer()
     }

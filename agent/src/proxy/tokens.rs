@@ -28,7 +28,7 @@ const MAX_TOKENIZE_BODY: usize = 16 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub enum TokenSource {
     /// The local tokenizer, with its per-segment cache.
-    Local(Arc<warmpath_sim::tokenizer::segments::SegmentTokenizer>),
+    Local(Arc<warmpath_tokenizer::segments::SegmentTokenizer>),
     Engine,
     Approximate,
 }

@@ -38,7 +38,7 @@ pub async fn health(State(s): State<Arc<ServedModel>>) -> StatusCode {
 struct TokenizeBody {
     model: Option<String>,
     prompt: Option<String>,
-    messages: Option<Vec<crate::tokenizer::ChatMessage>>,
+    messages: Option<Vec<warmpath_tokenizer::ChatMessage>>,
     add_special_tokens: Option<bool>,
     add_generation_prompt: Option<bool>,
 }

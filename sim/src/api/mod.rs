@@ -32,10 +32,9 @@ use rand_chacha::ChaCha8Rng;
 pub use error::ApiError;
 pub use request::Kind;
 
-use crate::{
-    engine::{EngineHandle, sequence::NewRequest},
-    tokenizer::{Tokenizer, segments::SegmentTokenizer},
-};
+use warmpath_tokenizer::{Tokenizer, segments::SegmentTokenizer};
+
+use crate::engine::{EngineHandle, sequence::NewRequest};
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 16 * 1024 * 1024;

@@ -3,7 +3,9 @@
 use serde::Deserialize;
 
 use super::{ApiError, ServedModel};
-use crate::{engine::kv_cache::ExtraKeys, tokenizer::ChatMessage};
+use warmpath_tokenizer::ChatMessage;
+
+use crate::engine::kv_cache::ExtraKeys;
 
 /// Which endpoint a request came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

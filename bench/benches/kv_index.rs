@@ -5,10 +5,8 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use warmpath::{
-    bench::index::{churn_payloads, ingest, populated},
-    kv_index::{IndexConfig, KvIndex, SourceInfo},
-};
+use warmpath_agent::kv_index::{IndexConfig, KvIndex, SourceInfo};
+use warmpath_bench::index::{churn_payloads, ingest, populated};
 
 fn ingestion(c: &mut Criterion) {
     let (payloads, hashes) = churn_payloads(20_000, 7);

@@ -78,7 +78,7 @@ fn parse_tenant(s: &str) -> Result<(String, f64), String> {
     if !(w.is_finite() && w > 0.0) {
         return Err(format!("`{s}`: the weight must be > 0"));
     }
-    crate::telemetry::tenant::check_name(name)?;
+    warmpath_agent::telemetry::tenant::check_name(name)?;
     Ok((name.to_string(), w))
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng, seq::SliceRandom};
 use rand_chacha::ChaCha8Rng;
-use warmpath_sim::text::TextGen;
+use warmpath_tokenizer::text::TextGen;
 
 /// Average characters per token of the built-in tokenizer on generated English text.
 const CHARS_PER_TOKEN: f64 = 3.85;

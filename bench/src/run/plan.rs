@@ -19,7 +19,7 @@ use std::{path::PathBuf, time::Duration};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Deserialize;
-use warmpath_sim::text::TextGen;
+use warmpath_tokenizer::text::TextGen;
 
 /// Average characters per token of the built-in tokenizer on generated text.
 pub const CHARS_PER_TOKEN: f64 = 3.85;
@@ -164,7 +164,7 @@ impl WorkloadArgs {
         };
         Ok(match self.workload {
             WorkloadKind::SharedPrefix | WorkloadKind::NoSharing => {
-                let (systems, order) = crate::bench::workload::shared_prefix_order(
+                let (systems, order) = crate::workload::shared_prefix_order(
                     seed,
                     &vec![self.users; self.groups],
                     self.rounds,
@@ -182,7 +182,7 @@ impl WorkloadArgs {
                         let q = words.text(chars(self.question_tokens));
                         Session {
                             turns: vec![Turn {
-                                text: crate::bench::workload::question_prompt(&system, u, r, &q),
+                                text: crate::workload::question_prompt(&system, u, r, &q),
                                 append: false,
                                 max_tokens: self.output_tokens,
                                 think: Duration::ZERO,

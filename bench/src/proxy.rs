@@ -509,12 +509,12 @@ async fn nginx(sim: &str) -> Result<Option<(Child, u16, u32)>, Error> {
 
 /// The routing decision for a long chat prompt: parse, render, tokenize, key, rank.
 fn decision(tokens: usize) {
-    use crate::{
+    use warmpath_agent::{
         proxy::request::{Kind, parse},
         routing::{Candidate, EndpointId, Policy, RequestCtx, rank},
     };
-    let tok = warmpath_sim::tokenizer::Tokenizer::builtin();
-    let text = warmpath_sim::text::TextGen::new(11).text((tokens as f64 * 3.85) as usize);
+    let tok = warmpath_tokenizer::Tokenizer::builtin();
+    let text = warmpath_tokenizer::text::TextGen::new(11).text((tokens as f64 * 3.85) as usize);
     let body = serde_json::json!({"model": "m", "messages": [{"role": "system", "content": text}, {"role": "user", "content": "Summarise."}]}).to_string();
     let candidates: Vec<Candidate> = (0..8)
         .map(|i| Candidate {
@@ -525,7 +525,7 @@ fn decision(tokens: usize) {
             queued_prefill_blocks: 0,
             kv_usage: 0.0,
             history_blocks: 0,
-            lora: crate::routing::LoraState::NotApplicable,
+            lora: warmpath_agent::routing::LoraState::NotApplicable,
             excluded: false,
         })
         .collect();
@@ -555,14 +555,13 @@ fn decision(tokens: usize) {
         .to_string()
     };
     // What the proxy runs: parse, render, tokenize through the segment tokenizer, key, rank.
-    let seg =
-        warmpath_sim::tokenizer::segments::SegmentTokenizer::new(std::sync::Arc::new(tok.clone()));
+    let seg = warmpath_tokenizer::segments::SegmentTokenizer::new(std::sync::Arc::new(tok.clone()));
     let agent_decision = |body: &str| {
         let t0 = Instant::now();
-        let req = crate::proxy::request::Request::read(Kind::Chat, body.as_bytes(), "m")
+        let req = warmpath_agent::proxy::request::Request::read(Kind::Chat, body.as_bytes(), "m")
             .expect("well-formed body");
         let tokens = req.local_tokens(&seg).unwrap_or_default();
-        decide(crate::kv_index::request_keys(
+        decide(warmpath_agent::kv_index::request_keys(
             &tokens,
             16,
             &req.extras(None),
@@ -574,8 +573,8 @@ fn decision(tokens: usize) {
     //    prompts, as in steady state) can.
     let bodies: Vec<String> = (0..520u64)
         .map(|i| {
-            let system =
-                warmpath_sim::text::TextGen::new(1000 + i).text((tokens as f64 * 3.85) as usize);
+            let system = warmpath_tokenizer::text::TextGen::new(1000 + i)
+                .text((tokens as f64 * 3.85) as usize);
             chat_body(&system, "Summarise.")
         })
         .collect();
@@ -595,7 +594,7 @@ fn decision(tokens: usize) {
     let cold = quantiles(samples);
     // 2. The shape prefix caching is for: the same long system prompt, a new user message on
     //    every request; the per-segment cache tokenizes the system prompt once.
-    let mut words = warmpath_sim::text::TextGen::new(12);
+    let mut words = warmpath_tokenizer::text::TextGen::new(12);
     let samples: Vec<Duration> = (0..520)
         .map(|_| agent_decision(&chat_body(&text, &words.text(250))))
         .collect();

@@ -123,7 +123,7 @@ impl ArrivalArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::run::plan::Turn;
+    use crate::run::plan::Turn;
 
     fn sessions(n: usize) -> Vec<Session> {
         (0..n)

@@ -12,7 +12,7 @@ use warmpath_sim::{
     events::Encoder,
 };
 
-use crate::kv_index::{
+use warmpath_agent::kv_index::{
     IndexConfig, KvIndex, RequestExtras, RouterKey, SourceId, SourceInfo, request_keys,
     wire::decode_batch,
 };

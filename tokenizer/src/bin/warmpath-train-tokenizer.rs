@@ -7,7 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .ok_or("usage: warmpath-train-tokenizer DIR")?;
     let dir = std::path::Path::new(&dir);
     std::fs::create_dir_all(dir)?;
-    let (json, config) = warmpath_sim::tokenizer::train::train_default()?;
+    let (json, config) = warmpath_tokenizer::train::train_default()?;
     std::fs::write(dir.join("tokenizer.json"), json)?;
     std::fs::write(dir.join("tokenizer_config.json"), config)?;
     println!("wrote {}", dir.display());

@@ -7,7 +7,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use clap::{Args, Parser};
 
 use super::{Error, workload::SharedPrefix};
-use crate::routing::Policy;
+use warmpath_agent::routing::Policy;
 
 /// Options of `warmpath bench compare`.
 #[derive(Debug, Clone, Args)]
@@ -131,7 +131,10 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         args.time_scale
     );
     let mut targets: Vec<Target> = args.policies.iter().map(|p| Target::Warmpath(*p)).collect();
-    match (args.ebpf.as_str(), crate::ebpf::unavailable_reason()) {
+    match (
+        args.ebpf.as_str(),
+        warmpath_agent::ebpf::unavailable_reason(),
+    ) {
         ("off", _) => {}
         ("auto" | "on", None) => targets.push(Target::Intercepted),
         ("auto", Some(why)) => println!("(transparent interception row skipped: {why})"),
@@ -304,8 +307,7 @@ async fn run_target(
         }
     };
     let mut agent = vec![
-        "warmpath".to_string(),
-        "agent".into(),
+        "agent".to_string(),
         "--listen".into(),
         "127.0.0.1:0".into(),
         "--admin".into(),
@@ -334,16 +336,12 @@ async fn run_target(
             );
         }
     }
-    let crate::cli::Command::Agent(agent) = crate::cli::Cli::try_parse_from(agent)
-        .map_err(|e| Error::Setup(e.to_string()))?
-        .command
-    else {
-        return Err(Error::Setup("agent flags did not parse as `agent`".into()));
-    };
+    let agent = <warmpath_agent::args::AgentArgs as clap::Parser>::try_parse_from(agent)
+        .map_err(|e| Error::Setup(e.to_string()))?;
     let mut agents = Vec::with_capacity(usize::from(args.agents));
     for _ in 0..args.agents {
         agents.push(
-            crate::agent::start_routing(&agent)
+            warmpath_agent::agent::start_routing(&agent)
                 .await
                 .map_err(|e| Error::Setup(format!("proxy: {e}")))?,
         );
@@ -390,10 +388,17 @@ fn demo_vip(agent: usize) -> std::net::SocketAddrV4 {
 /// connect4 in this process's cgroup: the i-th VIP -> the i-th proxy (detached when dropped).
 fn intercept(
     proxies: &[std::net::SocketAddr],
-) -> Result<(crate::ebpf::Redirector, Vec<std::net::SocketAddrV4>), Error> {
-    let fail = |e: crate::ebpf::Error| Error::Setup(format!("eBPF interception: {e}"));
-    crate::ebpf::ensure_bpffs(std::path::Path::new(crate::ebpf::DEFAULT_BPFFS)).map_err(fail)?;
-    let mut r = crate::ebpf::Redirector::load().map_err(fail)?;
+) -> Result<
+    (
+        warmpath_agent::ebpf::Redirector,
+        Vec<std::net::SocketAddrV4>,
+    ),
+    Error,
+> {
+    let fail = |e: warmpath_agent::ebpf::Error| Error::Setup(format!("eBPF interception: {e}"));
+    warmpath_agent::ebpf::ensure_bpffs(std::path::Path::new(warmpath_agent::ebpf::DEFAULT_BPFFS))
+        .map_err(fail)?;
+    let mut r = warmpath_agent::ebpf::Redirector::load().map_err(fail)?;
     let mut vips = Vec::with_capacity(proxies.len());
     for (i, proxy) in proxies.iter().enumerate() {
         let std::net::SocketAddr::V4(target) = *proxy else {
@@ -405,7 +410,7 @@ fn intercept(
         r.set_redirect(vip, target).map_err(fail)?;
         vips.push(vip);
     }
-    r.attach(&crate::ebpf::own_cgroup().map_err(fail)?)
+    r.attach(&warmpath_agent::ebpf::own_cgroup().map_err(fail)?)
         .map_err(fail)?;
     Ok((r, vips))
 }

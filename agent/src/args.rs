@@ -1,32 +1,19 @@
-//! Command-line interface: one subcommand per role of the `warmpath` binary.
+//! The options of `warmpath agent` and the configuration they describe.
+//!
+//! Flags build a [`Config`]; the config module never sees them.
 
 use std::{net::SocketAddrV4, path::PathBuf};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser};
 
-/// warmpath: KV-cache-aware inference routing for vLLM.
-#[derive(Debug, Parser)]
-#[command(name = "warmpath", version, about)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the node agent.
-    Agent(Box<AgentArgs>),
-    /// Run vLLM-compatible engine simulators (one or a fleet) in this process.
-    Sim(Box<warmpath_sim::cli::SimArgs>),
-    /// Show a running agent's tenants and pods (from its admin port).
-    Status(crate::status::StatusArgs),
-    /// Benchmarks (see docs/benchmarks.md).
-    #[command(subcommand)]
-    Bench(crate::bench::BenchCommand),
-}
+use crate::config::{
+    Config, ConfigError, EndpointConfig, FLAGS, PoolConfig, TokenSourceConfig, TokensFlag,
+    authority_of,
+};
 
 /// Options of `warmpath agent`.
-#[derive(Debug, Args)]
+#[derive(Debug, Parser)]
+#[command(name = "agent")]
 pub struct AgentArgs {
     /// Where the routing proxy listens (with at least one --endpoint).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
@@ -68,8 +55,8 @@ pub struct AgentArgs {
 
     /// Where prompt tokens come from: the local tokenizer, the engine's /tokenize, or
     /// character chunks (approximate policy only).
-    #[arg(long, value_enum, default_value_t = crate::config::TokensFlag::Local)]
-    pub tokens: crate::config::TokensFlag,
+    #[arg(long, value_enum, default_value_t = TokensFlag::Local)]
+    pub tokens: TokensFlag,
 
     /// Tokens per KV block; must match vLLM --block-size.
     #[arg(long, default_value_t = 16)]
@@ -199,6 +186,96 @@ impl AgentArgs {
     }
 }
 
+impl AgentArgs {
+    /// The one-pool configuration these flags describe (validated).
+    pub fn config(&self) -> Result<Config, ConfigError> {
+        let args = self;
+        let n = args.endpoints.len();
+        for (flag, count) in [
+            ("--kv-events", args.kv_events.len()),
+            ("--kv-replay", args.kv_replay.len()),
+        ] {
+            if count != 0 && count != n {
+                return Err(ConfigError::field(
+                    FLAGS,
+                    flag,
+                    format!(
+                        "given {count} times for {n} --endpoint: give it once per endpoint, in the same order, or not at all"
+                    ),
+                ));
+            }
+        }
+        if args.kv_replay.len() > args.kv_events.len() {
+            return Err(ConfigError::field(
+                FLAGS,
+                "--kv-replay",
+                "needs --kv-events",
+            ));
+        }
+        let endpoints = args
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, url)| {
+                let authority = authority_of(url).ok_or_else(|| {
+                    ConfigError::field(
+                        FLAGS,
+                        "--endpoint",
+                        format!("{url}: expected http://host:port"),
+                    )
+                })?;
+                Ok(EndpointConfig {
+                    metrics_url: format!("http://{authority}/metrics"),
+                    authority,
+                    kv_events: args.kv_events.get(i).cloned(),
+                    kv_replay: args.kv_replay.get(i).cloned(),
+                    kv_bind: false,
+                    kv_topic: String::new(),
+                    dp_rank: None,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        let tokens = match (args.tokens, &args.tokenizer) {
+            (TokensFlag::Local, Some(dir)) => TokenSourceConfig::HuggingFace(dir.clone()),
+            (TokensFlag::Local, None) => TokenSourceConfig::Builtin,
+            (TokensFlag::Engine, _) => TokenSourceConfig::Engine,
+            (TokensFlag::Approximate, _) => TokenSourceConfig::Approximate,
+        };
+        let (tenants, telemetry) = args
+            .telemetry
+            .build()
+            .map_err(|e| ConfigError::field(FLAGS, "telemetry flags", e.to_string()))?;
+        let config = Config {
+            listen: vec![args.listen],
+            workers: args
+                .workers
+                .unwrap_or_else(crate::proxy::workers::default_workers),
+            admin: args.admin,
+            pools: vec![PoolConfig {
+                name: crate::proxy::DEFAULT_POOL.into(),
+                model: args.model.clone(),
+                block_size: args.block_size,
+                tokens,
+                policy: args.route_policy(),
+                session: crate::proxy::SessionSource {
+                    header: args.session_header.clone(),
+                    cookie: args.session_cookie.clone(),
+                },
+                upstream: args.upstream_protocol,
+                endpoints,
+            }],
+            max_body: crate::proxy::DEFAULT_MAX_BODY,
+            retries: crate::proxy::DEFAULT_RETRIES,
+            explain: args.explain,
+            inject_usage: !args.no_inject_usage,
+            tenants,
+            telemetry,
+        };
+        config.validate(FLAGS)?;
+        Ok(config)
+    }
+}
+
 fn parse_tenant_name(s: &str) -> Result<String, String> {
     crate::telemetry::tenant::check_name(s).map(|()| s.to_string())
 }
@@ -287,11 +364,5 @@ mod tests {
                 .unwrap_err()
                 .contains("target")
         );
-    }
-
-    #[test]
-    fn cli_is_well_formed() {
-        use clap::CommandFactory;
-        Cli::command().debug_assert();
     }
 }

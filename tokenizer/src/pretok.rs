@@ -83,7 +83,7 @@ fn piece_len(s: &[u8], i: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{text::TextGen, tokenizer::Tokenizer};
+    use crate::{Tokenizer, text::TextGen};
 
     /// Ids of `text` encoded one pre-token at a time (equal to encoding it whole exactly
     /// when the split matches the crate's).

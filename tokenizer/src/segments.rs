@@ -260,7 +260,7 @@ impl SegmentTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{text::TextGen, tokenizer::ChatMessage};
+    use crate::{ChatMessage, text::TextGen};
 
     #[test]
     fn word_cache_keeps_words_in_use_and_stays_bounded() {

@@ -7,6 +7,7 @@
 mod chat;
 mod pretok;
 pub mod segments;
+pub mod text;
 pub mod train;
 
 use std::{collections::HashSet, path::Path, str::FromStr};
@@ -22,9 +23,9 @@ pub const IM_START: &str = "<|im_start|>";
 /// ChatML turn end.
 pub const IM_END: &str = "<|im_end|>";
 
-const DEFAULT_TOKENIZER_JSON: &str = include_str!("../../assets/default-tokenizer/tokenizer.json");
+const DEFAULT_TOKENIZER_JSON: &str = include_str!("../assets/default-tokenizer/tokenizer.json");
 const DEFAULT_TOKENIZER_CONFIG: &str =
-    include_str!("../../assets/default-tokenizer/tokenizer_config.json");
+    include_str!("../assets/default-tokenizer/tokenizer_config.json");
 
 /// Tokenizer errors, with the file or step that failed.
 #[derive(Debug, thiserror::Error)]
