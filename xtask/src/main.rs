@@ -4,6 +4,7 @@
 //! commands work on a fresh machine.
 
 mod ebpf;
+mod layers;
 mod pgo;
 mod setup;
 mod shell;
@@ -36,6 +37,9 @@ enum Task {
     },
     /// The README test command: fmt check, clippy, unit, integration and BPF tests.
     Test,
+    /// Check the module structure: no cycles between sibling modules, the HTTP/1.1 layer
+    /// importing nothing of the agent outside itself.
+    Layers,
     /// Run the demo.
     Demo,
     /// Retrain the built-in tokenizer into tokenizer/assets/default-tokenizer/ (deterministic).
@@ -49,6 +53,7 @@ fn main() -> Result<()> {
         Task::Build { pgo: true, .. } => pgo::build().map(drop),
         Task::Build { release, .. } => build(release),
         Task::Test => test(),
+        Task::Layers => layers::check(),
         Task::Demo => demo(),
         Task::GenTokenizer => shell::run(&mut shell::cargo([
             "run",
@@ -76,6 +81,7 @@ fn test() -> Result<()> {
     setup::all()?;
     let object = ebpf::build()?;
     shell::run(&mut shell::cargo(["fmt", "--all", "--", "--check"]))?;
+    layers::check()?;
     shell::run(
         shell::cargo(["clippy", "--all-targets", "--", "-D", "warnings"])
             .env(ebpf::OBJECT_ENV, &object),
