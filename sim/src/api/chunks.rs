@@ -5,71 +5,40 @@ use serde::Serialize;
 use super::{request::Kind, respond::Usage};
 use crate::engine::sequence::FinishReason;
 
+/// One streamed chunk: the envelope both endpoints share, around their one choice. `B` is
+/// the choice's endpoint-specific part (`Text` or `ChatDelta`).
 #[derive(Serialize)]
-pub struct CompletionChunk<'a> {
+pub struct Chunk<'a, B> {
     id: &'a str,
     object: &'static str,
     created: u64,
     model: &'a str,
-    choices: [CompletionChoice<'a>; 1],
+    choices: [Choice<'a, B>; 1],
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<Option<Usage>>,
 }
 
 #[derive(Serialize)]
-struct CompletionChoice<'a> {
+struct Choice<'a, B> {
     index: u32,
+    /// Flattened so its field sits between `index` and `logprobs`, where vLLM puts it.
+    #[serde(flatten)]
+    body: B,
+    logprobs: Option<()>,
+    finish_reason: Option<&'static str>,
+    stop_reason: Option<&'a str>,
+}
+
+/// A completion choice's part: the text.
+#[derive(Serialize)]
+pub struct Text<'a> {
     text: &'a str,
-    logprobs: Option<()>,
-    finish_reason: Option<&'static str>,
-    stop_reason: Option<&'a str>,
 }
 
-impl<'a> CompletionChunk<'a> {
-    pub fn new(
-        id: &'a str,
-        created: u64,
-        model: &'a str,
-        text: &'a str,
-        finish: Option<FinishReason>,
-        stop_reason: Option<&'a str>,
-        usage: Option<Option<Usage>>,
-    ) -> Self {
-        Self {
-            id,
-            object: "text_completion",
-            created,
-            model,
-            choices: [CompletionChoice {
-                index: 0,
-                text,
-                logprobs: None,
-                finish_reason: finish.map(FinishReason::as_str),
-                stop_reason,
-            }],
-            usage,
-        }
-    }
-}
-
+/// A chat choice's part: the delta.
 #[derive(Serialize)]
-pub struct ChatChunk<'a> {
-    id: &'a str,
-    object: &'static str,
-    created: u64,
-    model: &'a str,
-    choices: [ChatChoice<'a>; 1],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<Option<Usage>>,
-}
-
-#[derive(Serialize)]
-struct ChatChoice<'a> {
-    index: u32,
+pub struct ChatDelta<'a> {
     delta: Delta<'a>,
-    logprobs: Option<()>,
-    finish_reason: Option<&'static str>,
-    stop_reason: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -80,34 +49,45 @@ struct Delta<'a> {
     content: Option<&'a str>,
 }
 
-impl<'a> ChatChunk<'a> {
-    #[allow(clippy::too_many_arguments)] // one per field of the wire object
-    pub fn new(
-        id: &'a str,
-        created: u64,
-        model: &'a str,
-        content: Option<&'a str>,
-        role: bool,
-        finish: Option<FinishReason>,
-        stop_reason: Option<&'a str>,
-        usage: Option<Option<Usage>>,
-    ) -> Self {
-        Self {
-            id,
-            object: "chat.completion.chunk",
-            created,
-            model,
-            choices: [ChatChoice {
+/// What a chunk of either endpoint carries besides its choice's own part.
+pub struct ChunkHead<'a> {
+    pub id: &'a str,
+    pub created: u64,
+    pub model: &'a str,
+    pub finish: Option<FinishReason>,
+    pub stop_reason: Option<&'a str>,
+    pub usage: Option<Option<Usage>>,
+}
+
+impl<'a> ChunkHead<'a> {
+    /// A `/v1/completions` chunk.
+    pub fn completion(self, text: &'a str) -> Chunk<'a, Text<'a>> {
+        self.chunk("text_completion", Text { text })
+    }
+
+    /// A `/v1/chat/completions` chunk; `role` marks the first one.
+    pub fn chat(self, content: Option<&'a str>, role: bool) -> Chunk<'a, ChatDelta<'a>> {
+        let delta = Delta {
+            role: role.then_some("assistant"),
+            content,
+        };
+        self.chunk("chat.completion.chunk", ChatDelta { delta })
+    }
+
+    fn chunk<B>(self, object: &'static str, body: B) -> Chunk<'a, B> {
+        Chunk {
+            id: self.id,
+            object,
+            created: self.created,
+            model: self.model,
+            choices: [Choice {
                 index: 0,
-                delta: Delta {
-                    role: role.then_some("assistant"),
-                    content,
-                },
+                body,
                 logprobs: None,
-                finish_reason: finish.map(FinishReason::as_str),
-                stop_reason,
+                finish_reason: self.finish.map(FinishReason::as_str),
+                stop_reason: self.stop_reason,
             }],
-            usage,
+            usage: self.usage,
         }
     }
 }
@@ -141,4 +121,40 @@ pub fn full_response(
         }),
     };
     serde_json::to_vec(&value).expect("plain data")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::to_string;
+
+    use super::*;
+
+    fn head(finish: Option<FinishReason>) -> ChunkHead<'static> {
+        ChunkHead {
+            id: "cmpl-1",
+            created: 7,
+            model: "m",
+            finish,
+            stop_reason: None,
+            usage: None,
+        }
+    }
+
+    #[test]
+    fn chunks_keep_vllms_field_order() {
+        assert_eq!(
+            to_string(&head(None).completion("hi")).unwrap(),
+            r#"{"id":"cmpl-1","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":"hi","logprobs":null,"finish_reason":null,"stop_reason":null}]}"#
+        );
+        assert_eq!(
+            to_string(&head(None).chat(Some("hi"), true)).unwrap(),
+            r#"{"id":"cmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"hi"},"logprobs":null,"finish_reason":null,"stop_reason":null}]}"#
+        );
+        let mut last = head(Some(FinishReason::Length));
+        last.usage = Some(None);
+        assert_eq!(
+            to_string(&last.chat(None, false)).unwrap(),
+            r#"{"id":"cmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length","stop_reason":null}],"usage":null}"#
+        );
+    }
 }

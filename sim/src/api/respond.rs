@@ -14,6 +14,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::{
     ApiError, ServedModel,
     assemble::Assembler,
+    chunks::ChunkHead,
     request::{Kind, Prepared},
 };
 use crate::engine::sequence::{FinishReason, Output};
@@ -230,32 +231,19 @@ impl Responder {
         let usage = self.include_usage.then_some(None);
         let stop_reason = finish.and(self.asm.stopped_by.as_deref());
         buf.extend_from_slice(b"data: ");
+        let head = ChunkHead {
+            id: &self.ids.id,
+            created: self.ids.created,
+            model: &self.ids.model,
+            finish,
+            stop_reason,
+            usage,
+        };
         let result = match self.ids.kind {
-            Kind::Completion => serde_json::to_writer(
-                &mut *buf,
-                &super::chunks::CompletionChunk::new(
-                    &self.ids.id,
-                    self.ids.created,
-                    &self.ids.model,
-                    text.unwrap_or(""),
-                    finish,
-                    stop_reason,
-                    usage,
-                ),
-            ),
-            Kind::Chat => serde_json::to_writer(
-                &mut *buf,
-                &super::chunks::ChatChunk::new(
-                    &self.ids.id,
-                    self.ids.created,
-                    &self.ids.model,
-                    text,
-                    role,
-                    finish,
-                    stop_reason,
-                    usage,
-                ),
-            ),
+            Kind::Completion => {
+                serde_json::to_writer(&mut *buf, &head.completion(text.unwrap_or("")))
+            }
+            Kind::Chat => serde_json::to_writer(&mut *buf, &head.chat(text, role)),
         };
         result.expect("chunks are plain data");
         buf.extend_from_slice(b"\n\n");

@@ -87,10 +87,7 @@ impl Encoder {
         w(mp::write_f64(&mut buf, ts));
         array_len(&mut buf, events.len());
         for e in events {
-            match self.format {
-                WireFormat::Array => self.event_array(&mut buf, e),
-                WireFormat::Map => self.event_map(&mut buf, e),
-            }
+            self.event(&mut buf, e);
         }
         match self.dp_rank {
             Some(r) => uint(&mut buf, u64::from(r)),
@@ -121,7 +118,27 @@ impl Encoder {
             .map(|p| p as u64 + 1)
     }
 
-    fn event_array(&self, buf: &mut Buf, e: &KvEvent) {
+    /// One event in the encoder's era: an array (the tag first, then every field in order) or
+    /// a map (the tag under "type", then each field under its name). Both eras write the same
+    /// fields in the same order; only the keys and the omitted defaults differ.
+    fn event(&self, buf: &mut Buf, e: &KvEvent) {
+        let map = self.format == WireFormat::Map;
+        // Writes a field's key in the map era; the value follows either way.
+        let key = |buf: &mut Buf, name: &str| {
+            if map {
+                str(buf, name);
+            }
+        };
+        // The header (fields counted with the tag) and the tag.
+        let head = |buf: &mut Buf, fields: usize, tag: &str| {
+            if map {
+                w(mp::write_map_len(buf, fields as u32).map(|_| ()));
+            } else {
+                array_len(buf, fields);
+            }
+            key(buf, "type");
+            str(buf, tag);
+        };
         match e {
             KvEvent::Stored {
                 hashes,
@@ -132,86 +149,44 @@ impl Encoder {
                 extra_keys,
                 medium,
             } => {
-                array_len(buf, 12);
-                str(buf, "BlockStored");
+                // The array's twelfth field, kv_cache_spec_sliding_window, is None, so the map
+                // omits it.
+                head(buf, if map { 11 } else { 12 }, "BlockStored");
+                key(buf, "block_hashes");
                 self.hashes(buf, hashes);
+                key(buf, "parent_block_hash");
                 self.opt_hash(buf, parent.as_ref());
+                key(buf, "token_ids");
                 tokens(buf, token_ids);
+                key(buf, "block_size");
                 uint(buf, *block_size as u64);
+                key(buf, "lora_id");
                 self.opt_uint(buf, self.lora_id(lora_name.as_deref()));
+                key(buf, "medium");
                 str(buf, medium.as_str());
+                key(buf, "lora_name");
                 opt_str(buf, lora_name.as_deref());
+                key(buf, "extra_keys");
                 extra(buf, extra_keys);
-                uint(buf, 0);
-                str(buf, "full_attention");
-                nil(buf);
-            }
-            KvEvent::Removed { hashes, medium } => {
-                array_len(buf, 4);
-                str(buf, "BlockRemoved");
-                self.hashes(buf, hashes);
-                str(buf, medium.as_str());
-                uint(buf, 0);
-            }
-            KvEvent::AllCleared => {
-                array_len(buf, 1);
-                str(buf, "AllBlocksCleared");
-            }
-        }
-    }
-
-    fn event_map(&self, buf: &mut Buf, e: &KvEvent) {
-        match e {
-            KvEvent::Stored {
-                hashes,
-                parent,
-                token_ids,
-                block_size,
-                lora_name,
-                extra_keys,
-                medium,
-            } => {
-                w(mp::write_map_len(buf, 11).map(|_| ()));
-                str(buf, "type");
-                str(buf, "BlockStored");
-                str(buf, "block_hashes");
-                self.hashes(buf, hashes);
-                str(buf, "parent_block_hash");
-                self.opt_hash(buf, parent.as_ref());
-                str(buf, "token_ids");
-                tokens(buf, token_ids);
-                str(buf, "block_size");
-                uint(buf, *block_size as u64);
-                str(buf, "lora_id");
-                self.opt_uint(buf, self.lora_id(lora_name.as_deref()));
-                str(buf, "medium");
-                str(buf, medium.as_str());
-                str(buf, "lora_name");
-                opt_str(buf, lora_name.as_deref());
-                str(buf, "extra_keys");
-                extra(buf, extra_keys);
-                str(buf, "group_idx");
+                key(buf, "group_idx");
                 uint(buf, 0);
                 // kv_cache_spec_kind has a None default but is set for full attention.
-                str(buf, "kv_cache_spec_kind");
+                key(buf, "kv_cache_spec_kind");
                 str(buf, "full_attention");
+                if !map {
+                    nil(buf);
+                }
             }
             KvEvent::Removed { hashes, medium } => {
-                w(mp::write_map_len(buf, 4).map(|_| ()));
-                str(buf, "type");
-                str(buf, "BlockRemoved");
-                str(buf, "block_hashes");
+                head(buf, 4, "BlockRemoved");
+                key(buf, "block_hashes");
                 self.hashes(buf, hashes);
-                str(buf, "medium");
+                key(buf, "medium");
                 str(buf, medium.as_str());
-                str(buf, "group_idx");
+                key(buf, "group_idx");
                 uint(buf, 0);
             }
-            KvEvent::AllCleared => {
-                w(mp::write_map_len(buf, 1).map(|_| ()));
-                str(buf, "type");
-                str(buf, "AllBlocksCleared");
-            }
+            KvEvent::AllCleared => head(buf, 1, "AllBlocksCleared"),
         }
     }
 
