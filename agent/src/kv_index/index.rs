@@ -470,4 +470,6 @@ impl KvIndex {
 }
 
 #[cfg(test)]
+mod test_events;
+#[cfg(test)]
 mod tests;

@@ -323,4 +323,6 @@ fn extra_keys(r: &mut Reader<'_>) -> Result<Vec<Option<Vec<String>>>, WireError>
 }
 
 #[cfg(test)]
+pub(crate) mod test_encoder;
+#[cfg(test)]
 mod tests;

@@ -6,19 +6,18 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bytes::Bytes;
-use proptest::prelude::*;
-use warmpath_sim::{
-    engine::kv_cache::{KvEvent, Medium},
-    events::{Encoder, HashEncoding, WireFormat},
+use super::{
+    test_events::{Encoder, EngineEvent, HashForm, Medium, churn_payloads, ingest},
+    *,
 };
-
-use super::*;
 use crate::kv_index::{
     keys::block_key,
     subscriber::{Replay, on_batch},
     tracker::SeqTracker,
+    wire::test_encoder::Era,
 };
+use bytes::Bytes;
+use proptest::prelude::*;
 
 const BS: usize = 4;
 const CHAINS: usize = 3;
@@ -143,10 +142,10 @@ struct Model {
 }
 
 impl Model {
-    fn apply(&mut self, events: &[KvEvent]) {
+    fn apply(&mut self, events: &[EngineEvent]) {
         for e in events {
             match e {
-                KvEvent::Stored {
+                EngineEvent::Stored {
                     hashes,
                     parent,
                     token_ids,
@@ -185,7 +184,7 @@ impl Model {
                         pk = Some(key);
                     }
                 }
-                KvEvent::Removed { hashes, medium } => {
+                EngineEvent::Removed { hashes, medium } => {
                     let tier = if *medium == Medium::Cpu {
                         Tier::Cpu
                     } else {
@@ -201,7 +200,7 @@ impl Model {
                         }
                     }
                 }
-                KvEvent::AllCleared => self.clear(),
+                EngineEvent::AllCleared => self.clear(),
             }
         }
     }
@@ -238,7 +237,7 @@ impl Model {
     }
 }
 
-fn run(ops: Vec<Op>, format: WireFormat, hashes: HashEncoding) -> Result<(), TestCaseError> {
+fn run(ops: Vec<Op>, format: Era, hashes: HashForm) -> Result<(), TestCaseError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
@@ -255,10 +254,8 @@ fn run(ops: Vec<Op>, format: WireFormat, hashes: HashEncoding) -> Result<(), Tes
         })
         .collect();
     let encoder = Encoder {
-        format,
+        era: format,
         hashes,
-        dp_rank: None,
-        loras: vec![],
     };
     let mut engines: Vec<Engine> = (0..SOURCES).map(|_| Engine::default()).collect();
     let mut trackers: Vec<SeqTracker> = (0..SOURCES).map(|_| SeqTracker::default()).collect();
@@ -266,7 +263,7 @@ fn run(ops: Vec<Op>, format: WireFormat, hashes: HashEncoding) -> Result<(), Tes
     let t0 = Instant::now();
     let mut now = t0;
     for op in ops {
-        let mut publish: Option<(usize, Vec<KvEvent>)> = None;
+        let mut publish: Option<(usize, Vec<EngineEvent>)> = None;
         match op {
             Op::Store {
                 source,
@@ -283,7 +280,7 @@ fn run(ops: Vec<Op>, format: WireFormat, hashes: HashEncoding) -> Result<(), Tes
                         continue;
                     }
                     *e.cache.entry(c).or_default() |= tier;
-                    events.push(KvEvent::Stored {
+                    events.push(EngineEvent::Stored {
                         hashes: vec![e.hash(chain, b)],
                         parent: b.checked_sub(1).map(|p| e.hash(chain, p)),
                         token_ids: tokens(chain, b),
@@ -309,7 +306,7 @@ fn run(ops: Vec<Op>, format: WireFormat, hashes: HashEncoding) -> Result<(), Tes
                     let medium = if cpu { Medium::Cpu } else { Medium::Gpu };
                     publish = Some((
                         source,
-                        vec![KvEvent::Removed {
+                        vec![EngineEvent::Removed {
                             hashes: vec![e.hash(chain, block)],
                             medium,
                         }],
@@ -318,7 +315,7 @@ fn run(ops: Vec<Op>, format: WireFormat, hashes: HashEncoding) -> Result<(), Tes
             }
             Op::Clear { source } => {
                 engines[source].cache.clear();
-                publish = Some((source, vec![KvEvent::AllCleared]));
+                publish = Some((source, vec![EngineEvent::AllCleared]));
             }
             Op::Restart { source } => {
                 let e = &mut engines[source];
@@ -405,7 +402,7 @@ fn run(ops: Vec<Op>, format: WireFormat, hashes: HashEncoding) -> Result<(), Tes
 
 /// The spec of delivery, naively: in order -> apply; restart -> clear; gap -> replay if the
 /// buffer has every lost batch, else clear (unsure).
-fn expect(model: &mut Model, seq: u64, events: &[KvEvent], buffer: &[(u64, Bytes)]) {
+fn expect(model: &mut Model, seq: u64, events: &[EngineEvent], buffer: &[(u64, Bytes)]) {
     let replay = |model: &mut Model, from: u64| {
         let lost: Vec<_> = (from..seq)
             .map(|s| buffer.iter().find(|(b, _)| *b == s))
@@ -441,8 +438,8 @@ fn expect(model: &mut Model, seq: u64, events: &[KvEvent], buffer: &[(u64, Bytes
     model.apply(events);
 }
 
-/// Decodes a payload back into simulator events (the model's own view of the bytes).
-fn to_events(payload: &Bytes) -> Vec<KvEvent> {
+/// Decodes a payload back into engine events (the model's own view of the bytes).
+fn to_events(payload: &Bytes) -> Vec<EngineEvent> {
     use crate::kv_index::wire::{Event, decode_batch};
     let batch = decode_batch(payload).unwrap();
     let h = |e: u64| {
@@ -461,7 +458,7 @@ fn to_events(payload: &Bytes) -> Vec<KvEvent> {
         .events
         .into_iter()
         .map(|e| match e {
-            Event::Stored(s) => KvEvent::Stored {
+            Event::Stored(s) => EngineEvent::Stored {
                 hashes: s.hashes.iter().map(|x| h(x.0)).collect(),
                 parent: s.parent.map(|p| h(p.0)),
                 token_ids: s.token_ids,
@@ -470,11 +467,11 @@ fn to_events(payload: &Bytes) -> Vec<KvEvent> {
                 extra_keys: vec![],
                 medium: medium(s.tier),
             },
-            Event::Removed(r) => KvEvent::Removed {
+            Event::Removed(r) => EngineEvent::Removed {
                 hashes: r.hashes.iter().map(|x| h(x.0)).collect(),
                 medium: medium(r.tier),
             },
-            Event::AllCleared | Event::Unknown => KvEvent::AllCleared,
+            Event::AllCleared | Event::Unknown => EngineEvent::AllCleared,
         })
         .collect()
 }
@@ -494,8 +491,8 @@ proptest! {
         array in any::<bool>(),
         bytes in any::<bool>(),
     ) {
-        let format = if array { WireFormat::Array } else { WireFormat::Map };
-        let hashes = if bytes { HashEncoding::Bytes } else { HashEncoding::Int };
+        let format = if array { Era::Array } else { Era::Map };
+        let hashes = if bytes { HashForm::Bytes } else { HashForm::Int };
         run(ops, format, hashes)?;
     }
 }
@@ -546,7 +543,7 @@ fn speculation_expires_unless_confirmed_and_counts_confirmations() {
     // Speculate again, then the engine stores the first block: that one survives expiry.
     index.speculate(id, &keys, t0);
     let e = Engine::default();
-    let stored = KvEvent::Stored {
+    let stored = EngineEvent::Stored {
         hashes: vec![e.hash(2, 0)],
         parent: None,
         token_ids: tokens(2, 0),
@@ -578,7 +575,7 @@ fn block_size_mismatch_and_unmatched_keys_are_reported() {
         rank: None,
     });
     let e = Engine::default();
-    let stored = KvEvent::Stored {
+    let stored = EngineEvent::Stored {
         hashes: vec![e.hash(0, 0)],
         parent: None,
         token_ids: tokens(0, 0),
@@ -640,8 +637,8 @@ fn clearing_a_source_gives_its_engine_map_memory_back() {
         pod: "a".into(),
         rank: None,
     });
-    let (payloads, _) = crate::bench::index::churn_payloads(12_000, 7);
-    crate::bench::index::ingest(&index, id, &payloads);
+    let (payloads, _) = churn_payloads(12_000, 7);
+    ingest(&index, id, &payloads);
     let full = index.bytes();
     assert!(index.len() > 90_000, "{} entries", index.len());
     index.clear(id);
@@ -661,7 +658,7 @@ fn concurrent_ingestion_lookups_and_speculation_agree_with_sequential_ingestion(
     use std::sync::{Arc, mpsc};
     const SOURCES: usize = 4;
     let payloads: Vec<Vec<Vec<u8>>> = (0..SOURCES as u64)
-        .map(|s| crate::bench::index::churn_payloads(3_000, 100 + s).0)
+        .map(|s| churn_payloads(3_000, 100 + s).0)
         .collect();
     let sequential = KvIndex::new(IndexConfig::default());
     for (i, p) in payloads.iter().enumerate() {
@@ -669,7 +666,7 @@ fn concurrent_ingestion_lookups_and_speculation_agree_with_sequential_ingestion(
             pod: format!("pod-{i}"),
             rank: None,
         });
-        crate::bench::index::ingest(&sequential, id, p);
+        ingest(&sequential, id, p);
     }
 
     let index = Arc::new(KvIndex::new(IndexConfig::default()));
@@ -687,7 +684,7 @@ fn concurrent_ingestion_lookups_and_speculation_agree_with_sequential_ingestion(
     for s in 0..SOURCES {
         let (index, payloads, done, id) = (index.clone(), payloads.clone(), done.clone(), ids[s]);
         threads.push(std::thread::spawn(move || {
-            crate::bench::index::ingest(&index, id, &payloads[s]);
+            ingest(&index, id, &payloads[s]);
             done.send(()).expect("the test waits for every thread");
         }));
     }

@@ -1,71 +1,219 @@
-//! Golden agreement with the simulator's encoder (both eras, both hash forms), hand-made
-//! payloads for older and newer vLLM shapes, and garbage.
+//! Decoding golden payloads made by vLLM's own msgspec structs (both eras, both hash forms,
+//! v0.9's short layout), the test encoder pinned to those bytes, hand-made payloads for older
+//! and newer vLLM shapes, and garbage.
+//!
+//! The goldens come from `tests/python/make_kv_event_goldens.py`; the expected values below
+//! are that script's inputs, restated.
 
 use proptest::prelude::*;
-use warmpath_sim::{
-    engine::kv_cache::{KvEvent, Medium},
-    events::{Encoder, HashEncoding, WireFormat, hash_to_u64},
+
+use super::{
+    test_encoder::{BlockRemoved, BlockStored, Era, Extra, KvEvent, WireHash, encode_batch},
+    *,
 };
 
-use super::*;
+const ARRAY_INT: &[u8] = include_bytes!("golden/array_int.msgpack");
+const MAP_INT: &[u8] = include_bytes!("golden/map_int.msgpack");
+const ARRAY_BYTES: &[u8] = include_bytes!("golden/array_bytes.msgpack");
+const MAP_BYTES: &[u8] = include_bytes!("golden/map_bytes.msgpack");
+const V09_ARRAY: &[u8] = include_bytes!("golden/v09_array.msgpack");
 
-fn sim_events() -> Vec<KvEvent> {
+const TS: f64 = 1718000000.25;
+/// The script's `INT_HASHES`.
+const INT_HASHES: [u64; 4] = [15760518052499183552, 7, u64::MAX, 99];
+/// The last eight bytes, big-endian, of the script's `BYTES_HASHES` (vLLM's int form of a
+/// digest).
+const BYTES_TAILS: [u64; 4] = [
+    0x18191a1b1c1d1e1f,
+    0x0102030405060708,
+    0xfffffffffffffffe,
+    0x1122334455667788,
+];
+
+/// The script's `BYTES_HASHES`.
+fn bytes_hashes() -> [Vec<u8>; 4] {
+    [
+        (0u8..32).collect(),
+        [[0xaa; 24].as_slice(), &[1, 2, 3, 4, 5, 6, 7, 8]].concat(),
+        [
+            [0x55; 24].as_slice(),
+            &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe],
+        ]
+        .concat(),
+        vec![0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88],
+    ]
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// The script's `events()`, as the decoder must see them, with hash number i decoded as
+/// `h[i]`.
+fn expected_events(h: [u64; 4]) -> Vec<Event> {
+    let h = h.map(EngineHash);
     vec![
-        KvEvent::Stored {
-            hashes: vec![[1; 32], [2; 32]],
-            parent: Some([9; 32]),
-            token_ids: (0..32).collect(),
-            block_size: 16,
-            lora_name: Some("sql".into()),
-            extra_keys: vec![
-                Some(vec!["sql".into(), "salt".into()]),
-                Some(vec!["sql".into()]),
-            ],
-            medium: Medium::Gpu,
-        },
-        KvEvent::Removed {
-            hashes: vec![[1; 32]],
-            medium: Medium::Cpu,
-        },
-        KvEvent::AllCleared,
+        Event::Stored(Stored {
+            hashes: vec![h[0], h[1]],
+            parent: None,
+            token_ids: vec![101, 102, 103, 104, 105, 106, 107, 108],
+            block_size: 4,
+            lora_name: None,
+            tier: Tier::Gpu,
+            extra_keys: vec![None, None],
+            reusable: true,
+        }),
+        Event::Stored(Stored {
+            hashes: vec![h[2]],
+            parent: Some(h[1]),
+            token_ids: vec![109, 110, 111, 112],
+            block_size: 4,
+            lora_name: Some("sql-adapter".into()),
+            tier: Tier::Cpu,
+            extra_keys: vec![Some(strings(&["sql-adapter", "7"]))],
+            reusable: true,
+        }),
+        Event::Stored(Stored {
+            hashes: vec![h[3]],
+            parent: None,
+            token_ids: vec![1, 2, 3, 4],
+            block_size: 4,
+            lora_name: None,
+            tier: Tier::Gpu,
+            extra_keys: vec![],
+            reusable: false,
+        }),
+        Event::Removed(Removed {
+            hashes: vec![h[1], h[0]],
+            tier: Tier::Gpu,
+            reusable: true,
+        }),
+        Event::Removed(Removed {
+            hashes: vec![h[2]],
+            tier: Tier::Cpu,
+            reusable: true,
+        }),
+        Event::AllCleared,
     ]
 }
 
 #[test]
-fn decodes_what_the_simulator_publishes_in_every_format() {
-    for format in [WireFormat::Array, WireFormat::Map] {
-        for hashes in [HashEncoding::Int, HashEncoding::Bytes] {
-            let enc = Encoder {
-                format,
-                hashes,
-                dp_rank: Some(2),
-                loras: vec!["sql".into()],
-            };
-            let batch = decode_batch(&enc.batch(12.5, &sim_events())).unwrap();
-            assert_eq!(batch.ts, 12.5);
-            assert_eq!(batch.dp_rank, Some(2));
-            let [Event::Stored(s), Event::Removed(r), Event::AllCleared] = batch.events.as_slice()
-            else {
-                panic!("{format:?}/{hashes:?}: {:?}", batch.events)
-            };
-            // Int and bytes forms reduce to the same 64-bit identity.
-            assert_eq!(
-                s.hashes,
-                vec![
-                    EngineHash(hash_to_u64(&[1; 32])),
-                    EngineHash(hash_to_u64(&[2; 32]))
-                ]
-            );
-            assert_eq!(s.parent, Some(EngineHash(hash_to_u64(&[9; 32]))));
-            assert_eq!(s.token_ids, (0..32).collect::<Vec<_>>());
-            assert_eq!((s.block_size, s.tier, s.reusable), (16, Tier::Gpu, true));
-            assert_eq!(s.lora_name.as_deref(), Some("sql"));
-            assert_eq!(
-                s.extra_keys[0],
-                Some(vec!["sql".to_string(), "salt".to_string()])
-            );
-            assert_eq!(r.tier, Tier::Cpu);
-        }
+fn decodes_vllm_goldens_of_both_eras_and_both_hash_forms() {
+    let cases: [(&str, &[u8], Option<u64>, [u64; 4]); 4] = [
+        ("array_int", ARRAY_INT, Some(2), INT_HASHES),
+        ("map_int", MAP_INT, Some(0), INT_HASHES),
+        ("array_bytes", ARRAY_BYTES, None, BYTES_TAILS),
+        ("map_bytes", MAP_BYTES, None, BYTES_TAILS),
+    ];
+    for (name, golden, dp_rank, hashes) in cases {
+        let batch = decode_batch(golden).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(batch.ts, TS, "{name}");
+        assert_eq!(batch.dp_rank, dp_rank, "{name}");
+        assert_eq!(batch.events, expected_events(hashes), "{name}");
+    }
+}
+
+#[test]
+fn decodes_the_v0_9_layout_without_a_rank() {
+    let batch = decode_batch(V09_ARRAY).unwrap();
+    assert_eq!((batch.ts, batch.dp_rank), (2.5, None));
+    assert_eq!(
+        batch.events,
+        vec![
+            Event::Stored(Stored {
+                hashes: vec![EngineHash(5), EngineHash(6)],
+                parent: Some(EngineHash(4)),
+                token_ids: (0..32).collect(),
+                block_size: 16,
+                lora_name: None,
+                tier: Tier::Gpu,
+                extra_keys: vec![],
+                reusable: true,
+            }),
+            Event::Removed(Removed {
+                hashes: vec![EngineHash(5)],
+                tier: Tier::Gpu,
+                reusable: true,
+            }),
+            Event::AllCleared,
+        ]
+    );
+}
+
+/// The script's `events()` in the test encoder's types.
+fn golden_events(h: [WireHash; 4]) -> Vec<KvEvent> {
+    let [h0, h1, h2, h3] = h;
+    let stored = |hashes, parent, token_ids: &[u32]| BlockStored {
+        block_hashes: hashes,
+        parent_block_hash: parent,
+        token_ids: token_ids.to_vec(),
+        block_size: 4,
+        lora_id: None,
+        medium: Some("GPU".into()),
+        lora_name: None,
+        extra_keys: None,
+        group_idx: Some(0),
+        kv_cache_spec_kind: Some("full_attention".into()),
+        kv_cache_spec_sliding_window: None,
+    };
+    vec![
+        KvEvent::BlockStored(BlockStored {
+            extra_keys: Some(vec![None, None]),
+            ..stored(
+                vec![h0.clone(), h1.clone()],
+                None,
+                &[101, 102, 103, 104, 105, 106, 107, 108],
+            )
+        }),
+        KvEvent::BlockStored(BlockStored {
+            lora_id: Some(1),
+            medium: Some("CPU".into()),
+            lora_name: Some("sql-adapter".into()),
+            extra_keys: Some(vec![Some(vec![
+                Extra::Str("sql-adapter".into()),
+                Extra::Int(7),
+            ])]),
+            ..stored(vec![h2.clone()], Some(h1.clone()), &[109, 110, 111, 112])
+        }),
+        KvEvent::BlockStored(BlockStored {
+            group_idx: Some(1),
+            kv_cache_spec_kind: Some("sliding_window".into()),
+            kv_cache_spec_sliding_window: Some(128),
+            ..stored(vec![h3], None, &[1, 2, 3, 4])
+        }),
+        KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: vec![h1, h0],
+            medium: Some("GPU".into()),
+            group_idx: Some(0),
+        }),
+        KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: vec![h2],
+            medium: Some("CPU".into()),
+            group_idx: None,
+        }),
+        KvEvent::AllBlocksCleared,
+    ]
+}
+
+/// What anchors the test encoder (and every test built on it) to vLLM's bytes.
+#[test]
+fn test_encoder_writes_the_golden_bytes() {
+    let ints = INT_HASHES.map(WireHash::Int);
+    let raw = bytes_hashes().map(WireHash::Bytes);
+    let cases: [(&str, &[u8], Era, Option<u64>, &[WireHash; 4]); 4] = [
+        ("array_int", ARRAY_INT, Era::Array, Some(2), &ints),
+        ("map_int", MAP_INT, Era::Map, Some(0), &ints),
+        ("array_bytes", ARRAY_BYTES, Era::Array, None, &raw),
+        ("map_bytes", MAP_BYTES, Era::Map, None, &raw),
+    ];
+    for (name, golden, era, dp_rank, hashes) in cases {
+        let ours = encode_batch(era, TS, &golden_events(hashes.clone()), dp_rank);
+        assert!(
+            ours == golden,
+            "{name}: test encoder differs from msgspec\n ours: {}\n vllm: {}",
+            hex::encode(&ours),
+            hex::encode(golden)
+        );
     }
 }
 
@@ -193,8 +341,7 @@ proptest! {
 
     #[test]
     fn never_panics_on_corrupted_real_batches(flips in proptest::collection::vec((0usize..400, any::<u8>()), 1..8)) {
-        let enc = Encoder { format: WireFormat::Map, hashes: HashEncoding::Bytes, dp_rank: None, loras: vec![] };
-        let mut payload = enc.batch(1.0, &sim_events());
+        let mut payload = MAP_BYTES.to_vec();
         for (i, b) in flips {
             let n = payload.len();
             payload[i % n] = b;
