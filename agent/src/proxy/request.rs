@@ -413,41 +413,46 @@ fn chat_tokens(f: &Fields<'_>, tokenizer: &dyn Encoder) -> Option<Vec<u32>> {
 mod tests {
     use super::*;
 
+    /// Bodies with the token ids and keys computed outside warmpath: HuggingFace `tokenizers`
+    /// on the built-in tokenizer.json, the chat template rendered by jinja2, and the key
+    /// scheme implemented again in Python (tests/python/make_request_key_fixture.py).
     #[test]
-    fn tokens_match_what_the_simulator_hashes() {
+    fn tokens_and_keys_match_an_independently_computed_fixture() {
+        #[derive(serde::Deserialize)]
+        struct Case {
+            name: String,
+            kind: String,
+            body: String,
+            block_size: usize,
+            token_ids: Vec<u32>,
+            keys: Vec<u64>,
+        }
+        let cases: Vec<Case> = serde_json::from_str(include_str!("fixtures/request_keys.json"))
+            .expect("the committed fixture is valid JSON");
         let tok = Tokenizer::builtin();
-        let body = br#"{"model": "m", "prompt": "The quick brown fox jumps over the lazy dog again and again and again"}"#;
-        let p = parse(Kind::Completion, body, "m", &tok, 4).unwrap();
-        let ids = tok
-            .encode(
-                "The quick brown fox jumps over the lazy dog again and again and again",
-                true,
-            )
-            .unwrap();
-        assert_eq!(p.prompt_tokens, ids.len());
-        assert_eq!(p.keys, request_keys(&ids, 4, &RequestExtras::default()));
-        let chat = br#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi there"}]}]}"#;
-        let c = parse(Kind::Chat, chat, "m", &tok, 4).unwrap();
-        assert_eq!(c.model, "m");
-        assert!(c.prompt_tokens > 4);
-        let salted = parse(
-            Kind::Completion,
-            br#"{"prompt": [1,2,3,4,5,6,7,8], "cache_salt": "t"}"#,
-            "m",
-            &tok,
-            4,
-        )
-        .unwrap();
-        let plain = parse(
-            Kind::Completion,
-            br#"{"prompt": [1,2,3,4,5,6,7,8]}"#,
-            "m",
-            &tok,
-            4,
-        )
-        .unwrap();
-        assert_eq!(plain.keys.len(), 2);
-        assert_ne!(salted.keys, plain.keys);
+        for c in &cases {
+            let kind = match c.kind.as_str() {
+                "chat" => Kind::Chat,
+                _ => Kind::Completion,
+            };
+            let body = c.body.as_bytes();
+            let ids = Request::read(kind, body, "m").unwrap().local_tokens(&tok);
+            assert_eq!(ids.as_ref(), Some(&c.token_ids), "{}: token ids", c.name);
+            let p = parse(kind, body, "m", &tok, c.block_size).unwrap();
+            assert_eq!(p.model, "m", "{}", c.name);
+            assert_eq!(p.prompt_tokens, c.token_ids.len(), "{}", c.name);
+            let want: Vec<RouterKey> = c.keys.iter().copied().map(RouterKey).collect();
+            assert_eq!(p.keys, want, "{}: keys", c.name);
+        }
+        // The same ids with and without a cache_salt: every key of the chain differs.
+        let keys = |name: &str| &cases.iter().find(|c| c.name == name).unwrap().keys;
+        assert_eq!(keys("completion_ids").len(), 2);
+        assert!(
+            keys("completion_ids")
+                .iter()
+                .zip(keys("completion_ids_salted"))
+                .all(|(a, b)| a != b)
+        );
     }
 
     #[test]
