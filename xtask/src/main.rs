@@ -90,13 +90,23 @@ fn test() -> Result<()> {
     python_suites(&object)
 }
 
+/// `cargo build` of the `warmpath` binary (release or debug) with the BPF `object` embedded;
+/// callers add their own flags.
+fn build_warmpath(release: bool, object: &std::path::Path) -> std::process::Command {
+    let mut args = vec!["build"];
+    if release {
+        args.push("--release");
+    }
+    args.extend(["--package", "warmpath", "--bin", "warmpath"]);
+    let mut cmd = shell::cargo(args);
+    cmd.env(ebpf::OBJECT_ENV, object);
+    cmd
+}
+
 /// The suites that drive warmpath with real third-party Python clients (openai, msgspec,
 /// pyzmq) against the `warmpath` binary.
 fn python_suites(object: &std::path::Path) -> Result<()> {
-    shell::run(
-        shell::cargo(["build", "--package", "warmpath", "--bin", "warmpath"])
-            .env(ebpf::OBJECT_ENV, object),
-    )?;
+    shell::run(&mut build_warmpath(false, object))?;
     let bin = shell::target_dir().join("debug").join("warmpath");
     shell::run(
         std::process::Command::new("python3")
@@ -117,17 +127,7 @@ fn python_suites(object: &std::path::Path) -> Result<()> {
 /// the same shared-prefix workload through each policy, one table.
 fn demo() -> Result<()> {
     let object = ebpf::build()?;
-    shell::run(
-        shell::cargo([
-            "build",
-            "--release",
-            "--package",
-            "warmpath",
-            "--bin",
-            "warmpath",
-        ])
-        .env(ebpf::OBJECT_ENV, &object),
-    )?;
+    shell::run(&mut build_warmpath(true, &object))?;
     let bin = shell::target_dir().join("release").join("warmpath");
     let results = shell::target_dir().join("demo").join("compare.json");
     if let Some(dir) = results.parent() {

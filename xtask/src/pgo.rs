@@ -170,22 +170,13 @@ fn cargo_build(host: &str, target_dir: &Path, flags: &str, object: &Path) -> Res
         host.to_uppercase().replace(['-', '.'], "_")
     );
     shell::run(
-        shell::cargo([
-            "build",
-            "--release",
-            "--package",
-            "warmpath",
-            "--bin",
-            "warmpath",
-            "--target",
-            host,
-        ])
-        .arg("--target-dir")
-        .arg(target_dir)
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env(var, flags)
-        .env(ebpf::OBJECT_ENV, object),
+        crate::build_warmpath(true, object)
+            .args(["--target", host])
+            .arg("--target-dir")
+            .arg(target_dir)
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env(var, flags),
     )?;
     Ok(target_dir.join(host).join("release").join("warmpath"))
 }
@@ -193,17 +184,13 @@ fn cargo_build(host: &str, target_dir: &Path, flags: &str, object: &Path) -> Res
 /// Runs the training workload on the instrumented binary.
 fn train(bin: &Path, profiles: &Path, clients: &Path) -> Result<()> {
     let sim_port = free_port()?;
-    let mut sim = Stopped(
-        Command::new(bin)
+    let mut sim = start_one_worker(
+        instrumented(bin, profiles)
             .args(["sim", "--port", &sim_port.to_string(), "--profile", "tiny"])
-            .args(["--time-scale", "0.00001", "--max-num-seqs", "1024"])
-            .env("LLVM_PROFILE_FILE", profile_file(profiles))
-            .env("TOKIO_WORKER_THREADS", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start the instrumented simulator")?,
-    );
+            .args(["--time-scale", "0.00001", "--max-num-seqs", "1024"]),
+        Stdio::piped(),
+        "simulator",
+    )?;
     // Kept open until the simulator stops: it may write more.
     let _sim_stdout = ready_line(&mut sim)?;
     let (agent, target) = start_agent(bin, sim_port, &[], profiles)?;
@@ -212,10 +199,9 @@ fn train(bin: &Path, profiles: &Path, clients: &Path) -> Result<()> {
     // Streamed shared-prefix requests with real prompts: tokenization, prefix scoring, the
     // SSE tap.
     shell::run(
-        Command::new(bin)
+        instrumented(bin, clients)
             .args(["bench", "run", "--target", &target, "--rounds", "20"])
-            .args(["--concurrency", "16", "--max-seconds", PHASE_SECONDS])
-            .env("LLVM_PROFILE_FILE", profile_file(clients)),
+            .args(["--concurrency", "16", "--max-seconds", PHASE_SECONDS]),
     )?;
     agent.stop()?;
     // The same small requests through an agent with HTTP/2 engine connections.
@@ -224,11 +210,25 @@ fn train(bin: &Path, profiles: &Path, clients: &Path) -> Result<()> {
     h2.stop()?;
     sim.stop()?;
     // The routing decision for long chat prompts, in process.
-    shell::run(
-        Command::new(bin)
-            .args(["bench", "proxy", "--decision-only"])
-            .env("LLVM_PROFILE_FILE", profile_file(profiles)),
-    )
+    shell::run(instrumented(bin, profiles).args(["bench", "proxy", "--decision-only"]))
+}
+
+/// `bin` as an instrumented process that writes its profiles into `profiles`.
+fn instrumented(bin: &Path, profiles: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.env("LLVM_PROFILE_FILE", profile_file(profiles));
+    cmd
+}
+
+/// Starts `cmd` with one tokio worker (the data path the profile is for) and stderr dropped.
+fn start_one_worker(cmd: &mut Command, stdout: Stdio, what: &str) -> Result<Stopped> {
+    let child = cmd
+        .env("TOKIO_WORKER_THREADS", "1")
+        .stdout(stdout)
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("start the instrumented {what}"))?;
+    Ok(Stopped(child))
 }
 
 /// Where instrumented processes writing into `dir` put their profiles.
@@ -245,20 +245,16 @@ fn start_agent(
     profiles: &Path,
 ) -> Result<(Stopped, String)> {
     let (listen, admin) = (free_port()?, free_port()?);
-    let agent = Stopped(
-        Command::new(bin)
+    let agent = start_one_worker(
+        instrumented(bin, profiles)
             .args(["agent", "--listen", &format!("127.0.0.1:{listen}")])
             .args(["--admin", &format!("127.0.0.1:{admin}")])
             .args(["--endpoint", &format!("http://127.0.0.1:{sim_port}")])
             .args(["--workers", "1"])
-            .args(extra)
-            .env("LLVM_PROFILE_FILE", profile_file(profiles))
-            .env("TOKIO_WORKER_THREADS", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start the instrumented agent")?,
-    );
+            .args(extra),
+        Stdio::null(),
+        "agent",
+    )?;
     wait_for_port(listen)?;
     Ok((agent, format!("http://127.0.0.1:{listen}")))
 }
@@ -267,13 +263,12 @@ fn start_agent(
 /// generator's own profile goes to `clients`.
 fn small_requests(bin: &Path, target: &str, seconds: &str, clients: &Path) -> Result<()> {
     shell::run(
-        Command::new(bin)
+        instrumented(bin, clients)
             .args(["bench", "run", "--no-stream", "--target", target])
             .args(["--groups", "4", "--users", "64", "--rounds", "1000"])
             .args(["--system-tokens", "16", "--question-tokens", "4"])
             .args(["--output-tokens", "1", "--concurrency", "32"])
-            .args(["--max-requests", "1000000", "--max-seconds", seconds])
-            .env("LLVM_PROFILE_FILE", profile_file(clients)),
+            .args(["--max-requests", "1000000", "--max-seconds", seconds]),
     )
 }
 
