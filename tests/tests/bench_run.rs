@@ -3,9 +3,9 @@
 #![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
 
 use clap::Parser;
-use clap::Parser;
 use warmpath_bench::BenchCommand;
 use warmpath_e2e::{agent::proxy, sim::Fleet};
+use warmpath_sim::engine::timing::{Profile, StepWork};
 
 /// `warmpath bench ...` as the binary parses it.
 #[derive(Debug, Parser)]
@@ -119,16 +119,31 @@ async fn a_multi_turn_run_reports_every_request_per_tenant() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `--no-stream`: whole answers through the proxy, each request counted with its usage and
-/// its TTFT equal to its end-to-end time.
+/// `--no-stream`: whole answers through the proxy, each request counted with its usage. Its
+/// TTFT (the whole answer) is bounded by what the client cannot beat: from below by the
+/// simulator's modelled time for generating the answer at the flags' profile and time scale,
+/// from above by the run's wall time as the test measures it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_streaming_run_counts_whole_answers() {
-    let fleet = Fleet::start(&["--port", "0", "--profile", "tiny"]).await;
+    const PROFILE: &str = "tiny";
+    const TIME_SCALE: f64 = 20.0;
+    const OUTPUT_TOKENS: u64 = 5;
+    let time_scale = TIME_SCALE.to_string();
+    let fleet = Fleet::start(&[
+        "--port",
+        "0",
+        "--profile",
+        PROFILE,
+        "--time-scale",
+        &time_scale,
+    ])
+    .await;
     let routing = proxy(&fleet, &[]).await;
     let json = std::env::temp_dir().join(format!(
         "warmpath-bench-run-whole-{}.json",
         std::process::id()
     ));
+    let output_tokens = OUTPUT_TOKENS.to_string();
     let argv = [
         "bench",
         "run",
@@ -146,7 +161,7 @@ async fn a_non_streaming_run_counts_whole_answers() {
         "--question-tokens",
         "8",
         "--output-tokens",
-        "5",
+        &output_tokens,
         "--concurrency",
         "4",
         "--max-seconds",
@@ -160,18 +175,35 @@ async fn a_non_streaming_run_counts_whole_answers() {
     else {
         unreachable!()
     };
+    let started = std::time::Instant::now();
     warmpath_bench::run::run(*args).await.unwrap();
+    let wall = started.elapsed().as_secs_f64();
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_file(&json).unwrap();
     let overall = &v["report"]["overall"];
     assert_eq!(overall["requests"], 12, "{overall}");
     assert_eq!(overall["errors"], 0, "{overall}");
+    // After the step that yields the first token, each further token takes one decode step
+    // of at least the profile's one-sequence decode time; wall time is modelled time times
+    // the scale, less the under-a-millisecond sleeps the engine batches.
+    let decode_step = Profile::by_name(PROFILE)
+        .unwrap()
+        .step_time(&StepWork {
+            decode_seqs: 1,
+            ..Default::default()
+        })
+        .as_secs_f64();
+    let floor = (OUTPUT_TOKENS - 1) as f64 * decode_step * TIME_SCALE - 0.001;
     for s in v["samples"].as_array().unwrap() {
-        assert_eq!(s["output_tokens"], 5, "{s}");
+        assert_eq!(s["output_tokens"], OUTPUT_TOKENS, "{s}");
         assert!(s["prompt_tokens"].as_u64().unwrap() >= 64, "{s}");
-        assert!(s["ttft"].as_f64().unwrap() > 0.0, "{s}");
-        assert_eq!(s["ttft"], s["e2e"], "{s}");
+        let (ttft, e2e) = (s["ttft"].as_f64().unwrap(), s["e2e"].as_f64().unwrap());
+        assert!(
+            ttft >= floor,
+            "TTFT {ttft} s under the modelled {floor} s: {s}"
+        );
+        assert!(ttft <= e2e && e2e <= wall, "e2e {e2e} s, run {wall} s: {s}");
     }
 }
 
