@@ -12,10 +12,47 @@ use super::{
     *,
 };
 
-const ARRAY_INT: &[u8] = include_bytes!("golden/array_int.msgpack");
-const MAP_INT: &[u8] = include_bytes!("golden/map_int.msgpack");
-const ARRAY_BYTES: &[u8] = include_bytes!("golden/array_bytes.msgpack");
-const MAP_BYTES: &[u8] = include_bytes!("golden/map_bytes.msgpack");
+/// One golden file and how the script made it.
+struct Golden {
+    name: &'static str,
+    payload: &'static [u8],
+    era: Era,
+    dp_rank: Option<u64>,
+    /// Hashes as msgpack bin (`BYTES_HASHES`) rather than ints (`INT_HASHES`).
+    bytes_hashes: bool,
+}
+
+const GOLDENS: [Golden; 4] = [
+    Golden {
+        name: "array_int",
+        payload: include_bytes!("golden/array_int.msgpack"),
+        era: Era::Array,
+        dp_rank: Some(2),
+        bytes_hashes: false,
+    },
+    Golden {
+        name: "map_int",
+        payload: include_bytes!("golden/map_int.msgpack"),
+        era: Era::Map,
+        dp_rank: Some(0),
+        bytes_hashes: false,
+    },
+    Golden {
+        name: "array_bytes",
+        payload: include_bytes!("golden/array_bytes.msgpack"),
+        era: Era::Array,
+        dp_rank: None,
+        bytes_hashes: true,
+    },
+    Golden {
+        name: "map_bytes",
+        payload: include_bytes!("golden/map_bytes.msgpack"),
+        era: Era::Map,
+        dp_rank: None,
+        bytes_hashes: true,
+    },
+];
+const MAP_BYTES: &[u8] = GOLDENS[3].payload;
 const V09_ARRAY: &[u8] = include_bytes!("golden/v09_array.msgpack");
 
 const TS: f64 = 1718000000.25;
@@ -99,16 +136,16 @@ fn expected_events(h: [u64; 4]) -> Vec<Event> {
 
 #[test]
 fn decodes_vllm_goldens_of_both_eras_and_both_hash_forms() {
-    let cases: [(&str, &[u8], Option<u64>, [u64; 4]); 4] = [
-        ("array_int", ARRAY_INT, Some(2), INT_HASHES),
-        ("map_int", MAP_INT, Some(0), INT_HASHES),
-        ("array_bytes", ARRAY_BYTES, None, BYTES_TAILS),
-        ("map_bytes", MAP_BYTES, None, BYTES_TAILS),
-    ];
-    for (name, golden, dp_rank, hashes) in cases {
-        let batch = decode_batch(golden).unwrap_or_else(|e| panic!("{name}: {e}"));
+    for g in &GOLDENS {
+        let name = g.name;
+        let batch = decode_batch(g.payload).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(batch.ts, TS, "{name}");
-        assert_eq!(batch.dp_rank, dp_rank, "{name}");
+        assert_eq!(batch.dp_rank, g.dp_rank, "{name}");
+        let hashes = if g.bytes_hashes {
+            BYTES_TAILS
+        } else {
+            INT_HASHES
+        };
         assert_eq!(batch.events, expected_events(hashes), "{name}");
     }
 }
@@ -198,21 +235,19 @@ fn golden_events(h: [WireHash; 4]) -> Vec<KvEvent> {
 /// What anchors the test encoder (and every test built on it) to vLLM's bytes.
 #[test]
 fn test_encoder_writes_the_golden_bytes() {
-    let ints = INT_HASHES.map(WireHash::Int);
-    let raw = bytes_hashes().map(WireHash::Bytes);
-    let cases: [(&str, &[u8], Era, Option<u64>, &[WireHash; 4]); 4] = [
-        ("array_int", ARRAY_INT, Era::Array, Some(2), &ints),
-        ("map_int", MAP_INT, Era::Map, Some(0), &ints),
-        ("array_bytes", ARRAY_BYTES, Era::Array, None, &raw),
-        ("map_bytes", MAP_BYTES, Era::Map, None, &raw),
-    ];
-    for (name, golden, era, dp_rank, hashes) in cases {
-        let ours = encode_batch(era, TS, &golden_events(hashes.clone()), dp_rank);
+    for g in &GOLDENS {
+        let hashes = if g.bytes_hashes {
+            bytes_hashes().map(WireHash::Bytes)
+        } else {
+            INT_HASHES.map(WireHash::Int)
+        };
+        let ours = encode_batch(g.era, TS, &golden_events(hashes), g.dp_rank);
         assert!(
-            ours == golden,
-            "{name}: test encoder differs from msgspec\n ours: {}\n vllm: {}",
+            ours == g.payload,
+            "{}: test encoder differs from msgspec\n ours: {}\n vllm: {}",
+            g.name,
             hex::encode(&ours),
-            hex::encode(golden)
+            hex::encode(g.payload)
         );
     }
 }
