@@ -8,11 +8,13 @@ use std::{hint::black_box, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
-use warmpath_agent::telemetry::{
-    Outcome, RequestRecord, Telemetry, TelemetryConfig, TokenUsage,
-    export::{OtlpConfig, OtlpProtocol},
+use warmpath_agent::{
+    proxy::tap::SseTap,
+    telemetry::{
+        Outcome, RequestRecord, Telemetry, TelemetryConfig, TokenUsage,
+        export::{OtlpConfig, OtlpProtocol},
+    },
     tenant::{CidrTable, TenantPolicy, parse_net},
-    usage::SseTap,
 };
 
 const TENANTS: usize = 20;
@@ -54,7 +56,7 @@ fn record(c: &mut Criterion) {
         let peers: Vec<std::net::IpAddr> = (0..TENANTS)
             .map(|i| format!("127.0.{i}.7").parse().expect("addr"))
             .collect();
-        let headers = warmpath_agent::headers::Headers::default();
+        let headers = warmpath_agent::http::Headers::default();
         let name = if otlp {
             "resolve_and_record_prom_otlp"
         } else {

@@ -72,7 +72,7 @@ pub struct AgentArgs {
     pub weights: Vec<(String, f64)>,
 
     /// Header carrying the session key (session affinity).
-    #[arg(long, value_name = "NAME", default_value = crate::proxy::DEFAULT_SESSION_HEADER)]
+    #[arg(long, value_name = "NAME", default_value = crate::routing::DEFAULT_SESSION_HEADER)]
     pub session_header: http::HeaderName,
 
     /// Cookie carrying the session key, when the header is absent.
@@ -81,8 +81,8 @@ pub struct AgentArgs {
 
     /// Protocol to the engines: http1 (keep-alive pools; vLLM's own server) or h2 (h2c with
     /// prior knowledge: requests multiplexed over one connection per engine).
-    #[arg(long, value_enum, default_value_t = crate::proxy::UpstreamProtocol::Http1)]
-    pub upstream_protocol: crate::proxy::UpstreamProtocol,
+    #[arg(long, value_enum, default_value_t = crate::pool::UpstreamProtocol::Http1)]
+    pub upstream_protocol: crate::pool::UpstreamProtocol,
 
     /// Add x-warmpath-pod / -prefix-blocks / -score headers to responses.
     #[arg(long)]
@@ -115,16 +115,16 @@ pub struct AgentArgs {
 #[derive(Debug, Args)]
 pub struct TelemetryArgs {
     /// Source addresses of a tenant's workloads: `NAME=CIDR`. Repeatable; longest prefix wins.
-    #[arg(long = "tenant-cidr", value_name = "NAME=CIDR", value_parser = crate::telemetry::tenant::parse_cidr_rule)]
+    #[arg(long = "tenant-cidr", value_name = "NAME=CIDR", value_parser = crate::tenant::parse_cidr_rule)]
     pub tenant_cidrs: Vec<(ipnet::IpNet, String)>,
 
     /// Header naming the tenant, believed only from --trust-tenant-header-from sources.
-    #[arg(long, value_name = "NAME", default_value = crate::telemetry::tenant::DEFAULT_HEADER)]
+    #[arg(long, value_name = "NAME", default_value = crate::tenant::DEFAULT_HEADER)]
     pub tenant_header: http::HeaderName,
 
     /// Sources (CIDR or address) whose tenant header is believed, e.g. an authenticating
     /// gateway. Repeatable. Without it the header is never believed.
-    #[arg(long = "trust-tenant-header-from", value_name = "CIDR", value_parser = crate::telemetry::tenant::parse_net)]
+    #[arg(long = "trust-tenant-header-from", value_name = "CIDR", value_parser = crate::tenant::parse_net)]
     pub trusted_header_sources: Vec<ipnet::IpNet>,
 
     /// Identity sources in the order they are tried; the default tenant comes last.
@@ -134,10 +134,10 @@ pub struct TelemetryArgs {
         value_delimiter = ',',
         default_value = "workload,header"
     )]
-    pub tenant_order: Vec<crate::telemetry::tenant::IdentitySource>,
+    pub tenant_order: Vec<crate::tenant::IdentitySource>,
 
     /// Tenant of requests nobody claims.
-    #[arg(long, value_name = "NAME", default_value = crate::telemetry::tenant::DEFAULT_TENANT, value_parser = parse_tenant_name)]
+    #[arg(long, value_name = "NAME", default_value = crate::tenant::DEFAULT_TENANT, value_parser = parse_tenant_name)]
     pub default_tenant: String,
 
     /// Tenants with their own series; more are counted as `other`.
@@ -247,25 +247,23 @@ impl AgentArgs {
             .map_err(|e| ConfigError::field(FLAGS, "telemetry flags", e.to_string()))?;
         let config = Config {
             listen: vec![args.listen],
-            workers: args
-                .workers
-                .unwrap_or_else(crate::proxy::workers::default_workers),
+            workers: args.workers.unwrap_or_else(crate::config::default_workers),
             admin: args.admin,
             pools: vec![PoolConfig {
-                name: crate::proxy::DEFAULT_POOL.into(),
+                name: crate::config::DEFAULT_POOL.into(),
                 model: args.model.clone(),
                 block_size: args.block_size,
                 tokens,
                 policy: args.route_policy(),
-                session: crate::proxy::SessionSource {
+                session: crate::routing::SessionSource {
                     header: args.session_header.clone(),
                     cookie: args.session_cookie.clone(),
                 },
                 upstream: args.upstream_protocol,
                 endpoints,
             }],
-            max_body: crate::proxy::DEFAULT_MAX_BODY,
-            retries: crate::proxy::DEFAULT_RETRIES,
+            max_body: crate::config::DEFAULT_MAX_BODY,
+            retries: crate::config::DEFAULT_RETRIES,
             explain: args.explain,
             inject_usage: !args.no_inject_usage,
             tenants,
@@ -277,7 +275,7 @@ impl AgentArgs {
 }
 
 fn parse_tenant_name(s: &str) -> Result<String, String> {
-    crate::telemetry::tenant::check_name(s).map(|()| s.to_string())
+    crate::tenant::check_name(s).map(|()| s.to_string())
 }
 
 impl TelemetryArgs {
@@ -286,12 +284,15 @@ impl TelemetryArgs {
         &self,
     ) -> Result<
         (
-            crate::telemetry::tenant::TenantPolicy,
+            crate::tenant::TenantPolicy,
             crate::telemetry::TelemetryConfig,
         ),
         crate::telemetry::Error,
     > {
-        use crate::telemetry::{TelemetryConfig, export::OtlpConfig, tenant};
+        use crate::{
+            telemetry::{TelemetryConfig, export::OtlpConfig},
+            tenant,
+        };
         let directory = tenant::CidrTable::new(self.tenant_cidrs.iter().cloned())
             .map_err(crate::telemetry::Error::Config)?;
         let policy = tenant::TenantPolicy {

@@ -12,6 +12,28 @@ use crate::{
     routing::{EndpointId, RoutePolicy},
 };
 
+/// How a pool talks to its engines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 with keep-alive: one request per connection at a time (vLLM's default
+    /// server, uvicorn, speaks only this).
+    #[default]
+    Http1,
+    /// HTTP/2 over cleartext with prior knowledge (h2c): every request to an endpoint
+    /// multiplexed over one connection (for engines behind an h2c-capable server).
+    H2,
+}
+
+impl UpstreamProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http1 => "http1",
+            Self::H2 => "h2",
+        }
+    }
+}
+
 /// One vLLM endpoint.
 #[derive(Debug)]
 pub struct Endpoint {

@@ -5,15 +5,18 @@ use std::{collections::BTreeMap, net::SocketAddr, path::Path, time::Duration};
 
 use serde::Deserialize;
 
-use super::{Config, ConfigError, EndpointConfig, PoolConfig, TokenSourceConfig, authority_of};
+use super::{
+    Config, ConfigError, DEFAULT_MAX_BODY, DEFAULT_RETRIES, EndpointConfig, PoolConfig,
+    TokenSourceConfig, authority_of, default_workers,
+};
 use crate::{
-    proxy::{DEFAULT_MAX_BODY, DEFAULT_RETRIES, SessionSource},
-    routing::{Policy, RoutePolicy},
+    pool::UpstreamProtocol,
+    routing::{Policy, RoutePolicy, SessionSource},
     telemetry::{
         DEFAULT_MAX_TENANTS, TelemetryConfig,
         export::{OtlpConfig, OtlpProtocol},
-        tenant::{self, CidrTable, IdentitySource, TenantPolicy},
     },
+    tenant::{self, CidrTable, IdentitySource, TenantPolicy},
 };
 
 #[derive(Debug, Deserialize)]
@@ -101,7 +104,7 @@ struct PoolFile {
     session: SessionFile,
     /// `http1` (default) or `h2` (h2c, prior knowledge) to the engines.
     #[serde(default)]
-    upstream_protocol: crate::proxy::UpstreamProtocol,
+    upstream_protocol: UpstreamProtocol,
     endpoints: Vec<EndpointFile>,
 }
 
@@ -417,10 +420,7 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
         retries: f.proxy.retries,
         explain: f.proxy.explain,
         inject_usage: f.proxy.inject_usage,
-        workers: f
-            .proxy
-            .workers
-            .unwrap_or_else(crate::proxy::workers::default_workers),
+        workers: f.proxy.workers.unwrap_or_else(default_workers),
         tenants,
         telemetry: TelemetryConfig {
             max_tenants: t.max_tenants,

@@ -9,10 +9,26 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 pub use file::load;
 
 use crate::{
-    proxy::SessionSource,
-    routing::RoutePolicy,
-    telemetry::{TelemetryConfig, tenant::TenantPolicy},
+    http::worker::MAX_WORKERS,
+    pool::UpstreamProtocol,
+    routing::{RoutePolicy, SessionSource},
+    telemetry::TelemetryConfig,
+    tenant::TenantPolicy,
 };
+
+/// Largest request body accepted (413 beyond): far above any prompt, well below memory.
+pub const DEFAULT_MAX_BODY: usize = 16 * 1024 * 1024;
+/// Other endpoints tried when one fails before the first response byte.
+pub const DEFAULT_RETRIES: usize = 2;
+/// Name of the pool configured by flags.
+pub const DEFAULT_POOL: &str = "default";
+
+/// Data-path threads: one per CPU this process may use (cgroup quotas included).
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(MAX_WORKERS)
+}
 
 /// Where a pool's prompt tokens come from.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,7 +69,7 @@ pub struct PoolConfig {
     pub policy: RoutePolicy,
     pub session: SessionSource,
     /// HTTP/1.1 or h2c to the engines.
-    pub upstream: crate::proxy::UpstreamProtocol,
+    pub upstream: UpstreamProtocol,
     pub endpoints: Vec<EndpointConfig>,
 }
 
@@ -122,7 +138,7 @@ impl Config {
         if self.listen.is_empty() {
             return err("listen".into(), "at least one address is needed".into());
         }
-        let max = crate::proxy::workers::MAX_WORKERS;
+        let max = MAX_WORKERS;
         if !(1..=max).contains(&self.workers) {
             let field = if file == FLAGS {
                 "--workers"

@@ -8,7 +8,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
-use super::{Body, Proxy, full};
+use super::Proxy;
+use crate::http::{Body, message::full};
 
 /// Serves the admin endpoints until the task is dropped.
 pub async fn serve_admin(listener: TcpListener, proxy: Arc<Proxy>) {

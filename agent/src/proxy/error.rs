@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use http::StatusCode;
 
-use super::Body;
+use crate::http::{Body, Refusal, message::full};
 
 /// An error answered to the client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,29 +37,42 @@ impl ProxyError {
         }
     }
 
-    fn kind(&self) -> &'static str {
-        match self.status {
-            StatusCode::BAD_REQUEST
-            | StatusCode::PAYLOAD_TOO_LARGE
-            | StatusCode::REQUEST_TIMEOUT
-            | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "BadRequestError",
-            StatusCode::NOT_FOUND => "NotFoundError",
-            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
-            StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => "BadGatewayError",
-            _ => "InternalServerError",
-        }
-    }
-
     /// `{"error": {"message", "type", "param", "code"}}`.
     pub fn body(&self) -> Bytes {
-        let v = serde_json::json!({"error": {"message": self.message, "type": self.kind(),
-            "param": self.param, "code": self.status.as_u16()}});
-        Bytes::from(v.to_string())
+        body(self.status, &self.message, self.param)
     }
 
     pub fn into_response(self) -> http::Response<Body> {
-        super::full(self.status, "application/json", self.body())
+        full(self.status, "application/json", self.body())
     }
+}
+
+impl From<Refusal> for ProxyError {
+    fn from(r: Refusal) -> Self {
+        Self::new(r.status, r.message)
+    }
+}
+
+/// The OpenAI/vLLM error type of a status.
+fn kind(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST
+        | StatusCode::PAYLOAD_TOO_LARGE
+        | StatusCode::REQUEST_TIMEOUT
+        | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "BadRequestError",
+        StatusCode::NOT_FOUND => "NotFoundError",
+        StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
+        StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => "BadGatewayError",
+        _ => "InternalServerError",
+    }
+}
+
+/// An error body: `{"error": {"message", "type", "param", "code"}}` (also the body of the
+/// HTTP/1.1 server's refusals).
+pub fn body(status: StatusCode, message: &str, param: Option<&'static str>) -> Bytes {
+    let v = serde_json::json!({"error": {"message": message, "type": kind(status),
+        "param": param, "code": status.as_u16()}});
+    Bytes::from(v.to_string())
 }
 
 #[cfg(test)]

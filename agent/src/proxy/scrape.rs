@@ -116,7 +116,7 @@ async fn fetch(proxy: &Proxy, url: &str) -> Option<String> {
     let req = http::Request::get(url).body(Full::new(Bytes::new())).ok()?;
     let resp = proxy
         .upstreams
-        .client(super::UpstreamProtocol::Http1)
+        .client(crate::pool::UpstreamProtocol::Http1)
         .request(req)
         .await
         .ok()?;

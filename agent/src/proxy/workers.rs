@@ -9,18 +9,15 @@
 //! with the fewest open.
 
 use std::{
+    future::Future,
     io,
-    net::SocketAddr,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
 };
 
-use super::Proxy;
-
-/// Most data-path threads (`--workers`).
-pub const MAX_WORKERS: usize = 256;
+use crate::http::worker::{MAX_WORKERS, set_worker};
 
 /// The workers; stopped (with every connection they serve) when dropped.
 #[derive(Debug)]
@@ -44,13 +41,6 @@ impl Drop for Open {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-/// One per CPU this process may use (cgroup quotas included).
-pub fn default_workers() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(MAX_WORKERS)
 }
 
 impl Workers {
@@ -77,7 +67,7 @@ impl Workers {
                         }
                     };
                     let _ = ready.send(Ok(rt.handle().clone()));
-                    super::h1::client::set_worker(i);
+                    set_worker(i);
                     // Serves until the sender is dropped; dropping the runtime then drops
                     // its connections.
                     rt.block_on(async {
@@ -104,8 +94,13 @@ impl Workers {
         self.workers.is_empty()
     }
 
-    /// Serves a connection accepted on another runtime on the worker with the fewest open.
-    pub fn serve(&self, stream: tokio::net::TcpStream, peer: SocketAddr, proxy: Arc<Proxy>) {
+    /// Serves a connection accepted on another runtime on the worker with the fewest open:
+    /// `serve` runs there, on the connection registered with that worker's poller.
+    pub fn serve<F, Fut>(&self, stream: tokio::net::TcpStream, serve: F)
+    where
+        F: FnOnce(tokio::net::TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let Some(worker) = self
             .workers
             .iter()
@@ -126,7 +121,7 @@ impl Workers {
         worker.handle.spawn(async move {
             let _open = open;
             match tokio::net::TcpStream::from_std(stream) {
-                Ok(stream) => super::connection(stream, peer, proxy).await,
+                Ok(stream) => serve(stream).await,
                 Err(err) => tracing::debug!(%err, "cannot register the connection"),
             }
         });

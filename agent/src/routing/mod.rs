@@ -25,12 +25,14 @@
 
 mod history;
 pub mod scorers;
+pub mod session;
 
 use smallvec::SmallVec;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use history::History;
 use scorers::{ScoreCtx, Scorer};
+pub use session::{DEFAULT_SESSION_HEADER, SessionSource};
 
 use crate::kv_index::RouterKey;
 

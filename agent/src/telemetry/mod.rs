@@ -21,7 +21,6 @@ mod logging;
 pub mod prometheus;
 mod push;
 mod series;
-pub mod tenant;
 pub mod usage;
 
 use std::{

@@ -19,8 +19,11 @@ use tokio::{
 };
 
 use super::gone;
-use crate::headers::hop_by_hop;
-use crate::proxy::{Body, message::Answer};
+use crate::http::{
+    Body, BoxError,
+    headers::{hop_by_hop, lists},
+    message::Answer,
+};
 
 /// Body frames up to this size are copied next to their framing (one write); larger ones
 /// are written from where they are.
@@ -65,9 +68,9 @@ pub(super) async fn write_response(
         Delimit::Close
     };
     let asked_close = headers.connection_lists("close")
-        || extra.iter().any(|(n, v)| {
-            n == http::header::CONNECTION && crate::headers::lists(v.as_bytes(), b"close")
-        });
+        || extra
+            .iter()
+            .any(|(n, v)| n == http::header::CONNECTION && lists(v.as_bytes(), b"close"));
     let keep = keep_alive && !asked_close && delimit != Delimit::Close;
     status_line(out, status);
     let fields = headers.iter().chain(
@@ -166,7 +169,7 @@ pub(super) fn status_line(out: &mut Vec<u8>, status: StatusCode) {
 fn poll_now(
     body: &mut Body,
     cx: &mut Context<'_>,
-) -> Option<Option<Result<hyper::body::Frame<Bytes>, crate::proxy::BoxError>>> {
+) -> Option<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
     match Pin::new(body).poll_frame(cx) {
         Poll::Ready(frame) => Some(frame),
         Poll::Pending => None,

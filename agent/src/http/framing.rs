@@ -1,25 +1,11 @@
-//! warmpath's own HTTP/1.1, on both legs of the data path: the client side to engines
-//! ([`client`]) and the server side to applications ([`server`]). Each request is read,
-//! routed, forwarded and answered on the task of its client connection: no connection task
-//! per upstream, no channel between tasks, header values kept as slices of the bytes read
-//! (no copy, no allocation per field).
-//!
-//! What both legs share lives here: body framing ([`Framing`]: `content-length`, `chunked`
-//! or until close, decoded incrementally off a read buffer) and head limits.
-
-pub mod client;
-pub mod server;
+//! Body framing, shared by both legs: how a message's body is delimited (`content-length`,
+//! `chunked` or until close), read from its head's fields in one pass ([`FramingFields`]) and
+//! decoded incrementally off a read buffer ([`Framing::decode`]). Chunk-size lines are read
+//! by httparse ([`httparse::parse_chunk_size`]) under warmpath's own limits.
 
 use bytes::{Bytes, BytesMut};
 
-use crate::headers::{Span, Spans, lists};
-
-pub use client::{H1Body, H1Client, Outgoing};
-
-/// Largest message head accepted (request or response).
-pub const MAX_HEAD: usize = 64 * 1024;
-/// Most header fields in a message head.
-pub const MAX_HEADERS: usize = 100;
+use super::headers::{Span, Spans, lists};
 /// Longest chunk-size or trailer line accepted in a chunked body.
 const MAX_CHUNK_LINE: usize = 4096;
 /// Trailer bytes accepted after the last chunk (they are dropped).
@@ -145,7 +131,7 @@ impl Framing {
                         break;
                     };
                     let next = match state {
-                        Chunk::Size => match chunk_size(&buf[..eol])? {
+                        Chunk::Size => match chunk_size(&buf[..eol + 2])? {
                             0 => Framing::Chunked(Chunk::Trailers(0)),
                             n => Framing::Chunked(Chunk::Data(n)),
                         },
@@ -166,21 +152,76 @@ impl Framing {
     }
 }
 
-/// A chunk-size line's size (extensions after `;` ignored).
+/// A chunk-size line's size (`line` ends with its CRLF; extensions after `;` ignored). The
+/// line is read by httparse; the limits are warmpath's: leading whitespace is skipped, and
+/// the size has 1 to 15 hex digits (httparse alone takes 16, and an empty size as 0).
 fn chunk_size(line: &[u8]) -> Result<u64, FramingError> {
     let bad = FramingError("bad chunk size");
-    let hex = line
-        .split(|&b| b == b';')
-        .next()
-        .unwrap_or_default()
-        .trim_ascii();
-    if hex.is_empty() || hex.len() > 15 {
+    let lead = line.iter().take_while(|b| b.is_ascii_whitespace()).count();
+    let line = &line[lead..];
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 15 {
         return Err(bad);
     }
-    hex.iter().try_fold(0u64, |n, &b| {
-        let d = (b as char).to_digit(16).ok_or(bad.clone())?;
-        Ok(n << 4 | u64::from(d))
-    })
+    match httparse::parse_chunk_size(line) {
+        Ok(httparse::Status::Complete((_, n))) => Ok(n),
+        _ => Err(bad),
+    }
+}
+
+/// What a head's framing and connection fields say, read in one pass over its fields: the
+/// one loop over `content-length`, `transfer-encoding`, `connection` and `expect` that both
+/// legs use (each then decides by its own rules: a server refuses what a client reads until
+/// close).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FramingFields {
+    /// `content-length` (every such field agreed).
+    pub length: Option<u64>,
+    /// Whether the last `transfer-encoding` value ends in `chunked`; `None`: no such field.
+    pub chunked: Option<bool>,
+    /// Some `transfer-encoding` value does not end in `chunked`.
+    pub other_coding: bool,
+    /// `connection` lists `close`.
+    pub close: bool,
+    /// `connection` lists `keep-alive`.
+    pub keep_alive: bool,
+    /// The last `expect` field lists `100-continue`.
+    pub expect_continue: bool,
+}
+
+/// A framing field that cannot be read: the message is malformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FieldError {
+    #[error("invalid content-length")]
+    BadLength,
+    #[error("conflicting content-length fields")]
+    ConflictingLength,
+}
+
+impl FramingFields {
+    /// Reads the fields httparse parsed out of a head.
+    pub fn read(fields: &[httparse::Header<'_>]) -> Result<Self, FieldError> {
+        let mut out = Self::default();
+        for h in fields {
+            if h.name.eq_ignore_ascii_case("content-length") {
+                let n = content_length(h.value).ok_or(FieldError::BadLength)?;
+                if out.length.is_some_and(|l| l != n) {
+                    return Err(FieldError::ConflictingLength);
+                }
+                out.length = Some(n);
+            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                let chunked = ends_chunked(h.value);
+                out.chunked = Some(chunked);
+                out.other_coding |= !chunked;
+            } else if h.name.eq_ignore_ascii_case("connection") {
+                out.close |= lists(h.value, b"close");
+                out.keep_alive |= lists(h.value, b"keep-alive");
+            } else if h.name.eq_ignore_ascii_case("expect") {
+                out.expect_continue = lists(h.value, b"100-continue");
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Whether a `transfer-encoding` value ends in `chunked` (the only coding a body can be
@@ -194,13 +235,13 @@ fn ends_chunked(value: &[u8]) -> bool {
 
 /// A `content-length` value.
 fn content_length(value: &[u8]) -> Option<u64> {
-    crate::ascii::decimal(value.trim_ascii())
+    super::ascii::decimal(value.trim_ascii())
 }
 
 /// Where each of `fields` (parsed by httparse out of `buf`) sits in `buf`, so the fields can
 /// be read as slices of the head once it is split off the read buffer; into `out`, emptied
 /// first.
-fn spans(buf: &[u8], fields: &[httparse::Header<'_>], out: &mut Spans) {
+pub fn spans(buf: &[u8], fields: &[httparse::Header<'_>], out: &mut Spans) {
     let base = buf.as_ptr() as usize;
     // Heads are at most MAX_HEAD bytes (plus one read): offsets fit in u32.
     let at = |s: &[u8]| ((s.as_ptr() as usize - base) as u32, s.len() as u32);
@@ -274,15 +315,49 @@ mod tests {
 
     #[test]
     fn field_values_parse_strictly() {
-        assert_eq!(chunk_size(b"1a").unwrap(), 26);
-        assert_eq!(chunk_size(b"0;ext=1").unwrap(), 0);
-        assert!(chunk_size(b"").is_err());
-        assert!(chunk_size(b"g").is_err());
+        assert_eq!(chunk_size(b"1a\r\n").unwrap(), 26);
+        assert_eq!(chunk_size(b"0;ext=1\r\n").unwrap(), 0);
+        assert_eq!(chunk_size(b" 1a \t;x\r\n").unwrap(), 26);
+        assert!(chunk_size(b"\r\n").is_err());
+        assert!(chunk_size(b"g\r\n").is_err());
+        assert!(chunk_size(b"ffffffffffffffff\r\n").is_err());
         assert_eq!(content_length(b" 42 "), Some(42));
         assert_eq!(content_length(b"+42"), None);
         assert_eq!(content_length(b"4 2"), None);
         assert!(ends_chunked(b"gzip, Chunked"));
         assert!(!ends_chunked(b"chunked, gzip"));
         assert!(lists(b"keep-alive, Close", b"close"));
+    }
+
+    #[test]
+    fn framing_fields_are_read_in_one_pass() {
+        let h = |name, value| httparse::Header { name, value };
+        let f = FramingFields::read(&[
+            h("Content-Length", &b"5"[..]),
+            h("content-length", b" 5"),
+            h("Transfer-Encoding", b"gzip"),
+            h("transfer-encoding", b"chunked"),
+            h("Connection", b"keep-alive"),
+            h("expect", b"100-continue"),
+        ])
+        .unwrap();
+        assert_eq!(
+            f,
+            FramingFields {
+                length: Some(5),
+                chunked: Some(true),
+                other_coding: true,
+                close: false,
+                keep_alive: true,
+                expect_continue: true,
+            }
+        );
+        let bad = [h("content-length", &b"5"[..]), h("content-length", b"6")];
+        assert_eq!(
+            FramingFields::read(&bad),
+            Err(FieldError::ConflictingLength)
+        );
+        let bad = [h("content-length", &b"+5"[..])];
+        assert_eq!(FramingFields::read(&bad), Err(FieldError::BadLength));
     }
 }

@@ -1,10 +1,11 @@
-//! What the servers hand to request handling and get back: a request head and an answer,
-//! whose header fields stay as they were read ([`Headers`]) unless an answer of the agent's
-//! own carries a map.
+//! What the servers hand to request handling and get back: a request head (or the
+//! [`Refusal`] of a request that could not be read) and an answer, whose header fields stay
+//! as they were read ([`Headers`]) unless an answer of the handler's own carries a map.
 
-use crate::headers::{Headers, hop_by_hop};
-
-use super::Body;
+use super::{
+    Body,
+    headers::{Headers, hop_by_hop},
+};
 
 /// A request's head.
 #[derive(Debug, Clone)]
@@ -64,6 +65,49 @@ impl From<http::request::Parts> for RequestHead {
             version: p.version,
             headers: Headers::Map(p.headers),
         }
+    }
+}
+
+/// A whole response of the handler's own: `body` with its `content-type`.
+pub fn full(
+    status: http::StatusCode,
+    content_type: &'static str,
+    body: impl Into<bytes::Bytes>,
+) -> http::Response<Body> {
+    use http_body_util::BodyExt as _;
+    let mut resp = http::Response::new(
+        http_body_util::Full::new(body.into())
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    resp
+}
+
+/// A request that could not be read (malformed, too large, too slow): the status it is
+/// answered with and why. The handler turns it into its own error body
+/// ([`super::server::Handler::refusal_body`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct Refusal {
+    pub status: http::StatusCode,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(status: http::StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(http::StatusCode::BAD_REQUEST, message)
     }
 }
 

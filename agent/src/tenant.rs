@@ -9,13 +9,13 @@
 //!
 //! Names are checked (1..=64 characters of `[A-Za-z0-9._:/-]`); a malformed header value is
 //! ignored like an absent one. Cardinality is bounded where series are created
-//! ([`super::Telemetry::tenant`]), not here.
+//! ([`crate::telemetry::Telemetry::tenant`]), not here.
 
 use std::{net::IpAddr, sync::Arc};
 
 use ipnet::IpNet;
 
-use crate::headers::Headers;
+use crate::http::Headers;
 
 /// Header a trusted gateway sets.
 pub const DEFAULT_HEADER: &str = "x-warmpath-tenant";

@@ -1,0 +1,185 @@
+//! Steps 5 and 6 of a request: the attempts. Candidates are ranked, then endpoints tried
+//! best first until one answers (only failures before the first response byte are retried;
+//! a 503 counts as one). The first pick notes the prefill it brings and the routing
+//! decision, every pick its speculative index entry and history; the answer carries the
+//! engine's response through its tap ([`super::tracked`]).
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::StatusCode;
+
+use super::{
+    Proxy, ProxyError,
+    candidates::candidates,
+    pools::PoolRuntime,
+    record::Attempt,
+    tap::{JsonTap, SseTap},
+    tracked::{Observer, Tap, Tracked},
+    upstream::UpstreamResponse,
+};
+use crate::{
+    http::{Answer, Outgoing, RequestHead},
+    pool::{Endpoint, InFlight},
+    routing::{Decision, Policy, RequestCtx, rank},
+    telemetry::DecisionReason,
+};
+
+/// Ranks, then tries endpoints best first until one answers.
+#[allow(clippy::too_many_arguments)]
+pub async fn forward(
+    proxy: &Proxy,
+    runtime: &PoolRuntime,
+    ctx: &RequestCtx,
+    parts: &RequestHead,
+    body: Bytes,
+    attempt: &mut Attempt,
+    body_done: Instant,
+    strip_usage: bool,
+) -> Result<Answer, ProxyError> {
+    let pool = &runtime.pool;
+    let mut candidates = candidates(&proxy.index, runtime, ctx);
+    // Built only when an attempt fails (an error's message is a heap string).
+    let mut last_error = None;
+    for n in 0..=proxy.retries {
+        let Some(decision) = rank(pool.policy, ctx, &candidates, &pool.rotation) else {
+            break;
+        };
+        let chosen = decision.ranked[0];
+        let endpoint = &pool.endpoints[chosen.0];
+        let uncached = ctx.keys.len().saturating_sub(decision.prefix_blocks) as u64;
+        attempt.retries = n as u32;
+        if n == 0 {
+            // Once per request: retries are the same prefill, not more of it.
+            pool.note_prefill(uncached);
+            proxy.telemetry.record_decision(
+                runtime.telemetry_id,
+                decision_reason(pool.policy.kind, decision.prefix_blocks),
+                decision.prefix_blocks,
+            );
+        }
+        let now = Instant::now();
+        if let Some(source) = endpoint.source {
+            proxy.index.speculate(source, &ctx.keys, now);
+        }
+        if let Some(history) = &runtime.history {
+            history.record(chosen, &ctx.keys, now);
+        }
+        tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), first_key = ctx.keys.first().map_or(0, |k| k.0), "routing decision");
+        let guard = endpoint.start(uncached);
+        if n == 0 {
+            attempt.queue = Some(now.saturating_duration_since(body_done));
+        }
+        let sent = proxy
+            .upstreams
+            .send(
+                runtime.protocol,
+                &endpoint.label,
+                Outgoing {
+                    method: &parts.method,
+                    target: parts.target(),
+                    headers: &parts.headers,
+                    body: &body,
+                },
+            )
+            .await;
+        match sent {
+            Ok(resp) if resp.status != StatusCode::SERVICE_UNAVAILABLE => {
+                let answered = Answered {
+                    endpoint,
+                    index: chosen.0 as u16,
+                    decision: &decision,
+                    guard,
+                    strip_usage,
+                };
+                return Ok(answer(proxy, attempt, resp, answered));
+            }
+            Ok(_) => {
+                endpoint.note_failure();
+                last_error = Some(ProxyError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{} is overloaded (503).", endpoint.authority),
+                ));
+            }
+            Err(err) => {
+                endpoint.note_failure();
+                tracing::warn!(endpoint = %endpoint.authority, %err, "upstream request failed before a response; trying the next endpoint");
+                last_error = Some(ProxyError::new(
+                    StatusCode::BAD_GATEWAY,
+                    format!("{} failed: {err}", endpoint.authority),
+                ));
+            }
+        }
+        candidates[chosen.0].excluded = true;
+    }
+    Err(last_error.unwrap_or_else(|| {
+        ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, "No endpoint is available.")
+    }))
+}
+
+/// The attempt an engine answered.
+struct Answered<'a> {
+    endpoint: &'a Endpoint,
+    /// Its index in the pool.
+    index: u16,
+    decision: &'a Decision,
+    guard: InFlight,
+    strip_usage: bool,
+}
+
+/// Step 7: the engine's response as the client's answer, its body tapped and tracked.
+fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<'_>) -> Answer {
+    // Framing and hop-by-hop fields are each leg's own: the writers leave the engine's out.
+    let mut extra = Vec::new();
+    if proxy.explain {
+        let mut set = |k: &'static str, v: String| {
+            if let Ok(v) = http::HeaderValue::from_str(&v) {
+                extra.push((http::HeaderName::from_static(k), v));
+            }
+        };
+        set("x-warmpath-pod", a.endpoint.authority.clone());
+        set(
+            "x-warmpath-prefix-blocks",
+            a.decision.prefix_blocks.to_string(),
+        );
+        set("x-warmpath-score", format!("{:.3}", a.decision.score));
+    }
+    let sse = resp
+        .headers
+        .get("content-type")
+        .is_some_and(|v| v.starts_with(b"text/event-stream"));
+    // (A rewritten stream's length is no longer the engine's: the body's size hint says so,
+    // and the engine's content-length is never forwarded.)
+    let tap = if sse {
+        Tap::Sse(SseTap::new(a.strip_usage))
+    } else if resp.status.is_success() {
+        Tap::Json(JsonTap::default())
+    } else {
+        Tap::None
+    };
+    let observer = Observer {
+        telemetry: proxy.telemetry.clone(),
+        // The request's pool is known by now (set when its model was read).
+        attempt: attempt.clone(),
+        pod: (a.index, a.endpoint.label.clone()),
+        status: resp.status,
+        tap,
+    };
+    Answer {
+        status: resp.status,
+        headers: resp.headers,
+        extra,
+        body: Tracked::boxed(resp.body, a.guard, observer),
+    }
+}
+
+/// Why a pick was made, for the decisions counter.
+fn decision_reason(policy: Policy, prefix_blocks: usize) -> DecisionReason {
+    match policy {
+        Policy::RoundRobin => DecisionReason::RoundRobin,
+        Policy::Session => DecisionReason::Session,
+        Policy::LeastLoaded => DecisionReason::Load,
+        Policy::Precise | Policy::Approximate if prefix_blocks > 0 => DecisionReason::Prefix,
+        Policy::Precise | Policy::Approximate => DecisionReason::Load,
+    }
+}

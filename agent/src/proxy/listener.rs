@@ -1,0 +1,82 @@
+//! Step 1 of a request: the listener. Connections are accepted on the agent's runtime and
+//! handed to a data-path worker ([`super::workers`]), where the first bytes tell HTTP/1.x
+//! (warmpath's own server, [`crate::http::server`]) from h2c with prior knowledge (hyper's
+//! server). Either way a request ends up in [`super::handle`].
+
+use std::{convert::Infallible, net::IpAddr, net::SocketAddr, sync::Arc};
+
+use http::StatusCode;
+use http_body_util::{BodyExt, Limited};
+use hyper::{body::Incoming, service::service_fn};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{Proxy, ProxyError, Workers, handle::respond};
+use crate::http::{
+    Body,
+    server::{self, Rewind, Sniffed},
+};
+
+/// Serves the proxy on `listener` until the task is dropped: each connection accepted is
+/// served on one of `workers`.
+pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, workers: Arc<Workers>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(err) => {
+                tracing::warn!(%err, "accept failed");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let proxy = proxy.clone();
+        workers.serve(stream, move |stream| connection(stream, peer, proxy));
+    }
+}
+
+/// Serves one client connection: HTTP/1.x on warmpath's own server, h2c on hyper's.
+async fn connection(mut stream: TcpStream, peer: SocketAddr, proxy: Arc<Proxy>) {
+    let mut buf = bytes::BytesMut::with_capacity(8 * 1024);
+    match server::sniff(&mut stream, &mut buf).await {
+        Ok(Sniffed::Http1) => {
+            server::serve(stream, buf, peer.ip(), proxy.as_ref()).await;
+        }
+        Ok(Sniffed::H2) => {
+            let io = Rewind::new(buf.freeze(), stream);
+            let service = service_fn(move |req| {
+                let proxy = proxy.clone();
+                async move { Ok::<_, Infallible>(h2c(&proxy, peer.ip(), req).await) }
+            });
+            let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(io), service)
+                .await;
+            if let Err(err) = served {
+                tracing::debug!(%err, "client connection ended");
+            }
+        }
+        Ok(Sniffed::Closed) => {}
+        Err(err) => tracing::debug!(%err, "client connection ended"),
+    }
+}
+
+/// A request from hyper's server (h2c): its body read (size-limited), then answered.
+async fn h2c(proxy: &Proxy, peer: IpAddr, req: http::Request<Incoming>) -> http::Response<Body> {
+    let (parts, body) = req.into_parts();
+    let body = Limited::new(body, proxy.max_body)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .map_err(|e| {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                ProxyError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("Request body exceeds {} bytes.", proxy.max_body),
+                )
+            } else {
+                ProxyError::bad_request(format!("Could not read the request body: {e}"))
+            }
+        });
+    respond(proxy, peer, &parts.into(), body).await.into_http()
+}

@@ -1,0 +1,77 @@
+//! The pools at run time: each [`Pool`] with its token source, session rule, routing history
+//! and upstream protocol, and how a request finds its pool (by model or LoRA adapter).
+//!
+//! (This lives with the proxy, not with [`crate::pool`]: the token source reads parsed
+//! requests, which are the proxy's.)
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{Proxy, TokenSource};
+use crate::{
+    pool::{Pool, UpstreamProtocol},
+    routing::{History, Policy, SessionSource},
+    telemetry::PoolId,
+};
+
+/// One pool at run time: its endpoints and state, token source and session rule.
+#[derive(Debug)]
+pub struct PoolRuntime {
+    pub name: String,
+    pub pool: Pool,
+    pub tokens: TokenSource,
+    pub session: SessionSource,
+    /// Routing history, for the approximate policy.
+    pub(super) history: Option<History>,
+    pub(super) telemetry_id: PoolId,
+    /// Spreads `/tokenize` calls (engine token source) over the endpoints.
+    tokenize_cursor: AtomicUsize,
+    /// HTTP/1.1 or h2c to the engines.
+    pub protocol: UpstreamProtocol,
+}
+
+impl PoolRuntime {
+    /// The endpoint asked to tokenize (engine token source): the next one in rotation.
+    pub(super) fn tokenize_target(&self) -> Option<&str> {
+        let n = self.pool.endpoints.len();
+        let i = self.tokenize_cursor.fetch_add(1, Ordering::Relaxed);
+        (n > 0).then(|| self.pool.endpoints[i % n].authority.as_str())
+    }
+}
+
+impl Proxy {
+    /// Adds a pool (speaking HTTP/1.1 to its engines; see [`PoolRuntime::protocol`]).
+    pub fn add_pool(
+        &mut self,
+        name: &str,
+        pool: Pool,
+        tokens: TokenSource,
+        session: SessionSource,
+    ) -> &mut PoolRuntime {
+        let history = (pool.policy.kind == Policy::Approximate
+            || pool.policy.weights.history > 0.0)
+            .then(|| History::new(pool.endpoints.len()));
+        let telemetry_id = self.telemetry.register_pool(name, &pool.model);
+        self.pools.push(PoolRuntime {
+            name: name.to_string(),
+            pool,
+            tokens,
+            session,
+            history,
+            telemetry_id,
+            tokenize_cursor: AtomicUsize::new(0),
+            protocol: UpstreamProtocol::default(),
+        });
+        self.pools.last_mut().expect("a pool was just pushed")
+    }
+
+    /// The pool serving `model`, and the LoRA adapter when `model` names one.
+    pub(super) fn pool_for(&self, model: &str) -> Option<(&PoolRuntime, Option<String>)> {
+        if let Some(p) = self.pools.iter().find(|p| p.pool.model == model) {
+            return Some((p, None));
+        }
+        self.pools
+            .iter()
+            .find(|p| p.pool.endpoints.iter().any(|e| e.serves(model)))
+            .map(|p| (p, Some(model.to_string())))
+    }
+}

@@ -1,0 +1,60 @@
+//! One request's bookkeeping on its way through the proxy ([`Attempt`]), and the one place
+//! its telemetry record is written ([`Attempt::record`]): by the handler when the proxy
+//! answers itself (an error before any engine answered), else by the engine's response body
+//! when it ends or is dropped ([`super::tracked`]).
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use crate::telemetry::{Outcome, PoolId, RequestRecord, Telemetry, Tenant, TokenUsage};
+
+/// One request's bookkeeping.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// When the request (its body read) was handed to the proxy.
+    pub start: Instant,
+    /// The pool the request belongs to (the first pool until its model is known).
+    pub pool: PoolId,
+    pub tenant: Arc<Tenant>,
+    /// Body complete -> first upstream request.
+    pub queue: Option<Duration>,
+    pub retries: u32,
+}
+
+/// How a request ended.
+#[derive(Debug)]
+pub struct Ending<'a> {
+    /// Endpoint index and authority of the pod that answered, if one did.
+    pub pod: Option<(u16, &'a str)>,
+    pub outcome: Outcome,
+    pub usage: Option<TokenUsage>,
+    /// Time to the first response body bytes.
+    pub ttft: Option<Duration>,
+    /// When it ended (or was abandoned).
+    pub at: Instant,
+    /// Streamed (SSE).
+    pub streamed: bool,
+}
+
+impl Attempt {
+    /// Writes the request's telemetry record (once per request).
+    pub fn record(&self, telemetry: &Telemetry, end: Ending<'_>) {
+        telemetry.record(
+            &self.tenant,
+            &RequestRecord {
+                pool: self.pool,
+                pod: end.pod,
+                outcome: end.outcome,
+                usage: end.usage,
+                retries: self.retries,
+                queue: self.queue,
+                ttft: end.ttft,
+                duration: end.at.saturating_duration_since(self.start),
+                at: end.at,
+                streamed: end.streamed,
+            },
+        );
+    }
+}
