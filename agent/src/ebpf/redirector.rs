@@ -56,18 +56,7 @@ impl Redirector {
     pub fn load() -> Result<Self, Error> {
         let object = OBJECT.ok_or(Error::NotEmbedded)?;
         let mut bpf = Ebpf::load(object)?;
-        let program: &mut CgroupSockAddr = bpf
-            .program_mut(CONNECT4)
-            .ok_or(Error::Missing(CONNECT4))?
-            .try_into()
-            .map_err(|source| Error::Program {
-                name: CONNECT4,
-                source,
-            })?;
-        program.load().map_err(|source| Error::Program {
-            name: CONNECT4,
-            source,
-        })?;
+        connect4(&mut bpf)?.load().map_err(connect4_error)?;
         let redirects = take_hash_map(&mut bpf, REDIRECTS_MAP)?;
         let orig_dst = take_hash_map(&mut bpf, ORIG_DST_MAP)?;
         let counters = bpf
@@ -102,27 +91,13 @@ impl Redirector {
             what: format!("open cgroup {}", cgroup.display()),
             source,
         })?;
-        let program: &mut CgroupSockAddr = self
-            .bpf
-            .program_mut(CONNECT4)
-            .ok_or(Error::Missing(CONNECT4))?
-            .try_into()
-            .map_err(|source| Error::Program {
-                name: CONNECT4,
-                source,
-            })?;
+        let program = connect4(&mut self.bpf)?;
         let id = program
             // With bpf_link the kernel always allows other programs beside ours; Single just
             // means "no legacy attach flags".
             .attach(file, CgroupAttachMode::Single)
-            .map_err(|source| Error::Program {
-                name: CONNECT4,
-                source,
-            })?;
-        let link = program.take_link(id).map_err(|source| Error::Program {
-            name: CONNECT4,
-            source,
-        })?;
+            .map_err(connect4_error)?;
+        let link = program.take_link(id).map_err(connect4_error)?;
         self.links.push((cgroup.to_path_buf(), link));
         Ok(())
     }
@@ -197,6 +172,21 @@ impl Drop for Redirector {
         if let Some(task) = self.log_task.take() {
             task.abort();
         }
+    }
+}
+
+/// The object's connect4 program.
+fn connect4(bpf: &mut Ebpf) -> Result<&mut CgroupSockAddr, Error> {
+    bpf.program_mut(CONNECT4)
+        .ok_or(Error::Missing(CONNECT4))?
+        .try_into()
+        .map_err(connect4_error)
+}
+
+fn connect4_error(source: aya::programs::ProgramError) -> Error {
+    Error::Program {
+        name: CONNECT4,
+        source,
     }
 }
 
