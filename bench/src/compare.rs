@@ -6,7 +6,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use clap::{Args, Parser};
 
-use super::{Error, workload::SharedPrefix};
+use super::{Error, run::report::Quantiles, workload::SharedPrefix};
 use warmpath_agent::routing::Policy;
 
 /// Options of `warmpath bench compare`.
@@ -465,18 +465,17 @@ async fn drive(
         (h + st.prefix_hits, q + st.prefix_queries)
     });
     let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft / scale).collect();
-    let mut e2e: Vec<f64> = samples.iter().map(|s| s.e2e / scale).collect();
     ttft.sort_by(f64::total_cmp);
-    e2e.sort_by(f64::total_cmp);
+    let ttft_q = Quantiles::of(ttft.iter().copied());
     let output: u64 = samples.iter().map(|s| s.output_tokens).sum();
     Ok(Row {
         policy: target.name(),
         requests: samples.len(),
         errors,
-        ttft_p50: quantile(&ttft, 0.5),
-        ttft_p90: quantile(&ttft, 0.9),
-        ttft_p99: quantile(&ttft, 0.99),
-        e2e_p50: quantile(&e2e, 0.5),
+        ttft_p50: ttft_q.p50,
+        ttft_p90: ttft_q.p90,
+        ttft_p99: ttft_q.p99,
+        e2e_p50: Quantiles::of(samples.iter().map(|s| s.e2e / scale)).p50,
         output_tokens_per_s: output as f64 / (wall / scale),
         prefix_hit_ratio: if queries == 0 {
             0.0
@@ -497,20 +496,20 @@ async fn one_request(
 ) -> Option<Sample> {
     // `model` explicitly: some routers (sglang-router) require it.
     let model = warmpath_sim::cli::DEFAULT_MODEL;
-    let (s, _) =
-        super::run::stream_completion(client, url, model, prompt, max_tokens, None).await?;
+    let req = super::run::Completion {
+        client,
+        url,
+        model,
+        prompt,
+        max_tokens,
+        header: None,
+    };
+    let (s, _) = req.stream().await?;
     Some(Sample {
         ttft: s.ttft,
         e2e: s.e2e,
         output_tokens: s.output_tokens,
     })
-}
-
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
 }
 
 fn print_table(rows: &[Row]) {
@@ -538,19 +537,4 @@ fn print_table(rows: &[Row]) {
         );
     }
     println!("(times in modelled seconds: wall-clock divided by --time-scale)");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quantiles_of_a_known_run() {
-        let sorted: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&sorted, 0.5), 51.0);
-        assert_eq!(quantile(&sorted, 0.9), 90.0);
-        assert_eq!(quantile(&sorted, 0.99), 99.0);
-        assert_eq!(quantile(&[3.0], 0.9), 3.0);
-        assert!(quantile(&[], 0.5).is_nan());
-    }
 }

@@ -15,7 +15,9 @@ use std::{
 use clap::Args;
 use futures::StreamExt;
 
-use super::{Error, proc_stat, process::spawn_sim};
+use warmpath_agent::http::sse::{self, Piece, Splitter};
+
+use super::{Error, MAX_SSE_EVENT, proc_stat, process::spawn_sim};
 
 /// Options of `warmpath bench sim-streams`.
 #[derive(Debug, Clone, Args)]
@@ -167,14 +169,13 @@ async fn client_loop(
             }
         };
         let mut stream = resp.bytes_stream();
-        let mut tail_newline = false;
+        let mut split = Splitter::new(MAX_SSE_EVENT);
         while let Some(Ok(bytes)) = stream.next().await {
-            // Each SSE event ends with "\n\n"; count events, minding a boundary split.
-            let mut events = memchr::memmem::find_iter(&bytes, b"\n\n").count() as u64;
-            if tail_newline && bytes.first() == Some(&b'\n') {
-                events += 1;
-            }
-            tail_newline = bytes.last() == Some(&b'\n');
+            let Piece::Events(done) = split.push(bytes) else {
+                tally.errors.fetch_add(1, Ordering::Relaxed);
+                break;
+            };
+            let events = sse::events(&done).count() as u64;
             tally.chunks.fetch_add(events, Ordering::Relaxed);
         }
         tally.requests.fetch_add(1, Ordering::Relaxed);

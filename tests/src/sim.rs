@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::StreamExt;
+use warmpath_agent::http::sse::{self, Piece, Splitter};
 use warmpath_sim::{cli::SimArgs, fleet::RunningEngine};
 
 #[derive(Parser)]
@@ -60,6 +61,9 @@ pub struct Streamed {
     pub finish_reason: Option<String>,
 }
 
+/// The longest SSE event a test stream may carry across reads.
+const MAX_EVENT: usize = 1 << 20;
+
 /// POSTs a streaming completion and reads it to the end.
 pub async fn stream_completion(
     client: &reqwest::Client,
@@ -75,7 +79,7 @@ pub async fn stream_completion(
         .expect("request sent");
     assert_eq!(resp.status(), 200, "stream status");
     let mut stream = resp.bytes_stream();
-    let mut buf = Vec::new();
+    let mut split = Splitter::new(MAX_EVENT);
     let mut out = Streamed {
         ttft: Duration::ZERO,
         text: String::new(),
@@ -84,10 +88,11 @@ pub async fn stream_completion(
         finish_reason: None,
     };
     while let Some(bytes) = stream.next().await {
-        buf.extend_from_slice(&bytes.expect("stream bytes"));
-        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buf.drain(..end + 2).collect();
-            let line = std::str::from_utf8(&event).expect("utf-8").trim();
+        let Piece::Events(done) = split.push(bytes.expect("stream bytes")) else {
+            panic!("an SSE event over {MAX_EVENT} bytes");
+        };
+        for event in sse::events(&done) {
+            let line = std::str::from_utf8(event.body).expect("utf-8").trim();
             let data = line.strip_prefix("data: ").expect("SSE data line");
             if data == "[DONE]" {
                 return out;

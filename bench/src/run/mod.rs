@@ -23,7 +23,9 @@ use rand_chacha::ChaCha8Rng;
 use report::Sample;
 use tokio::time::Instant;
 
-use super::Error;
+use warmpath_agent::http::sse::{self, Piece, Splitter};
+
+use super::{Error, MAX_SSE_EVENT};
 
 /// Options of `warmpath bench run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -78,7 +80,7 @@ fn parse_tenant(s: &str) -> Result<(String, f64), String> {
     if !(w.is_finite() && w > 0.0) {
         return Err(format!("`{s}`: the weight must be > 0"));
     }
-    warmpath_agent::telemetry::tenant::check_name(name)?;
+    warmpath_agent::tenant::check_name(name)?;
     Ok((name.to_string(), w))
 }
 
@@ -422,67 +424,117 @@ async fn one_request(
     max_tokens: usize,
     tenant: &str,
 ) -> Option<(Sample, String)> {
-    let header = ctx.tenant_header.as_deref().map(|h| (h, tenant));
-    if !ctx.stream {
-        return whole_completion(
-            &ctx.client,
-            &ctx.url,
-            &ctx.model,
-            prompt,
-            max_tokens,
-            header,
-        )
-        .await;
-    }
-    stream_completion(
-        &ctx.client,
-        &ctx.url,
-        &ctx.model,
+    let req = Completion {
+        client: &ctx.client,
+        url: &ctx.url,
+        model: &ctx.model,
         prompt,
         max_tokens,
-        header,
-    )
-    .await
-}
-
-/// One non-streaming `/v1/completions` request (`ignore_eos`): the answer arrives whole, so
-/// TTFT is the end-to-end time. `None` on an error status or an unreadable body.
-async fn whole_completion(
-    client: &reqwest::Client,
-    url: &str,
-    model: &str,
-    prompt: &str,
-    max_tokens: usize,
-    header: Option<(&str, &str)>,
-) -> Option<(Sample, String)> {
-    let t0 = std::time::Instant::now();
-    let body = serde_json::json!({"model": model, "prompt": prompt, "max_tokens": max_tokens,
-        "ignore_eos": true});
-    let resp = post(client, url, &body, header).await?;
-    let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await.ok()?).ok()?;
-    let mut s = failed();
-    s.e2e = t0.elapsed().as_secs_f64();
-    s.ttft = s.e2e;
-    read_usage(&mut s, &v["usage"]);
-    let answer = v["choices"][0]["text"].as_str()?.to_string();
-    s.ok = true;
-    Some((s, answer))
-}
-
-/// POSTs `body` (with the tenant header, if any); `None` on a transport error or an error
-/// status.
-async fn post(
-    client: &reqwest::Client,
-    url: &str,
-    body: &serde_json::Value,
-    header: Option<(&str, &str)>,
-) -> Option<reqwest::Response> {
-    let mut req = client.post(url).json(body);
-    if let Some((name, value)) = header {
-        req = req.header(name, value);
+        header: ctx.tenant_header.as_deref().map(|h| (h, tenant)),
+    };
+    if ctx.stream {
+        req.stream().await
+    } else {
+        req.whole().await
     }
-    let resp = req.send().await.ok()?;
-    resp.status().is_success().then_some(resp)
+}
+
+/// One `/v1/completions` request (`ignore_eos`) and where it goes. Shared by `bench run` and
+/// `bench compare`.
+pub(crate) struct Completion<'a> {
+    pub client: &'a reqwest::Client,
+    pub url: &'a str,
+    pub model: &'a str,
+    pub prompt: &'a str,
+    pub max_tokens: usize,
+    /// A header to send (the tenant's), if any.
+    pub header: Option<(&'a str, &'a str)>,
+}
+
+// === impl Completion ===
+
+impl Completion<'_> {
+    /// Not streamed: the answer arrives whole, so TTFT is the end-to-end time. `None` on an
+    /// error status or an unreadable body.
+    pub(crate) async fn whole(&self) -> Option<(Sample, String)> {
+        let t0 = std::time::Instant::now();
+        let resp = self.post(self.body()).await?;
+        let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await.ok()?).ok()?;
+        let mut s = failed();
+        s.e2e = t0.elapsed().as_secs_f64();
+        s.ttft = s.e2e;
+        read_usage(&mut s, &v["usage"]);
+        let answer = v["choices"][0]["text"].as_str()?.to_string();
+        s.ok = true;
+        Some((s, answer))
+    }
+
+    /// Streamed, usage asked for: TTFT at the first content, gaps between content chunks,
+    /// usage, and the generated text. `None` on an error status or an error inside the stream.
+    pub(crate) async fn stream(&self) -> Option<(Sample, String)> {
+        let t0 = std::time::Instant::now();
+        let mut body = self.body();
+        body["stream"] = true.into();
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+        let mut stream = self.post(body).await?.bytes_stream();
+        let mut split = Splitter::new(MAX_SSE_EVENT);
+        let mut s = failed();
+        let mut answer = String::new();
+        let mut last: Option<std::time::Instant> = None;
+        let mut done = false;
+        while let Some(chunk) = stream.next().await {
+            let Piece::Events(read) = split.push(chunk.ok()?) else {
+                return None;
+            };
+            for event in sse::events(&read) {
+                let Some(data) = event.body.strip_prefix(b"data: ") else {
+                    continue;
+                };
+                if data == b"[DONE]" {
+                    done = true;
+                    continue;
+                }
+                let v: serde_json::Value = serde_json::from_slice(data).ok()?;
+                if v.get("error").is_some() {
+                    return None;
+                }
+                if let Some(text) = v["choices"][0]["text"].as_str().filter(|t| !t.is_empty()) {
+                    let now = std::time::Instant::now();
+                    match last {
+                        None => s.ttft = (now - t0).as_secs_f64(),
+                        Some(prev) => s.itl.push((now - prev).as_secs_f64()),
+                    }
+                    last = Some(now);
+                    answer.push_str(text);
+                }
+                if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+                    read_usage(&mut s, u);
+                }
+            }
+        }
+        s.e2e = t0.elapsed().as_secs_f64();
+        if last.is_none() {
+            s.ttft = s.e2e;
+        }
+        s.ok = done;
+        Some((s, answer))
+    }
+
+    /// The body both forms start from.
+    fn body(&self) -> serde_json::Value {
+        serde_json::json!({"model": self.model, "prompt": self.prompt,
+            "max_tokens": self.max_tokens, "ignore_eos": true})
+    }
+
+    /// POSTs `body` (with the header, if any); `None` on a transport error or an error status.
+    async fn post(&self, body: serde_json::Value) -> Option<reqwest::Response> {
+        let mut req = self.client.post(self.url).json(&body);
+        if let Some((name, value)) = self.header {
+            req = req.header(name, value);
+        }
+        let resp = req.send().await.ok()?;
+        resp.status().is_success().then_some(resp)
+    }
 }
 
 /// A response's `usage` object into the sample's token counts.
@@ -492,64 +544,6 @@ fn read_usage(s: &mut Sample, u: &serde_json::Value) {
     s.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap_or(0);
-}
-
-/// Streams one `/v1/completions` request (`ignore_eos`, usage asked for): TTFT at the first
-/// content, gaps between content chunks, usage, and the generated text. `None` on an error
-/// status or an error inside the stream. Shared by `bench run` and `bench compare`.
-pub(crate) async fn stream_completion(
-    client: &reqwest::Client,
-    url: &str,
-    model: &str,
-    prompt: &str,
-    max_tokens: usize,
-    header: Option<(&str, &str)>,
-) -> Option<(Sample, String)> {
-    let t0 = std::time::Instant::now();
-    let body = serde_json::json!({"model": model, "prompt": prompt, "max_tokens": max_tokens,
-        "stream": true, "ignore_eos": true, "stream_options": {"include_usage": true}});
-    let mut stream = post(client, url, &body, header).await?.bytes_stream();
-    let mut buf = Vec::new();
-    let mut s = failed();
-    let mut answer = String::new();
-    let mut last: Option<std::time::Instant> = None;
-    let mut done = false;
-    while let Some(chunk) = stream.next().await {
-        buf.extend_from_slice(&chunk.ok()?);
-        while let Some(end) = memchr::memmem::find(&buf, b"\n\n") {
-            let event: Vec<u8> = buf.drain(..end + 2).collect();
-            let Some(data) = event.strip_prefix(b"data: ") else {
-                continue;
-            };
-            let data = &data[..data.len() - 2];
-            if data == b"[DONE]" {
-                done = true;
-                continue;
-            }
-            let v: serde_json::Value = serde_json::from_slice(data).ok()?;
-            if v.get("error").is_some() {
-                return None;
-            }
-            if let Some(text) = v["choices"][0]["text"].as_str().filter(|t| !t.is_empty()) {
-                let now = std::time::Instant::now();
-                match last {
-                    None => s.ttft = (now - t0).as_secs_f64(),
-                    Some(prev) => s.itl.push((now - prev).as_secs_f64()),
-                }
-                last = Some(now);
-                answer.push_str(text);
-            }
-            if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                read_usage(&mut s, u);
-            }
-        }
-    }
-    s.e2e = t0.elapsed().as_secs_f64();
-    if last.is_none() {
-        s.ttft = s.e2e;
-    }
-    s.ok = done;
-    Some((s, answer))
 }
 
 #[cfg(test)]

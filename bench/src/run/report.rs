@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use hdrhistogram::Histogram;
 use serde::Serialize;
 
 /// One request as the client saw it. Times in seconds.
@@ -25,7 +26,7 @@ pub struct Sample {
     pub output_tokens: u64,
 }
 
-/// p50 / p90 / p99 (nearest rank); NaN without data.
+/// p50 / p90 / p99 of latencies (see [`quantile`]); NaN without data.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct Quantiles {
     pub p50: f64,
@@ -34,22 +35,43 @@ pub struct Quantiles {
 }
 
 impl Quantiles {
-    pub fn of(mut v: Vec<f64>) -> Self {
-        v.sort_by(f64::total_cmp);
+    /// Of latencies in seconds.
+    pub fn of(seconds: impl IntoIterator<Item = f64>) -> Self {
+        let h = histogram(seconds);
         Self {
-            p50: quantile(&v, 0.5),
-            p90: quantile(&v, 0.9),
-            p99: quantile(&v, 0.99),
+            p50: quantile(&h, 0.5),
+            p90: quantile(&h, 0.9),
+            p99: quantile(&h, 0.99),
         }
     }
 }
 
-/// Nearest-rank quantile of sorted values.
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
+/// Significant figures the latency histograms keep: values within 0.1 %, finer than the
+/// report prints (ms for TTFT, 0.1 ms for gaps, above a few ms).
+const SIGNIFICANT_FIGURES: u8 = 3;
+
+/// The longest latency the histograms tell apart, in microseconds (an hour); longer ones
+/// count as this.
+const MAX_MICROS: u64 = 3_600_000_000;
+
+/// Latencies in seconds, counted in microseconds.
+pub fn histogram(seconds: impl IntoIterator<Item = f64>) -> Histogram<u64> {
+    let mut h = Histogram::new_with_max(MAX_MICROS, SIGNIFICANT_FIGURES)
+        .expect("an hour in microseconds at 3 significant figures is a valid histogram");
+    for s in seconds {
+        h.saturating_record((s * 1e6).round() as u64);
+    }
+    h
+}
+
+/// The `q` quantile in seconds: the (highest value equivalent to the) smallest recorded value
+/// that at least `q` of the values do not exceed, i.e. the value of rank ceil(q * n). NaN
+/// without data.
+pub fn quantile(h: &Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() {
         return f64::NAN;
     }
-    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+    h.value_at_quantile(q) as f64 / 1e6
 }
 
 /// The figures of a set of requests over a window.
@@ -87,9 +109,9 @@ pub fn stats<'a>(samples: impl IntoIterator<Item = &'a Sample>, window_s: f64) -
     Stats {
         requests: ok.len() + errors,
         errors,
-        ttft_s: Quantiles::of(ok.iter().map(|s| s.ttft).collect()),
-        itl_s: Quantiles::of(ok.iter().flat_map(|s| s.itl.iter().copied()).collect()),
-        e2e_s: Quantiles::of(ok.iter().map(|s| s.e2e).collect()),
+        ttft_s: Quantiles::of(ok.iter().map(|s| s.ttft)),
+        itl_s: Quantiles::of(ok.iter().flat_map(|s| s.itl.iter().copied())),
+        e2e_s: Quantiles::of(ok.iter().map(|s| s.e2e)),
         requests_per_s: ok.len() as f64 / window,
         output_tokens_per_s: output as f64 / window,
         prefix_hit_ratio: if prompt == 0 {
@@ -234,33 +256,56 @@ mod tests {
         let r = report(&samples, 10.0, &[(4.0, 5.0), (8.0, 5.0)]);
         let o = &r.overall;
         assert_eq!((o.requests, o.errors), (105, 5));
+        // Quantiles are of rank ceil(q * n), reported as the top of the value's histogram
+        // bucket (3 significant figures: 1024 steps per power of two of microseconds).
+        // p50 of 100 TTFTs: the 50th, 0.50 s = 500000 us; in [2^18, 2^19) a step is 256 us:
+        // 1953 * 256 + 255 = 500223. p90: 900000 us, steps of 512: 1757 * 512 + 511. p99:
+        // 990000 us: 1933 * 512 + 511.
         assert_eq!(
             o.ttft_s,
             Quantiles {
-                p50: 0.51,
-                p90: 0.9,
-                p99: 0.99
+                p50: 500_223.0 / 1e6,
+                p90: 900_095.0 / 1e6,
+                p99: 990_207.0 / 1e6
             }
         );
-        assert_eq!(o.e2e_s.p50, 1.51);
-        assert_eq!(o.itl_s.p50, 0.02);
-        assert_eq!(o.itl_s.p90, 0.02);
+        // e2e = TTFT + 1 s: 1500000 us, steps of 1024: 1464 * 1024 + 1023.
+        assert_eq!(o.e2e_s.p50, 1_500_159.0 / 1e6);
+        // 200 gaps, half 10 ms and half 20 ms: the 100th is 10000 us (steps of 8: 1250 * 8 + 7),
+        // the 180th 20000 us (steps of 16: 1250 * 16 + 15).
+        assert_eq!(o.itl_s.p50, 10_007.0 / 1e6);
+        assert_eq!(o.itl_s.p90, 20_015.0 / 1e6);
         assert!((o.requests_per_s - 10.0).abs() < 1e-12);
         assert!((o.output_tokens_per_s - 100.0).abs() < 1e-12);
         assert!((o.prefix_hit_ratio - 0.75).abs() < 1e-12);
         assert_eq!(r.tenants["a"].requests, 40);
         assert_eq!(r.tenants["b"].errors, 5);
-        assert_eq!(r.tenants["a"].ttft_s.p99, 0.4);
+        // Tenant a's 40: the 40th, 400000 us (steps of 256: 1562 * 256 + 255).
+        assert_eq!(r.tenants["a"].ttft_s.p99, 400_127.0 / 1e6);
         assert_eq!(r.steps[0].stats.requests, 50);
         assert_eq!(r.steps[1].stats.requests, 55);
         assert!((r.steps[1].stats.requests_per_s - 10.0).abs() < 1e-12);
         let text = render(&r);
         assert!(
-            text.contains("| all | 105 | 5 | 0.510 / 0.900 / 0.990 |"),
+            text.contains("| all | 105 | 5 | 0.500 / 0.900 / 0.990 |"),
             "{text}"
         );
         assert!(text.contains("| tenant a | 40 |"));
         assert!(text.contains("| offered 8.0 req/s | 55 |"));
+    }
+
+    #[test]
+    fn quantiles_of_a_known_run() {
+        // 1 .. 100 ms. The 50th is 50000 us, in [2^15, 2^16) where a step is 32 us:
+        // 1562 * 32 + 31 = 50015. The 90th, 90000 us, steps of 64: 1406 * 64 + 63 = 90047.
+        // The 99th, 99000 us: 1546 * 64 + 63 = 99007.
+        let h = histogram((1..=100).map(|ms| f64::from(ms) / 1e3));
+        assert_eq!(quantile(&h, 0.5), 50_015.0 / 1e6);
+        assert_eq!(quantile(&h, 0.9), 90_047.0 / 1e6);
+        assert_eq!(quantile(&h, 0.99), 99_007.0 / 1e6);
+        // One value of 3 ms: 3000 us, steps of 2 in [2048, 4096): 3001.
+        assert_eq!(quantile(&histogram([0.003]), 0.9), 3_001.0 / 1e6);
+        assert!(quantile(&histogram([]), 0.5).is_nan());
     }
 
     #[test]
