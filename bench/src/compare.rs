@@ -6,7 +6,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use clap::{Args, Parser};
 
-use super::{Error, run::report::Quantiles, workload::SharedPrefix};
+use super::{Error, process::fleet_flags, run::report::Quantiles, workload::SharedPrefix};
 use warmpath_agent::routing::Policy;
 
 /// Options of `warmpath bench compare`.
@@ -253,27 +253,23 @@ async fn run_target(
     target: Target,
     plan: Arc<Vec<super::workload::Planned>>,
 ) -> Result<Row, Error> {
-    let sim_flags = [
-        "sim",
-        "--port",
-        "0",
-        "--replicas",
-        &args.replicas.to_string(),
-        "--profile",
-        &args.profile,
-        "--time-scale",
-        &args.time_scale.to_string(),
-        "--num-gpu-blocks",
-        &args.num_gpu_blocks.to_string(),
-        "--max-model-len",
-        &(args.num_gpu_blocks * 16).min(32_768).to_string(),
-        "--seed",
-        &args.seed.to_string(),
-        "--kv-events-port",
-        "0",
-        "--kv-replay-port",
-        "0",
-    ];
+    let mut sim_flags = vec!["sim".to_string()];
+    sim_flags.extend(fleet_flags(args.replicas, &args.profile, args.time_scale));
+    sim_flags.extend(
+        [
+            "--num-gpu-blocks",
+            &args.num_gpu_blocks.to_string(),
+            "--max-model-len",
+            &(args.num_gpu_blocks * 16).min(32_768).to_string(),
+            "--seed",
+            &args.seed.to_string(),
+            "--kv-events-port",
+            "0",
+            "--kv-replay-port",
+            "0",
+        ]
+        .map(String::from),
+    );
     let sim = SimWrap::try_parse_from(sim_flags)
         .map_err(|e| Error::Setup(e.to_string()))?
         .sim;

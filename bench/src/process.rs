@@ -61,6 +61,24 @@ pub async fn spawn_self(args: &[String], worker_threads: usize) -> Result<(Child
     Ok((Child(child), pid))
 }
 
+/// The flags every benchmark's simulator fleet starts with: `replicas` engines on free ports,
+/// timed by `profile` at `time_scale`.
+pub fn fleet_flags(replicas: u16, profile: &str, time_scale: f64) -> Vec<String> {
+    let (replicas, time_scale) = (replicas.to_string(), time_scale.to_string());
+    [
+        "--port",
+        "0",
+        "--replicas",
+        &replicas,
+        "--profile",
+        profile,
+        "--time-scale",
+        &time_scale,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// Starts `warmpath sim <flags>` and waits for its ready line; returns the process, its pid
 /// and the HTTP addresses of its engines.
 pub async fn spawn_sim(

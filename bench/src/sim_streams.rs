@@ -17,7 +17,10 @@ use futures::StreamExt;
 
 use warmpath_agent::http::sse::{self, Piece, Splitter};
 
-use super::{Error, MAX_SSE_EVENT, proc_stat, process::spawn_sim};
+use super::{
+    Error, MAX_SSE_EVENT, proc_stat,
+    process::{fleet_flags, spawn_sim},
+};
 
 /// Options of `warmpath bench sim-streams`.
 #[derive(Debug, Clone, Args)]
@@ -58,23 +61,18 @@ struct Tally {
 
 pub async fn run(args: SimStreamsArgs) -> Result<(), Error> {
     let per_engine = args.streams.div_ceil(usize::from(args.replicas.max(1)));
-    let flags = [
-        "--port",
-        "0",
-        "--replicas",
-        &args.replicas.to_string(),
-        "--profile",
-        &args.profile,
-        "--time-scale",
-        &args.time_scale.to_string(),
-        "--max-num-seqs",
-        &per_engine.max(1).to_string(),
-        "--num-gpu-blocks",
-        "16384",
-        "--max-num-batched-tokens",
-        "16384",
-    ]
-    .map(String::from);
+    let mut flags = fleet_flags(args.replicas, &args.profile, args.time_scale);
+    flags.extend(
+        [
+            "--max-num-seqs",
+            &per_engine.max(1).to_string(),
+            "--num-gpu-blocks",
+            "16384",
+            "--max-num-batched-tokens",
+            "16384",
+        ]
+        .map(String::from),
+    );
     let (_sim, pid, engines) = spawn_sim(&flags, args.sim_worker_threads).await?;
     let urls: Vec<String> = engines
         .iter()
