@@ -17,6 +17,6 @@ pub fn set_worker(i: usize) {
 }
 
 /// This thread's shard: 0 for any thread but the workers', 1 + i for worker i.
-pub(crate) fn shard() -> usize {
+pub(super) fn shard() -> usize {
     WORKER.get().map_or(0, |i| i + 1)
 }

@@ -72,7 +72,7 @@ impl H1Error {
 
 /// One connection and what has been read from it but not consumed yet.
 #[derive(Debug)]
-pub(crate) struct Conn {
+pub(super) struct Conn {
     io: TcpStream,
     buf: BytesMut,
     /// The next request's bytes (kept, emptied, between requests: no allocation per request).
@@ -87,7 +87,7 @@ struct Idle {
 }
 
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(super) struct Shared {
     /// Idle connections by the worker they are registered with: shard 0 for any runtime
     /// but the data-path workers', shard 1 + i for worker i (see [`super::worker`]). A
     /// connection is only used on the runtime whose poller it is registered with.
