@@ -398,6 +398,9 @@ impl<'ast> Visit<'ast> for Paths<'_> {
         }
     }
 
+    /// `pub(crate)` and `pub(in path)` say who may see an item, not what it uses.
+    fn visit_visibility(&mut self, _: &'ast syn::Visibility) {}
+
     fn visit_path(&mut self, p: &'ast syn::Path) {
         let segments: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
         let line = p
@@ -522,5 +525,29 @@ mod tests {
                 ("a".to_string(), "f.rs:5".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn visibility_is_not_a_use_but_a_path_in_a_body_is() {
+        let modules: BTreeSet<ModPath> =
+            [vec![], vec!["http".to_string()], vec!["proxy".to_string()]]
+                .into_iter()
+                .collect();
+        let file: syn::File = syn::parse_str(
+            "pub(crate) fn f() { crate::proxy::g() }\n#[cfg(test)]\nmod tests { fn t() { crate::proxy::h() } }",
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        let mut p = Paths {
+            modules: &modules,
+            stack: vec![vec!["http".into()]],
+            file: "f.rs",
+            out: &mut out,
+        };
+        for item in &file.items {
+            p.visit_item(item);
+        }
+        let got: Vec<_> = out.iter().map(|r| display(&r.to)).collect();
+        assert_eq!(got, ["proxy"]);
     }
 }
