@@ -7,8 +7,7 @@ use std::{net::SocketAddrV4, path::PathBuf};
 use clap::{Args, Parser};
 
 use crate::config::{
-    Config, ConfigError, EndpointConfig, FLAGS, PoolConfig, TokenSourceConfig, TokensFlag,
-    authority_of,
+    Config, ConfigError, EndpointConfig, FLAGS, PoolConfig, TokenSourceConfig, authority_of,
 };
 
 /// Options of `warmpath agent`.
@@ -109,6 +108,17 @@ pub struct AgentArgs {
 
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+}
+
+/// `--tokens`: the token source of the flag-configured pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokensFlag {
+    /// The in-process tokenizer (`--tokenizer DIR`, else the built-in one).
+    Local,
+    /// The engine's `POST /tokenize`.
+    Engine,
+    /// Character chunks (with `--policy approximate`).
+    Approximate,
 }
 
 /// Tenant identity and telemetry export (docs/telemetry.md).

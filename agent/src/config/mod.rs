@@ -209,16 +209,5 @@ impl Config {
     }
 }
 
-/// `--tokens`: the token source of the flag-configured pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum TokensFlag {
-    /// The in-process tokenizer (`--tokenizer DIR`, else the built-in one).
-    Local,
-    /// The engine's `POST /tokenize`.
-    Engine,
-    /// Character chunks (with `--policy approximate`).
-    Approximate,
-}
-
 /// What errors in the flags' configuration name as their file.
 pub const FLAGS: &str = "command line";
