@@ -203,47 +203,51 @@ impl<'a> Reader<'a> {
     }
 
     pub fn array_len(&mut self) -> Result<usize, Error> {
-        let m = self.peek()?;
-        let n = match m {
-            0x90..=0x9f => {
-                self.pos += 1;
-                u64::from(m & 0x0f)
-            }
-            0xdc => {
-                self.pos += 1;
-                self.be(2)?
-            }
-            0xdd => {
-                self.pos += 1;
-                self.be(4)?
-            }
-            _ => return Err(self.unexpected("an array")),
-        };
+        let n = self.container_len(0x90, 0xdc, "an array")?;
         self.len_checked(n, 1)
     }
 
     pub fn map_len(&mut self) -> Result<usize, Error> {
-        let m = self.peek()?;
-        let n = match m {
-            0x80..=0x8f => {
-                self.pos += 1;
-                u64::from(m & 0x0f)
-            }
-            0xde => {
-                self.pos += 1;
-                self.be(2)?
-            }
-            0xdf => {
-                self.pos += 1;
-                self.be(4)?
-            }
-            _ => return Err(self.unexpected("a map")),
-        };
+        let n = self.container_len(0x80, 0xde, "a map")?;
+        // Each entry is a key and a value.
         self.len_checked(n, 2)
+    }
+
+    /// Consumes an array or map header and returns its length: a fix marker (`fix`, the
+    /// length in its low four bits), or `wide` (16-bit length) or `wide + 1` (32-bit) followed
+    /// by the length; `expected` names the value in the error.
+    #[inline]
+    fn container_len(&mut self, fix: u8, wide: u8, expected: &'static str) -> Result<u64, Error> {
+        let m = self.peek()?;
+        let width = match m {
+            _ if m & 0xf0 == fix => {
+                self.pos += 1;
+                return Ok(u64::from(m & 0x0f));
+            }
+            _ if m == wide => 2,
+            _ if m == wide + 1 => 4,
+            _ => return Err(self.unexpected(expected)),
+        };
+        self.pos += 1;
+        self.be(width)
     }
 
     /// A str, or a bin holding UTF-8.
     pub fn str(&mut self) -> Result<&'a str, Error> {
+        let n = self.str_or_bin_len("a string")?;
+        std::str::from_utf8(self.take(n)?).map_err(|_| Error::Invalid("string is not UTF-8"))
+    }
+
+    /// A bin (or str) as raw bytes.
+    pub fn bytes(&mut self) -> Result<&'a [u8], Error> {
+        let n = self.str_or_bin_len("bytes")?;
+        self.take(n)
+    }
+
+    /// Consumes a str or bin header (either is taken where the other is expected) and
+    /// returns the length that follows it; `expected` names the value in the error.
+    #[inline]
+    fn str_or_bin_len(&mut self, expected: &'static str) -> Result<usize, Error> {
         let m = self.peek()?;
         let n = match m {
             0xa0..=0xbf => {
@@ -262,36 +266,9 @@ impl<'a> Reader<'a> {
                 self.pos += 1;
                 self.be(4)?
             }
-            _ => return Err(self.unexpected("a string")),
+            _ => return Err(self.unexpected(expected)),
         };
-        let n = self.len_checked(n, 1)?;
-        std::str::from_utf8(self.take(n)?).map_err(|_| Error::Invalid("string is not UTF-8"))
-    }
-
-    /// A bin (or str) as raw bytes.
-    pub fn bytes(&mut self) -> Result<&'a [u8], Error> {
-        let m = self.peek()?;
-        let n = match m {
-            0xa0..=0xbf => {
-                self.pos += 1;
-                u64::from(m & 0x1f)
-            }
-            0xc4 | 0xd9 => {
-                self.pos += 1;
-                self.be(1)?
-            }
-            0xc5 | 0xda => {
-                self.pos += 1;
-                self.be(2)?
-            }
-            0xc6 | 0xdb => {
-                self.pos += 1;
-                self.be(4)?
-            }
-            _ => return Err(self.unexpected("bytes")),
-        };
-        let n = self.len_checked(n, 1)?;
-        self.take(n)
+        self.len_checked(n, 1)
     }
 
     /// Whether the next value is a str.
