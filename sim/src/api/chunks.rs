@@ -2,8 +2,22 @@
 
 use serde::Serialize;
 
-use super::{request::Kind, respond::Usage};
+use super::request::Kind;
 use crate::engine::sequence::FinishReason;
+
+/// The token counts of a response (`usage`), as vLLM reports them.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub total_tokens: usize,
+    pub completion_tokens: usize,
+    pub prompt_tokens_details: PromptDetails,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct PromptDetails {
+    pub cached_tokens: usize,
+}
 
 /// One streamed chunk: the envelope both endpoints share, around their one choice. `B` is
 /// the choice's endpoint-specific part (`Text` or `ChatDelta`).

@@ -107,7 +107,7 @@ pub async fn reset_prefix_cache(State(s): State<Arc<ServedModel>>) -> Response {
 
 /// `GET /sim/cache`: every cached block per tier, as the int and the bytes form events carry.
 pub async fn cached_blocks(State(s): State<Arc<ServedModel>>) -> Response {
-    let list = |hashes: &[crate::engine::kv_cache::BlockHash]| -> Vec<serde_json::Value> {
+    let list = |hashes: &[crate::engine::BlockHash]| -> Vec<serde_json::Value> {
         hashes
             .iter()
             .map(|h| json!({"hash_int": crate::events::hash_to_u64(h), "hash_hex": hex::encode(h)}))

@@ -8,29 +8,15 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
-use serde::Serialize;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::{
     ApiError, ServedModel,
     assemble::Assembler,
-    chunks::ChunkHead,
+    chunks::{ChunkHead, PromptDetails, Usage},
     request::{Kind, Prepared},
 };
 use crate::engine::sequence::{FinishReason, Output};
-
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    pub total_tokens: usize,
-    pub completion_tokens: usize,
-    pub prompt_tokens_details: PromptDetails,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
-pub struct PromptDetails {
-    pub cached_tokens: usize,
-}
 
 /// Per-request constants of every chunk.
 #[derive(Debug)]

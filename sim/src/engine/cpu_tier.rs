@@ -8,7 +8,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use super::{free_list::FreeList, kv_cache::BlockHash};
+use super::{BlockHash, free_list::FreeList};
 
 /// What an event needs to describe a block again after it left the GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,12 +15,10 @@ use std::{collections::HashMap, sync::Arc};
 use sha2::{Digest, Sha256};
 
 use super::{
+    BlockHash,
     cpu_tier::{BlockMeta, CpuTier},
     free_list::FreeList,
 };
-
-/// A block's content hash (sha256 digest).
-pub type BlockHash = [u8; 32];
 
 /// What, besides token ids, identifies a block's content.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

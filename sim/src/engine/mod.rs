@@ -9,6 +9,9 @@ pub mod sequence;
 mod task;
 pub mod timing;
 
+/// A block's content hash (sha256 digest), as the KV cache and its CPU tier key blocks.
+pub type BlockHash = [u8; 32];
+
 pub use task::{
     CachedBlocks, EVENT_QUEUE, EngineConfig, EngineDead, EngineHandle, StepEvents, Vocabulary,
 };

@@ -2,7 +2,7 @@
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::kv_cache::{BlockHash, ExtraKeys};
+use super::{BlockHash, kv_cache::ExtraKeys};
 
 /// Why generation stopped (OpenAI `finish_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

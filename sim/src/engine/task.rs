@@ -17,7 +17,8 @@ use tokio::{
 };
 
 use super::{
-    kv_cache::{BlockHash, BlockPool, KvEvent},
+    BlockHash,
+    kv_cache::{BlockPool, KvEvent},
     metrics::EngineStats,
     scheduler::{Limits, Scheduler},
     sequence::{NewRequest, Output, Sequence, token_seed},

@@ -9,7 +9,7 @@
 
 use rmp::encode as mp;
 
-use crate::engine::kv_cache::{BlockHash, KvEvent};
+use crate::engine::{BlockHash, kv_cache::KvEvent};
 
 /// Which wire era to produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
