@@ -199,11 +199,10 @@ impl AgentArgs {
 impl AgentArgs {
     /// The one-pool configuration these flags describe (validated).
     pub fn config(&self) -> Result<Config, ConfigError> {
-        let args = self;
-        let n = args.endpoints.len();
+        let n = self.endpoints.len();
         for (flag, count) in [
-            ("--kv-events", args.kv_events.len()),
-            ("--kv-replay", args.kv_replay.len()),
+            ("--kv-events", self.kv_events.len()),
+            ("--kv-replay", self.kv_replay.len()),
         ] {
             if count != 0 && count != n {
                 return Err(ConfigError::field(
@@ -215,14 +214,14 @@ impl AgentArgs {
                 ));
             }
         }
-        if args.kv_replay.len() > args.kv_events.len() {
+        if self.kv_replay.len() > self.kv_events.len() {
             return Err(ConfigError::field(
                 FLAGS,
                 "--kv-replay",
                 "needs --kv-events",
             ));
         }
-        let endpoints = args
+        let endpoints = self
             .endpoints
             .iter()
             .enumerate()
@@ -237,45 +236,45 @@ impl AgentArgs {
                 Ok(EndpointConfig {
                     metrics_url: format!("http://{authority}/metrics"),
                     authority,
-                    kv_events: args.kv_events.get(i).cloned(),
-                    kv_replay: args.kv_replay.get(i).cloned(),
+                    kv_events: self.kv_events.get(i).cloned(),
+                    kv_replay: self.kv_replay.get(i).cloned(),
                     kv_bind: false,
                     kv_topic: String::new(),
                     dp_rank: None,
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
-        let tokens = match (args.tokens, &args.tokenizer) {
+        let tokens = match (self.tokens, &self.tokenizer) {
             (TokensFlag::Local, Some(dir)) => TokenSourceConfig::HuggingFace(dir.clone()),
             (TokensFlag::Local, None) => TokenSourceConfig::Builtin,
             (TokensFlag::Engine, _) => TokenSourceConfig::Engine,
             (TokensFlag::Approximate, _) => TokenSourceConfig::Approximate,
         };
-        let (tenants, telemetry) = args
+        let (tenants, telemetry) = self
             .telemetry
             .build()
             .map_err(|e| ConfigError::field(FLAGS, "telemetry flags", e.to_string()))?;
         let config = Config {
-            listen: vec![args.listen],
-            workers: args.workers.unwrap_or_else(crate::config::default_workers),
-            admin: args.admin,
+            listen: vec![self.listen],
+            workers: self.workers.unwrap_or_else(crate::config::default_workers),
+            admin: self.admin,
             pools: vec![PoolConfig {
                 name: crate::config::DEFAULT_POOL.into(),
-                model: args.model.clone(),
-                block_size: args.block_size,
+                model: self.model.clone(),
+                block_size: self.block_size,
                 tokens,
-                policy: args.route_policy(),
+                policy: self.route_policy(),
                 session: crate::routing::SessionSource {
-                    header: args.session_header.clone(),
-                    cookie: args.session_cookie.clone(),
+                    header: self.session_header.clone(),
+                    cookie: self.session_cookie.clone(),
                 },
-                upstream: args.upstream_protocol,
+                upstream: self.upstream_protocol,
                 endpoints,
             }],
             max_body: crate::config::DEFAULT_MAX_BODY,
             retries: crate::config::DEFAULT_RETRIES,
-            explain: args.explain,
-            inject_usage: !args.no_inject_usage,
+            explain: self.explain,
+            inject_usage: !self.no_inject_usage,
             tenants,
             telemetry,
         };

@@ -1,10 +1,12 @@
 //! `warmpath bench index`: ingestion rate, lookup latency, bytes per entry and memory under
 //! the cap of the KV index (the numbers in docs/benchmarks.md). Also used by the criterion
-//! bench in `agent/benches/kv_index.rs`.
+//! bench in `bench/benches/kv_index.rs`.
 
 use std::time::{Duration, Instant};
 
 use clap::Args;
+
+use crate::run::report::duration_quantiles;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use warmpath_sim::{
@@ -142,7 +144,7 @@ pub fn lookup_latency(
 ) -> (Duration, Duration) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut out = Vec::new();
-    let mut samples: Vec<Duration> = (0..lookups)
+    let samples: Vec<Duration> = (0..lookups)
         .map(|_| {
             let chain = &chains[rng.random_range(0..chains.len())][..len];
             let t = Instant::now();
@@ -155,11 +157,8 @@ pub fn lookup_latency(
             d
         })
         .collect();
-    samples.sort_unstable();
-    (
-        samples[samples.len() / 2],
-        samples[samples.len() * 99 / 100],
-    )
+    let [p50, p99] = duration_quantiles(samples, [0.5, 0.99]);
+    (p50, p99)
 }
 
 pub fn run(args: IndexBenchArgs) {

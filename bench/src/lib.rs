@@ -32,10 +32,6 @@ pub enum BenchCommand {
     Run(Box<run::RunArgs>),
 }
 
-/// The longest server-sent event a load generator carries across reads; a longer one ends
-/// the stream as an error (engines' chunks are a few hundred bytes).
-const MAX_SSE_EVENT: usize = 1 << 20;
-
 /// Errors that end a benchmark.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

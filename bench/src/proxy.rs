@@ -15,6 +15,7 @@ use std::{
 use super::{
     Error, proc_stat,
     process::{Child, free_port, spawn_self, spawn_sim},
+    run::report::duration_quantiles,
 };
 use clap::Args;
 
@@ -293,9 +294,9 @@ async fn latencies(
     }
     Ok(samples
         .into_iter()
-        .map(|mut s| {
-            s.sort_unstable();
-            (s[s.len() / 2], s[s.len() * 99 / 100])
+        .map(|s| {
+            let [p50, p99] = duration_quantiles(s, [0.5, 0.99]);
+            (p50, p99)
         })
         .collect())
 }
@@ -541,13 +542,10 @@ fn decision(tokens: usize) {
             &rotation,
         ));
     };
-    let quantiles = |mut samples: Vec<Duration>| {
-        samples.drain(..20);
-        samples.sort_unstable();
-        (
-            samples[samples.len() / 2].as_secs_f64() * 1e6,
-            samples[samples.len() * 99 / 100].as_secs_f64() * 1e6,
-        )
+    let quantiles = |samples: Vec<Duration>| {
+        // The first 20 decisions warm caches and are not counted.
+        let [p50, p99] = duration_quantiles(samples.into_iter().skip(20), [0.5, 0.99]);
+        (p50.as_secs_f64() * 1e6, p99.as_secs_f64() * 1e6)
     };
     let chat_body = |system: &str, user: &str| {
         serde_json::json!({"model": "m", "messages": [{"role": "system", "content": system},

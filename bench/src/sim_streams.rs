@@ -18,7 +18,7 @@ use futures::StreamExt;
 use warmpath_agent::http::sse::{self, Piece, Splitter};
 
 use super::{
-    Error, MAX_SSE_EVENT, proc_stat,
+    Error, proc_stat,
     process::{fleet_flags, spawn_sim},
 };
 
@@ -167,7 +167,7 @@ async fn client_loop(
             }
         };
         let mut stream = resp.bytes_stream();
-        let mut split = Splitter::new(MAX_SSE_EVENT);
+        let mut split = Splitter::new(sse::DEFAULT_MAX_EVENT);
         while let Some(Ok(bytes)) = stream.next().await {
             let Piece::Events(done) = split.push(bytes) else {
                 tally.errors.fetch_add(1, Ordering::Relaxed);

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::StreamExt;
-use warmpath_agent::http::sse::{self, Piece, Splitter};
+use warmpath_agent::http::sse::{self, DEFAULT_MAX_EVENT, Piece, Splitter};
 use warmpath_sim::{cli::SimArgs, fleet::RunningEngine};
 
 #[derive(Parser)]
@@ -61,9 +61,6 @@ pub struct Streamed {
     pub finish_reason: Option<String>,
 }
 
-/// The longest SSE event a test stream may carry across reads.
-const MAX_EVENT: usize = 1 << 20;
-
 /// POSTs a streaming completion and reads it to the end.
 pub async fn stream_completion(
     client: &reqwest::Client,
@@ -79,7 +76,7 @@ pub async fn stream_completion(
         .expect("request sent");
     assert_eq!(resp.status(), 200, "stream status");
     let mut stream = resp.bytes_stream();
-    let mut split = Splitter::new(MAX_EVENT);
+    let mut split = Splitter::new(DEFAULT_MAX_EVENT);
     let mut out = Streamed {
         ttft: Duration::ZERO,
         text: String::new(),
@@ -89,7 +86,7 @@ pub async fn stream_completion(
     };
     while let Some(bytes) = stream.next().await {
         let Piece::Events(done) = split.push(bytes.expect("stream bytes")) else {
-            panic!("an SSE event over {MAX_EVENT} bytes");
+            panic!("an SSE event over {DEFAULT_MAX_EVENT} bytes");
         };
         for event in sse::events(&done) {
             let line = std::str::from_utf8(event.body).expect("utf-8").trim();

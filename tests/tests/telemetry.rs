@@ -339,13 +339,7 @@ async fn a_spoofed_tenant_header_does_not_change_attribution() {
         Some("team-a"),
     )
     .await;
-    let prom = reqwest::get(format!("http://{}/metrics", routing.admin))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let ok = |tenant: &str| {
+    let ok = |prom: &str, tenant: &str| {
         prom.lines()
             .find(|l| {
                 l.starts_with("warmpath_requests_total{")
@@ -354,9 +348,16 @@ async fn a_spoofed_tenant_header_does_not_change_attribution() {
             })
             .map(|l| l.rsplit(' ').next().unwrap().to_string())
     };
-    assert_eq!(ok("team-a").as_deref(), Some("1"), "{prom}");
-    assert_eq!(ok("team-b").as_deref(), Some("1"), "{prom}");
-    assert_eq!(ok("default").as_deref(), Some("1"), "{prom}");
+    // A request is recorded when its response body is dropped, just after the client
+    // has read it: wait until each tenant's request is counted somewhere.
+    let tenants = ["team-a", "team-b", "default"];
+    let prom = scrape_until(&routing.admin, "one request per tenant", |p| {
+        tenants.iter().all(|t| ok(p, t).is_some())
+    })
+    .await;
+    for t in tenants {
+        assert_eq!(ok(&prom, t).as_deref(), Some("1"), "{t}: {prom}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -497,18 +498,33 @@ async fn a_collector_that_never_answers_does_not_block_requests() {
             .await
             .unwrap();
         }
-        let prom = reqwest::get(format!("http://{}/metrics", routing.admin))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        assert!(
-            prom.contains("outcome=\"ok\"")
-                && prom
-                    .lines()
-                    .any(|l| l.starts_with("warmpath_requests_total{") && l.ends_with(" 10")),
-            "{protocol}: {prom}"
-        );
+        let counted = |p: &str| {
+            p.lines().any(|l| {
+                l.starts_with("warmpath_requests_total{")
+                    && l.contains("outcome=\"ok\"")
+                    && l.ends_with(" 10")
+            })
+        };
+        // Fails (times out) unless all ten are counted while the collector hangs.
+        scrape_until(
+            &routing.admin,
+            &format!("ten requests counted ({protocol})"),
+            counted,
+        )
+        .await;
     }
+}
+
+/// The admin port's Prometheus text once `done` holds for it (or a panic after [`WAIT`]).
+async fn scrape_until(
+    admin: &std::net::SocketAddr,
+    what: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let url = format!("http://{admin}/metrics");
+    wait_for(what, WAIT, || async {
+        let prom = reqwest::get(&url).await.ok()?.text().await.ok()?;
+        done(&prom).then_some(prom)
+    })
+    .await
 }

@@ -11,7 +11,8 @@
 //! - each entry of [`SEALED`] imports nothing of its crate outside itself (the HTTP/1.1 layer
 //!   knows nothing of the proxy that uses it).
 //!
-//! Items under `#[cfg(test)]` and files named `tests.rs` are skipped: tests may reach across.
+//! Items and modules under `#[cfg(test)]` (so the `tests.rs` files they declare) are skipped:
+//! tests may reach across.
 
 use std::{
     collections::{BTreeMap, BTreeSet},

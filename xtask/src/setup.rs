@@ -12,7 +12,7 @@ const LLVM_PACKAGES: [&str; 2] = ["llvm-22-dev", "libclang-22-dev"];
 /// Python packages the end-to-end suites use as real third-party clients.
 const PYTHON_REQUIREMENTS: &str = "tests/python/requirements.txt";
 
-/// The font benchmark charts are drawn with (agent/src/bench/chart.rs looks here first).
+/// The font benchmark charts are drawn with (bench/src/chart.rs looks here first).
 const CHART_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
 /// Everything the test and demo commands need.

@@ -25,6 +25,10 @@
 
 use bytes::{Bytes, BytesMut};
 
+/// The longest incomplete event a reader should carry over by default: vLLM's largest
+/// chunks (a final usage event, a long logprobs list) are far below it.
+pub const DEFAULT_MAX_EVENT: usize = 1024 * 1024;
+
 /// One event of a buffer: its lines, and the blank line that ended it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event<'a> {

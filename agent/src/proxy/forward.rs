@@ -14,8 +14,8 @@ use super::{
     candidates::candidates,
     pools::PoolRuntime,
     record::Attempt,
-    tap::{JsonTap, SseTap},
-    tracked::{Observer, Tap, Tracked},
+    tap::Tap,
+    tracked::{Observer, Tracked},
     upstream::UpstreamResponse,
 };
 use crate::{
@@ -26,7 +26,6 @@ use crate::{
 };
 
 /// Ranks, then tries endpoints best first until one answers.
-#[allow(clippy::too_many_arguments)]
 pub async fn forward(
     proxy: &Proxy,
     runtime: &PoolRuntime,
@@ -34,7 +33,6 @@ pub async fn forward(
     parts: &RequestHead,
     body: Bytes,
     attempt: &mut Attempt,
-    body_done: Instant,
     strip_usage: bool,
 ) -> Result<Answer, ProxyError> {
     let pool = &runtime.pool;
@@ -68,7 +66,8 @@ pub async fn forward(
         tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), first_key = ctx.keys.first().map_or(0, |k| k.0), "routing decision");
         let guard = endpoint.start(uncached);
         if n == 0 {
-            attempt.queue = Some(now.saturating_duration_since(body_done));
+            // The attempt starts when the body has been read.
+            attempt.queue = Some(now.saturating_duration_since(attempt.start));
         }
         let sent = proxy
             .upstreams
@@ -144,19 +143,7 @@ fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<
         );
         set("x-warmpath-score", format!("{:.3}", a.decision.score));
     }
-    let sse = resp
-        .headers
-        .get("content-type")
-        .is_some_and(|v| v.starts_with(b"text/event-stream"));
-    // (A rewritten stream's length is no longer the engine's: the body's size hint says so,
-    // and the engine's content-length is never forwarded.)
-    let tap = if sse {
-        Tap::Sse(SseTap::new(a.strip_usage))
-    } else if resp.status.is_success() {
-        Tap::Json(JsonTap::default())
-    } else {
-        Tap::None
-    };
+    let tap = Tap::for_response(resp.status, &resp.headers, a.strip_usage);
     let observer = Observer {
         telemetry: proxy.telemetry.clone(),
         // The request's pool is known by now (set when its model was read).

@@ -128,8 +128,6 @@ async fn route(
     body: Bytes,
     attempt: &mut Attempt,
 ) -> Result<Answer, ProxyError> {
-    // The body was read before the request was handed over.
-    let body_done = attempt.start;
     let mut strip_usage = false;
     let (pool, ctx, body) = match kind {
         Some(kind) => {
@@ -178,15 +176,5 @@ async fn route(
             (pool, ctx, body)
         }
     };
-    forward(
-        proxy,
-        pool,
-        &ctx,
-        parts,
-        body,
-        attempt,
-        body_done,
-        strip_usage,
-    )
-    .await
+    forward(proxy, pool, &ctx, parts, body, attempt, strip_usage).await
 }

@@ -16,7 +16,7 @@ use hyper::body::Frame;
 
 use super::{
     record::{Attempt, Ending},
-    tap::{JsonTap, SseTap},
+    tap::Tap,
     upstream::UpstreamBody,
 };
 use crate::{
@@ -34,14 +34,6 @@ pub struct Observer {
     pub pod: (u16, Arc<str>),
     pub status: http::StatusCode,
     pub tap: Tap,
-}
-
-/// How the body is read for usage.
-#[derive(Debug)]
-pub enum Tap {
-    Sse(SseTap),
-    Json(JsonTap),
-    None,
 }
 
 /// An upstream response body that releases the request's prefill accounting at the first
@@ -72,27 +64,6 @@ impl Tracked {
         }
         .boxed_unsync()
     }
-
-    /// Passes a data frame through the tap; may hold bytes back (an incomplete SSE event).
-    fn tap(&mut self, data: Bytes, last: bool) -> Bytes {
-        match &mut self.observer.tap {
-            Tap::Sse(sse) => {
-                let out = sse.frame(data);
-                if last {
-                    let rest = sse.finish();
-                    if !rest.is_empty() {
-                        return [out, rest].concat().into();
-                    }
-                }
-                out
-            }
-            Tap::Json(json) => {
-                json.observe(&data);
-                data
-            }
-            Tap::None => data,
-        }
-    }
 }
 
 impl hyper::body::Body for Tracked {
@@ -121,7 +92,7 @@ impl hyper::body::Body for Tracked {
                                 this.ended = last.then_some(now);
                                 this.guard.first_byte();
                             }
-                            let out = this.tap(data, last);
+                            let out = this.observer.tap.frame(data, last);
                             this.done = last;
                             if out.is_empty() && !last {
                                 continue;
@@ -137,22 +108,20 @@ impl hyper::body::Body for Tracked {
                     tracing::warn!(pod = %this.observer.pod.1, %err, "upstream failed mid-response");
                     // A stream ends the way vLLM ends a failed stream; other bodies can only
                     // be cut short.
-                    if let Tap::Sse(sse) = &mut this.observer.tap {
-                        this.done = true;
-                        let end = sse.fail(&format!(
+                    if let Some(end) = this.observer.tap.fail(|| {
+                        format!(
                             "The engine at {} failed mid-stream: {err}",
                             this.observer.pod.1
-                        ));
+                        )
+                    }) {
+                        this.done = true;
                         return Poll::Ready(Some(Ok(Frame::data(end))));
                     }
                     return Poll::Ready(Some(Err(err)));
                 }
                 None => {
                     this.done = true;
-                    let rest = match &mut this.observer.tap {
-                        Tap::Sse(sse) => sse.finish(),
-                        _ => Bytes::new(),
-                    };
+                    let rest = this.observer.tap.finish();
                     if !rest.is_empty() {
                         return Poll::Ready(Some(Ok(Frame::data(rest))));
                     }
@@ -167,10 +136,9 @@ impl hyper::body::Body for Tracked {
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        match self.observer.tap {
-            // Rewritten streams change length.
-            Tap::Sse(_) => hyper::body::SizeHint::default(),
-            _ => self.inner.size_hint(),
+        match self.observer.tap.rewrites() {
+            true => hyper::body::SizeHint::default(),
+            false => self.inner.size_hint(),
         }
     }
 }
@@ -178,11 +146,7 @@ impl hyper::body::Body for Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         let o = &self.observer;
-        let (usage, error_event, streamed) = match &o.tap {
-            Tap::Sse(sse) => (sse.usage, sse.error_event, true),
-            Tap::Json(json) => (json.usage(), false, false),
-            Tap::None => (None, false, false),
-        };
+        let (usage, error_event, streamed) = o.tap.readings();
         let outcome = if self.failed || error_event {
             Outcome::UpstreamError
         } else if !self.done && !hyper::body::Body::is_end_stream(&self.inner) {

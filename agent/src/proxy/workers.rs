@@ -1,6 +1,6 @@
 //! The data path's threads. Each runs a current-thread tokio runtime and serves the client
 //! connections handed to it, whole: the request, the engine exchange (on the worker's own
-//! idle engine connections, see [`super::h1::client`]) and the streamed answer. The model is
+//! idle engine connections, see [`crate::http::client`]) and the streamed answer. The model is
 //! nginx's worker processes, as threads: no work stealing, no cross-thread wake-ups within
 //! a request, and none of the multi-threaded scheduler's bookkeeping per poll. Routing state
 //! (index, load, telemetry) is shared by all of them.

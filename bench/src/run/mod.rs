@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use warmpath_agent::http::sse::{self, Piece, Splitter};
 
-use super::{Error, MAX_SSE_EVENT};
+use super::Error;
 
 /// Options of `warmpath bench run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -477,7 +477,7 @@ impl Completion<'_> {
         body["stream"] = true.into();
         body["stream_options"] = serde_json::json!({"include_usage": true});
         let mut stream = self.post(body).await?.bytes_stream();
-        let mut split = Splitter::new(MAX_SSE_EVENT);
+        let mut split = Splitter::new(sse::DEFAULT_MAX_EVENT);
         let mut s = failed();
         let mut answer = String::new();
         let mut last: Option<std::time::Instant> = None;

@@ -2,7 +2,7 @@
 //! end), rates, prefix-cache hit ratio and errors — overall, per tenant and per ladder step.
 //! Pure functions of the samples, so a known synthetic run has known numbers.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -72,6 +72,24 @@ pub fn quantile(h: &Histogram<u64>, q: f64) -> f64 {
         return f64::NAN;
     }
     h.value_at_quantile(q) as f64 / 1e6
+}
+
+/// The quantiles `qs` of short durations (the proxy's added latency, a routing decision, an
+/// index lookup: microseconds), by the same rank rule as [`quantile`], counted in nanoseconds
+/// at the same significant figures. Zero without data.
+pub fn duration_quantiles<const N: usize>(
+    samples: impl IntoIterator<Item = Duration>,
+    qs: [f64; N],
+) -> [Duration; N] {
+    let mut h = Histogram::<u64>::new_with_max(MAX_MICROS * 1000, SIGNIFICANT_FIGURES)
+        .expect("an hour in nanoseconds at 3 significant figures is a valid histogram");
+    for d in samples {
+        h.saturating_record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    }
+    qs.map(|q| match h.is_empty() {
+        true => Duration::ZERO,
+        false => Duration::from_nanos(h.value_at_quantile(q)),
+    })
 }
 
 /// The figures of a set of requests over a window.

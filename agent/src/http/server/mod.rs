@@ -13,8 +13,8 @@
 //! `transfer-encoding` (request smuggling) or a coding other than chunked is 400, a body over
 //! the handler's limit is 413 (read no further; the connection closes), a head not complete
 //! within [`Handler::read_timeout`] of its first byte, or a body stalled that long, is 408.
-//! Every refusal is answered with the handler's body for it ([`Handler::refusal_body`]). `Expect: 100-continue` is answered before the body is
-//! read. Pipelined requests are answered in order.
+//! Every refusal is answered with the handler's body for it ([`Handler::refusal_body`]).
+//! `Expect: 100-continue` is answered before the body is read. Pipelined requests are answered in order.
 
 use std::{future::Future, io, net::IpAddr, task::Poll};
 

@@ -139,9 +139,6 @@ pub(super) async fn write_response(
             if delimit == Delimit::Chunked {
                 out.extend_from_slice(b"0\r\n\r\n");
             }
-            // The body's own end (the proxy records the request when its body is dropped)
-            // happens before the client can see the response end, not after.
-            drop(body);
             w.write_all(out).await?;
             return Ok(keep);
         }

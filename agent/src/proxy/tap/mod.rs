@@ -17,16 +17,97 @@ use bytes::{Bytes, BytesMut};
 use memchr::memmem;
 
 use crate::{
-    http::sse::{self, Piece, Splitter},
+    http::{
+        Headers,
+        sse::{self, DEFAULT_MAX_EVENT, Piece, Splitter},
+    },
     telemetry::TokenUsage,
 };
 use usage::last_usage;
 
+/// How one response body is observed: an SSE stream event by event, a successful JSON body
+/// for its usage, anything else not at all.
+#[derive(Debug)]
+pub enum Tap {
+    Sse(SseTap),
+    Json(JsonTap),
+    None,
+}
+
+// === impl Tap ===
+
+impl Tap {
+    /// The tap for an engine's response. (A rewritten stream's length is no longer the
+    /// engine's: see [`Tap::rewrites`]; the engine's content-length is never forwarded.)
+    pub fn for_response(status: http::StatusCode, headers: &Headers, strip_usage: bool) -> Self {
+        let sse = headers
+            .get("content-type")
+            .is_some_and(|v| v.starts_with(b"text/event-stream"));
+        if sse {
+            Tap::Sse(SseTap::new(strip_usage))
+        } else if status.is_success() {
+            Tap::Json(JsonTap::default())
+        } else {
+            Tap::None
+        }
+    }
+
+    /// Passes a data frame through; may hold bytes back (an incomplete SSE event) until the
+    /// `last` frame.
+    pub fn frame(&mut self, data: Bytes, last: bool) -> Bytes {
+        match self {
+            Tap::Sse(sse) => {
+                let out = sse.frame(data);
+                if last {
+                    let rest = sse.finish();
+                    if !rest.is_empty() {
+                        return [out, rest].concat().into();
+                    }
+                }
+                out
+            }
+            Tap::Json(json) => {
+                json.observe(&data);
+                data
+            }
+            Tap::None => data,
+        }
+    }
+
+    /// At the end of the body: what was held back.
+    pub fn finish(&mut self) -> Bytes {
+        match self {
+            Tap::Sse(sse) => sse.finish(),
+            _ => Bytes::new(),
+        }
+    }
+
+    /// The engine failed mid-body: a stream's last words (an error event, the way vLLM ends
+    /// a failed stream), or `None` when the body can only be cut short.
+    pub fn fail(&mut self, message: impl FnOnce() -> String) -> Option<Bytes> {
+        match self {
+            Tap::Sse(sse) => Some(sse.fail(&message())),
+            _ => None,
+        }
+    }
+
+    /// Whether the body the client gets may differ in length from the engine's.
+    pub fn rewrites(&self) -> bool {
+        matches!(self, Tap::Sse(_))
+    }
+
+    /// What the body said: its usage, whether an error event ended it, whether it streamed.
+    pub fn readings(&self) -> (Option<TokenUsage>, bool, bool) {
+        match self {
+            Tap::Sse(sse) => (sse.usage, sse.error_event, true),
+            Tap::Json(json) => (json.usage(), false, false),
+            Tap::None => (None, false, false),
+        }
+    }
+}
+
 /// Bytes of a non-streaming body kept to find `usage` in.
 const JSON_TAIL: usize = 16 * 1024;
-/// An SSE event longer than this is passed through unparsed (never buffered without bound).
-const MAX_EVENT: usize = 1024 * 1024;
-
 /// A substring searcher built once (its setup costs more than searching one small body).
 type Searcher<F> = std::sync::LazyLock<F>;
 
@@ -86,7 +167,7 @@ impl SseTap {
     pub fn new(strip_usage: bool) -> Self {
         Self {
             strip_usage,
-            split: Splitter::new(MAX_EVENT),
+            split: Splitter::new(DEFAULT_MAX_EVENT),
             usage: None,
             error_event: false,
             open_event: false,
@@ -120,7 +201,9 @@ impl SseTap {
             Piece::Events(complete) => complete,
             Piece::Raw(raw) => {
                 if !gave_up {
-                    tracing::debug!("SSE event over {MAX_EVENT} bytes: passing the stream through");
+                    tracing::debug!(
+                        "SSE event over {DEFAULT_MAX_EVENT} bytes: passing the stream through"
+                    );
                 }
                 return raw;
             }

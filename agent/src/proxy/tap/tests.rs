@@ -43,6 +43,19 @@ fn injected_usage_is_read_then_removed_at_any_frame_split() {
 }
 
 #[test]
+fn crlf_streams_are_stripped_event_by_event_keeping_their_line_ends() {
+    // The same stream as a server ending events with CRLF would send it.
+    let crlf = stream().replace("\n\n", "\r\n\r\n");
+    let expect = "data: {\"id\":\"c\",\"choices\":[{\"text\":\"a\"}]}\r\n\r\n\
+                  data: {\"id\":\"c\",\"choices\":[{\"text\":\"b\"}]}\r\n\r\ndata: [DONE]\r\n\r\n";
+    for split in [1, 2, 3, 7, 64, 1000] {
+        let mut tap = SseTap::new(true);
+        assert_eq!(run(&mut tap, &crlf, split), expect, "split {split}");
+        assert_eq!(tap.usage.map(|u| (u.prompt, u.completion)), Some((7, 3)));
+    }
+}
+
+#[test]
 fn requested_usage_passes_through_unchanged() {
     for split in [1, 5, 1000] {
         let mut tap = SseTap::new(false);
@@ -73,14 +86,14 @@ fn a_failed_upstream_ends_the_stream_with_an_error_event() {
     assert!(tap.error_event);
     // After an oversized event went through unparsed, the client holds an open event.
     let mut open = SseTap::new(true);
-    let _ = open.frame(Bytes::from(vec![b'x'; MAX_EVENT + 1]));
+    let _ = open.frame(Bytes::from(vec![b'x'; DEFAULT_MAX_EVENT + 1]));
     assert!(open.fail("x").starts_with(b"\n\ndata: {\"error\""));
 }
 
 #[test]
 fn oversized_event_is_passed_through_not_buffered() {
     let mut tap = SseTap::new(true);
-    let big = vec![b'x'; MAX_EVENT + 10];
+    let big = vec![b'x'; DEFAULT_MAX_EVENT + 10];
     let mut out = tap.frame(Bytes::from(big.clone())).to_vec();
     out.extend_from_slice(&tap.frame(Bytes::from_static(b"\n\n")));
     assert_eq!(out.len(), big.len() + 2);
