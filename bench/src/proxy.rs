@@ -14,7 +14,7 @@ use std::{
 
 use super::{
     Error, proc_stat,
-    process::{Child, free_port, spawn_self, spawn_sim},
+    process::{Child, fleet_flags, free_port, spawn_self, spawn_sim},
     run::report::duration_quantiles,
 };
 use clap::Args;
@@ -103,17 +103,8 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
         .build()
         .map_err(|e| Error::Setup(e.to_string()))?;
     // The simulator answers as fast as it computes: modelled time is scaled to ~nothing.
-    let flags = [
-        "--port",
-        "0",
-        "--profile",
-        "tiny",
-        "--time-scale",
-        "0.00001",
-        "--max-num-seqs",
-        "1024",
-    ]
-    .map(String::from);
+    let mut flags = fleet_flags(1, "tiny", 0.00001);
+    flags.extend(["--max-num-seqs", "1024"].map(String::from));
     let (_sim, sim_pid, engines) = spawn_sim(&flags, 1).await?;
     let sim_addr = engines[0].clone();
     let (_agent, agent_pid, listen) = start_agent(&client, &sim_addr, &[]).await?;
