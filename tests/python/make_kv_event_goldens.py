@@ -5,6 +5,9 @@ definitions (vllm_events.py mirrors vllm/distributed/kv_events.py; the v0.9 stru
 The values here are the tests' expected values: agent/src/kv_index/wire/tests.rs restates
 them as literals. Change one side, change the other.
 
+The sim_* goldens hold only what the simulator can emit (sim_events below), so the simulator's
+own encoder is pinned byte for byte to them: sim/src/events/golden.rs restates those inputs.
+
     python3 tests/python/make_kv_event_goldens.py
 """
 
@@ -79,6 +82,48 @@ def events(era, h):
     ]
 
 
+def sim_events(era, h):
+    """What the simulator emits, and nothing it cannot: every BlockStored is group 0 of kind
+    full_attention with no sliding window and an extra_keys entry per block (a tuple of
+    strings, the LoRA name then the cache salt on the first block, or None); every
+    BlockRemoved has group_idx 0; hashes are 32-byte digests (or their low 64 bits)."""
+    stored, removed, cleared = {
+        "array": (v.ArrayBlockStored, v.ArrayBlockRemoved, v.ArrayAllBlocksCleared),
+        "map": (v.MapBlockStored, v.MapBlockRemoved, v.MapAllBlocksCleared),
+    }[era]
+    full = dict(group_idx=0, kv_cache_spec_kind="full_attention")
+    return [
+        # A salted root run of two blocks on GPU, no LoRA: the salt only on the first block.
+        stored(
+            block_hashes=[h(0), h(1)],
+            parent_block_hash=None,
+            token_ids=[101, 102, 103, 104, 105, 106, 107, 108],
+            block_size=4,
+            lora_id=None,
+            medium="GPU",
+            lora_name=None,
+            extra_keys=[("tenant-a",), None],
+            **full,
+        ),
+        # A child block under LoRA adapter 2 (the second the engine knows), offloaded to CPU;
+        # a token id above u16.
+        stored(
+            block_hashes=[h(2)],
+            parent_block_hash=h(1),
+            token_ids=[109, 110, 111, 128000],
+            block_size=4,
+            lora_id=2,
+            medium="CPU",
+            lora_name="sql-adapter",
+            extra_keys=[("sql-adapter",)],
+            **full,
+        ),
+        removed(block_hashes=[h(1), h(0)], medium="GPU", group_idx=0),
+        removed(block_hashes=[h(2)], medium="CPU", group_idx=0),
+        cleared(),
+    ]
+
+
 INT_HASHES = [BIG, 7, MAX, 99]
 # sha256-sized digests with recognizable last eight bytes, and one 8-byte (xxhash64) digest.
 BYTES_HASHES = [
@@ -118,6 +163,10 @@ def goldens():
     yield "map_int", v.MapBatch(ts=TS, events=events("map", ints), data_parallel_rank=0)
     yield "array_bytes", v.ArrayBatch(ts=TS, events=events("array", raw))
     yield "map_bytes", v.MapBatch(ts=TS, events=events("map", raw))
+    yield "sim_array_int", v.ArrayBatch(ts=TS, events=sim_events("array", ints), data_parallel_rank=2)
+    yield "sim_map_int", v.MapBatch(ts=TS, events=sim_events("map", ints), data_parallel_rank=0)
+    yield "sim_array_bytes", v.ArrayBatch(ts=TS, events=sim_events("array", raw))
+    yield "sim_map_bytes", v.MapBatch(ts=TS, events=sim_events("map", raw))
     yield "v09_array", V09Batch(
         ts=2.5,
         events=[
@@ -136,7 +185,8 @@ def main():
         payload = msgspec.msgpack.encode(batch)
         # Round trip through vLLM's own decoders: the golden is something vLLM accepts.
         if name != "v09_array":
-            assert v.DECODERS[name.split("_")[0]].decode(payload) == batch, name
+            era = name.removeprefix("sim_").split("_")[0]
+            assert v.DECODERS[era].decode(payload) == batch, name
         with open(os.path.join(OUT, name + ".msgpack"), "wb") as f:
             f.write(payload)
         print(f"{name}.msgpack: {len(payload)} bytes")

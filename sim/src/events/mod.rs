@@ -2,6 +2,8 @@
 //! frames, a ROUTER replay endpoint, and vLLM's `--kv-events-config` JSON.
 
 mod encode;
+#[cfg(test)]
+mod golden;
 mod publisher;
 
 use serde::Deserialize;
