@@ -186,7 +186,9 @@ async fn a_non_streaming_run_counts_whole_answers() {
     assert_eq!(overall["errors"], 0, "{overall}");
     // After the step that yields the first token, each further token takes one decode step
     // of at least the profile's one-sequence decode time; wall time is modelled time times
-    // the scale, less the under-a-millisecond sleeps the engine batches.
+    // the scale, less the under-a-millisecond sleeps the engine batches. Half of that is the
+    // floor: the engine's clock is absolute while it is busy, so time a stalled (loaded)
+    // machine took from one request is made up in the steps of the next.
     let decode_step = Profile::by_name(PROFILE)
         .unwrap()
         .step_time(&StepWork {
@@ -194,7 +196,7 @@ async fn a_non_streaming_run_counts_whole_answers() {
             ..Default::default()
         })
         .as_secs_f64();
-    let floor = (OUTPUT_TOKENS - 1) as f64 * decode_step * TIME_SCALE - 0.001;
+    let floor = 0.5 * ((OUTPUT_TOKENS - 1) as f64 * decode_step * TIME_SCALE - 0.001);
     for s in v["samples"].as_array().unwrap() {
         assert_eq!(s["output_tokens"], OUTPUT_TOKENS, "{s}");
         assert!(s["prompt_tokens"].as_u64().unwrap() >= 64, "{s}");
