@@ -27,12 +27,17 @@ BIG = 15760518052499183552  # above i64::MAX: msgpack uint64 (from a live v0.26 
 MAX = 2**64 - 1
 
 
-def events(era, h):
-    """The events of the int and bytes goldens; `h(i)` is block hash number i in that form."""
-    stored, removed, cleared = {
+def kinds(era):
+    """vLLM's three event structs of a wire era: stored, removed, all cleared."""
+    return {
         "array": (v.ArrayBlockStored, v.ArrayBlockRemoved, v.ArrayAllBlocksCleared),
         "map": (v.MapBlockStored, v.MapBlockRemoved, v.MapAllBlocksCleared),
     }[era]
+
+
+def events(era, h):
+    """The events of the int and bytes goldens; `h(i)` is block hash number i in that form."""
+    stored, removed, cleared = kinds(era)
     return [
         # A root run of two blocks on GPU, no LoRA.
         stored(
@@ -87,10 +92,7 @@ def sim_events(era, h):
     full_attention with no sliding window and an extra_keys entry per block (a tuple of
     strings, the LoRA name then the cache salt on the first block, or None); every
     BlockRemoved has group_idx 0; hashes are 32-byte digests (or their low 64 bits)."""
-    stored, removed, cleared = {
-        "array": (v.ArrayBlockStored, v.ArrayBlockRemoved, v.ArrayAllBlocksCleared),
-        "map": (v.MapBlockStored, v.MapBlockRemoved, v.MapAllBlocksCleared),
-    }[era]
+    stored, removed, cleared = kinds(era)
     full = dict(group_idx=0, kv_cache_spec_kind="full_attention")
     return [
         # A salted root run of two blocks on GPU, no LoRA: the salt only on the first block.
