@@ -591,13 +591,13 @@ async fn the_http1_server_answers_odd_and_malformed_requests_clearly() {
     // Malformed heads: 400 with an OpenAI error body, then the connection closes.
     for wire in [
         "GARBAGE\r\n\r\n".to_string(),
-        "POST /v1/completions HTTP/1.1\r\ncontent-length: x\r\n\r\n".to_string(),
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: x\r\n\r\n".to_string(),
         format!(
-            "POST /v1/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: {}\r\n\r\n{body}",
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         ),
-        "POST /v1/completions HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n".to_string(),
-        "POST /v1/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n".to_string(),
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\n".to_string(),
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n".to_string(),
     ] {
         let got = raw(&addr, wire.as_bytes(), None).await;
         assert!(got.starts_with("HTTP/1.1 400 "), "{wire:?} -> {got}");
@@ -611,7 +611,7 @@ async fn the_http1_server_answers_odd_and_malformed_requests_clearly() {
     // A declared body over the limit is refused before it is read.
     let got = raw(
         &addr,
-        b"POST /v1/completions HTTP/1.1\r\ncontent-length: 999999999\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 999999999\r\n\r\n",
         None,
     )
     .await;
@@ -662,7 +662,7 @@ async fn the_http1_server_answers_odd_and_malformed_requests_clearly() {
     // HEAD passes through without a body.
     let got = raw(
         &addr,
-        b"HEAD /health HTTP/1.1\r\nconnection: close\r\n\r\n",
+        b"HEAD /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
         None,
     )
     .await;

@@ -124,6 +124,33 @@ pub fn lists(value: &[u8], token: &[u8]) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
+/// The fields a message's `connection` fields name (RFC 9110 7.6.1: they describe the
+/// connection, like the fixed [`hop_by_hop`] ones, and are not forwarded).
+#[derive(Debug)]
+pub struct HopByHop<'a> {
+    named: smallvec::SmallVec<[&'a [u8]; 2]>,
+}
+
+impl<'a> HopByHop<'a> {
+    pub fn of(headers: &'a Headers) -> Self {
+        Self {
+            named: headers.get_all("connection").collect(),
+        }
+    }
+
+    /// Whether `connection` names the field `name` (any case).
+    pub fn named(&self, name: &[u8]) -> bool {
+        self.named.iter().any(|v| lists(v, name))
+    }
+}
+
+/// Whether every line of `head` (a message head, its empty last line included) ends in CRLF:
+/// httparse also takes a bare LF as a line end, which warmpath refuses on both legs (RFC 9112
+/// 2.2 allows either), so that a head is never read two ways.
+pub fn crlf_lines(head: &[u8]) -> bool {
+    memchr::memchr_iter(b'\n', head).all(|at| at > 0 && head[at - 1] == b'\r')
+}
+
 /// Headers that describe one connection, not the message (RFC 9110 7.6.1), by name in any case.
 pub fn hop_by_hop(name: &[u8]) -> bool {
     const HOP: [&[u8]; 7] = [

@@ -4,7 +4,7 @@
 
 use super::{
     Body,
-    headers::{Headers, hop_by_hop},
+    headers::{Headers, HopByHop, hop_by_hop},
 };
 
 /// A request's head.
@@ -143,12 +143,15 @@ impl From<http::Response<Body>> for Answer {
 }
 
 impl Answer {
-    /// As an `http` response, for hyper's server (h2c clients): hop-by-hop fields and the
-    /// engine's `content-length` left out (hyper frames the body from its size).
+    /// As an `http` response, for hyper's server (h2c clients): hop-by-hop fields (those the
+    /// engine's `connection` names too) and the engine's `content-length` left out (hyper
+    /// frames the body from its size).
     pub fn into_http(self) -> http::Response<Body> {
-        let mut headers = self
-            .headers
-            .to_map(|n| n != http::header::CONTENT_LENGTH && !hop_by_hop(n.as_str().as_bytes()));
+        let hop = HopByHop::of(&self.headers);
+        let mut headers = self.headers.to_map(|n| {
+            let n = n.as_str().as_bytes();
+            n != b"content-length" && !hop_by_hop(n) && !hop.named(n)
+        });
         for (n, v) in self.extra {
             headers.insert(n, v);
         }

@@ -13,7 +13,7 @@ use hyper_util::{
 };
 
 use crate::{
-    http::{BoxError, H1Body, H1Client, Headers, Outgoing, client::forwarded},
+    http::{BoxError, H1Body, H1Client, Headers, Outgoing, client::forwarded_map},
     pool::UpstreamProtocol,
 };
 
@@ -109,7 +109,7 @@ impl Upstreams {
                 let mut up = http::Request::new(Full::new(req.body.clone()));
                 *up.method_mut() = req.method.clone();
                 *up.uri_mut() = format!("http://{authority}{}", req.target).parse()?;
-                *up.headers_mut() = req.headers.to_map(|n| forwarded(n.as_str().as_bytes()));
+                *up.headers_mut() = forwarded_map(req.headers);
                 let (parts, body) = self.h2.request(up).await?.into_parts();
                 Ok(UpstreamResponse {
                     status: parts.status,

@@ -13,8 +13,8 @@ use tokio::io::AsyncWriteExt;
 use super::{COALESCE_BODY, Conn, H1Body, H1Error, MAX_KEPT_WIRE, Outgoing, READ_CHUNK};
 use crate::http::{
     MAX_HEAD, MAX_HEADERS,
-    framing::{Chunk, FieldError, Framing, FramingFields, spans},
-    headers::{Headers, Spans, hop_by_hop},
+    framing::{Chunk, Coding, FieldError, Framing, FramingFields, spans},
+    headers::{Headers, HopByHop, Spans, crlf_lines, hop_by_hop},
 };
 
 /// The request head (and a small body) as bytes on the wire.
@@ -30,8 +30,9 @@ pub(super) fn encode_request(authority: &str, req: &Outgoing<'_>, out: &mut Vec<
     out.extend_from_slice(b"\r\ncontent-length: ");
     out.extend_from_slice(itoa::Buffer::new().format(req.body.len()).as_bytes());
     out.extend_from_slice(b"\r\n");
+    let hop = HopByHop::of(req.headers);
     for (name, value) in req.headers.iter() {
-        if forwarded(name) {
+        if forwarded(name) && !hop.named(name) {
             out.extend_from_slice(name);
             out.extend_from_slice(b": ");
             out.extend_from_slice(value);
@@ -49,12 +50,23 @@ pub(super) type Exchanged = (Head, Conn, Framing, bool);
 
 /// Whether a client's request field goes on to the engine: not `host`, `content-length` or
 /// `expect` (this leg writes its own, and the client's `expect` was answered by the server
-/// leg), nor hop-by-hop fields.
+/// leg), nor hop-by-hop fields. The fields a request's `connection` field names are hop-by-hop
+/// too: see [`HopByHop`], which [`encode_request`] and [`forwarded_map`] also apply.
 pub fn forwarded(name: &[u8]) -> bool {
     !(name.eq_ignore_ascii_case(b"host")
         || name.eq_ignore_ascii_case(b"content-length")
         || name.eq_ignore_ascii_case(b"expect")
         || hop_by_hop(name))
+}
+
+/// The client's request fields that go on to an engine, as an `http` map (for hyper's h2
+/// client): [`forwarded`] ones, less those the request's `connection` field names.
+pub fn forwarded_map(headers: &Headers) -> http::HeaderMap {
+    let hop = HopByHop::of(headers);
+    headers.to_map(|n| {
+        let n = n.as_str().as_bytes();
+        forwarded(n) && !hop.named(n)
+    })
 }
 
 /// A response head.
@@ -146,16 +158,45 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<(Head, Framing, bo
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(err) => return Err(H1Error::invalid(err)),
     };
+    if len > MAX_HEAD {
+        return Err(H1Error::invalid(format!(
+            "response head larger than {MAX_HEAD} bytes"
+        )));
+    }
+    if !crlf_lines(&buf[..len]) {
+        return Err(H1Error::invalid("a line of the head ends in a bare LF"));
+    }
     let status = http::StatusCode::from_u16(parsed.code.unwrap_or(0)).map_err(H1Error::invalid)?;
     let http11 = parsed.version == Some(1);
     let fields = FramingFields::read(parsed.headers).map_err(|e| match e {
         FieldError::BadLength => H1Error::invalid("bad content-length"),
         FieldError::ConflictingLength => H1Error::invalid("conflicting content-length fields"),
     })?;
-    // Chunked must be the last coding; anything else is read until close. HTTP/1.0 keeps
-    // the connection only when asked to.
-    let chunked = fields.chunked == Some(true);
-    let mut close = fields.close || fields.other_coding || (!http11 && !fields.keep_alive);
+    // Framing that two readers could take two ways is an error, not a guess (RFC 9112 6.3
+    // reads `transfer-encoding` over `content-length`, and a final coding other than
+    // chunked until close, but calls such responses ones to handle as errors): the response
+    // becomes a 502 and its connection is closed.
+    let chunked = match fields.coding {
+        None => false,
+        Some(_) if !http11 => {
+            return Err(H1Error::invalid(
+                "transfer-encoding in an HTTP/1.0 response",
+            ));
+        }
+        Some(_) if fields.length.is_some() => {
+            return Err(H1Error::invalid(
+                "both content-length and transfer-encoding",
+            ));
+        }
+        Some(Coding::Chunked) => true,
+        Some(Coding::Unsupported | Coding::NotChunked) => {
+            return Err(H1Error::invalid(
+                "a transfer coding other than chunked alone",
+            ));
+        }
+    };
+    // HTTP/1.0 keeps the connection only when asked to.
+    let mut close = fields.close || (!http11 && !fields.keep_alive);
     let length = fields.length;
     let framing = if status.is_informational()
         || status == http::StatusCode::NO_CONTENT

@@ -22,7 +22,7 @@ mod exchange;
 
 pub use body::H1Body;
 use exchange::{Exchanged, exchange};
-pub use exchange::{H1Response, forwarded};
+pub use exchange::{H1Response, forwarded, forwarded_map};
 
 use super::{framing::Framing, framing::FramingError, headers::Headers, worker::MAX_WORKERS};
 
@@ -111,8 +111,8 @@ pub struct H1Client {
 }
 
 /// What is sent: the client's request line target and headers, forwarded as they are except
-/// `host`, `content-length`, `expect` and hop-by-hop fields (this leg's own framing replaces
-/// them; the client's `expect` was answered by the server leg).
+/// `host`, `content-length`, `expect`, hop-by-hop fields and those `connection` names (this
+/// leg's own framing replaces them; the client's `expect` was answered by the server leg).
 #[derive(Debug, Clone, Copy)]
 pub struct Outgoing<'a> {
     pub method: &'a http::Method,

@@ -142,3 +142,79 @@ async fn a_stale_idle_connection_is_replaced_and_bad_heads_are_errors() {
         Err(H1Error::Invalid(_))
     ));
 }
+
+#[tokio::test]
+async fn fields_named_by_connection_stay_on_the_client_leg() {
+    let (addr, server) = server(vec![vec![b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"]]).await;
+    let head = Bytes::from_static(
+        b"Connection: keep-alive, X-Secret\r\nx-secret: 1\r\nx-kept: 2\r\nkeep-alive: timeout=5\r\ncontent-type: text/plain\r\n\r\n",
+    );
+    let mut spans = crate::http::headers::Spans::new();
+    let mut fields = [httparse::EMPTY_HEADER; 8];
+    let Ok(httparse::Status::Complete((_, parsed))) = httparse::parse_headers(&head, &mut fields)
+    else {
+        panic!("the test's head parses");
+    };
+    crate::http::framing::spans(&head, parsed, &mut spans);
+    let headers = Headers::Raw { head, spans };
+    let body = Bytes::new();
+    let client = H1Client::new(Duration::from_secs(2));
+    let resp = client
+        .send(
+            &addr,
+            Outgoing {
+                method: &http::Method::GET,
+                target: "/x",
+                headers: &headers,
+                body: &body,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status, 200);
+    drop(resp);
+    let seen = server.await.unwrap();
+    let want = format!(
+        "GET /x HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 0\r\nx-kept: 2\r\ncontent-type: text/plain\r\n\r\n"
+    );
+    assert_eq!(String::from_utf8_lossy(&seen[0]), want);
+    let map = forwarded_map(&headers);
+    let names: Vec<_> = map.keys().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["x-kept", "content-type"]);
+}
+
+#[test]
+fn response_heads_whose_framing_could_be_read_two_ways_are_invalid() {
+    let head = |wire: &str| parse_head_for_test(wire.as_bytes());
+    assert!(head("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").is_ok());
+    assert!(head("HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2, 2\r\n\r\n").is_ok());
+    for bad in [
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 2\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+        "HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ncontent-length: +2\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nx-a: 1\r\n folded\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ntransfer-encoding : chunked\r\n\r\n",
+        "HTTP/1.1 200 OK\ncontent-length: 2\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nx-a: 1\x002\r\n\r\n",
+    ] {
+        assert!(matches!(head(bad), Err(H1Error::Invalid(_))), "{bad:?}");
+    }
+    let big = format!(
+        "HTTP/1.1 200 OK\r\nx-big: {}\r\n\r\n",
+        "a".repeat(crate::http::MAX_HEAD)
+    );
+    assert!(matches!(head(&big), Err(H1Error::Invalid(_))));
+}
+
+/// Parses a whole response head: `Ok(())` when it is read, or the error.
+fn parse_head_for_test(wire: &[u8]) -> Result<(), H1Error> {
+    let mut buf = BytesMut::from(wire);
+    match exchange::parse_head(&mut buf)? {
+        Some(_) => Ok(()),
+        None => panic!("incomplete head: {wire:?}"),
+    }
+}

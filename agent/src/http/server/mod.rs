@@ -8,11 +8,13 @@
 //! is watched: a client that goes away drops the handler's future and the body, and with them
 //! the engine connection (the engine aborts the request).
 //!
-//! Requests are checked before anything is forwarded: a malformed head is 400, a head over
-//! [`MAX_HEAD`] bytes or [`MAX_HEADERS`] fields is 431, `content-length` together with
-//! `transfer-encoding` (request smuggling) or a coding other than chunked is 400, a body over
-//! the handler's limit is 413 (read no further; the connection closes), a head not complete
-//! within [`Handler::read_timeout`] of its first byte, or a body stalled that long, is 408.
+//! Requests are checked before anything is forwarded (the rules are in [`read`]): a
+//! malformed head is 400, a head over [`MAX_HEAD`] bytes or [`MAX_HEADERS`] fields is 431,
+//! framing that could be read two ways (`content-length` with `transfer-encoding`, a bare LF,
+//! a final coding other than chunked, ...) is 400, codings before `chunked` are 501, a body
+//! over the handler's limit is 413 (read no further; the connection closes), a head not
+//! complete within [`Handler::read_timeout`] of its first byte (however it trickles in), or
+//! a body stalled that long, is 408.
 //! Every refusal is answered with the handler's body for it ([`Handler::refusal_body`]).
 //! `Expect: 100-continue` is answered before the body is read. Pipelined requests are answered in order.
 
@@ -101,8 +103,18 @@ async fn connection<H: Handler>(
     loop {
         // Set when a head arrives in pieces: the rest must come within the read timeout.
         let mut head_started: Option<tokio::time::Instant> = None;
+        // Bytes of the buffer parsed already without a complete head. The head is parsed
+        // again only once a line has ended since: one parse per line, not per read, of a
+        // head sent a byte at a time.
+        let mut scanned = 0;
         let head = loop {
-            match parse_request(buf, &mut spans) {
+            let parsed = if memchr::memchr(b'\n', &buf[scanned..]).is_some() {
+                scanned = buf.len();
+                parse_request(buf, &mut spans)
+            } else {
+                Ok(None)
+            };
+            match parsed {
                 Ok(Some(head)) => break head,
                 Ok(None) if buf.len() >= MAX_HEAD => {
                     let err = Refusal::new(

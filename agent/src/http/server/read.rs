@@ -1,5 +1,13 @@
 //! Reading a request: its head off the read buffer (framing fields checked: smuggling and
 //! unknown codings refused), then its body, size-limited and timed.
+//!
+//! A head is refused, and the connection closed, when: it is over [`MAX_HEAD`] bytes or
+//! [`MAX_HEADERS`] fields (431); a line ends in a bare LF, httparse cannot parse it (bare CR,
+//! NUL or another control byte in a value, obs-fold, whitespace before a colon, ...), an
+//! HTTP/1.1 request has no `host` or any request more than one (400); `content-length` is
+//! not digits only or its values differ (400); `transfer-encoding` comes on an HTTP/1.0
+//! request, together with `content-length`, or without `chunked` as its one final coding
+//! (400); codings before a final `chunked` (`gzip, chunked`) are 501.
 
 use std::io;
 
@@ -12,9 +20,9 @@ use tokio::{
 
 use super::read_by;
 use crate::http::{
-    MAX_HEADERS,
-    framing::{Chunk, Decoded, FieldError, Framing, FramingFields, spans as field_spans},
-    headers::{Headers, Spans},
+    MAX_HEAD, MAX_HEADERS,
+    framing::{Chunk, Coding, Decoded, FieldError, Framing, FramingFields, spans as field_spans},
+    headers::{Headers, Spans, crlf_lines},
     message::{Refusal, RequestHead},
 };
 
@@ -46,6 +54,15 @@ pub(super) fn parse_request(
         }
         Err(err) => return Err(bad(&err.to_string())),
     };
+    if len > MAX_HEAD {
+        return Err(Refusal::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!("The request head exceeds {MAX_HEAD} bytes."),
+        ));
+    }
+    if !crlf_lines(&buf[..len]) {
+        return Err(bad("a line of the head ends in a bare LF"));
+    }
     let method = http::Method::from_bytes(req.method.unwrap_or_default().as_bytes())
         .map_err(|_| bad("invalid method"))?;
     let http11 = req.version == Some(1);
@@ -53,14 +70,28 @@ pub(super) fn parse_request(
         FieldError::BadLength => bad("invalid content-length"),
         FieldError::ConflictingLength => bad("conflicting content-length fields"),
     })?;
+    match fields.hosts {
+        0 if http11 => return Err(bad("no host field")),
+        0 | 1 => {}
+        _ => return Err(bad("more than one host field")),
+    }
     let (close, keep) = (fields.close, fields.keep_alive);
     let expect_continue = http11 && fields.expect_continue;
-    let framing = match (fields.chunked, fields.length) {
-        (Some(_), Some(_)) => return Err(bad("both content-length and transfer-encoding")),
-        (Some(true), None) => Framing::Chunked(Chunk::Size),
-        (Some(false), None) => return Err(bad("transfer-encoding other than chunked")),
+    let framing = match (fields.coding, fields.length) {
         (None, Some(n)) if n > 0 => Framing::Length(n),
         (None, _) => Framing::Done,
+        (Some(_), _) if !http11 => return Err(bad("transfer-encoding in an HTTP/1.0 request")),
+        (Some(_), Some(_)) => return Err(bad("both content-length and transfer-encoding")),
+        (Some(Coding::Chunked), None) => Framing::Chunked(Chunk::Size),
+        (Some(Coding::Unsupported), None) => {
+            return Err(Refusal::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "Transfer codings other than chunked are not supported.",
+            ));
+        }
+        (Some(Coding::NotChunked), None) => {
+            return Err(bad("chunked is not the final transfer coding"));
+        }
     };
     let target_at = req.path.unwrap_or("/").as_ptr() as usize - buf.as_ptr() as usize;
     let target_len = req.path.unwrap_or("/").len();

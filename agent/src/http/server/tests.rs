@@ -12,6 +12,7 @@ use http_body_util::{BodyExt, Full};
 use tokio::net::TcpListener;
 
 use super::*;
+use crate::http::framing::Framing;
 
 /// Answers with the body's length; `/hang` never answers (and notes when it is dropped).
 struct Echo {
@@ -140,9 +141,11 @@ async fn started_heads_and_stalled_bodies_time_out_idle_connections_do_not() {
     // Idle past the timeout, then a whole request: answered.
     let mut idle = TcpStream::connect(&addr).await.unwrap();
     tokio::time::advance(Duration::from_millis(400)).await;
-    idle.write_all(b"POST / HTTP/1.1\r\ncontent-length: 2\r\nconnection: close\r\n\r\nhi")
-        .await
-        .unwrap();
+    idle.write_all(
+        b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\nhi",
+    )
+    .await
+    .unwrap();
     let got = read_all(&mut idle).await;
     assert!(
         got.starts_with("HTTP/1.1 200 OK") && got.ends_with("2 bytes"),
@@ -159,7 +162,7 @@ async fn started_heads_and_stalled_bodies_time_out_idle_connections_do_not() {
     // A body that stops half-way: 408.
     let mut stalled = TcpStream::connect(&addr).await.unwrap();
     stalled
-        .write_all(b"POST / HTTP/1.1\r\ncontent-length: 10\r\n\r\nhalf")
+        .write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nhalf")
         .await
         .unwrap();
     let got = read_all(&mut stalled).await;
@@ -171,7 +174,9 @@ async fn started_heads_and_stalled_bodies_time_out_idle_connections_do_not() {
 async fn a_client_that_goes_away_drops_its_request() {
     let (addr, started, dropped) = start().await;
     let mut s = TcpStream::connect(&addr).await.unwrap();
-    s.write_all(b"GET /hang HTTP/1.1\r\n\r\n").await.unwrap();
+    s.write_all(b"GET /hang HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
     // The handler is running (and hangs); the client leaves.
     until(&started, "the handler never started").await;
     assert!(!dropped.is_set());
@@ -185,12 +190,191 @@ async fn chunked_bodies_over_the_limit_are_413_and_the_answer_is_readable() {
     let mut s = TcpStream::connect(&addr).await.unwrap();
     let chunk = format!("{:x}\r\n{}\r\n", 600, "x".repeat(600));
     s.write_all(
-        format!("POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n{chunk}{chunk}{chunk}")
-            .as_bytes(),
+        format!(
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n{chunk}{chunk}{chunk}"
+        )
+        .as_bytes(),
     )
     .await
     .unwrap();
     let got = read_all(&mut s).await;
     assert!(got.starts_with("HTTP/1.1 413 "), "{got}");
     assert!(got.contains("connection: close"), "{got}");
+}
+
+/// What `parse_request` makes of a whole head: `Ok` with the head's framing, or the status
+/// of its refusal.
+fn parsed(wire: &str) -> Result<Framing, u16> {
+    let mut buf = BytesMut::from(wire.as_bytes());
+    match parse_request(&mut buf, &mut Spans::new()) {
+        Ok(Some(head)) => Ok(head.framing),
+        Ok(None) => panic!("incomplete head: {wire:?}"),
+        Err(refusal) => Err(refusal.status.as_u16()),
+    }
+}
+
+#[test]
+fn request_heads_are_refused_where_their_framing_could_be_read_two_ways() {
+    use crate::http::framing::Chunk;
+    let chunked = Ok(Framing::Chunked(Chunk::Size));
+    let cases: &[(&str, Result<Framing, u16>)] = &[
+        ("GET / HTTP/1.1\r\nhost: x\r\n\r\n", Ok(Framing::Done)),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\n",
+            Ok(Framing::Length(5)),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\n",
+            Ok(Framing::Length(5)),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5, 5\r\n\r\n",
+            Ok(Framing::Length(5)),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+            Err(400),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: +5\r\n\r\n",
+            Err(400),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5 5\r\n\r\n",
+            Err(400),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n",
+            chunked.clone(),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding:\tchunked\r\n\r\n",
+            chunked.clone(),
+        ),
+        // Several fields are one list: gzip, chunked.
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n",
+            Err(501),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\ntransfer-encoding: gzip\r\n\r\n",
+            Err(400),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\n",
+            Err(400),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: xchunked\r\n\r\n",
+            Err(400),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked, identity\r\n\r\n",
+            Err(400),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n",
+            Err(400),
+        ),
+        (
+            "POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n",
+            Err(400),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding : chunked\r\n\r\n",
+            Err(400),
+        ),
+        // obs-fold, bare LF, bare CR, NUL.
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\nx-a: 1\r\n folded\r\n\r\n",
+            Err(400),
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\n transfer-encoding: chunked\r\n\r\n",
+            Err(400),
+        ),
+        ("GET / HTTP/1.1\nhost: x\r\n\r\n", Err(400)),
+        ("GET / HTTP/1.1\r\nhost: x\n\n", Err(400)),
+        ("GET / HTTP/1.1\r\nhost: x\r\nx-a: 1\r2\r\n\r\n", Err(400)),
+        ("GET / HTTP/1.1\r\nhost: x\r\nx-a: 1\x002\r\n\r\n", Err(400)),
+        // Host: required on HTTP/1.1, never twice.
+        ("GET / HTTP/1.1\r\n\r\n", Err(400)),
+        ("GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n", Err(400)),
+        ("GET / HTTP/1.0\r\n\r\n", Ok(Framing::Done)),
+        ("GET / HTTP/1.0\r\nhost: a\r\nhost: a\r\n\r\n", Err(400)),
+    ];
+    for (wire, want) in cases {
+        assert_eq!(&parsed(wire), want, "{wire:?}");
+    }
+    // A head over the limit is 431 even when it arrived whole.
+    let big = format!(
+        "GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+        "a".repeat(MAX_HEAD)
+    );
+    assert_eq!(parsed(&big), Err(431));
+}
+
+// The clock is paused: a head trickled in a byte at a time, each byte well within the read
+// timeout (200 ms), is still cut off once the whole head took longer than the timeout.
+#[tokio::test(start_paused = true)]
+async fn a_head_trickled_a_byte_at_a_time_is_cut_off_at_the_timeout() {
+    let (addr, _, _) = start().await;
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let head =
+        b"POST / HTTP/1.1\r\nhost: x\r\nx-slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let began = tokio::time::Instant::now();
+    let mut sent = 0;
+    for b in head {
+        if s.write_all(&[*b]).await.is_err() {
+            break;
+        }
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if began.elapsed() > Duration::from_millis(300) {
+            break;
+        }
+    }
+    assert!(
+        sent < head.len(),
+        "the whole head went out: the test is too slow to prove anything"
+    );
+    let got = read_all(&mut s).await;
+    assert!(got.starts_with("HTTP/1.1 408 "), "{got}");
+    assert_eq!(got.matches("HTTP/1.1").count(), 1, "{got}");
+}
+
+#[tokio::test]
+async fn expect_100_continue_is_answered_before_the_body_is_sent() {
+    let (addr, _, _) = start().await;
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 3\r\n\r\n")
+        .await
+        .unwrap();
+    let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+    let mut got = vec![0u8; interim.len()];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut got))
+        .await
+        .expect("the interim answer comes")
+        .unwrap();
+    assert_eq!(got, interim);
+    s.write_all(b"abc").await.unwrap();
+    s.shutdown().await.unwrap();
+    let got = read_all(&mut s).await;
+    assert!(
+        got.starts_with("HTTP/1.1 200 OK") && got.ends_with("3 bytes"),
+        "{got}"
+    );
+}
+
+#[tokio::test]
+async fn a_bare_lf_after_the_last_chunk_closes_and_the_next_request_is_not_read() {
+    let (addr, _, _) = start().await;
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\nPOST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\nz")
+        .await
+        .unwrap();
+    let got = read_all(&mut s).await;
+    assert!(got.starts_with("HTTP/1.1 400 "), "{got}");
+    assert!(got.contains("bare LF"), "{got}");
+    assert_eq!(got.matches("HTTP/1.1").count(), 1, "{got}");
 }

@@ -21,7 +21,7 @@ use tokio::{
 use super::gone;
 use crate::http::{
     Body, BoxError,
-    headers::{hop_by_hop, lists},
+    headers::{HopByHop, hop_by_hop, lists},
     message::Answer,
 };
 
@@ -73,15 +73,18 @@ pub(super) async fn write_response(
             .any(|(n, v)| n == http::header::CONNECTION && lists(v.as_bytes(), b"close"));
     let keep = keep_alive && !asked_close && delimit != Delimit::Close;
     status_line(out, status);
-    let fields = headers.iter().chain(
+    // The engine's connection-scoped fields stay on its leg; the agent's own are its own.
+    let hop = HopByHop::of(&headers);
+    let engine = headers.iter().map(|(n, v)| (n, v, hop.named(n)));
+    let fields = engine.chain(
         extra
             .iter()
-            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
+            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes(), false)),
     );
-    for (name, value) in fields {
+    for (name, value, named) in fields {
         // A HEAD answer keeps the length the body would have had.
         let framing_field = name.eq_ignore_ascii_case(b"content-length") && !head_only;
-        if framing_field || hop_by_hop(name) {
+        if framing_field || named || hop_by_hop(name) {
             continue;
         }
         out.extend_from_slice(name);
