@@ -2,7 +2,6 @@
 //! speculative entries, clearing and removing sources, and health.
 
 use std::{
-    collections::VecDeque,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -15,9 +14,13 @@ use super::{
     entry::{MAX_SOURCES, Upsert},
     health::{HealthState, SourceStatus},
     keys::block_key,
-    store::{FastMap, Match, Store, Writer},
+    store::{Match, Store, Writer},
     wire::{Batch, Event, Removed, Stored},
 };
+
+mod speculative;
+
+use speculative::Pending;
 
 /// Default cap on (block, source) entries.
 pub const DEFAULT_MAX_ENTRIES: usize = 20_000_000;
@@ -66,9 +69,9 @@ struct SourceState {
     engine: EngineMap,
     /// A batch's router keys, kept between events (no allocation per event).
     keys: Vec<RouterKey>,
-    speculative: VecDeque<(Instant, Vec<RouterKey>)>,
-    /// The latest deadline per speculated key (a renewed speculation outlives older records).
-    spec_deadline: FastMap<Instant>,
+    /// Speculated keys and their latest deadlines (held once per key, however many requests
+    /// renew it).
+    speculative: Pending,
     health: HealthState,
     status: SourceStatus,
     last_event_block_size: Option<u32>,
@@ -107,8 +110,7 @@ impl KvIndex {
             state: Mutex::new(SourceState {
                 engine: EngineMap::default(),
                 keys: Vec::new(),
-                speculative: VecDeque::new(),
-                spec_deadline: FastMap::default(),
+                speculative: Pending::default(),
                 health: HealthState::Waiting,
                 status: SourceStatus {
                     pod: info.pod.clone(),
@@ -157,8 +159,7 @@ impl KvIndex {
                 w.remove(key, id.0, tier, false);
             }
         }
-        st.speculative.clear();
-        for (key, _) in std::mem::take(&mut st.spec_deadline) {
+        for key in st.speculative.take_all() {
             w.remove(RouterKey(key), id.0, Tier::Gpu, true);
         }
     }
@@ -287,18 +288,23 @@ impl KvIndex {
             return;
         };
         self.store.tick();
+        // The source's state before the store's writer, as everywhere else.
+        let mut st = source.state.lock();
         let mut w = self.store.writer();
         for key in keys {
             w.insert(*key, id.0, Tier::Gpu, true);
         }
-        drop(w);
-        let mut st = source.state.lock();
         let deadline = now + self.config.speculative_ttl;
         st.status.routed += 1;
         for key in keys {
-            st.spec_deadline.insert(key.0, deadline);
+            // At the cap, the earliest pending key stops being speculative now.
+            if let Some(old) = st
+                .speculative
+                .renew(key.0, deadline, self.config.max_entries)
+            {
+                w.remove(RouterKey(old), id.0, Tier::Gpu, true);
+            }
         }
-        st.speculative.push_back((deadline, keys.to_vec()));
     }
 
     /// Expires speculative entries whose TTL passed; settles unsure sources whose grace
@@ -314,19 +320,9 @@ impl KvIndex {
         for (id, source) in sources {
             let mut st = source.state.lock();
             let mut w = self.store.writer();
-            while st
-                .speculative
-                .front()
-                .is_some_and(|(deadline, _)| *deadline <= now)
-            {
-                let (_, keys) = st.speculative.pop_front().expect("front checked");
-                for key in keys {
-                    if st.spec_deadline.get(&key.0).is_some_and(|d| *d <= now) {
-                        st.spec_deadline.remove(&key.0);
-                        w.remove(key, id.0, Tier::Gpu, true);
-                    }
-                }
-            }
+            st.speculative.expire(now, |key| {
+                w.remove(RouterKey(key), id.0, Tier::Gpu, true);
+            });
             if let HealthState::Unsure { since, .. } = st.health
                 && now.duration_since(since) >= self.config.unsure_settle
             {
