@@ -6,4 +6,5 @@ pub mod gate;
 pub mod index;
 pub mod otlp;
 pub mod process;
+pub mod raw_http;
 pub mod sim;

@@ -245,11 +245,11 @@ fn request_heads_are_refused_where_their_framing_could_be_read_two_ways() {
         ),
         (
             "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n",
-            chunked.clone(),
+            chunked,
         ),
         (
             "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding:\tchunked\r\n\r\n",
-            chunked.clone(),
+            chunked,
         ),
         // Several fields are one list: gzip, chunked.
         (
