@@ -28,6 +28,8 @@ fn setup(otlp: bool) -> (Telemetry, TenantPolicy) {
             interval: Duration::from_secs(3600),
             timeout: Duration::from_millis(100),
             headers: Vec::new(),
+            tls: None,
+            compression: Default::default(),
         }),
         ..TelemetryConfig::default()
     };

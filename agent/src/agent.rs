@@ -223,7 +223,11 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     let admin_addr = addr(&admin, config.admin)?;
     let endpoints: usize = config.pools.iter().map(|p| p.endpoints.len()).sum();
     tracing::info!(listen = ?listen_addrs, admin = %admin_addr, pools = config.pools.len(), endpoints, workers = workers.len(), "routing proxy ready");
-    tasks.push(tokio::spawn(proxy::serve_admin(admin, proxy.clone())));
+    tasks.push(tokio::spawn(proxy::serve_admin(
+        admin,
+        proxy.clone(),
+        config.admin_token.clone(),
+    )));
     tasks.push(tokio::spawn(proxy::scrape_loop(proxy.clone())));
     tasks.push(tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));

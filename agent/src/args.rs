@@ -18,9 +18,15 @@ pub struct AgentArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
 
-    /// Admin listener: /status, /metrics, /ready, /live.
+    /// Admin listener: /status, /metrics, /ready, /live. On a non-loopback address
+    /// --admin-token-file is required.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
     pub admin: std::net::SocketAddr,
+
+    /// File holding the bearer token `/status` and `/metrics` require (one line, at least
+    /// 16 characters; docs/security.md).
+    #[arg(long, value_name = "PATH", env = "WARMPATH_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
 
     /// Data-path threads, each serving its share of client connections (default: one per
     /// CPU this process may use). Overrides `proxy.workers` of a --config file.
@@ -170,6 +176,26 @@ pub struct TelemetryArgs {
     /// Push interval in milliseconds (default: OTEL_METRIC_EXPORT_INTERVAL, else 15000).
     #[arg(long, value_name = "MS")]
     pub otlp_interval_ms: Option<u64>,
+
+    /// PEM CA certificates trusted for an https collector instead of the system's roots
+    /// (default: OTEL_EXPORTER_OTLP_[METRICS_]CERTIFICATE).
+    #[arg(long, value_name = "FILE")]
+    pub otlp_certificate: Option<PathBuf>,
+
+    /// PEM client certificate for mTLS (default:
+    /// OTEL_EXPORTER_OTLP_[METRICS_]CLIENT_CERTIFICATE).
+    #[arg(long, value_name = "FILE")]
+    pub otlp_client_certificate: Option<PathBuf>,
+
+    /// PEM private key of the client certificate (default:
+    /// OTEL_EXPORTER_OTLP_[METRICS_]CLIENT_KEY).
+    #[arg(long, value_name = "FILE")]
+    pub otlp_client_key: Option<PathBuf>,
+
+    /// Export body compression (default: OTEL_EXPORTER_OTLP_[METRICS_]COMPRESSION, else
+    /// none).
+    #[arg(long, value_enum)]
+    pub otlp_compression: Option<crate::telemetry::export::Compression>,
 }
 
 fn parse_weight(s: &str) -> Result<(String, f64), String> {
@@ -254,10 +280,17 @@ impl AgentArgs {
             .telemetry
             .build()
             .map_err(|e| ConfigError::field(FLAGS, "telemetry flags", e.to_string()))?;
+        let admin_token = self
+            .admin_token_file
+            .as_deref()
+            .map(crate::config::AdminToken::from_file)
+            .transpose()
+            .map_err(|m| ConfigError::field(FLAGS, "--admin-token-file", m))?;
         let config = Config {
             listen: vec![self.listen],
             workers: self.workers.unwrap_or_else(crate::config::default_workers),
             admin: self.admin,
+            admin_token,
             pools: vec![PoolConfig {
                 name: crate::config::DEFAULT_POOL.into(),
                 model: self.model.clone(),
@@ -299,7 +332,10 @@ impl TelemetryArgs {
         crate::telemetry::Error,
     > {
         use crate::{
-            telemetry::{TelemetryConfig, export::OtlpConfig},
+            telemetry::{
+                TelemetryConfig,
+                export::{OtlpConfig, OtlpSettings, SettingsOrigin},
+            },
             tenant,
         };
         let directory = tenant::CidrTable::new(self.tenant_cidrs.iter().cloned())
@@ -311,10 +347,17 @@ impl TelemetryArgs {
             trusted: self.trusted_header_sources.clone(),
             default_tenant: self.default_tenant.as_str().into(),
         };
-        let otlp = OtlpConfig::from_flags_and_env(
-            self.otlp_endpoint.clone(),
-            self.otlp_protocol,
-            self.otlp_interval_ms.map(std::time::Duration::from_millis),
+        let otlp = OtlpConfig::from_settings(
+            OtlpSettings {
+                endpoint: self.otlp_endpoint.clone(),
+                protocol: self.otlp_protocol,
+                interval: self.otlp_interval_ms.map(std::time::Duration::from_millis),
+                certificate: self.otlp_certificate.clone(),
+                client_certificate: self.otlp_client_certificate.clone(),
+                client_key: self.otlp_client_key.clone(),
+                compression: self.otlp_compression,
+                origin: SettingsOrigin::Flags,
+            },
             |k| std::env::var(k).ok(),
         )?;
         Ok((

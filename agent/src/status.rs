@@ -11,6 +11,10 @@ pub struct StatusArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
     pub admin: String,
 
+    /// File holding the agent's admin bearer token (the agent's --admin-token-file).
+    #[arg(long, value_name = "PATH", env = "WARMPATH_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<std::path::PathBuf>,
+
     /// Print the raw JSON instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -25,6 +29,17 @@ pub enum Error {
         #[source]
         source: reqwest::Error,
     },
+    #[error("--admin-token-file: {0}")]
+    Token(String),
+    #[error(
+        "GET http://{admin}/status: 401 Unauthorized: {}",
+        if *.sent {
+            "the agent refused the admin token (is it the file the agent reads with --admin-token-file?)"
+        } else {
+            "the agent requires an admin token: give --admin-token-file PATH or set WARMPATH_ADMIN_TOKEN_FILE"
+        }
+    )]
+    Unauthorized { admin: String, sent: bool },
 }
 
 pub async fn run(args: &StatusArgs) -> Result<(), Error> {
@@ -32,9 +47,25 @@ pub async fn run(args: &StatusArgs) -> Result<(), Error> {
         admin: args.admin.clone(),
         source,
     };
-    let status: serde_json::Value = reqwest::get(format!("http://{}/status", args.admin))
-        .await
-        .and_then(reqwest::Response::error_for_status)
+    let token = args
+        .admin_token_file
+        .as_deref()
+        .map(crate::config::read_token_file)
+        .transpose()
+        .map_err(Error::Token)?;
+    let mut request = reqwest::Client::new().get(format!("http://{}/status", args.admin));
+    if let Some(t) = &token {
+        request = request.bearer_auth(t);
+    }
+    let response = request.send().await.map_err(fetch)?;
+    if response.status() == reqwest::StatusCode::UNAUTHORIZED {
+        return Err(Error::Unauthorized {
+            admin: args.admin.clone(),
+            sent: token.is_some(),
+        });
+    }
+    let status: serde_json::Value = response
+        .error_for_status()
         .map_err(fetch)?
         .json()
         .await

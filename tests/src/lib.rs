@@ -2,9 +2,11 @@
 //! clean up after themselves, simulator fleets, and waiting on conditions instead of sleeping.
 
 pub mod agent;
+pub mod agent_process;
 pub mod gate;
 pub mod index;
 pub mod otlp;
+pub mod pki;
 pub mod process;
 pub mod raw_http;
 pub mod sim;

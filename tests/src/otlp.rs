@@ -1,7 +1,15 @@
 //! An in-process OTLP metrics receiver (gRPC from opentelemetry-proto's tonic stubs, and
-//! HTTP/protobuf on `/v1/metrics`) that keeps every export, plus queries over the latest one.
+//! HTTP/protobuf on `/v1/metrics`), plain or over TLS and mTLS (rotel, the collector the
+//! suite also uses, serves its receivers without TLS), that keeps every export and its
+//! headers, plus queries over the latest one.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
 
 use opentelemetry_proto::tonic::{
     collector::metrics::v1::{
@@ -15,6 +23,8 @@ use parking_lot::Mutex;
 use prost::Message;
 
 type Received = Arc<Mutex<Vec<ExportMetricsServiceRequest>>>;
+/// Request headers (gRPC metadata) of every export, lowercase names.
+type Headers = Arc<Mutex<Vec<Vec<(String, String)>>>>;
 
 /// A running receiver; both servers stop when it is dropped.
 #[derive(Debug)]
@@ -22,6 +32,10 @@ pub struct Receiver {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
     received: Received,
+    headers: Headers,
+    /// TLS handshakes that failed (a client without an accepted certificate, or one that
+    /// does not trust the server's).
+    handshake_failures: Arc<AtomicUsize>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -34,7 +48,18 @@ impl Drop for Receiver {
 }
 
 #[derive(Debug, Clone)]
-struct Grpc(Received);
+struct Grpc(Received, Headers);
+
+fn header_pairs(h: &http::HeaderMap) -> Vec<(String, String)> {
+    h.iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
 
 #[tonic::async_trait]
 impl MetricsService for Grpc {
@@ -42,6 +67,8 @@ impl MetricsService for Grpc {
         &self,
         request: tonic::Request<ExportMetricsServiceRequest>,
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        let headers = header_pairs(&request.metadata().clone().into_headers());
+        self.1.lock().push(headers);
         self.0.lock().push(request.into_inner());
         Ok(tonic::Response::new(ExportMetricsServiceResponse {
             partial_success: None,
@@ -49,9 +76,102 @@ impl MetricsService for Grpc {
     }
 }
 
+/// How a TLS receiver serves: the certificates and whether clients must present one.
+#[derive(Debug, Clone, Copy)]
+pub struct Tls<'a> {
+    pub pki: &'a crate::pki::Pki,
+    /// mTLS: only clients with a certificate from the same CA complete the handshake.
+    pub client_auth: bool,
+}
+
+/// Accepts TLS on `listener`, handing finished handshakes to the returned stream and
+/// counting failed ones.
+fn tls_incoming(
+    listener: tokio::net::TcpListener,
+    config: rustls::ServerConfig,
+    failures: Arc<AtomicUsize>,
+) -> (
+    tokio_stream::wrappers::ReceiverStream<
+        std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+    >,
+    tokio::task::JoinHandle<()>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let task = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, tx, failures) = (acceptor.clone(), tx.clone(), failures.clone());
+            tokio::spawn(async move {
+                match acceptor.accept(tcp).await {
+                    Ok(tls) => {
+                        let _ = tx.send(Ok(tls)).await;
+                    }
+                    Err(_) => {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    (tokio_stream::wrappers::ReceiverStream::new(rx), task)
+}
+
+/// The HTTP/protobuf receiver's routes: `/v1/metrics`, gzip bodies accepted.
+fn http_app(store: Received, headers: Headers) -> axum::Router {
+    axum::Router::new().route(
+        "/v1/metrics",
+        axum::routing::post(move |h: axum::http::HeaderMap, body: bytes::Bytes| {
+            let (store, headers) = (store.clone(), headers.clone());
+            async move {
+                let gzip = h
+                    .get(http::header::CONTENT_ENCODING)
+                    .is_some_and(|v| v.as_bytes() == b"gzip");
+                let body = if gzip {
+                    let mut out = Vec::new();
+                    match std::io::Read::read_to_end(
+                        &mut flate2::read::GzDecoder::new(&body[..]),
+                        &mut out,
+                    ) {
+                        Ok(_) => bytes::Bytes::from(out),
+                        Err(_) => return (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
+                    }
+                } else {
+                    body
+                };
+                match ExportMetricsServiceRequest::decode(body) {
+                    Ok(req) => {
+                        headers.lock().push(header_pairs(&h));
+                        store.lock().push(req);
+                        (
+                            axum::http::StatusCode::OK,
+                            ExportMetricsServiceResponse {
+                                partial_success: None,
+                            }
+                            .encode_to_vec(),
+                        )
+                    }
+                    Err(_) => (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
+                }
+            }
+        }),
+    )
+}
+
 impl Receiver {
+    /// Plain gRPC and HTTP on loopback ports.
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// gRPC and HTTP/protobuf over TLS (`https://127.0.0.1:PORT`).
+    pub async fn start_tls(tls: Tls<'_>) -> Self {
+        Self::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<Tls<'_>>) -> Self {
         let received = Received::default();
+        let headers = Headers::default();
+        let handshake_failures = Arc::new(AtomicUsize::new(0));
         let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind a loopback port");
@@ -63,47 +183,79 @@ impl Receiver {
             http_listener.local_addr().expect("bound"),
         );
         // Collectors compress by default (rotel: gzip).
-        let svc = MetricsServiceServer::new(Grpc(received.clone()))
+        let svc = MetricsServiceServer::new(Grpc(received.clone(), headers.clone()))
             .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
-        let grpc_task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
+        let app = http_app(received.clone(), headers.clone());
+        let mut tasks = Vec::new();
+        match tls {
+            None => {
+                tasks.push(tokio::spawn(async move {
+                    let _ = tonic::transport::Server::builder()
+                        .add_service(svc)
+                        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
+                            grpc_listener,
+                        ))
+                        .await;
+                }));
+                tasks.push(tokio::spawn(async move {
+                    let _ = axum::serve(http_listener, app).await;
+                }));
+            }
+            Some(t) => {
+                let (incoming, accept) = tls_incoming(
                     grpc_listener,
-                ))
-                .await;
-        });
-        let store = received.clone();
-        let app = axum::Router::new().route(
-            "/v1/metrics",
-            axum::routing::post(move |body: bytes::Bytes| {
-                let store = store.clone();
-                async move {
-                    match ExportMetricsServiceRequest::decode(body) {
-                        Ok(req) => {
-                            store.lock().push(req);
-                            (
-                                axum::http::StatusCode::OK,
-                                ExportMetricsServiceResponse {
-                                    partial_success: None,
-                                }
-                                .encode_to_vec(),
+                    t.pki.server_config(t.client_auth, &[b"h2"]),
+                    handshake_failures.clone(),
+                );
+                tasks.push(accept);
+                tasks.push(tokio::spawn(async move {
+                    let _ = tonic::transport::Server::builder()
+                        .add_service(svc)
+                        .serve_with_incoming(incoming)
+                        .await;
+                }));
+                let (mut incoming, accept) = tls_incoming(
+                    http_listener,
+                    t.pki.server_config(t.client_auth, &[b"http/1.1"]),
+                    handshake_failures.clone(),
+                );
+                tasks.push(accept);
+                tasks.push(tokio::spawn(async move {
+                    use futures::StreamExt as _;
+                    while let Some(Ok(tls)) = incoming.next().await {
+                        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                        tokio::spawn(async move {
+                            let _ = hyper_util::server::conn::auto::Builder::new(
+                                hyper_util::rt::TokioExecutor::new(),
                             )
-                        }
-                        Err(_) => (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
+                            .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                            .await;
+                        });
                     }
-                }
-            }),
-        );
-        let http_task = tokio::spawn(async move {
-            let _ = axum::serve(http_listener, app).await;
-        });
+                }));
+            }
+        }
         Self {
             grpc,
             http,
             received,
-            tasks: vec![grpc_task, http_task],
+            headers,
+            handshake_failures,
+            tasks,
         }
+    }
+
+    /// TLS handshakes that failed so far.
+    pub fn handshake_failures(&self) -> usize {
+        self.handshake_failures.load(Ordering::Relaxed)
+    }
+
+    /// Whether some export arrived with header `name` set to `value`.
+    pub fn saw_header(&self, name: &str, value: &str) -> bool {
+        self.headers
+            .lock()
+            .iter()
+            .any(|h| h.iter().any(|(k, v)| k == name && v == value))
     }
 
     /// Exports received so far.

@@ -14,7 +14,7 @@ use crate::{
     routing::{Policy, RoutePolicy, SessionSource},
     telemetry::{
         DEFAULT_MAX_TENANTS, TelemetryConfig,
-        export::{OtlpConfig, OtlpProtocol},
+        export::{Compression, OtlpConfig, OtlpProtocol, OtlpSettings, SettingsOrigin},
     },
     tenant::{self, CidrTable, IdentitySource, TenantPolicy},
 };
@@ -27,6 +27,8 @@ struct File {
     listen: OneOrMany<SocketAddr>,
     #[serde(default = "default_admin")]
     admin: SocketAddr,
+    /// The admin API's bearer token file (required when `admin` is not loopback).
+    admin_token_file: Option<std::path::PathBuf>,
     #[serde(default)]
     proxy: ProxyFile,
     pools: Vec<PoolFile>,
@@ -233,6 +235,19 @@ struct OtlpFile {
     endpoint: Option<String>,
     protocol: Option<OtlpProtocolName>,
     interval_ms: Option<u64>,
+    /// PEM CAs trusted for an https collector.
+    certificate: Option<std::path::PathBuf>,
+    /// PEM client certificate and key (mTLS).
+    client_certificate: Option<std::path::PathBuf>,
+    client_key: Option<std::path::PathBuf>,
+    compression: Option<CompressionName>,
+}
+
+#[derive(Debug, Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum CompressionName {
+    Gzip,
+    None,
 }
 
 #[derive(Debug, Deserialize, Clone, Copy)]
@@ -396,25 +411,40 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
         trusted,
         default_tenant: t.default.as_str().into(),
     };
-    let otlp = match f.telemetry.otlp {
-        None => OtlpConfig::from_flags_and_env(None, None, None, |k| std::env::var(k).ok()),
-        Some(o) => OtlpConfig::from_flags_and_env(
-            o.endpoint,
-            o.protocol.map(|p| match p {
+    let settings = match f.telemetry.otlp {
+        None => OtlpSettings::default(),
+        Some(o) => OtlpSettings {
+            endpoint: o.endpoint,
+            protocol: o.protocol.map(|p| match p {
                 OtlpProtocolName::Grpc => OtlpProtocol::Grpc,
                 OtlpProtocolName::HttpProtobuf => OtlpProtocol::HttpProtobuf,
             }),
-            o.interval_ms.map(Duration::from_millis),
-            |k| std::env::var(k).ok(),
-        ),
-    }
-    .map_err(|e| err("telemetry.otlp".into(), e.to_string()))?;
+            interval: o.interval_ms.map(Duration::from_millis),
+            certificate: o.certificate,
+            client_certificate: o.client_certificate,
+            client_key: o.client_key,
+            compression: o.compression.map(|c| match c {
+                CompressionName::Gzip => Compression::Gzip,
+                CompressionName::None => Compression::None,
+            }),
+            origin: SettingsOrigin::File,
+        },
+    };
+    let otlp = OtlpConfig::from_settings(settings, |k| std::env::var(k).ok())
+        .map_err(|e| err("telemetry.otlp".into(), e.to_string()))?;
+    let admin_token = f
+        .admin_token_file
+        .as_deref()
+        .map(super::AdminToken::from_file)
+        .transpose()
+        .map_err(|m| err("adminTokenFile".into(), m))?;
     Ok(Config {
         listen: match f.listen {
             OneOrMany::One(a) => vec![a],
             OneOrMany::Many(v) => v,
         },
         admin: f.admin,
+        admin_token,
         pools,
         max_body: f.proxy.max_body_bytes,
         retries: f.proxy.retries,

@@ -2,10 +2,12 @@
 //! (YAML or JSON, schema in docs/config.md) or from the one-pool command-line flags. Both go
 //! through the same validation; errors name the field path (`pools[0].endpoints[1].kvEvents`).
 
+mod admin;
 mod file;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
+pub use admin::{AdminToken, MIN_TOKEN_LEN, read_token_file};
 pub use file::load;
 
 use crate::{
@@ -80,6 +82,9 @@ pub struct Config {
     /// Data-path threads ([`crate::proxy::Workers`]).
     pub workers: usize,
     pub admin: SocketAddr,
+    /// Required on `/status` and `/metrics` when set; must be set when `admin` is not a
+    /// loopback address.
+    pub admin_token: Option<AdminToken>,
     pub pools: Vec<PoolConfig>,
     pub max_body: usize,
     pub retries: usize,
@@ -137,6 +142,20 @@ impl Config {
         }
         if self.listen.is_empty() {
             return err("listen".into(), "at least one address is needed".into());
+        }
+        if !self.admin.ip().is_loopback() && self.admin_token.is_none() {
+            let (field, token) = if file == FLAGS {
+                ("--admin", "--admin-token-file PATH")
+            } else {
+                ("admin", "adminTokenFile: PATH")
+            };
+            return err(
+                field.into(),
+                format!(
+                    "{} is not a loopback address: the admin API (/status, /metrics) then needs a bearer token; give {token} (docs/security.md)",
+                    self.admin
+                ),
+            );
         }
         let max = MAX_WORKERS;
         if !(1..=max).contains(&self.workers) {

@@ -1,5 +1,6 @@
 //! The admin listener (127.0.0.1 by default): `/status` (JSON), `/metrics` (Prometheus),
-//! `/ready`, `/live`.
+//! `/ready`, `/live`. With a token configured, everything but `/live` and `/ready` (the
+//! kubelet's probes, which say nothing) needs `Authorization: Bearer <token>`.
 
 use std::{convert::Infallible, fmt::Write as _, sync::Arc};
 
@@ -9,19 +10,32 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
 use super::Proxy;
-use crate::http::{Body, message::full};
+use crate::{
+    config::AdminToken,
+    http::{Body, message::full},
+};
 
-/// Serves the admin endpoints until the task is dropped.
-pub async fn serve_admin(listener: TcpListener, proxy: Arc<Proxy>) {
+/// Serves the admin endpoints until the task is dropped; `token`, when given, guards all
+/// but the probes.
+pub async fn serve_admin(listener: TcpListener, proxy: Arc<Proxy>, token: Option<AdminToken>) {
+    let token = token.map(Arc::new);
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
         let proxy = proxy.clone();
+        let token = token.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let proxy = proxy.clone();
-                async move { Ok::<_, Infallible>(admin(&proxy, req.method(), req.uri().path())) }
+                let token = token.clone();
+                async move {
+                    let path = req.uri().path();
+                    Ok::<_, Infallible>(match authorize(token.as_deref(), path, req.headers()) {
+                        Ok(()) => admin(&proxy, req.method(), path),
+                        Err(refused) => refused,
+                    })
+                }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             let _ = builder
@@ -29,6 +43,47 @@ pub async fn serve_admin(listener: TcpListener, proxy: Arc<Proxy>) {
                 .await;
         });
     }
+}
+
+/// Paths open without the token: liveness and readiness say nothing about the node.
+const OPEN_PATHS: [&str; 2] = ["/live", "/ready"];
+
+/// `Ok` when no token is configured, the path is a probe, or the request carries the token
+/// (`Bearer`, scheme case-insensitive); else the 401 to answer with.
+fn authorize(
+    token: Option<&AdminToken>,
+    path: &str,
+    headers: &http::HeaderMap,
+) -> Result<(), http::Response<Body>> {
+    let Some(token) = token else {
+        return Ok(());
+    };
+    if OPEN_PATHS.contains(&path) {
+        return Ok(());
+    }
+    let presented = headers
+        .get(http::header::AUTHORIZATION)
+        .map(http::HeaderValue::as_bytes)
+        .and_then(|v| {
+            let (scheme, rest) = v.split_at(v.iter().position(|&b| b == b' ')?);
+            scheme
+                .eq_ignore_ascii_case(b"bearer")
+                .then(|| rest.trim_ascii())
+        });
+    let (message, error) = match presented {
+        Some(t) if token.verify(t) => return Ok(()),
+        Some(_) => ("the admin token was refused", "invalid_token"),
+        None => (
+            "this admin endpoint needs `Authorization: Bearer <token>` (warmpath status --admin-token-file PATH)",
+            "invalid_request",
+        ),
+    };
+    let mut resp = super::ProxyError::new(StatusCode::UNAUTHORIZED, message).into_response();
+    let challenge = format!("Bearer realm=\"warmpath-admin\", error=\"{error}\"");
+    if let Ok(v) = http::HeaderValue::from_str(&challenge) {
+        resp.headers_mut().insert(http::header::WWW_AUTHENTICATE, v);
+    }
+    Err(resp)
 }
 
 fn admin(proxy: &Proxy, method: &Method, path: &str) -> http::Response<Body> {
@@ -102,4 +157,66 @@ fn metrics(proxy: &Proxy) -> String {
     );
     out.push_str(&proxy.telemetry.prometheus());
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(authorization: Option<&str>) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        if let Some(a) = authorization {
+            h.insert(
+                http::header::AUTHORIZATION,
+                http::HeaderValue::from_str(a).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn refusal(token: &AdminToken, path: &str, authorization: Option<&str>) -> Option<String> {
+        authorize(Some(token), path, &headers(authorization))
+            .err()
+            .map(|r| {
+                assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+                r.headers()[http::header::WWW_AUTHENTICATE]
+                    .to_str()
+                    .unwrap()
+                    .to_string()
+            })
+    }
+
+    #[test]
+    fn the_token_guards_all_but_the_probes() {
+        let token = AdminToken::new("0123456789abcdef-admin").unwrap();
+        let good = Some("Bearer 0123456789abcdef-admin");
+        assert_eq!(refusal(&token, "/status", good), None);
+        assert_eq!(
+            refusal(&token, "/metrics", Some("bearer  0123456789abcdef-admin ")),
+            None
+        );
+        assert_eq!(refusal(&token, "/live", None), None);
+        assert_eq!(refusal(&token, "/ready", None), None);
+        let missing = refusal(&token, "/status", None).unwrap();
+        assert!(
+            missing.starts_with("Bearer realm=\"warmpath-admin\""),
+            "{missing}"
+        );
+        assert!(missing.contains("invalid_request"), "{missing}");
+        for wrong in [
+            "Bearer 0123456789abcdef-admiN",
+            "Bearer 0123456789abcdef-admin-and-more",
+            "Basic 0123456789abcdef-admin",
+            "0123456789abcdef-admin",
+            "Bearer",
+        ] {
+            assert!(
+                refusal(&token, "/metrics", Some(wrong)).is_some(),
+                "accepted `{wrong}`"
+            );
+        }
+        // Unknown paths are refused before they are found missing: nothing is revealed.
+        assert!(refusal(&token, "/nope", None).is_some());
+        assert!(authorize(None, "/status", &headers(None)).is_ok());
+    }
 }

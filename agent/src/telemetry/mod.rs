@@ -20,6 +20,7 @@ mod live;
 mod logging;
 pub mod prometheus;
 mod push;
+pub mod tls;
 mod series;
 pub mod usage;
 

@@ -26,9 +26,10 @@ use prost::Message as _;
 
 use super::{
     Error, SCOPE, Sources,
-    export::{OtlpConfig, OtlpProtocol},
+    export::{Compression, OtlpConfig, OtlpProtocol},
     prometheus::SdkReader,
     series::{FAMILIES, Point, PointValue, Value, points},
+    tls::OtlpTls,
 };
 
 /// Longest a flush or the final push at shutdown waits beyond the export timeout.
@@ -168,6 +169,12 @@ impl Exporter {
     }
 }
 
+/// The HTTP/protobuf client: hyper over rustls (or plain TCP for http://).
+type HttpClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
 enum Transport {
     Grpc {
         endpoint: String,
@@ -175,9 +182,10 @@ enum Transport {
         headers: tonic::metadata::MetadataMap,
     },
     Http {
-        endpoint: String,
-        client: reqwest::Client,
+        endpoint: http::Uri,
+        client: HttpClient,
         headers: http::HeaderMap,
+        gzip: bool,
     },
 }
 
@@ -185,22 +193,31 @@ impl Transport {
     /// Builds the client; connections are made at the first push. Must run inside a runtime.
     fn new(config: &OtlpConfig) -> Result<Self, Error> {
         let bad = |e: &dyn std::fmt::Display| Error::Exporter(format!("{}: {e}", config.endpoint));
+        let gzip = config.compression == Compression::Gzip;
         Ok(match config.protocol {
             OtlpProtocol::Grpc => {
-                let channel = tonic::transport::Endpoint::from_shared(config.endpoint.clone())
+                let mut endpoint = tonic::transport::Endpoint::from_shared(config.endpoint.clone())
                     .map_err(|e| bad(&e))?
                     .connect_timeout(config.timeout)
-                    .timeout(config.timeout)
-                    .connect_lazy();
+                    .timeout(config.timeout);
+                if let Some(tls) = &config.tls {
+                    endpoint = endpoint
+                        .tls_config(grpc_tls(tls))
+                        .map_err(|e| bad(&format!("TLS: {}", error_chain(&e))))?;
+                }
                 let mut headers = tonic::metadata::MetadataMap::new();
                 for (k, v) in &config.headers {
                     let key = tonic::metadata::MetadataKey::from_bytes(k.as_bytes())
                         .map_err(|e| bad(&e))?;
                     headers.insert(key, v.parse().map_err(|e| bad(&e))?);
                 }
+                let mut client = MetricsServiceClient::new(endpoint.connect_lazy());
+                if gzip {
+                    client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+                }
                 Transport::Grpc {
                     endpoint: config.endpoint.clone(),
-                    client: MetricsServiceClient::new(channel),
+                    client,
                     headers,
                 }
             }
@@ -216,21 +233,50 @@ impl Transport {
                     http::header::CONTENT_TYPE,
                     http::HeaderValue::from_static("application/x-protobuf"),
                 );
+                if gzip {
+                    headers.insert(
+                        http::header::CONTENT_ENCODING,
+                        http::HeaderValue::from_static("gzip"),
+                    );
+                }
+                let tls = match &config.tls {
+                    Some(tls) => tls.client_config().map_err(|e| bad(&e))?,
+                    // Never used for http:// (no handshake happens); the connector needs one.
+                    None => rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                        rustls::crypto::ring::default_provider(),
+                    ))
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| bad(&e))?
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+                };
+                let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
+                tcp.enforce_http(false);
+                tcp.set_connect_timeout(Some(config.timeout));
+                tcp.set_nodelay(true);
+                let connector = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(tls)
+                    .https_or_http()
+                    .enable_http1()
+                    .wrap_connector(tcp);
+                let client = hyper_util::client::legacy::Client::builder(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .build(connector);
                 Transport::Http {
-                    endpoint: config.endpoint.clone(),
-                    client: reqwest::Client::builder()
-                        .timeout(config.timeout)
-                        .build()
-                        .map_err(|e| bad(&e))?,
+                    endpoint: config.endpoint.parse().map_err(|e| bad(&e))?,
+                    client,
                     headers,
+                    gzip,
                 }
             }
         })
     }
 
-    fn endpoint(&self) -> &str {
+    fn endpoint(&self) -> String {
         match self {
-            Transport::Grpc { endpoint, .. } | Transport::Http { endpoint, .. } => endpoint,
+            Transport::Grpc { endpoint, .. } => endpoint.clone(),
+            Transport::Http { endpoint, .. } => endpoint.to_string(),
         }
     }
 
@@ -241,24 +287,30 @@ impl Transport {
             } => {
                 let mut r = tonic::Request::new(request);
                 *r.metadata_mut() = headers.clone();
-                client
-                    .export(r)
-                    .await
-                    .map(drop)
-                    .map_err(|s| format!("{}: {}", s.code(), s.message()))
+                client.export(r).await.map(drop).map_err(|s| {
+                    // A transport failure (refused connection, TLS handshake) is in the
+                    // status's source chain, not its message.
+                    match std::error::Error::source(&s) {
+                        Some(cause) => {
+                            format!("{}: {}: {}", s.code(), s.message(), error_chain(cause))
+                        }
+                        None => format!("{}: {}", s.code(), s.message()),
+                    }
+                })
             }
             Transport::Http {
                 endpoint,
                 client,
                 headers,
+                gzip,
             } => {
-                let response = client
-                    .post(endpoint.as_str())
-                    .headers(headers.clone())
-                    .body(request.encode_to_vec())
-                    .send()
-                    .await
+                let body = request.encode_to_vec();
+                let body = if *gzip { gzipped(&body)? } else { body };
+                let mut r = http::Request::post(endpoint.clone())
+                    .body(http_body_util::Full::new(bytes::Bytes::from(body)))
                     .map_err(|e| e.to_string())?;
+                *r.headers_mut() = headers.clone();
+                let response = client.request(r).await.map_err(|e| error_chain(&e))?;
                 if response.status().is_success() {
                     Ok(())
                 } else {
@@ -267,6 +319,47 @@ impl Transport {
             }
         }
     }
+}
+
+/// tonic's TLS settings from the same PEM the HTTP client uses: the custom CA instead of
+/// the system's roots, and the client identity.
+fn grpc_tls(tls: &OtlpTls) -> tonic::transport::ClientTlsConfig {
+    let mut t = tonic::transport::ClientTlsConfig::new();
+    t = match &tls.ca {
+        Some(pem) => t.ca_certificate(tonic::transport::Certificate::from_pem(pem)),
+        None => t.with_native_roots(),
+    };
+    if let Some(id) = &tls.client {
+        t = t.identity(tonic::transport::Identity::from_pem(&id.chain, &id.key));
+    }
+    t
+}
+
+fn gzipped(body: &[u8]) -> Result<Vec<u8>, String> {
+    use std::io::Write as _;
+    let mut gz = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 4),
+        flate2::Compression::default(),
+    );
+    gz.write_all(body)
+        .and_then(|()| gz.finish())
+        .map_err(|e| format!("gzip: {e}"))
+}
+
+/// An error and its causes, `a: b: c` (hyper and tonic put the useful part in the causes:
+/// "connection refused", "invalid peer certificate: UnknownIssuer").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 /// One export: the SDK's scopes as the SDK renders them, warmpath's families in its own scope.
@@ -534,6 +627,8 @@ mod tests {
             interval: Duration::from_secs(3600),
             timeout: Duration::from_secs(5),
             headers: vec![("authorization".into(), "Bearer abc".into())],
+            tls: None,
+            compression: Compression::None,
         };
         let telemetry = Telemetry::new(&TelemetryConfig {
             otlp: Some(config),
@@ -577,6 +672,8 @@ mod tests {
                     interval: Duration::from_secs(3600),
                     timeout: Duration::from_millis(300),
                     headers: Vec::new(),
+                    tls: None,
+                    compression: Compression::None,
                 }),
                 ..TelemetryConfig::default()
             })
