@@ -141,6 +141,8 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     }
     let mut proxy = proxy::Proxy::new(index.clone(), telemetry, config.tenants.clone());
     proxy.max_body = config.max_body;
+    proxy.admission = proxy::admission::Admission::new(config.limits);
+    proxy.admission.observe(proxy.telemetry.meter());
     proxy.retries = config.retries;
     proxy.explain = config.explain;
     proxy.inject_usage = config.inject_usage;

@@ -113,7 +113,61 @@ pub struct AgentArgs {
     pub no_inject_usage: bool,
 
     #[command(flatten)]
+    pub limits: LimitArgs,
+
+    #[command(flatten)]
     pub telemetry: TelemetryArgs,
+}
+
+/// Capacity and size bounds (docs/config.md, docs/reliability.md).
+#[derive(Debug, Args)]
+pub struct LimitArgs {
+    /// Routed requests admitted at once (streams count until they end); more wait in the
+    /// queue. 0: no limit.
+    #[arg(long, value_name = "N", default_value_t = crate::config::DEFAULT_MAX_CONCURRENT)]
+    pub max_concurrent: usize,
+
+    /// Requests that may wait for an admission slot; beyond it, 429 at once.
+    #[arg(long, value_name = "N", default_value_t = crate::config::DEFAULT_MAX_QUEUED)]
+    pub max_queued: usize,
+
+    /// How long a request waits for a slot before it gets 429.
+    #[arg(long, value_name = "MS", default_value_t = crate::config::DEFAULT_QUEUE_TIMEOUT.as_millis() as u64)]
+    pub queue_timeout_ms: u64,
+
+    /// Largest `prompt` or `messages` member (JSON bytes); larger ones get 413 before
+    /// tokenization.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::config::DEFAULT_MAX_PROMPT_BYTES)]
+    pub max_prompt_bytes: usize,
+
+    /// Largest request body; larger ones get 413.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::config::DEFAULT_MAX_BODY)]
+    pub max_body_bytes: usize,
+
+    /// A started request head, or a request body that stops arriving, is given up after
+    /// this (408).
+    #[arg(long, value_name = "MS", default_value_t = crate::http::server::DEFAULT_READ_TIMEOUT.as_millis() as u64)]
+    pub read_timeout_ms: u64,
+
+    /// An engine's response that sends nothing for this long while the client waits is given
+    /// up: a stream ends with an error event, other bodies are cut short.
+    #[arg(long, value_name = "MS", default_value_t = crate::config::DEFAULT_UPSTREAM_IDLE_TIMEOUT.as_millis() as u64)]
+    pub upstream_idle_timeout_ms: u64,
+}
+
+impl LimitArgs {
+    /// The limits these flags describe (validated with the rest of the configuration).
+    pub fn limits(&self) -> crate::config::Limits {
+        use std::time::Duration;
+        crate::config::Limits {
+            max_concurrent: self.max_concurrent,
+            max_queued: self.max_queued,
+            queue_timeout: Duration::from_millis(self.queue_timeout_ms),
+            max_prompt_bytes: self.max_prompt_bytes,
+            read_timeout: Duration::from_millis(self.read_timeout_ms),
+            upstream_idle_timeout: Duration::from_millis(self.upstream_idle_timeout_ms),
+        }
+    }
 }
 
 /// `--tokens`: the token source of the flag-configured pool.
@@ -304,7 +358,8 @@ impl AgentArgs {
                 upstream: self.upstream_protocol,
                 endpoints,
             }],
-            max_body: crate::config::DEFAULT_MAX_BODY,
+            max_body: self.limits.max_body_bytes,
+            limits: self.limits.limits(),
             retries: crate::config::DEFAULT_RETRIES,
             explain: self.explain,
             inject_usage: !self.no_inject_usage,

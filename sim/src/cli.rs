@@ -94,6 +94,12 @@ pub struct FaultArgs {
     pub fault_crash_after: Option<u64>,
     #[arg(long)]
     pub fault_drop_event_batch_every: Option<u64>,
+    /// Publish every Nth event batch twice.
+    #[arg(long)]
+    pub fault_duplicate_event_batch_every: Option<u64>,
+    /// Hold back every Nth event batch and publish it after the next one.
+    #[arg(long)]
+    pub fault_reorder_event_batch_every: Option<u64>,
     #[arg(long)]
     pub fault_stall_after_tokens: Option<usize>,
     /// Answer 503 while this many requests are waiting (overload).
@@ -255,6 +261,8 @@ impl SimArgs {
             replay_layout,
             encoder: encoder.clone(),
             drop_every: self.faults.fault_drop_event_batch_every,
+            duplicate_every: self.faults.fault_duplicate_event_batch_every,
+            reorder_every: self.faults.fault_reorder_event_batch_every,
         };
         if let Some(port) = self.kv_events_port {
             let replay = self

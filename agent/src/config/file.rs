@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, net::SocketAddr, path::Path, time::Duration};
 use serde::Deserialize;
 
 use super::{
-    Config, ConfigError, DEFAULT_MAX_BODY, DEFAULT_RETRIES, EndpointConfig, PoolConfig,
+    Config, ConfigError, DEFAULT_MAX_BODY, DEFAULT_RETRIES, EndpointConfig, Limits, PoolConfig,
     TokenSourceConfig, authority_of, default_workers,
 };
 use crate::{
@@ -67,6 +67,13 @@ struct ProxyFile {
     /// Data-path threads (default: one per CPU).
     #[serde(default)]
     workers: Option<usize>,
+    /// Admission and size bounds (defaults: [`Limits::default`]).
+    max_prompt_bytes: Option<usize>,
+    max_concurrent: Option<usize>,
+    max_queued: Option<usize>,
+    queue_timeout_ms: Option<u64>,
+    read_timeout_ms: Option<u64>,
+    upstream_idle_timeout_ms: Option<u64>,
 }
 
 impl Default for ProxyFile {
@@ -77,6 +84,12 @@ impl Default for ProxyFile {
             explain: false,
             inject_usage: true,
             workers: None,
+            max_prompt_bytes: None,
+            max_concurrent: None,
+            max_queued: None,
+            queue_timeout_ms: None,
+            read_timeout_ms: None,
+            upstream_idle_timeout_ms: None,
         }
     }
 }
@@ -447,6 +460,7 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
         admin_token,
         pools,
         max_body: f.proxy.max_body_bytes,
+        limits: limits(&f.proxy),
         retries: f.proxy.retries,
         explain: f.proxy.explain,
         inject_usage: f.proxy.inject_usage,
@@ -458,6 +472,25 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
             otlp,
         },
     })
+}
+
+/// The `proxy` section's limits, each defaulted on its own.
+fn limits(p: &ProxyFile) -> Limits {
+    let d = Limits::default();
+    Limits {
+        max_concurrent: p.max_concurrent.unwrap_or(d.max_concurrent),
+        max_queued: p.max_queued.unwrap_or(d.max_queued),
+        queue_timeout: p
+            .queue_timeout_ms
+            .map_or(d.queue_timeout, Duration::from_millis),
+        max_prompt_bytes: p.max_prompt_bytes.unwrap_or(d.max_prompt_bytes),
+        read_timeout: p
+            .read_timeout_ms
+            .map_or(d.read_timeout, Duration::from_millis),
+        upstream_idle_timeout: p
+            .upstream_idle_timeout_ms
+            .map_or(d.upstream_idle_timeout, Duration::from_millis),
+    }
 }
 
 #[cfg(test)]
@@ -531,6 +564,27 @@ mod tests {
                 .workers,
             3
         );
+        let e = error(&format!("{base}proxy: {{maxConcurrent: many}}\n"));
+        assert!(
+            e.contains("proxy.maxConcurrent") && e.contains("invalid type"),
+            "{e}"
+        );
+        let e = error(&format!("{base}proxy: {{maxPromptBytes: 0}}\n"));
+        assert!(
+            e.contains("proxy.maxPromptBytes") && e.contains("body limit"),
+            "{e}"
+        );
+        let e = error(&format!("{base}proxy: {{queueTimeoutMs: 0}}\n"));
+        assert!(e.contains("proxy.queueTimeoutMs"), "{e}");
+        let l = parse(
+            &format!("{base}proxy: {{maxConcurrent: 4, maxQueued: 0, readTimeoutMs: 250}}\n"),
+            "f",
+        )
+        .unwrap()
+        .limits;
+        assert_eq!((l.max_concurrent, l.max_queued), (4, 0));
+        assert_eq!(l.read_timeout, Duration::from_millis(250));
+        assert_eq!(l.max_prompt_bytes, super::super::DEFAULT_MAX_PROMPT_BYTES);
         let e = error("version: 1\npools: []\n");
         assert!(e.contains("pools: at least one"), "{e}");
         let e = error(&format!(

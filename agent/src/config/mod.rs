@@ -18,8 +18,23 @@ use crate::{
     tenant::TenantPolicy,
 };
 
-/// Largest request body accepted (413 beyond): far above any prompt, well below memory.
-pub const DEFAULT_MAX_BODY: usize = 16 * 1024 * 1024;
+/// Largest request body accepted (413 beyond): twice the largest prompt plus room for the
+/// other members, well below memory.
+pub const DEFAULT_MAX_BODY: usize = 8 * 1024 * 1024;
+/// Largest `prompt` or `messages` member, in JSON bytes, checked before tokenization (413
+/// beyond): about a million tokens of English text, more than any served context window.
+pub const DEFAULT_MAX_PROMPT_BYTES: usize = 4 * 1024 * 1024;
+/// Requests admitted at once per agent (routed requests, streams included, until their body
+/// ends): above the 10,000 idle streams the soak holds, far above what a node's engines
+/// serve at once.
+pub const DEFAULT_MAX_CONCURRENT: usize = 16 * 1024;
+/// Requests that may wait for an admission slot; beyond it they get 429 at once.
+pub const DEFAULT_MAX_QUEUED: usize = 1024;
+/// An engine's response body that sends nothing for this long is given up (the stream ends
+/// with an error event): long enough for vLLM's longest preemption or prefill pauses.
+pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+/// How long a request waits for an admission slot before it gets 429.
+pub const DEFAULT_QUEUE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Other endpoints tried when one fails before the first response byte.
 pub const DEFAULT_RETRIES: usize = 2;
 /// Name of the pool configured by flags.
@@ -30,6 +45,34 @@ pub fn default_workers() -> usize {
     std::thread::available_parallelism()
         .map_or(1, usize::from)
         .min(MAX_WORKERS)
+}
+
+/// The agent's capacity ([`crate::proxy`]'s admission): routed requests admitted at once,
+/// how many may wait for a slot and for how long, and the largest prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// 0: no limit (and no queue).
+    pub max_concurrent: usize,
+    pub max_queued: usize,
+    pub queue_timeout: std::time::Duration,
+    pub max_prompt_bytes: usize,
+    /// A started request head, or a stalled request body, is given up after this (408).
+    pub read_timeout: std::time::Duration,
+    /// An engine's response body silent this long (while the client waits for it) is cut off.
+    pub upstream_idle_timeout: std::time::Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_concurrent: DEFAULT_MAX_CONCURRENT,
+            max_queued: DEFAULT_MAX_QUEUED,
+            queue_timeout: DEFAULT_QUEUE_TIMEOUT,
+            max_prompt_bytes: DEFAULT_MAX_PROMPT_BYTES,
+            read_timeout: crate::http::server::DEFAULT_READ_TIMEOUT,
+            upstream_idle_timeout: DEFAULT_UPSTREAM_IDLE_TIMEOUT,
+        }
+    }
 }
 
 /// Where a pool's prompt tokens come from.
@@ -87,6 +130,8 @@ pub struct Config {
     pub admin_token: Option<AdminToken>,
     pub pools: Vec<PoolConfig>,
     pub max_body: usize,
+    /// Capacity, queue and size bounds.
+    pub limits: Limits,
     pub retries: usize,
     pub explain: bool,
     pub inject_usage: bool,
@@ -168,6 +213,38 @@ impl Config {
                 field.into(),
                 format!("must be 1 to {max} (data-path threads)"),
             );
+        }
+        let l = &self.limits;
+        let at = |flag: &str, key: &str| {
+            if file == FLAGS {
+                flag.to_string()
+            } else {
+                format!("proxy.{key}")
+            }
+        };
+        if l.max_prompt_bytes == 0 || l.max_prompt_bytes > self.max_body {
+            return err(
+                at("--max-prompt-bytes", "maxPromptBytes"),
+                format!("must be 1 to the body limit ({} bytes)", self.max_body),
+            );
+        }
+        if l.max_concurrent > 0 && l.max_queued > 0 && l.queue_timeout.is_zero() {
+            return err(
+                at("--queue-timeout-ms", "queueTimeoutMs"),
+                "must be > 0 when requests may queue (or set the queue to 0)".into(),
+            );
+        }
+        for (flag, key, d) in [
+            ("--read-timeout-ms", "readTimeoutMs", l.read_timeout),
+            (
+                "--upstream-idle-timeout-ms",
+                "upstreamIdleTimeoutMs",
+                l.upstream_idle_timeout,
+            ),
+        ] {
+            if d.is_zero() {
+                return err(at(flag, key), "must be > 0".into());
+            }
         }
         let mut names = std::collections::HashSet::new();
         let mut models = std::collections::HashSet::new();

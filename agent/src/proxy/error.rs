@@ -12,6 +12,8 @@ pub struct ProxyError {
     pub status: StatusCode,
     pub message: String,
     pub param: Option<&'static str>,
+    /// Seconds for a `Retry-After` field (429 and 503: when trying again may succeed).
+    pub retry_after: Option<u32>,
 }
 
 impl ProxyError {
@@ -20,6 +22,9 @@ impl ProxyError {
             status,
             message: message.into(),
             param: None,
+            // The proxy's own 503s (no endpoint could take the request) pass with the
+            // engines' recovery: a second is a fair first wait.
+            retry_after: (status == StatusCode::SERVICE_UNAVAILABLE).then_some(1),
         }
     }
 
@@ -43,7 +48,12 @@ impl ProxyError {
     }
 
     pub fn into_response(self) -> http::Response<Body> {
-        full(self.status, "application/json", self.body())
+        let mut resp = full(self.status, "application/json", self.body());
+        if let Some(s) = self.retry_after {
+            resp.headers_mut()
+                .insert(http::header::RETRY_AFTER, http::HeaderValue::from(s));
+        }
+        resp
     }
 }
 
@@ -61,6 +71,7 @@ fn kind(status: StatusCode) -> &'static str {
         | StatusCode::REQUEST_TIMEOUT
         | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "BadRequestError",
         StatusCode::NOT_FOUND => "NotFoundError",
+        StatusCode::TOO_MANY_REQUESTS => "RateLimitError",
         StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
         StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => "BadGatewayError",
         _ => "InternalServerError",
@@ -86,5 +97,25 @@ mod tests {
         assert_eq!(v["error"]["type"], "NotFoundError");
         assert_eq!(v["error"]["code"], 404);
         assert_eq!(v["error"]["param"], "model");
+    }
+
+    #[test]
+    fn busy_answers_say_when_to_retry() {
+        let e = ProxyError {
+            retry_after: Some(3),
+            ..ProxyError::new(StatusCode::TOO_MANY_REQUESTS, "full")
+        };
+        let resp = e.clone().into_response();
+        assert_eq!(resp.headers()[http::header::RETRY_AFTER], "3");
+        let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+        assert_eq!(v["error"]["type"], "RateLimitError");
+        assert_eq!(v["error"]["code"], 429);
+        let none = ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, "No endpoint is available.");
+        assert_eq!(
+            none.into_response().headers()[http::header::RETRY_AFTER],
+            "1"
+        );
+        let bad = ProxyError::bad_request("x").into_response();
+        assert!(bad.headers().get(http::header::RETRY_AFTER).is_none());
     }
 }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use super::{
-    Proxy, ProxyError, error,
+    Proxy, ProxyError, admission, error,
     forward::forward,
     record::{Attempt, Ending},
     request,
@@ -25,6 +25,10 @@ use crate::{
 impl Handler for Proxy {
     fn max_body(&self) -> usize {
         self.max_body
+    }
+
+    fn read_timeout(&self) -> std::time::Duration {
+        self.admission.limits().read_timeout
     }
 
     fn call<'a>(
@@ -64,8 +68,23 @@ pub(super) async fn respond(
         retries: 0,
     };
     tracing::trace!(tenant = %tenant, ?via, "tenant");
+    let unread_body = body.is_err();
     let routed = match body {
-        Ok(body) => route(proxy, kind, parts, body, &mut attempt).await,
+        // Admitted first: under overload the refusal costs no parsing, and the slot covers
+        // tokenization as well as the engine's work.
+        Ok(body) => match proxy.admission.admit().await {
+            Ok(permit) => route(proxy, kind, parts, body, &mut attempt)
+                .await
+                .map(|mut answer| {
+                    let sse = answer
+                        .headers
+                        .get("content-type")
+                        .is_some_and(|v| v.starts_with(b"text/event-stream"));
+                    answer.body = admission::hold(answer.body, permit, &proxy.admission, sse);
+                    answer
+                }),
+            Err(err) => Err(err),
+        },
         Err(err) => Err(err),
     };
     match routed {
@@ -82,7 +101,7 @@ pub(super) async fn respond(
                     streamed: false,
                 },
             );
-            let unread_body = err.status == StatusCode::PAYLOAD_TOO_LARGE;
+            let unread_body = unread_body && err.status == StatusCode::PAYLOAD_TOO_LARGE;
             let mut resp = Answer::from(err.into_response());
             if unread_body {
                 // The rest of the body was never read: this connection cannot be reused.
@@ -132,6 +151,10 @@ async fn route(
     let (pool, ctx, body) = match kind {
         Some(kind) => {
             let req = request::Request::read(kind, &body, &proxy.pools[0].pool.model)?;
+            let prompt_bytes = req.prompt_bytes();
+            if prompt_bytes > proxy.admission.limits().max_prompt_bytes {
+                return Err(proxy.admission.refuse_prompt(prompt_bytes));
+            }
             let (pool, lora) = proxy
                 .pool_for(&req.model)
                 .ok_or_else(|| ProxyError::model_not_found(&req.model))?;

@@ -18,6 +18,7 @@
 //!    answered with an error itself).
 
 mod admin;
+pub mod admission;
 mod candidates;
 mod error;
 mod forward;
@@ -67,6 +68,8 @@ pub struct Proxy {
     pub inject_usage: bool,
     pub telemetry: Arc<Telemetry>,
     pub tenants: TenantPolicy,
+    /// Capacity, queue and size bounds ([`admission`]).
+    pub admission: Arc<admission::Admission>,
     upstreams: upstream::Upstreams,
 }
 
@@ -82,6 +85,7 @@ impl Proxy {
             inject_usage: true,
             telemetry,
             tenants,
+            admission: admission::Admission::new(crate::config::Limits::default()),
             upstreams: upstream::Upstreams::new(),
         }
     }

@@ -220,6 +220,14 @@ impl<'a> Request<'a> {
         !self.stream || self.include_usage == Some(true)
     }
 
+    /// The size of what would be tokenized: the `prompt` and `messages` members as JSON
+    /// bytes (known from the parse, nothing decoded), so a size bound applies before any
+    /// tokenization or engine round trip.
+    pub fn prompt_bytes(&self) -> usize {
+        let len = |raw: Option<&RawValue>| raw.map_or(0, |r| r.get().len());
+        len(self.fields.prompt) + len(self.fields.messages)
+    }
+
     /// Extra key inputs: the adapter on every block, the salt on the first.
     pub fn extras(&self, lora: Option<&str>) -> RequestExtras {
         RequestExtras {
@@ -541,6 +549,19 @@ mod tests {
                 .model,
             "m"
         );
+    }
+
+    #[test]
+    fn prompt_bytes_count_the_members_tokenization_reads() {
+        let r = |kind, body: &[u8]| Request::read(kind, body, "m").unwrap().prompt_bytes();
+        assert_eq!(r(Kind::Completion, br#"{"prompt": "abc", "x": "long"}"#), 5);
+        assert_eq!(r(Kind::Completion, br#"{"prompt": [1, 2]}"#), 6);
+        let chat = br#"{"messages": [{"role": "user", "content": "hi"}]}"#;
+        assert_eq!(
+            r(Kind::Chat, chat),
+            r#"[{"role": "user", "content": "hi"}]"#.len()
+        );
+        assert_eq!(r(Kind::Completion, b"{}"), 0);
     }
 
     #[test]

@@ -50,6 +50,15 @@ pub struct Publisher {
     pub encoder: Encoder,
     /// Fault injection: do not send every Nth batch (it still enters the replay buffer).
     pub drop_every: Option<u64>,
+    /// Fault injection: send every Nth batch twice.
+    pub duplicate_every: Option<u64>,
+    /// Fault injection: hold every Nth batch back and send it after the next one.
+    pub reorder_every: Option<u64>,
+}
+
+/// Whether batch `seq` is an Nth one.
+fn every(n: Option<u64>, seq: u64) -> bool {
+    n.is_some_and(|n| n > 0 && (seq + 1).is_multiple_of(n))
 }
 
 type Buffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
@@ -98,6 +107,8 @@ impl Publisher {
         }
         let task = tokio::spawn(async move {
             let mut seq: u64 = 0;
+            // A batch held back by the reorder fault, sent after the next one.
+            let mut held: Option<(u64, ZmqMessage)> = None;
             while let Some(step) = rx.recv().await {
                 let payload = Bytes::from(self.encoder.batch(step.ts, &step.events));
                 {
@@ -107,10 +118,7 @@ impl Publisher {
                         buf.pop_front();
                     }
                 }
-                let dropped = self
-                    .drop_every
-                    .is_some_and(|n| n > 0 && (seq + 1).is_multiple_of(n));
-                if !dropped {
+                if !every(self.drop_every, seq) {
                     let frames = vec![
                         Bytes::from(self.topic.clone().into_bytes()),
                         Bytes::copy_from_slice(&seq.to_be_bytes()),
@@ -118,8 +126,16 @@ impl Publisher {
                     ];
                     let msg =
                         ZmqMessage::try_from(frames).expect("three frames is a valid message");
-                    if let Err(err) = publisher.send(msg).await {
-                        tracing::warn!(%err, seq, "KV event publish failed");
+                    if every(self.reorder_every, seq) && held.is_none() {
+                        held = Some((seq, msg));
+                    } else {
+                        if every(self.duplicate_every, seq) {
+                            publish(&mut publisher, msg.clone(), seq).await;
+                        }
+                        publish(&mut publisher, msg, seq).await;
+                        if let Some((late_seq, late)) = held.take() {
+                            publish(&mut publisher, late, late_seq).await;
+                        }
                     }
                 }
                 seq += 1;
@@ -131,6 +147,12 @@ impl Publisher {
             events_endpoint,
             replay_endpoint,
         })
+    }
+}
+
+async fn publish(publisher: &mut PubSocket, msg: ZmqMessage, seq: u64) {
+    if let Err(err) = publisher.send(msg).await {
+        tracing::warn!(%err, seq, "KV event publish failed");
     }
 }
 
