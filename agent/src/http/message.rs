@@ -176,6 +176,32 @@ mod tests {
     }
 
     #[test]
+    fn answers_for_h2_clients_leave_hop_by_hop_fields_behind() {
+        let mut map = http::HeaderMap::new();
+        for (n, v) in [
+            ("connection", "x-a"),
+            ("x-a", "1"),
+            ("keep-alive", "timeout=5"),
+            ("content-length", "2"),
+            ("x-b", "2"),
+        ] {
+            map.append(n, v.parse().unwrap());
+        }
+        let answer = Answer {
+            status: http::StatusCode::OK,
+            headers: Headers::Map(map),
+            extra: vec![(
+                http::HeaderName::from_static("x-c"),
+                http::HeaderValue::from_static("3"),
+            )],
+            body: full(http::StatusCode::OK, "text/plain", "ok").into_body(),
+        };
+        let resp = answer.into_http();
+        let names: Vec<_> = resp.headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-b", "x-c"]);
+    }
+
+    #[test]
     fn request_targets_in_every_form_forward_their_path_and_query() {
         let h = head(b"/v1/models?x=1").unwrap();
         assert_eq!((h.path(), h.target()), ("/v1/models", "/v1/models?x=1"));
