@@ -12,6 +12,8 @@ pub mod agent;
 pub mod args;
 pub mod config;
 pub mod ebpf;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod kv_index;
 pub mod pool;

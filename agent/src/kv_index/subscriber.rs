@@ -320,7 +320,7 @@ fn apply_payload(index: &KvIndex, id: SourceId, seq: u64, payload: &[u8]) {
 }
 
 /// `[topic, seq (8 bytes BE), payload]` -> (seq, payload).
-fn split_frames(frames: &[Bytes]) -> Option<(u64, &[u8])> {
+pub(crate) fn split_frames(frames: &[Bytes]) -> Option<(u64, &[u8])> {
     let [_topic, seq, payload] = frames else {
         return None;
     };
@@ -348,28 +348,9 @@ pub async fn fetch_replay(
         let mut out = Vec::new();
         loop {
             let frames = dealer.recv().await.map_err(|e| e.to_string())?.into_vec();
-            let body = match frames.split_first() {
-                Some((first, rest)) if first.is_empty() => rest,
-                _ => &frames[..],
-            };
-            let (seq, payload) = match body {
-                [seq, payload] => (seq, payload),
-                [_topic, seq, payload] => (seq, payload),
-                _ => {
-                    return Err(format!(
-                        "unexpected replay reply of {} frames",
-                        frames.len()
-                    ));
-                }
-            };
-            let seq: [u8; 8] = seq
-                .as_ref()
-                .try_into()
-                .map_err(|_| "replay seq is not 8 bytes".to_string())?;
-            if seq == END_SEQ {
+            let Some((seq, payload)) = replay_entry(&frames)? else {
                 return Ok(out);
-            }
-            let seq = u64::from_be_bytes(seq);
+            };
             if (from..until).contains(&seq) {
                 out.push((seq, payload.clone()));
             }
@@ -378,6 +359,34 @@ pub async fn fetch_replay(
     tokio::time::timeout(REPLAY_TIMEOUT, work)
         .await
         .map_err(|_| format!("no END after {REPLAY_TIMEOUT:?}"))?
+}
+
+/// One replay reply message -> (seq, payload), or `None` for the END marker. Both layouts:
+/// `[b"", seq, payload]` (v0.25) and `[b"", topic, seq, payload]` (v0.26), the empty
+/// delimiter frame optional.
+pub(crate) fn replay_entry(frames: &[Bytes]) -> Result<Option<(u64, &Bytes)>, String> {
+    let body = match frames.split_first() {
+        Some((first, rest)) if first.is_empty() => rest,
+        _ => frames,
+    };
+    let (seq, payload) = match body {
+        [seq, payload] => (seq, payload),
+        [_topic, seq, payload] => (seq, payload),
+        _ => {
+            return Err(format!(
+                "unexpected replay reply of {} frames",
+                frames.len()
+            ));
+        }
+    };
+    let seq: [u8; 8] = seq
+        .as_ref()
+        .try_into()
+        .map_err(|_| "replay seq is not 8 bytes".to_string())?;
+    if seq == END_SEQ {
+        return Ok(None);
+    }
+    Ok(Some((u64::from_be_bytes(seq), payload)))
 }
 
 #[cfg(test)]

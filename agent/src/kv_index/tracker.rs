@@ -34,7 +34,9 @@ impl SeqTracker {
             Some(n) if seq > n => Step::Gap { from: n },
             Some(_) => Step::Restart { missed: seq },
         };
-        self.next = Some(seq + 1);
+        // Saturating: u64::MAX never comes from a real engine, but a frame may say so (a
+        // following MAX is then taken in order, anything lower as a restart).
+        self.next = Some(seq.saturating_add(1));
         step
     }
 
@@ -62,6 +64,11 @@ mod tests {
             Step::Restart { missed: 1 },
             "restarted and lost batch 0"
         );
+        // Found by fuzzing (zmq_frames): the last sequence number must not overflow.
+        let mut max = SeqTracker::default();
+        assert_eq!(max.observe(u64::MAX), Step::JoinedLate { missed: u64::MAX });
+        assert_eq!(max.next(), Some(u64::MAX));
+        assert_eq!(max.observe(3), Step::Restart { missed: 3 });
         let mut late = SeqTracker::default();
         assert_eq!(late.observe(7), Step::JoinedLate { missed: 7 });
         assert_eq!(late.next(), Some(8));

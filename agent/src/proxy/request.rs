@@ -67,8 +67,8 @@ impl Parsed {
 pub fn ask_for_usage(body: &bytes::Bytes, include_usage: Option<bool>) -> bytes::Bytes {
     match include_usage {
         Some(true) => body.clone(),
-        // No stream_options: add the member first (the cheap, common case).
-        None => {
+        // No stream_options member: add one first (the cheap, common case).
+        None if !may_hold_options(body) => {
             let at = body.iter().position(|&b| b == b'{').map_or(0, |i| i + 1);
             let mut out = Vec::with_capacity(body.len() + 48);
             out.extend_from_slice(&body[..at]);
@@ -83,17 +83,36 @@ pub fn ask_for_usage(body: &bytes::Bytes, include_usage: Option<bool>) -> bytes:
             }
             out.into()
         }
-        // Explicitly false: rewrite the member (rare).
-        Some(false) => {
+        // Explicitly false, or a member that is no object (`null`: a member added first
+        // would be overridden by it, the last occurrence counting), or a key that may be
+        // spelt with escapes: rewrite the member (rare).
+        _ => {
             let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(body) else {
                 return body.clone();
             };
-            if let Some(o) = v.get_mut("stream_options").and_then(|o| o.as_object_mut()) {
-                o.insert("include_usage".into(), true.into());
+            if let Some(o) = v.as_object_mut() {
+                match o.get_mut("stream_options").and_then(|s| s.as_object_mut()) {
+                    Some(s) => {
+                        s.insert("include_usage".into(), true.into());
+                    }
+                    None => {
+                        o.insert(
+                            "stream_options".into(),
+                            serde_json::json!({"include_usage": true}),
+                        );
+                    }
+                }
             }
             serde_json::to_vec(&v).map_or_else(|_| body.clone(), Into::into)
         }
     }
+}
+
+/// Whether a body may hold a `stream_options` member: the key as written, or any `\u`
+/// escape (which could spell it).
+fn may_hold_options(body: &[u8]) -> bool {
+    memchr::memmem::find(body, b"stream_options").is_some()
+        || memchr::memmem::find(body, b"\\u").is_some()
 }
 
 /// The request fields routing reads, as raw JSON slices of the body: everything else is
@@ -588,6 +607,26 @@ mod tests {
             let v: serde_json::Value = serde_json::from_slice(&asked).unwrap();
             assert_eq!(v["stream_options"]["include_usage"], true);
             assert_eq!(v["prompt"], "a");
+        }
+    }
+
+    #[test]
+    fn usage_is_asked_for_over_a_later_or_escaped_stream_options() {
+        // Found by fuzzing (openai_request): a member added first was overridden by the
+        // body's own, so the stream ended without usage.
+        let tok = Tokenizer::builtin();
+        for body in [
+            &br#"{"prompt": "a", "stream": true, "stream_options": null}"#[..],
+            br#"{"prompt": "a", "stream": true, "stream_options": 5}"#,
+            br#"{"prompt": "a", "stream": true, "stream\u005foptions": null}"#,
+            br#"{"prompt": "a", "stream": true, "stream_options": {"include_usage": false}, "stream_options": null}"#,
+        ] {
+            let p = parse(Kind::Completion, body, "m", &tok, 16).unwrap();
+            assert!(!p.wants_usage(), "{}", String::from_utf8_lossy(body));
+            let asked = ask_for_usage(&bytes::Bytes::copy_from_slice(body), p.include_usage);
+            let again = parse(Kind::Completion, &asked, "m", &tok, 16).unwrap();
+            assert_eq!(again.include_usage, Some(true), "{}", String::from_utf8_lossy(&asked));
+            assert_eq!((again.prompt_tokens, again.keys), (p.prompt_tokens, p.keys));
         }
     }
 }
