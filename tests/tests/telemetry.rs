@@ -1,7 +1,11 @@
 //! Per-tenant telemetry end to end: a scripted workload from several source addresses through
 //! the proxy to the simulator, exported over OTLP (gRPC and HTTP/protobuf) to an in-process
-//! receiver and through a real third-party collector (rotel), with exact values asserted.
+//! receiver and through a real third-party collector (rotel), with exact values asserted;
+//! over TLS and mTLS in `telemetry/tls.rs`.
 #![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
+
+#[path = "telemetry/tls.rs"]
+mod tls;
 
 use std::{net::IpAddr, time::Duration};
 
@@ -9,9 +13,16 @@ use futures::StreamExt;
 use serde_json::json;
 use warmpath_e2e::{
     agent::proxy,
+    agent_process::child_main,
     otlp::{Receiver, Snapshot},
     sim::{Fleet, get_json, metric, wait_for},
 };
+
+#[test]
+#[ignore = "entry point of the agent child process (tests/src/agent_process.rs)"]
+fn agent_process() {
+    child_main();
+}
 
 const WAIT: Duration = Duration::from_secs(30);
 const TENANT_FLAGS: [&str; 8] = [

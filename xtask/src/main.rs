@@ -82,6 +82,10 @@ fn test() -> Result<()> {
     let object = ebpf::build()?;
     shell::run(&mut shell::cargo(["fmt", "--all", "--", "--check"]))?;
     layers::check()?;
+    // Licenses, bans and sources (deny.toml); advisories need GitHub (docs/security.md).
+    shell::run(&mut shell::cargo([
+        "deny", "check", "licenses", "bans", "sources",
+    ]))?;
     shell::run(
         shell::cargo(["clippy", "--all-targets", "--", "-D", "warnings"])
             .env(ebpf::OBJECT_ENV, &object),

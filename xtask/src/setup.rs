@@ -9,6 +9,8 @@ use crate::shell;
 /// LLVM that bpf-linker must link against: the same major version as nightly rustc's LLVM.
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const LLVM_PACKAGES: [&str; 2] = ["llvm-22-dev", "libclang-22-dev"];
+/// The cargo-deny release deny.toml is written for (its format changes between minors).
+const CARGO_DENY_VERSION: &str = "^0.20";
 /// Python packages the end-to-end suites use as real third-party clients.
 const PYTHON_REQUIREMENTS: &str = "tests/python/requirements.txt";
 
@@ -19,7 +21,23 @@ const CHART_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 pub fn all() -> Result<()> {
     bpf_toolchain()?;
     chart_font()?;
+    cargo_deny()?;
     python_clients()
+}
+
+/// cargo-deny, which checks the dependency tree against deny.toml, from crates.io when
+/// missing.
+fn cargo_deny() -> Result<()> {
+    if shell::on_path("cargo-deny") {
+        return Ok(());
+    }
+    shell::run(&mut shell::cargo([
+        "install",
+        "cargo-deny",
+        "--locked",
+        "--version",
+        CARGO_DENY_VERSION,
+    ]))
 }
 
 /// A TrueType font for the PNG/SVG charts: Debian's fonts-dejavu-core when root, else a clear

@@ -33,7 +33,7 @@ pub async fn serve_admin(listener: TcpListener, proxy: Arc<Proxy>, token: Option
                     let path = req.uri().path();
                     Ok::<_, Infallible>(match authorize(token.as_deref(), path, req.headers()) {
                         Ok(()) => admin(&proxy, req.method(), path),
-                        Err(refused) => refused,
+                        Err(denied) => denied.response(),
                     })
                 }
             });
@@ -48,13 +48,42 @@ pub async fn serve_admin(listener: TcpListener, proxy: Arc<Proxy>, token: Option
 /// Paths open without the token: liveness and readiness say nothing about the node.
 const OPEN_PATHS: [&str; 2] = ["/live", "/ready"];
 
+/// Why a request was not let through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Denied {
+    /// No bearer token came with it.
+    Missing,
+    /// One came, and it is not the token.
+    Wrong,
+}
+
+impl Denied {
+    /// 401 with the challenge (RFC 6750: `invalid_request` without a token, else
+    /// `invalid_token`) and an OpenAI-style body.
+    fn response(self) -> http::Response<Body> {
+        let (message, error) = match self {
+            Denied::Missing => (
+                "this admin endpoint needs `Authorization: Bearer <token>` (warmpath status --admin-token-file PATH)",
+                "invalid_request",
+            ),
+            Denied::Wrong => ("the admin token was refused", "invalid_token"),
+        };
+        let mut resp = super::ProxyError::new(StatusCode::UNAUTHORIZED, message).into_response();
+        let challenge = format!("Bearer realm=\"warmpath-admin\", error=\"{error}\"");
+        if let Ok(v) = http::HeaderValue::from_str(&challenge) {
+            resp.headers_mut().insert(http::header::WWW_AUTHENTICATE, v);
+        }
+        resp
+    }
+}
+
 /// `Ok` when no token is configured, the path is a probe, or the request carries the token
-/// (`Bearer`, scheme case-insensitive); else the 401 to answer with.
+/// (`Bearer`, scheme case-insensitive).
 fn authorize(
     token: Option<&AdminToken>,
     path: &str,
     headers: &http::HeaderMap,
-) -> Result<(), http::Response<Body>> {
+) -> Result<(), Denied> {
     let Some(token) = token else {
         return Ok(());
     };
@@ -70,20 +99,11 @@ fn authorize(
                 .eq_ignore_ascii_case(b"bearer")
                 .then(|| rest.trim_ascii())
         });
-    let (message, error) = match presented {
-        Some(t) if token.verify(t) => return Ok(()),
-        Some(_) => ("the admin token was refused", "invalid_token"),
-        None => (
-            "this admin endpoint needs `Authorization: Bearer <token>` (warmpath status --admin-token-file PATH)",
-            "invalid_request",
-        ),
-    };
-    let mut resp = super::ProxyError::new(StatusCode::UNAUTHORIZED, message).into_response();
-    let challenge = format!("Bearer realm=\"warmpath-admin\", error=\"{error}\"");
-    if let Ok(v) = http::HeaderValue::from_str(&challenge) {
-        resp.headers_mut().insert(http::header::WWW_AUTHENTICATE, v);
+    match presented {
+        Some(t) if token.verify(t) => Ok(()),
+        Some(_) => Err(Denied::Wrong),
+        None => Err(Denied::Missing),
     }
-    Err(resp)
 }
 
 fn admin(proxy: &Proxy, method: &Method, path: &str) -> http::Response<Body> {
@@ -177,7 +197,8 @@ mod tests {
     fn refusal(token: &AdminToken, path: &str, authorization: Option<&str>) -> Option<String> {
         authorize(Some(token), path, &headers(authorization))
             .err()
-            .map(|r| {
+            .map(|d| {
+                let r = d.response();
                 assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
                 r.headers()[http::header::WWW_AUTHENTICATE]
                     .to_str()
@@ -203,6 +224,8 @@ mod tests {
             "{missing}"
         );
         assert!(missing.contains("invalid_request"), "{missing}");
+        let wrong = refusal(&token, "/status", Some("Bearer nope")).unwrap();
+        assert!(wrong.contains("invalid_token"), "{wrong}");
         for wrong in [
             "Bearer 0123456789abcdef-admiN",
             "Bearer 0123456789abcdef-admin-and-more",

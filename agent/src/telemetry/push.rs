@@ -73,6 +73,7 @@ impl Pusher {
             sdk,
             timeout,
             failing: false,
+            mtls_hint: config.tls.as_ref().is_some_and(|t| t.client.is_none()),
         };
         let (finishing, finished) = mpsc::sync_channel::<()>(0);
         let thread = std::thread::Builder::new()
@@ -124,7 +125,14 @@ struct Exporter {
     timeout: Duration,
     /// The last push failed (log the first failure of a streak only at warning level).
     failing: bool,
+    /// TLS without a client certificate: a connection the collector closes after the
+    /// handshake is most likely its mTLS refusal (TLS 1.3 sends that alert after the
+    /// client's handshake is done, and h2/hyper report only the closed connection).
+    mtls_hint: bool,
 }
+
+/// The hint a closed TLS connection gets when no client certificate is configured.
+const MTLS_HINT: &str = "no client certificate is configured: if the collector requires client certificates (mTLS), set OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY (or --otlp-client-certificate and --otlp-client-key)";
 
 impl Exporter {
     fn run(
@@ -156,8 +164,18 @@ impl Exporter {
         let request = request(&self.sources, &self.sdk);
         let result = match tokio::time::timeout(self.timeout, self.transport.send(request)).await {
             Ok(r) => r,
-            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+            Err(_) => Err(Failure::other(format!(
+                "no answer within {:?}",
+                self.timeout
+            ))),
         };
+        let result = result.map_err(|f| {
+            if self.mtls_hint && f.dropped {
+                format!("{} ({MTLS_HINT})", f.message)
+            } else {
+                f.message
+            }
+        });
         match result {
             Ok(()) => self.failing = false,
             Err(err) if !self.failing => {
@@ -183,7 +201,8 @@ enum Transport {
     },
     Http {
         endpoint: http::Uri,
-        client: HttpClient,
+        /// Boxed: the hyper client is most of the enum's size.
+        client: Box<HttpClient>,
         headers: http::HeaderMap,
         gzip: bool,
     },
@@ -265,7 +284,7 @@ impl Transport {
                 .build(connector);
                 Transport::Http {
                     endpoint: config.endpoint.parse().map_err(|e| bad(&e))?,
-                    client,
+                    client: Box::new(client),
                     headers,
                     gzip,
                 }
@@ -280,7 +299,7 @@ impl Transport {
         }
     }
 
-    async fn send(&mut self, request: ExportMetricsServiceRequest) -> Result<(), String> {
+    async fn send(&mut self, request: ExportMetricsServiceRequest) -> Result<(), Failure> {
         match self {
             Transport::Grpc {
                 client, headers, ..
@@ -292,9 +311,15 @@ impl Transport {
                     // status's source chain, not its message.
                     match std::error::Error::source(&s) {
                         Some(cause) => {
-                            format!("{}: {}: {}", s.code(), s.message(), error_chain(cause))
+                            let chain = error_chain(cause);
+                            let dropped = !chain.contains("refused")
+                                && !chain.contains("invalid peer certificate");
+                            Failure {
+                                message: format!("{}: {}: {chain}", s.code(), s.message()),
+                                dropped,
+                            }
                         }
-                        None => format!("{}: {}", s.code(), s.message()),
+                        None => Failure::other(format!("{}: {}", s.code(), s.message())),
                     }
                 })
             }
@@ -305,18 +330,46 @@ impl Transport {
                 gzip,
             } => {
                 let body = request.encode_to_vec();
-                let body = if *gzip { gzipped(&body)? } else { body };
+                let body = if *gzip {
+                    gzipped(&body).map_err(Failure::other)?
+                } else {
+                    body
+                };
                 let mut r = http::Request::post(endpoint.clone())
                     .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| Failure::other(e.to_string()))?;
                 *r.headers_mut() = headers.clone();
-                let response = client.request(r).await.map_err(|e| error_chain(&e))?;
+                let response = client.request(r).await.map_err(|e| Failure {
+                    message: error_chain(&e),
+                    // Connected (TLS handshake included), then dropped.
+                    dropped: !e.is_connect(),
+                })?;
                 if response.status().is_success() {
                     Ok(())
                 } else {
-                    Err(format!("the collector answered {}", response.status()))
+                    Err(Failure::other(format!(
+                        "the collector answered {}",
+                        response.status()
+                    )))
                 }
             }
+        }
+    }
+}
+
+/// Why a push failed.
+struct Failure {
+    message: String,
+    /// The connection was made and then dropped by the collector (not refused, not a
+    /// certificate the agent rejected, not an answer).
+    dropped: bool,
+}
+
+impl Failure {
+    fn other(message: String) -> Self {
+        Self {
+            message,
+            dropped: false,
         }
     }
 }
