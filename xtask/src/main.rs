@@ -4,6 +4,7 @@
 //! commands work on a fresh machine.
 
 mod ebpf;
+mod fuzz;
 mod layers;
 mod pgo;
 mod setup;
@@ -35,13 +36,23 @@ enum Task {
         #[arg(long, requires = "release")]
         pgo: bool,
     },
-    /// The README test command: fmt check, clippy, unit, integration and BPF tests.
+    /// The README test command: fmt check, clippy, unit, integration and BPF tests, and a
+    /// short run of every fuzz target.
     Test,
     /// Check the module structure: no cycles between sibling modules, the HTTP/1.1 layer
     /// importing nothing of the agent outside itself.
     Layers,
     /// Run the demo.
     Demo,
+    /// Fuzz every target in fuzz/ (cargo-fuzz, nightly) for `--minutes` in all, or one target.
+    Fuzz {
+        /// Minutes of fuzzing in all, split evenly over the targets run.
+        #[arg(long)]
+        minutes: f64,
+        /// Only this target (see fuzz/Cargo.toml).
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Retrain the built-in tokenizer into tokenizer/assets/default-tokenizer/ (deterministic).
     GenTokenizer,
 }
@@ -55,6 +66,7 @@ fn main() -> Result<()> {
         Task::Test => test(),
         Task::Layers => layers::check(),
         Task::Demo => demo(),
+        Task::Fuzz { minutes, target } => fuzz::run(minutes, target.as_deref()),
         Task::GenTokenizer => shell::run(&mut shell::cargo([
             "run",
             "--release",
@@ -91,7 +103,8 @@ fn test() -> Result<()> {
             .env(ebpf::OBJECT_ENV, &object),
     )?;
     shell::run(shell::cargo(["test"]).env(ebpf::OBJECT_ENV, &object))?;
-    python_suites(&object)
+    python_suites(&object)?;
+    fuzz::smoke()
 }
 
 /// `cargo build` of the `warmpath` binary (release or debug) with the BPF `object` embedded;

@@ -97,6 +97,16 @@ pub fn bpf_toolchain() -> Result<()> {
     Ok(())
 }
 
+/// cargo-fuzz (the fuzz targets' runner), installed with the stable cargo when missing. The
+/// targets themselves build with nightly (`bpf_toolchain` checks it is there).
+pub fn cargo_fuzz() -> Result<()> {
+    bpf_toolchain()?;
+    if shell::on_path("cargo-fuzz") {
+        return Ok(());
+    }
+    shell::run(&mut shell::cargo(["install", "cargo-fuzz", "--locked"]))
+}
+
 /// Installs Debian `packages` when we run as root on a machine with apt: `Ok(false)` when we
 /// cannot (the caller then says what to install).
 pub fn apt_install(packages: &[&str]) -> Result<bool> {
