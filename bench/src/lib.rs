@@ -9,6 +9,7 @@ mod process;
 mod proxy;
 pub mod run;
 mod sim_streams;
+pub mod soak;
 pub mod workload;
 
 use clap::Subcommand;
@@ -30,6 +31,10 @@ pub enum BenchCommand {
     /// A seeded workload (shared-prefix, multi-turn, agentic, no-sharing, trace) against any
     /// OpenAI endpoint: report, JSON and charts.
     Run(Box<run::RunArgs>),
+    /// Steady mixed load through an agent against simulator fleets (streams, cancellations,
+    /// errors, a failing endpoint, fresh connections): RSS and descriptors over time, memory
+    /// per idle stream.
+    Soak(Box<soak::SoakArgs>),
 }
 
 /// Errors that end a benchmark.
@@ -52,6 +57,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
         BenchCommand::Compare(args) => compare::run(*args).await,
         BenchCommand::Proxy(args) => proxy::run(args).await,
         BenchCommand::Run(args) => run::run(*args).await,
+        BenchCommand::Soak(args) => soak::run(*args).await,
         BenchCommand::Index(args) => tokio::task::spawn_blocking(move || index::run(args))
             .await
             .map_err(|e| Error::Setup(format!("index benchmark panicked: {e}"))),

@@ -1,7 +1,7 @@
 //! Child processes of the benchmarks: this binary in another role (`warmpath sim`, `warmpath
 //! agent`) or a peer (nginx), stopped when dropped.
 
-use std::process::Stdio;
+use std::{path::Path, process::Stdio};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -38,12 +38,26 @@ pub fn free_port() -> Result<u16, Error> {
     l.local_addr().map(|a| a.port()).map_err(io)
 }
 
-/// Runs this binary with `args` and `worker_threads` tokio workers; returns it and its pid.
-pub async fn spawn_self(args: &[String], worker_threads: usize) -> Result<(Child, u32), Error> {
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
+/// This binary's path.
+pub fn self_exe() -> Result<std::path::PathBuf, Error> {
+    std::env::current_exe().map_err(|source| Error::Io {
         what: "find the warmpath binary".into(),
         source,
-    })?;
+    })
+}
+
+/// Runs this binary with `args` and `worker_threads` tokio workers; returns it and its pid.
+pub async fn spawn_self(args: &[String], worker_threads: usize) -> Result<(Child, u32), Error> {
+    spawn_exe(&self_exe()?, args, worker_threads).await
+}
+
+/// Runs `exe` (a `warmpath` binary) with `args` and `worker_threads` tokio workers; returns
+/// it and its pid.
+pub async fn spawn_exe(
+    exe: &Path,
+    args: &[String],
+    worker_threads: usize,
+) -> Result<(Child, u32), Error> {
     let child = tokio::process::Command::new(exe)
         .args(args)
         .stdout(Stdio::piped())
@@ -85,9 +99,30 @@ pub async fn spawn_sim(
     flags: &[String],
     worker_threads: usize,
 ) -> Result<(Child, u32, Vec<String>), Error> {
+    let (child, pid, engines) = spawn_fleet(&self_exe()?, flags, worker_threads).await?;
+    Ok((child, pid, engines.into_iter().map(|e| e.http).collect()))
+}
+
+/// One simulated engine's addresses, from the simulator's ready line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineAddrs {
+    /// `host:port` of its HTTP server.
+    pub http: String,
+    /// `tcp://host:port` of its KV events publisher, when it publishes.
+    pub kv_events: Option<String>,
+    pub kv_replay: Option<String>,
+}
+
+/// Starts `exe sim <flags>` and waits for its ready line; returns the process, its pid and
+/// its engines' addresses.
+pub async fn spawn_fleet(
+    exe: &Path,
+    flags: &[String],
+    worker_threads: usize,
+) -> Result<(Child, u32, Vec<EngineAddrs>), Error> {
     let mut args = vec!["sim".to_string()];
     args.extend_from_slice(flags);
-    let (mut child, pid) = spawn_self(&args, worker_threads).await?;
+    let (mut child, pid) = spawn_exe(exe, &args, worker_threads).await?;
     let stdout = child
         .0
         .stdout
@@ -103,12 +138,18 @@ pub async fn spawn_sim(
         })?;
     let ready: serde_json::Value = serde_json::from_str(&line)
         .map_err(|e| Error::Setup(format!("simulator ready line `{}`: {e}", line.trim())))?;
-    let engines: Vec<String> = ready["engines"]
+    let text = |e: &serde_json::Value, field: &str| e[field].as_str().map(str::to_string);
+    let engines: Vec<EngineAddrs> = ready["engines"]
         .as_array()
         .map(|a| {
             a.iter()
-                .filter_map(|e| e["http"].as_str())
-                .map(str::to_string)
+                .filter_map(|e| {
+                    Some(EngineAddrs {
+                        http: text(e, "http")?,
+                        kv_events: text(e, "kv_events"),
+                        kv_replay: text(e, "kv_replay"),
+                    })
+                })
                 .collect()
         })
         .unwrap_or_default();

@@ -1,0 +1,481 @@
+//! `warmpath bench soak`: steady mixed load through a real agent (its own process) in front
+//! of simulator fleets, watching the agent's resident memory and file descriptors; then
+//! many idle streams held at once, to measure what one costs.
+//!
+//! Processes, all on loopback: a fleet of `--replicas` engines with KV events; one more
+//! engine in its own process (the failing endpoint: 5 % of its answers are 500s, and it is
+//! killed with SIGKILL every `--fail-every-seconds` and started again on the same ports
+//! after `--down-seconds`); an engine that stalls every stream after its first token (model
+//! `sim-idle`, its own pool); the agent, from a config file with those two pools. The load
+//! ([`load`]) runs for `--minutes`, bounded in count by `--max-requests`; RSS and
+//! descriptors are sampled every `--sample-seconds`; the figures ([`report`]) compare the end
+//! with the end of warm-up.
+
+mod idle;
+mod load;
+mod procfs;
+mod report;
+
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+pub use idle::IdleReport;
+pub use load::Counts;
+pub use procfs::Fds;
+pub use report::{Growth, Sample, SoakReport, render};
+
+use super::{
+    Error,
+    process::{Child, EngineAddrs, free_port, self_exe, spawn_exe, spawn_fleet},
+};
+
+/// Attempts at starting the failing endpoint again before the soak gives up.
+const RESTART_TRIES: u32 = 10;
+
+/// Options of `warmpath bench soak`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SoakArgs {
+    /// Minutes of load.
+    #[arg(long, default_value_t = 10.0)]
+    pub minutes: f64,
+    /// Seconds at the start of the load that are warm-up (default: a fifth of the load, 10
+    /// to 60 s); memory is compared with its end.
+    #[arg(long)]
+    pub warmup_seconds: Option<f64>,
+    /// Requests per second.
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+    /// Requests in flight at most (more are not sent, and counted as shed).
+    #[arg(long, default_value_t = 64)]
+    pub max_in_flight: usize,
+    /// Requests sent at most (default: the rate times the load's seconds).
+    #[arg(long)]
+    pub max_requests: Option<u64>,
+    /// Engines of the main fleet (plus the failing one).
+    #[arg(long, default_value_t = 4)]
+    pub replicas: u16,
+    /// Documents the prompts are about, each asked `--questions` questions (the prompts
+    /// cycle over these).
+    #[arg(long, default_value_t = 20)]
+    pub documents: usize,
+    /// Tokens per document (about: 3.85 characters each).
+    #[arg(long, default_value_t = 4000)]
+    pub document_tokens: usize,
+    #[arg(long, default_value_t = 10)]
+    pub questions: usize,
+    /// Seconds between kills of the failing endpoint (0: never killed).
+    #[arg(long, default_value_t = 20.0)]
+    pub fail_every_seconds: f64,
+    /// Seconds the failing endpoint stays down.
+    #[arg(long, default_value_t = 5.0)]
+    pub down_seconds: f64,
+    /// Idle streams held at once after the load (0: none).
+    #[arg(long, default_value_t = 10_000)]
+    pub idle_streams: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub sample_seconds: f64,
+    /// The agent's data-path threads (default: its own).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// The `warmpath` executable the agent and simulators run from (default: this one).
+    #[arg(long)]
+    pub exe: Option<PathBuf>,
+    /// Write the report (with every sample) as JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Exit with an error when a goal is not met (memory growth, flatness, descriptors).
+    #[arg(long)]
+    pub check: bool,
+}
+
+impl SoakArgs {
+    fn load_seconds(&self) -> f64 {
+        (self.minutes * 60.0).max(1.0)
+    }
+
+    fn warmup(&self) -> f64 {
+        self.warmup_seconds
+            .unwrap_or_else(|| (self.load_seconds() / 5.0).clamp(10.0, 60.0))
+            .min(self.load_seconds() / 2.0)
+    }
+}
+
+/// Runs the soak, prints its table, writes its JSON.
+pub async fn run(args: SoakArgs) -> Result<(), Error> {
+    let report = soak(&args).await?;
+    println!("{}", report::render(&report));
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report)
+            .map_err(|e| Error::Setup(format!("report JSON: {e}")))?;
+        std::fs::write(path, json).map_err(|source| Error::Io {
+            what: format!("write {}", path.display()),
+            source,
+        })?;
+    }
+    let met = report.growth.is_some_and(|g| g.met()) && report.fds_back();
+    if args.check && !met {
+        return Err(Error::Setup("bench soak: a goal was not met".into()));
+    }
+    Ok(())
+}
+
+/// Runs the soak and returns what it measured. Every process it starts is stopped when it
+/// returns, also on error.
+pub async fn soak(args: &SoakArgs) -> Result<SoakReport, Error> {
+    let idle_streams = raise_nofile(args.idle_streams);
+    let exe = match &args.exe {
+        Some(p) => p.clone(),
+        None => self_exe()?,
+    };
+    let fleet_flags: Vec<String> = [
+        "--port",
+        "0",
+        "--replicas",
+        &args.replicas.max(1).to_string(),
+        "--kv-events-port",
+        "0",
+        "--kv-replay-port",
+        "0",
+        "--profile",
+        "tiny",
+        "--num-gpu-blocks",
+        "8192",
+        "--seed",
+        "7",
+    ]
+    .map(String::from)
+    .to_vec();
+    let (_fleet, _, engines) = spawn_fleet(&exe, &fleet_flags, 2).await?;
+    let mut flaky = Flaky::start(exe.clone()).await?;
+    let stall_flags: Vec<String> = [
+        "--model",
+        idle::IDLE_MODEL,
+        "--port",
+        "0",
+        "--profile",
+        "tiny",
+        "--fault-stall-after-tokens",
+        "1",
+        "--num-gpu-blocks",
+        "16384",
+    ]
+    .map(String::from)
+    .to_vec();
+    let (_stall, _, stall) = spawn_fleet(&exe, &stall_flags, 1).await?;
+    let mut all = engines.clone();
+    all.push(flaky.addrs.clone());
+    let agent = Agent::start(&exe, &all, &stall[0], args.workers).await?;
+    let target = idle::Target {
+        pid: agent.pid,
+        listen: agent.listen,
+        engine_ports: all.iter().chain(&stall).filter_map(port).collect(),
+    };
+    let fds_cold = procfs::fds(agent.pid, agent.listen.port(), &target.engine_ports)
+        .ok_or_else(|| Error::Setup("the agent exited".into()))?;
+
+    let load = Arc::new(load::Load::new(
+        format!("http://{}", agent.listen),
+        args.documents,
+        (args.document_tokens as f64 * 3.85) as usize,
+        args.questions,
+    )?);
+    let seconds = args.load_seconds();
+    let max = args
+        .max_requests
+        .unwrap_or((args.rate * seconds).ceil() as u64 + 1);
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(seconds);
+    let running = tokio::spawn(load.clone().run(args.rate, args.max_in_flight, end, max));
+    let (every, down) = (args_fail(args), args.down_seconds);
+    let chaos = tokio::spawn(async move {
+        let kills = flaky.chaos(end, every, down).await;
+        (flaky, kills)
+    });
+    let tally = load.tally.clone();
+    let samples = sample(
+        &target,
+        &tally,
+        start,
+        seconds,
+        args.sample_seconds,
+        &running,
+    )
+    .await;
+    let _ = running.await;
+    // Our keep-alive connections to the agent go too: none of its clients is left.
+    drop(load);
+    let (flaky, kills) = chaos
+        .await
+        .map_err(|e| Error::Setup(format!("the failing endpoint's task: {e}")))?;
+    let kills = kills?;
+    let fds_after = idle::settle(&target, fds_cold).await;
+    let idle = match idle_streams {
+        0 => None,
+        n => Some(idle::measure(&target, n).await),
+    };
+    drop((flaky, agent));
+    let warmup = args.warmup();
+    Ok(SoakReport {
+        load_seconds: seconds,
+        warmup_seconds: warmup,
+        rate: args.rate,
+        requests: tally.counts(),
+        first_unexpected: tally.first_unexpected.lock().ok().and_then(|f| f.clone()),
+        endpoint_kills: kills,
+        growth: Growth::of(&samples, warmup),
+        peak_rss_kib: samples.iter().map(|s| s.rss_kib).max().unwrap_or(0),
+        fds_cold,
+        fds_peak: samples.iter().map(|s| s.fds.total).max().unwrap_or(0),
+        fds_after,
+        idle,
+        samples,
+    })
+}
+
+fn args_fail(args: &SoakArgs) -> Option<Duration> {
+    (args.fail_every_seconds > 0.0).then(|| Duration::from_secs_f64(args.fail_every_seconds))
+}
+
+fn port(e: &EngineAddrs) -> Option<u16> {
+    e.http.rsplit_once(':').and_then(|(_, p)| p.parse().ok())
+}
+
+/// Samples the agent every `every` seconds while the load runs, with a progress line.
+async fn sample(
+    target: &idle::Target,
+    tally: &load::Tally,
+    start: Instant,
+    seconds: f64,
+    every: f64,
+    running: &tokio::task::JoinHandle<()>,
+) -> Vec<Sample> {
+    let progress = indicatif::ProgressBar::new(seconds.ceil() as u64);
+    progress.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} s {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(every.max(0.1)));
+    let mut samples = Vec::new();
+    while !running.is_finished() {
+        tick.tick().await;
+        let (Some(rss_kib), Some(fds)) = (
+            procfs::rss_kib(target.pid),
+            procfs::fds(target.pid, target.listen.port(), &target.engine_ports),
+        ) else {
+            break;
+        };
+        let c = tally.counts();
+        let t = start.elapsed().as_secs_f64();
+        if t <= seconds {
+            samples.push(Sample {
+                t,
+                rss_kib,
+                fds,
+                requests: c.sent,
+            });
+        }
+        progress.set_position(t.min(seconds) as u64);
+        progress.set_message(format!(
+            "RSS {:.1} MB, fds {}, {} requests ({} unexpected), {} shed",
+            rss_kib as f64 * 1024.0 / 1e6,
+            fds.total,
+            c.sent,
+            c.unexpected,
+            c.shed
+        ));
+    }
+    progress.finish_and_clear();
+    samples
+}
+
+/// Raises this process's open-file limit (inherited by the processes it starts) so `idle`
+/// streams fit: each costs the agent two descriptors. Returns the streams that fit.
+fn raise_nofile(idle: usize) -> usize {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let want = (2 * idle + 4096) as u64;
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return idle;
+    };
+    if soft < want
+        && setrlimit(Resource::RLIMIT_NOFILE, want, hard.max(want)).is_err()
+        && soft < hard
+    {
+        // Not privileged: as far as the hard limit goes.
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+    let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(soft, |l| l.0);
+    let fit = (soft.saturating_sub(4096) / 2) as usize;
+    if fit < idle {
+        eprintln!("bench soak: the open-file limit ({soft}) allows {fit} idle streams, not {idle}");
+    }
+    idle.min(fit)
+}
+
+/// The agent under test, stopped when dropped; its config directory removed with it.
+struct Agent {
+    _child: Child,
+    pid: u32,
+    listen: std::net::SocketAddr,
+    dir: PathBuf,
+}
+
+impl Agent {
+    async fn start(
+        exe: &std::path::Path,
+        engines: &[EngineAddrs],
+        stall: &EngineAddrs,
+        workers: Option<usize>,
+    ) -> Result<Self, Error> {
+        let (listen, admin) = (free_port()?, free_port()?);
+        let endpoint = |e: &EngineAddrs| serde_json::json!({"url": format!("http://{}", e.http), "kvEvents": e.kv_events, "kvReplay": e.kv_replay});
+        let mut proxy = serde_json::Map::new();
+        if let Some(w) = workers {
+            proxy.insert("workers".into(), w.into());
+        }
+        let config = serde_json::json!({
+            "version": 1,
+            "listen": format!("127.0.0.1:{listen}"),
+            "admin": format!("127.0.0.1:{admin}"),
+            "proxy": proxy,
+            "pools": [
+                {"name": "main", "model": load::MODEL, "endpoints": engines.iter().map(endpoint).collect::<Vec<_>>()},
+                {"name": "idle", "model": idle::IDLE_MODEL, "policy": {"preset": "least-loaded"},
+                 "endpoints": [{"url": format!("http://{}", stall.http)}]},
+            ],
+        });
+        let dir =
+            std::env::temp_dir().join(format!("warmpath-soak-{}-{listen}", std::process::id()));
+        let io = |what: String| move |source| Error::Io { what, source };
+        std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+        let file = dir.join("agent.json");
+        std::fs::write(&file, config.to_string())
+            .map_err(io(format!("write {}", file.display())))?;
+        let args = [
+            "agent".to_string(),
+            "--config".into(),
+            file.display().to_string(),
+        ];
+        let (child, pid) = spawn_exe(exe, &args, 1).await?;
+        let agent = Self {
+            _child: child,
+            pid,
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], listen)),
+            dir,
+        };
+        wait_ready(&format!("http://127.0.0.1:{admin}/ready")).await?;
+        Ok(agent)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Polls `url` until it answers 200 (at most 60 s: a debug build starts slowly).
+async fn wait_ready(url: &str) -> Result<(), Error> {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if client
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(Error::Setup(format!("{url} never became ready")))
+}
+
+/// The failing endpoint: one engine in its own process, on fixed ports so it comes back
+/// where the agent expects it.
+struct Flaky {
+    exe: PathBuf,
+    flags: Vec<String>,
+    child: Option<Child>,
+    addrs: EngineAddrs,
+}
+
+impl Flaky {
+    async fn start(exe: PathBuf) -> Result<Self, Error> {
+        let (http, events, replay) = (free_port()?, free_port()?, free_port()?);
+        let flags: Vec<String> = [
+            "--port",
+            &http.to_string(),
+            "--kv-events-port",
+            &events.to_string(),
+            "--kv-replay-port",
+            &replay.to_string(),
+            "--profile",
+            "tiny",
+            "--num-gpu-blocks",
+            "8192",
+            "--seed",
+            "8",
+            "--fault-error-rate",
+            "0.05",
+        ]
+        .map(String::from)
+        .to_vec();
+        let (child, _, engines) = spawn_fleet(&exe, &flags, 1).await?;
+        let addrs = engines
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Setup("the failing endpoint has no engine".into()))?;
+        Ok(Self {
+            exe,
+            flags,
+            child: Some(child),
+            addrs,
+        })
+    }
+
+    /// Until `end`: SIGKILL every `every`, start again after `down`. Returns the kills; the
+    /// engine is running when it returns.
+    async fn chaos(
+        &mut self,
+        end: Instant,
+        every: Option<Duration>,
+        down: f64,
+    ) -> Result<u64, Error> {
+        let Some(every) = every else { return Ok(0) };
+        let down = Duration::from_secs_f64(down.max(0.0));
+        let mut kills = 0;
+        loop {
+            let at = Instant::now() + every;
+            if at + down >= end {
+                return Ok(kills);
+            }
+            tokio::time::sleep_until(at.into()).await;
+            if let Some(mut child) = self.child.take() {
+                let _ = child.0.start_kill();
+                let _ = child.0.wait().await;
+                kills += 1;
+            }
+            tokio::time::sleep(down).await;
+            self.child = Some(self.restart().await?);
+        }
+    }
+
+    /// Starts the engine again on its ports (a few tries: they may take a moment to free).
+    async fn restart(&self) -> Result<Child, Error> {
+        let mut tries = 0;
+        loop {
+            match spawn_fleet(&self.exe, &self.flags, 1).await {
+                Ok((child, _, _)) => return Ok(child),
+                Err(e) if tries >= RESTART_TRIES => return Err(e),
+                Err(_) => tries += 1,
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
