@@ -230,6 +230,7 @@ pub async fn soak(args: &SoakArgs) -> Result<SoakReport, Error> {
         fds_cold,
         fds_peak: samples.iter().map(|s| s.fds.total).max().unwrap_or(0),
         fds_after,
+        idle_requested: args.idle_streams,
         idle,
         samples,
     })
@@ -293,11 +294,17 @@ async fn sample(
     samples
 }
 
+/// Descriptors the agent needs beside its idle streams: listeners, event sockets, the
+/// engine connections its pool kept from the load (about 120 measured).
+const FD_RESERVE: u64 = 256;
+
 /// Raises this process's open-file limit (inherited by the processes it starts) so `idle`
-/// streams fit: each costs the agent two descriptors. Returns the streams that fit.
+/// streams fit: each costs the agent two descriptors (client and engine connection).
+/// Without the privilege to raise the hard limit, as far as it goes. Returns the streams
+/// that fit.
 fn raise_nofile(idle: usize) -> usize {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let want = (2 * idle + 4096) as u64;
+    let want = 2 * idle as u64 + FD_RESERVE;
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return idle;
     };
@@ -305,13 +312,14 @@ fn raise_nofile(idle: usize) -> usize {
         && setrlimit(Resource::RLIMIT_NOFILE, want, hard.max(want)).is_err()
         && soft < hard
     {
-        // Not privileged: as far as the hard limit goes.
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
     let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(soft, |l| l.0);
-    let fit = (soft.saturating_sub(4096) / 2) as usize;
+    let fit = (soft.saturating_sub(FD_RESERVE) / 2) as usize;
     if fit < idle {
-        eprintln!("bench soak: the open-file limit ({soft}) allows {fit} idle streams, not {idle}");
+        eprintln!(
+            "bench soak: the open-file limit ({soft}, hard {hard}) allows {fit} idle streams, not {idle}"
+        );
     }
     idle.min(fit)
 }

@@ -127,6 +127,8 @@ pub struct SoakReport {
     pub fds_peak: usize,
     /// After the load stopped and the agent's client connections closed.
     pub fds_after: Fds,
+    /// Idle streams asked for (`idle.asked` is what the open-file limit let it try).
+    pub idle_requested: usize,
     pub idle: Option<IdleReport>,
     pub samples: Vec<Sample>,
 }
@@ -203,9 +205,14 @@ pub fn render(r: &SoakReport) -> String {
     );
     if let Some(i) = &r.idle {
         out += &format!(
-            "| idle streams held | {} of {} in {:.1} s{} | |\n",
+            "| idle streams held | {} of {}{} in {:.1} s{} | |\n",
             i.held,
             i.asked,
+            if i.asked < r.idle_requested {
+                format!(" ({} asked; the open-file limit)", r.idle_requested)
+            } else {
+                String::new()
+            },
             i.open_seconds,
             i.first_failure
                 .as_ref()
