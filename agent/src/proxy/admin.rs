@@ -19,22 +19,39 @@ use crate::{
 /// but the probes.
 pub async fn serve_admin(listener: TcpListener, proxy: Arc<Proxy>, token: Option<AdminToken>) {
     let token = token.map(Arc::new);
+    // Requests for paths or methods the admin API does not have.
+    let unknown = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = unknown.clone();
+    proxy
+        .telemetry
+        .meter()
+        .u64_observable_counter("warmpath.admin.unknown_requests")
+        .with_unit("{request}")
+        .with_description("Admin requests for unknown paths or methods (404)")
+        .with_callback(move |o| o.observe(seen.load(std::sync::atomic::Ordering::Relaxed), &[]))
+        .build();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
         let proxy = proxy.clone();
         let token = token.clone();
+        let unknown = unknown.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let proxy = proxy.clone();
                 let token = token.clone();
+                let unknown = unknown.clone();
                 async move {
                     let path = req.uri().path();
-                    Ok::<_, Infallible>(match authorize(token.as_deref(), path, req.headers()) {
+                    let resp = match authorize(token.as_deref(), path, req.headers()) {
                         Ok(()) => admin(&proxy, req.method(), path),
                         Err(denied) => denied.response(),
-                    })
+                    };
+                    if resp.status() == StatusCode::NOT_FOUND {
+                        unknown.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Ok::<_, Infallible>(resp)
                 }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());

@@ -577,6 +577,16 @@ async fn admin_unknown_paths_and_methods_get_clear_errors() {
     }
     let status = get_json(&client, &format!("{admin}/status")).await;
     assert_eq!(status["model"], "sim-llama");
+    assert_eq!(
+        scrape(
+            &client,
+            &admin,
+            "warmpath_admin_unknown_requests_total",
+            &[]
+        )
+        .await,
+        5.0
+    );
 }
 
 #[test]
