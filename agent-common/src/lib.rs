@@ -2,67 +2,118 @@
 //!
 //! Only `#[repr(C)]`, `Copy`, fixed-width types live here, with their padding written out and
 //! their sizes asserted, so both sides agree on every byte. Map names and capacities are consts
-//! so the loader never spells a map name by hand.
+//! so the loader never spells a map name by hand. The design is in docs/ebpf.md.
 #![no_std]
 #![cfg_attr(not(feature = "user"), forbid(unsafe_code))]
 
 use core::mem::size_of;
 
-/// Map: intercepted service address (VIP) -> where connections to it are sent.
-pub const REDIRECTS_MAP: &str = "WARMPATH_REDIRECTS";
-/// How many VIP:port pairs one node can intercept.
-pub const REDIRECTS_CAPACITY: u32 = 4096;
+/// Map: intercepted service address (VIP:port) -> the agent listener connections to it go to.
+pub const SERVICES_MAP: &str = "WARMPATH_SERVICES";
+/// How many VIP:port pairs (IPv4 and IPv6 together) one node can intercept.
+pub const SERVICES_CAPACITY: u32 = 4096;
 
-/// Map: socket cookie -> the destination the application asked for before the rewrite.
+/// Map: socket cookie -> the [`Origin`] of a rewritten connect (read by sock_ops and
+/// getpeername on the client's socket).
 pub const ORIG_DST_MAP: &str = "WARMPATH_ORIG_DST";
 /// LRU-bounded: old connections' entries age out instead of filling the map.
 pub const ORIG_DST_CAPACITY: u32 = 65_536;
 
+/// Map: client-side 4-tuple ([`FourTuple`]) -> [`Origin`], written by sock_ops when a rewritten
+/// connection is established, so the agent can look an accepted connection up by its
+/// addresses.
+pub const CONNS_MAP: &str = "WARMPATH_CONNS";
+/// LRU-bounded like [`ORIG_DST_CAPACITY`].
+pub const CONNS_CAPACITY: u32 = 65_536;
+
+/// Map: cgroup id -> 1 for cgroups whose connects are never rewritten (the agent's own).
+pub const EXCLUDED_MAP: &str = "WARMPATH_EXCLUDED";
+/// A handful: the agent, and whatever the operator adds.
+pub const EXCLUDED_CAPACITY: u32 = 64;
+
 /// Map: per-CPU counters indexed by [`Counter`] values.
 pub const COUNTERS_MAP: &str = "WARMPATH_COUNTERS";
 /// Number of slots in [`COUNTERS_MAP`].
-pub const COUNTERS_LEN: u32 = 4;
+pub const COUNTERS_LEN: u32 = 8;
 
 /// Indices into [`COUNTERS_MAP`]. Plain consts, not an enum: the kernel side only sees `u32`.
 pub struct Counter;
 
 impl Counter {
-    /// connect() calls that the program inspected.
+    /// connect() calls that the programs inspected.
     pub const SEEN: u32 = 0;
     /// connect() calls rewritten to a target.
     pub const REDIRECTED: u32 = 1;
     /// Rewrites whose original destination could not be recorded (map full or error).
     pub const ORIG_DST_FAILED: u32 = 2;
+    /// connect() calls to an intercepted VIP from an excluded cgroup, left untouched.
+    pub const EXCLUDED: u32 = 3;
+    /// Established rewritten connections recorded by 4-tuple (sock_ops).
+    pub const TUPLE_RECORDED: u32 = 4;
+    /// Established rewritten connections whose 4-tuple could not be recorded.
+    pub const TUPLE_FAILED: u32 = 5;
+    /// getpeername() answers rewritten back to the VIP.
+    pub const PEERNAME_REWRITTEN: u32 = 6;
 }
 
-/// An IPv4 address and port exactly as `struct bpf_sock_addr` carries them: both in network
-/// byte order, the port in the low 16 bits of its field.
+/// [`Endpoint::family`] of an IPv4 endpoint.
+pub const FAMILY_V4: u16 = 4;
+/// [`Endpoint::family`] of an IPv6 endpoint.
+pub const FAMILY_V6: u16 = 6;
+
+/// An IPv4 or IPv6 address and port exactly as `struct bpf_sock_addr` carries them: address
+/// words and port in network byte order. IPv4 uses `addr[0]` (as `user_ip4`) and leaves the
+/// other words zero, so one map holds both families and keys hash identically on both sides.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct Ipv4Endpoint {
-    /// IPv4 address, network byte order (as `user_ip4`).
-    pub addr_be: u32,
+pub struct Endpoint {
+    /// Address words, network byte order (`user_ip4` in `[0]`, or `user_ip6`).
+    pub addr: [u32; 4],
     /// Port, network byte order (as the low 16 bits of `user_port`).
     pub port_be: u16,
-    /// Explicit padding; always zero so keys hash identically on both sides.
-    pub _pad: u16,
+    /// [`FAMILY_V4`] or [`FAMILY_V6`].
+    pub family: u16,
 }
 
-const _: () = assert!(size_of::<Ipv4Endpoint>() == 8);
+const _: () = assert!(size_of::<Endpoint>() == 20);
 
-impl Ipv4Endpoint {
-    /// Builds an endpoint from host-order octets and port.
-    pub const fn new(octets: [u8; 4], port: u16) -> Self {
+impl Endpoint {
+    /// An IPv4 endpoint from host-order octets and port.
+    pub const fn v4(octets: [u8; 4], port: u16) -> Self {
         Self {
-            addr_be: u32::from_ne_bytes(octets),
+            addr: [u32::from_ne_bytes(octets), 0, 0, 0],
             port_be: u16::from_ne_bytes(port.to_be_bytes()),
-            _pad: 0,
+            family: FAMILY_V4,
         }
     }
 
-    /// The address octets in the usual order (`127, 0, 0, 1`).
-    pub const fn octets(&self) -> [u8; 4] {
-        self.addr_be.to_ne_bytes()
+    /// An IPv6 endpoint from its 16 octets and a host-order port.
+    pub const fn v6(o: [u8; 16], port: u16) -> Self {
+        Self {
+            addr: [word(&o, 0), word(&o, 4), word(&o, 8), word(&o, 12)],
+            port_be: u16::from_ne_bytes(port.to_be_bytes()),
+            family: FAMILY_V6,
+        }
+    }
+
+    /// The IPv4 octets (meaningful when `family == FAMILY_V4`).
+    pub const fn octets4(&self) -> [u8; 4] {
+        self.addr[0].to_ne_bytes()
+    }
+
+    /// The IPv6 octets (meaningful when `family == FAMILY_V6`).
+    pub const fn octets6(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        let mut i = 0;
+        while i < 4 {
+            let b = self.addr[i].to_ne_bytes();
+            out[i * 4] = b[0];
+            out[i * 4 + 1] = b[1];
+            out[i * 4 + 2] = b[2];
+            out[i * 4 + 3] = b[3];
+            i += 1;
+        }
+        out
     }
 
     /// The port in host order.
@@ -71,22 +122,72 @@ impl Ipv4Endpoint {
     }
 }
 
+/// Four octets of `o` from `i` as one network-order word.
+const fn word(o: &[u8; 16], i: usize) -> u32 {
+    u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]])
+}
+
+/// Where a rewritten connection was meant to go, and who made it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Origin {
+    /// The VIP:port the application dialled.
+    pub vip: Endpoint,
+    /// Explicit padding; always zero.
+    pub _pad: u32,
+    /// cgroup v2 id (the cgroup directory's inode number) of the process that connected.
+    pub cgroup_id: u64,
+}
+
+const _: () = assert!(size_of::<Origin>() == 32);
+
+/// A TCP connection's addresses as its client sees them: `client` (local) and `server` (the
+/// agent listener the connect was rewritten to). The agent sees the same pair as (peer, local)
+/// on accept.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FourTuple {
+    pub client: Endpoint,
+    pub server: Endpoint,
+}
+
+const _: () = assert!(size_of::<FourTuple>() == 40);
+
 #[cfg(feature = "user")]
 #[allow(unsafe_code)]
-// SAFETY: repr(C), Copy, no implicit padding (asserted above), every bit pattern valid.
-unsafe impl aya::Pod for Ipv4Endpoint {}
+mod pod {
+    // SAFETY (all three): repr(C), Copy, no implicit padding (sizes asserted above), every bit
+    // pattern valid.
+    unsafe impl aya::Pod for super::Endpoint {}
+    unsafe impl aya::Pod for super::Origin {}
+    unsafe impl aya::Pod for super::FourTuple {}
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn endpoint_round_trips_host_order() {
-        let ep = Ipv4Endpoint::new([127, 77, 0, 1], 8000);
-        assert_eq!(ep.octets(), [127, 77, 0, 1]);
+    fn v4_endpoint_round_trips_host_order() {
+        let ep = Endpoint::v4([127, 77, 0, 1], 8000);
+        assert_eq!(ep.octets4(), [127, 77, 0, 1]);
         assert_eq!(ep.port(), 8000);
         // Network order in memory: the first byte of the address field is the first octet.
-        assert_eq!(ep.addr_be.to_ne_bytes()[0], 127);
+        assert_eq!(ep.addr[0].to_ne_bytes()[0], 127);
+        assert_eq!(ep.addr[1..], [0, 0, 0]);
         assert_eq!(ep.port_be.to_ne_bytes(), 8000u16.to_be_bytes());
+        assert_eq!(ep.family, FAMILY_V4);
+    }
+
+    #[test]
+    fn v6_endpoint_round_trips_and_is_network_order() {
+        let octets = [0xfd, 0, 2, 0x31, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10];
+        let ep = Endpoint::v6(octets, 443);
+        assert_eq!(ep.octets6(), octets);
+        assert_eq!(ep.port(), 443);
+        assert_eq!(ep.addr[0].to_ne_bytes(), [0xfd, 0, 2, 0x31]);
+        assert_eq!(ep.addr[3].to_ne_bytes(), [0, 0, 0, 0x10]);
+        assert_eq!(ep.family, FAMILY_V6);
+        assert_ne!(ep, Endpoint::v4([0xfd, 0, 2, 0x31], 443));
     }
 }

@@ -1,27 +1,38 @@
-//! warmpath's eBPF programs and the maps they share with the agent.
+//! warmpath's eBPF programs and the maps they share with the agent (docs/ebpf.md).
 //!
 //! Map names and capacities come from `warmpath-common`; the loader looks maps up by those
 //! consts, so a rename here without one there fails the integration test, not production.
 #![no_std]
 #![no_main]
 
-mod connect4;
+mod connect;
+mod getpeername;
+mod sockops;
 
 use aya_ebpf::{
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
-use warmpath_common::{Ipv4Endpoint, ORIG_DST_CAPACITY, REDIRECTS_CAPACITY};
+use warmpath_common::{
+    CONNS_CAPACITY, EXCLUDED_CAPACITY, Endpoint, FourTuple, ORIG_DST_CAPACITY, Origin,
+    SERVICES_CAPACITY,
+};
 
-/// Intercepted VIP:port -> target. Written by the agent, read on every connect().
-#[map(name = "WARMPATH_REDIRECTS")]
-static REDIRECTS: HashMap<Ipv4Endpoint, Ipv4Endpoint> =
-    HashMap::with_max_entries(REDIRECTS_CAPACITY, 0);
+/// Intercepted VIP:port -> the agent listener. Written by the agent, read on every connect().
+#[map(name = "WARMPATH_SERVICES")]
+static SERVICES: HashMap<Endpoint, Endpoint> = HashMap::with_max_entries(SERVICES_CAPACITY, 0);
 
-/// Socket cookie -> original destination, so the agent can tell which service a redirected
-/// connection was meant for.
+/// Socket cookie -> where the application meant to connect and from which cgroup.
 #[map(name = "WARMPATH_ORIG_DST")]
-static ORIG_DST: LruHashMap<u64, Ipv4Endpoint> = LruHashMap::with_max_entries(ORIG_DST_CAPACITY, 0);
+static ORIG_DST: LruHashMap<u64, Origin> = LruHashMap::with_max_entries(ORIG_DST_CAPACITY, 0);
+
+/// Client-side 4-tuple -> origin, for the agent's lookup on accept.
+#[map(name = "WARMPATH_CONNS")]
+static CONNS: LruHashMap<FourTuple, Origin> = LruHashMap::with_max_entries(CONNS_CAPACITY, 0);
+
+/// cgroup ids whose connects are never rewritten (the agent's own).
+#[map(name = "WARMPATH_EXCLUDED")]
+static EXCLUDED: HashMap<u64, u32> = HashMap::with_max_entries(EXCLUDED_CAPACITY, 0);
 
 /// Counters indexed by `warmpath_common::Counter`.
 #[map(name = "WARMPATH_COUNTERS")]

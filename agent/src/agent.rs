@@ -52,7 +52,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Error> {
     let _redirector = if args.redirects.is_empty() {
         None
     } else {
-        Some(start_redirect(&args)?)
+        Some(start_intercept(&args)?)
     };
     let mut term = signal(SignalKind::terminate()).map_err(Error::Signal)?;
     tokio::select! {
@@ -247,8 +247,10 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     })
 }
 
-/// Loads and attaches connect4 with the `--redirect` rules; detached when dropped.
-fn start_redirect(args: &AgentArgs) -> Result<ebpf::Redirector, Error> {
+/// Loads and attaches the interception programs with the `--redirect` rules, excludes the
+/// agent's own cgroup and lets the proxy listeners look up each accepted connection's VIP and
+/// client cgroup. Everything is detached when the returned value drops (docs/ebpf.md).
+pub fn start_intercept(args: &AgentArgs) -> Result<ebpf::Redirector, Error> {
     if let Some(reason) = ebpf::unavailable_reason() {
         return Err(Error::Unavailable(reason));
     }
@@ -265,7 +267,10 @@ fn start_redirect(args: &AgentArgs) -> Result<ebpf::Redirector, Error> {
         redirector.set_redirect(rule.vip, rule.target)?;
         tracing::info!(vip = %rule.vip, target = %rule.target, "intercepting");
     }
+    let own = ebpf::own_cgroup()?;
+    let own_id = redirector.exclude_cgroup(&own)?;
+    ebpf::Origins::install(redirector.origins());
     redirector.attach(&cgroup)?;
-    tracing::info!(cgroup = %cgroup.display(), "connect4 attached");
+    tracing::info!(cgroup = %cgroup.display(), excluded = %own.display(), excluded_id = own_id, "interception attached (connect4/6, getpeername4/6, sock_ops)");
     Ok(redirector)
 }

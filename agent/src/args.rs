@@ -2,7 +2,7 @@
 //!
 //! Flags build a [`Config`]; the config module never sees them.
 
-use std::{net::SocketAddrV4, path::PathBuf};
+use std::path::PathBuf;
 
 use clap::{Args, Parser};
 
@@ -94,7 +94,8 @@ pub struct AgentArgs {
     pub explain: bool,
 
     /// Intercept connections to VIP:PORT and send them to TARGET:PORT instead, in the kernel
-    /// (cgroup/connect4). Repeatable. Example: `--redirect 127.77.0.1:8000=127.0.0.1:8100`.
+    /// (cgroup/connect4 and connect6; docs/ebpf.md). Repeatable; IPv4 or IPv6, one family per
+    /// rule. Example: `--redirect 10.96.0.10:8000=10.231.0.1:8080`.
     #[arg(long = "redirect", value_name = "VIP:PORT=TARGET:PORT", value_parser = parse_redirect)]
     pub redirects: Vec<Redirect>,
 
@@ -426,11 +427,11 @@ impl TelemetryArgs {
     }
 }
 
-/// One `--redirect` rule.
+/// One `--redirect` rule: IPv4 to IPv4 or IPv6 to IPv6.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Redirect {
-    pub vip: SocketAddrV4,
-    pub target: SocketAddrV4,
+    pub vip: std::net::SocketAddr,
+    pub target: std::net::SocketAddr,
 }
 
 fn parse_redirect(s: &str) -> Result<Redirect, String> {
@@ -438,14 +439,19 @@ fn parse_redirect(s: &str) -> Result<Redirect, String> {
         .split_once('=')
         .ok_or_else(|| format!("`{s}`: expected VIP:PORT=TARGET:PORT"))?;
     let parse = |what: &str, v: &str| {
-        v.trim().parse::<SocketAddrV4>().map_err(|e| {
-            format!("{what} `{v}`: {e} (expected an IPv4 address and port, e.g. 127.77.0.1:8000)")
+        v.trim().parse::<std::net::SocketAddr>().map_err(|e| {
+            format!(
+                "{what} `{v}`: {e} (expected an address and port, e.g. 10.96.0.10:8000 or [fd00::10]:8000)"
+            )
         })
     };
-    Ok(Redirect {
-        vip: parse("VIP", vip)?,
-        target: parse("target", target)?,
-    })
+    let (vip, target) = (parse("VIP", vip)?, parse("target", target)?);
+    if vip.is_ipv4() != target.is_ipv4() {
+        return Err(format!(
+            "`{s}`: VIP and target must be of one address family (a connect() keeps its family)"
+        ));
+    }
+    Ok(Redirect { vip, target })
 }
 
 #[cfg(test)]
@@ -470,7 +476,10 @@ mod tests {
         assert!(
             parse_redirect("127.0.0.1:1=[::1]:2")
                 .unwrap_err()
-                .contains("target")
+                .contains("one address family")
         );
+        let v6 = parse_redirect("[fd00:96::10]:8000=[fd00:231::1]:8080").unwrap();
+        assert_eq!(v6.vip, "[fd00:96::10]:8000".parse().unwrap());
+        assert_eq!(v6.target, "[fd00:231::1]:8080".parse().unwrap());
     }
 }

@@ -1,4 +1,5 @@
-//! cgroup/connect4 redirect, end to end: build -> embed -> load -> attach -> verify.
+//! cgroup/connect4 redirect, end to end: build -> embed -> load -> attach -> verify
+//! (getpeername4 shows the VIP).
 //!
 //! Root only. A child cgroup is created under the detected cgroup v2 root (never the root
 //! itself), the program is attached to it, and a real client process (python3) inside it
@@ -95,17 +96,20 @@ fn connect4_redirects_only_inside_the_cgroup() {
         .expect("listener accepted")
         .unwrap();
     assert_eq!(accepted.ip(), &std::net::Ipv4Addr::LOCALHOST);
-    assert_eq!(
-        peer,
-        target.to_string(),
-        "kernel-level peer is the real target"
-    );
+    assert_eq!(peer, VIP, "getpeername4 shows the VIP the client dialled");
 
     // (b) the original destination is recorded under the socket cookie.
-    assert_eq!(redirector.original_destination(cookie).unwrap(), Some(vip));
+    let origin = redirector.original_destination(cookie).unwrap().unwrap();
+    assert_eq!(origin.vip, vip.into());
+    assert_eq!(
+        origin.cgroup_id,
+        warmpath_agent::ebpf::cgroup_id(cgroup.path()).unwrap(),
+        "the client's cgroup is recorded"
+    );
     let counters = redirector.counters().unwrap();
     assert!(counters.redirected >= 1, "{counters:?}");
     assert_eq!(counters.orig_dst_failed, 0);
+    assert!(counters.peername_rewritten >= 1, "{counters:?}");
 
     // (c) a process outside the cgroup (this one) is not redirected: nothing listens on the VIP.
     let outside = TcpStream::connect_timeout(&vip.into(), WAIT);

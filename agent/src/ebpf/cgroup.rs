@@ -29,6 +29,18 @@ pub fn own_cgroup() -> Result<PathBuf, Error> {
     Ok(root.join(rel.trim_start_matches('/')))
 }
 
+/// The cgroup v2 id of the cgroup directory `dir`: its inode number, what
+/// `bpf_get_current_cgroup_id()` returns for processes in it.
+pub fn cgroup_id(dir: &Path) -> Result<u64, Error> {
+    use std::os::unix::fs::MetadataExt as _;
+    fs::metadata(dir)
+        .map(|m| m.ino())
+        .map_err(|source| Error::Io {
+            what: format!("stat cgroup {}", dir.display()),
+            source,
+        })
+}
+
 /// Finds the cgroup v2 mount point on this host.
 pub fn cgroup2_root() -> Result<PathBuf, Error> {
     let mounts = fs::read_to_string(MOUNTS).map_err(|source| Error::Io {

@@ -7,10 +7,12 @@
 mod bpffs;
 mod cgroup;
 mod logs;
+mod origins;
 mod redirector;
 
 pub use bpffs::{DEFAULT_BPFFS, ensure_bpffs, is_bpffs};
-pub use cgroup::{ChildCgroup, cgroup2_root, find_cgroup2_mount, own_cgroup};
+pub use cgroup::{ChildCgroup, cgroup_id, cgroup2_root, find_cgroup2_mount, own_cgroup};
+pub use origins::{Intercepted, Origins, intercepted, intercepting};
 pub use redirector::{Counters, Redirector};
 
 /// The compiled eBPF object, when this binary was built with the `bpf` feature.
@@ -43,6 +45,11 @@ pub enum Error {
         name: &'static str,
         #[source]
         source: aya::maps::MapError,
+    },
+    #[error("cannot redirect {vip} to {target}: a connect() keeps its address family")]
+    Family {
+        vip: std::net::SocketAddr,
+        target: std::net::SocketAddr,
     },
     #[error("eBPF object lacks `{0}`; agent and object are out of sync")]
     Missing(&'static str),

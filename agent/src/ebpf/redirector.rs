@@ -1,27 +1,34 @@
-//! `Redirector`: the loaded connect4 program, its cgroup links and typed map handles.
+//! `Redirector`: the loaded interception programs (connect4/6, getpeername4/6, sock_ops),
+//! their cgroup links and typed map handles (docs/ebpf.md).
 //!
 //! Dropping it detaches every link it attached and unloads the programs, so a crashed test or
 //! a stopped agent leaves nothing attached (nothing is pinned).
 
-use std::{
-    fs::File,
-    net::{Ipv4Addr, SocketAddrV4},
-    path::{Path, PathBuf},
-};
+use std::{fs::File, net::SocketAddr, path::Path, path::PathBuf, sync::Arc};
 
 use aya::{
     Ebpf,
     maps::{HashMap, MapData, PerCpuArray},
-    programs::{CgroupAttachMode, CgroupSockAddr, cgroup_sock_addr::CgroupSockAddrLink},
+    programs::{
+        CgroupAttachMode, CgroupSockAddr, SockOps, cgroup_sock_addr::CgroupSockAddrLink,
+        sock_ops::SockOpsLink,
+    },
 };
-use warmpath_common::{COUNTERS_MAP, Counter, Ipv4Endpoint, ORIG_DST_MAP, REDIRECTS_MAP};
+use warmpath_common::{
+    CONNS_MAP, COUNTERS_MAP, Counter, EXCLUDED_MAP, Endpoint, ORIG_DST_MAP, Origin, SERVICES_MAP,
+};
 
-use super::{Error, OBJECT, logs};
+use super::{
+    Error, OBJECT, logs,
+    origins::{Intercepted, Origins, endpoint, socket_addr},
+};
 
-/// Name of the connect4 entry point in the object.
-const CONNECT4: &str = "connect4";
+/// The sock_addr entry points in the object: connect4/6 rewrite, getpeername4/6 restore.
+const SOCK_ADDR_PROGRAMS: [&str; 4] = ["connect4", "connect6", "getpeername4", "getpeername6"];
+/// The sock_ops entry point.
+const SOCK_OPS: &str = "sock_ops";
 
-/// Totals of the program's per-CPU counters.
+/// Totals of the programs' per-CPU counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
     /// connect() calls inspected.
@@ -30,14 +37,32 @@ pub struct Counters {
     pub redirected: u64,
     /// Rewrites whose original destination could not be saved.
     pub orig_dst_failed: u64,
+    /// connect() calls to an intercepted VIP left alone because their cgroup is excluded.
+    pub excluded: u64,
+    /// Established rewritten connections recorded by 4-tuple.
+    pub tuple_recorded: u64,
+    /// Established rewritten connections whose 4-tuple could not be recorded.
+    pub tuple_failed: u64,
+    /// getpeername() answers rewritten back to the VIP.
+    pub peername_rewritten: u64,
 }
 
-/// The connect4 redirect program, loaded; attach it to cgroups and program its VIP table.
+/// One cgroup's links: four sock_addr programs and sock_ops.
+struct Attachment {
+    cgroup: PathBuf,
+    // Dropping a link detaches it.
+    _sock_addr: Vec<CgroupSockAddrLink>,
+    _sock_ops: SockOpsLink,
+}
+
+/// The interception programs, loaded; attach them to cgroups and program their VIP table.
 pub struct Redirector {
     // Field order matters for drop: links detach before the object goes away.
-    links: Vec<(PathBuf, CgroupSockAddrLink)>,
-    redirects: HashMap<MapData, Ipv4Endpoint, Ipv4Endpoint>,
-    orig_dst: HashMap<MapData, u64, Ipv4Endpoint>,
+    attachments: Vec<Attachment>,
+    services: HashMap<MapData, Endpoint, Endpoint>,
+    orig_dst: HashMap<MapData, u64, Origin>,
+    excluded: HashMap<MapData, u64, u32>,
+    origins: Arc<Origins>,
     counters: PerCpuArray<MapData, u64>,
     log_task: Option<tokio::task::JoinHandle<()>>,
     bpf: Ebpf,
@@ -52,13 +77,22 @@ impl std::fmt::Debug for Redirector {
 }
 
 impl Redirector {
-    /// Loads the embedded object and verifies the connect4 program (not yet attached).
+    /// Loads the embedded object and verifies every program (not yet attached).
     pub fn load() -> Result<Self, Error> {
         let object = OBJECT.ok_or(Error::NotEmbedded)?;
         let mut bpf = Ebpf::load(object)?;
-        connect4(&mut bpf)?.load().map_err(connect4_error)?;
-        let redirects = take_hash_map(&mut bpf, REDIRECTS_MAP)?;
+        for name in SOCK_ADDR_PROGRAMS {
+            sock_addr(&mut bpf, name)?
+                .load()
+                .map_err(program_error(name))?;
+        }
+        sock_ops(&mut bpf)?
+            .load()
+            .map_err(program_error(SOCK_OPS))?;
+        let services = take_hash_map(&mut bpf, SERVICES_MAP)?;
         let orig_dst = take_hash_map(&mut bpf, ORIG_DST_MAP)?;
+        let excluded = take_hash_map(&mut bpf, EXCLUDED_MAP)?;
+        let origins = Arc::new(Origins::new(take_hash_map(&mut bpf, CONNS_MAP)?));
         let counters = bpf
             .take_map(COUNTERS_MAP)
             .ok_or(Error::Missing(COUNTERS_MAP))?;
@@ -67,9 +101,11 @@ impl Redirector {
             source,
         })?;
         Ok(Self {
-            links: Vec::new(),
-            redirects,
+            attachments: Vec::new(),
+            services,
             orig_dst,
+            excluded,
+            origins,
             counters,
             log_task: None,
             bpf,
@@ -84,69 +120,111 @@ impl Redirector {
         Ok(())
     }
 
-    /// Attaches connect4 to the cgroup v2 directory `cgroup`; it then sees every IPv4
-    /// connect() made by processes in that cgroup and its descendants.
+    /// Attaches every program to the cgroup v2 directory `cgroup`: they then see every
+    /// connect(), getpeername() and TCP connection of processes in it and its descendants.
     pub fn attach(&mut self, cgroup: &Path) -> Result<(), Error> {
         let file = File::open(cgroup).map_err(|source| Error::Io {
             what: format!("open cgroup {}", cgroup.display()),
             source,
         })?;
-        let program = connect4(&mut self.bpf)?;
+        let mut links = Vec::with_capacity(SOCK_ADDR_PROGRAMS.len());
+        for name in SOCK_ADDR_PROGRAMS {
+            let program = sock_addr(&mut self.bpf, name)?;
+            // With bpf_link the kernel always allows other programs beside ours; Single
+            // just means "no legacy attach flags".
+            let id = program
+                .attach(&file, CgroupAttachMode::Single)
+                .map_err(program_error(name))?;
+            links.push(program.take_link(id).map_err(program_error(name))?);
+        }
+        let program = sock_ops(&mut self.bpf)?;
         let id = program
-            // With bpf_link the kernel always allows other programs beside ours; Single just
-            // means "no legacy attach flags".
-            .attach(file, CgroupAttachMode::Single)
-            .map_err(connect4_error)?;
-        let link = program.take_link(id).map_err(connect4_error)?;
-        self.links.push((cgroup.to_path_buf(), link));
+            .attach(&file, CgroupAttachMode::Single)
+            .map_err(program_error(SOCK_OPS))?;
+        let ops = program.take_link(id).map_err(program_error(SOCK_OPS))?;
+        self.attachments.push(Attachment {
+            cgroup: cgroup.to_path_buf(),
+            _sock_addr: links,
+            _sock_ops: ops,
+        });
         Ok(())
     }
 
-    /// Cgroups the program is attached to.
+    /// Cgroups the programs are attached to.
     pub fn attached(&self) -> Vec<&Path> {
-        self.links.iter().map(|(p, _)| p.as_path()).collect()
+        self.attachments
+            .iter()
+            .map(|a| a.cgroup.as_path())
+            .collect()
     }
 
     /// Detaches from every cgroup (dropping the links detaches them).
     pub fn detach_all(&mut self) {
-        self.links.clear();
+        self.attachments.clear();
     }
 
-    /// Sends connections to `vip` to `target` instead.
-    pub fn set_redirect(&mut self, vip: SocketAddrV4, target: SocketAddrV4) -> Result<(), Error> {
-        self.redirects
+    /// Sends connections to `vip` to `target` instead. Both must be of one address family
+    /// (the rewrite cannot change a socket's family).
+    pub fn set_redirect(
+        &mut self,
+        vip: impl Into<SocketAddr>,
+        target: impl Into<SocketAddr>,
+    ) -> Result<(), Error> {
+        let (vip, target) = (vip.into(), target.into());
+        if vip.is_ipv4() != target.is_ipv4() {
+            return Err(Error::Family { vip, target });
+        }
+        self.services
             .insert(endpoint(vip), endpoint(target), 0)
             .map_err(|source| Error::Map {
-                name: REDIRECTS_MAP,
+                name: SERVICES_MAP,
                 source,
             })
     }
 
     /// Stops intercepting `vip`. Removing a VIP that is not intercepted is not an error.
-    pub fn remove_redirect(&mut self, vip: SocketAddrV4) -> Result<(), Error> {
-        match self.redirects.remove(&endpoint(vip)) {
+    pub fn remove_redirect(&mut self, vip: impl Into<SocketAddr>) -> Result<(), Error> {
+        match self.services.remove(&endpoint(vip.into())) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(source) => Err(Error::Map {
-                name: REDIRECTS_MAP,
+                name: SERVICES_MAP,
                 source,
             }),
         }
     }
 
-    /// The destination the application dialled for the socket with this cookie, if the
-    /// program redirected it.
-    pub fn original_destination(&self, cookie: u64) -> Result<Option<SocketAddrV4>, Error> {
+    /// Never rewrites connects made from the cgroup `dir` (the agent's own, so its upstream
+    /// connections are not sent back to itself). Only that cgroup: not its descendants.
+    pub fn exclude_cgroup(&mut self, dir: &Path) -> Result<u64, Error> {
+        let id = super::cgroup::cgroup_id(dir)?;
+        self.excluded
+            .insert(id, 1, 0)
+            .map_err(|source| Error::Map {
+                name: EXCLUDED_MAP,
+                source,
+            })?;
+        Ok(id)
+    }
+
+    /// What the programs recorded for the client socket with this cookie, if they
+    /// rewrote its connect.
+    pub fn original_destination(&self, cookie: u64) -> Result<Option<Intercepted>, Error> {
         match self.orig_dst.get(&cookie, 0) {
-            Ok(ep) => Ok(Some(SocketAddrV4::new(
-                Ipv4Addr::from(ep.octets()),
-                ep.port(),
-            ))),
+            Ok(origin) => Ok(socket_addr(&origin.vip).map(|vip| Intercepted {
+                vip,
+                cgroup_id: origin.cgroup_id,
+            })),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
             Err(source) => Err(Error::Map {
                 name: ORIG_DST_MAP,
                 source,
             }),
         }
+    }
+
+    /// The accepted-connection lookup (share it with the listeners).
+    pub fn origins(&self) -> Arc<Origins> {
+        self.origins.clone()
     }
 
     /// Sums the per-CPU counters.
@@ -162,36 +240,41 @@ impl Redirector {
             seen: read(Counter::SEEN)?,
             redirected: read(Counter::REDIRECTED)?,
             orig_dst_failed: read(Counter::ORIG_DST_FAILED)?,
+            excluded: read(Counter::EXCLUDED)?,
+            tuple_recorded: read(Counter::TUPLE_RECORDED)?,
+            tuple_failed: read(Counter::TUPLE_FAILED)?,
+            peername_rewritten: read(Counter::PEERNAME_REWRITTEN)?,
         })
     }
 }
 
 impl Drop for Redirector {
     fn drop(&mut self) {
-        self.links.clear();
+        self.attachments.clear();
         if let Some(task) = self.log_task.take() {
             task.abort();
         }
     }
 }
 
-/// The object's connect4 program.
-fn connect4(bpf: &mut Ebpf) -> Result<&mut CgroupSockAddr, Error> {
-    bpf.program_mut(CONNECT4)
-        .ok_or(Error::Missing(CONNECT4))?
+/// One of the object's sock_addr programs.
+fn sock_addr<'a>(bpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut CgroupSockAddr, Error> {
+    bpf.program_mut(name)
+        .ok_or(Error::Missing(name))?
         .try_into()
-        .map_err(connect4_error)
+        .map_err(program_error(name))
 }
 
-fn connect4_error(source: aya::programs::ProgramError) -> Error {
-    Error::Program {
-        name: CONNECT4,
-        source,
-    }
+/// The object's sock_ops program.
+fn sock_ops(bpf: &mut Ebpf) -> Result<&mut SockOps, Error> {
+    bpf.program_mut(SOCK_OPS)
+        .ok_or(Error::Missing(SOCK_OPS))?
+        .try_into()
+        .map_err(program_error(SOCK_OPS))
 }
 
-fn endpoint(addr: SocketAddrV4) -> Ipv4Endpoint {
-    Ipv4Endpoint::new(addr.ip().octets(), addr.port())
+fn program_error(name: &'static str) -> impl Fn(aya::programs::ProgramError) -> Error {
+    move |source| Error::Program { name, source }
 }
 
 fn take_hash_map<K: aya::Pod, V: aya::Pod>(

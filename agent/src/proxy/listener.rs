@@ -29,8 +29,24 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, workers: Arc<Worker
             }
         };
         let _ = stream.set_nodelay(true);
+        origin(&stream, peer);
         let proxy = proxy.clone();
         workers.serve(stream, move |stream| connection(stream, peer, proxy));
+    }
+}
+
+/// Notes where an intercepted connection was headed and which cgroup opened it (recorded by
+/// the kernel, docs/ebpf.md). A no-op unless this agent intercepts.
+// TODO(#20): hand the origin to tenant resolution (cgroup -> tenant).
+fn origin(stream: &TcpStream, peer: SocketAddr) {
+    if !crate::ebpf::intercepting() {
+        return;
+    }
+    let Ok(local) = stream.local_addr() else {
+        return;
+    };
+    if let Some(found) = crate::ebpf::intercepted(peer, local) {
+        tracing::debug!(%peer, vip = %found.vip, cgroup_id = found.cgroup_id, "intercepted connection");
     }
 }
 

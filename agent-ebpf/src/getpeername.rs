@@ -1,0 +1,43 @@
+//! `cgroup/getpeername4` and `cgroup/getpeername6`: a rewritten socket's peer reads back as the
+//! VIP the application dialled, not the agent listener it was sent to.
+
+use aya_ebpf::{
+    helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr, programs::SockAddrContext,
+};
+use warmpath_common::{Counter, FAMILY_V4, FAMILY_V6};
+
+use crate::{
+    ORIG_DST,
+    connect::{ALLOW, set_user_endpoint},
+    count,
+};
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn getpeername4(ctx: SockAddrContext) -> i32 {
+    match try_getpeername(&ctx, FAMILY_V4) {
+        Ok(verdict) | Err(verdict) => verdict,
+    }
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn getpeername6(ctx: SockAddrContext) -> i32 {
+    match try_getpeername(&ctx, FAMILY_V6) {
+        Ok(verdict) | Err(verdict) => verdict,
+    }
+}
+
+#[inline(always)]
+fn try_getpeername(ctx: &SockAddrContext, family: u16) -> Result<i32, i32> {
+    // SAFETY: the helper only reads the context it is given.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+    // SAFETY: values are plain Copy data, copied out at once.
+    let Some(origin) = (unsafe { ORIG_DST.get(&cookie) }).copied() else {
+        return Ok(ALLOW);
+    };
+    if origin.vip.family != family {
+        return Ok(ALLOW);
+    }
+    set_user_endpoint(ctx, &origin.vip);
+    count(Counter::PEERNAME_REWRITTEN);
+    Ok(ALLOW)
+}
