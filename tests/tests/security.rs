@@ -154,7 +154,15 @@ async fn the_admin_api_answers_only_with_the_bearer_token() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.text().await.unwrap().contains("warmpath_index_entries"));
+    let prom = r.text().await.unwrap();
+    assert!(prom.contains("warmpath_index_entries"), "{prom}");
+    // Three paths, three refusals each.
+    assert!(
+        prom.lines().any(
+            |l| l.starts_with("warmpath_admin_unauthorized_requests_total") && l.ends_with(" 9")
+        ),
+        "{prom}"
+    );
     // The kubelet's probes carry no token.
     for probe in ["/live", "/ready"] {
         assert_eq!(

@@ -30,6 +30,17 @@ pub async fn serve_admin(listener: TcpListener, proxy: Arc<Proxy>, token: Option
         .with_description("Admin requests for unknown paths or methods (404)")
         .with_callback(move |o| o.observe(seen.load(std::sync::atomic::Ordering::Relaxed), &[]))
         .build();
+    // Requests refused for a missing or wrong token.
+    let unauthorized = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let refused = unauthorized.clone();
+    proxy
+        .telemetry
+        .meter()
+        .u64_observable_counter("warmpath.admin.unauthorized_requests")
+        .with_unit("{request}")
+        .with_description("Admin requests refused for a missing or wrong bearer token (401)")
+        .with_callback(move |o| o.observe(refused.load(std::sync::atomic::Ordering::Relaxed), &[]))
+        .build();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
@@ -37,16 +48,21 @@ pub async fn serve_admin(listener: TcpListener, proxy: Arc<Proxy>, token: Option
         let proxy = proxy.clone();
         let token = token.clone();
         let unknown = unknown.clone();
+        let unauthorized = unauthorized.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let proxy = proxy.clone();
                 let token = token.clone();
                 let unknown = unknown.clone();
+                let unauthorized = unauthorized.clone();
                 async move {
                     let path = req.uri().path();
                     let resp = match authorize(token.as_deref(), path, req.headers()) {
                         Ok(()) => admin(&proxy, req.method(), path),
-                        Err(denied) => denied.response(),
+                        Err(denied) => {
+                            unauthorized.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            denied.response()
+                        }
                     };
                     if resp.status() == StatusCode::NOT_FOUND {
                         unknown.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
