@@ -285,6 +285,11 @@ pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
     let de = serde_norway::Deserializer::from_str(text);
     let raw: File = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
+        // The YAML error may name the path itself; the field is said once.
+        let message = e.into_inner().to_string();
+        let message = message
+            .strip_prefix(&format!("{path}: "))
+            .map_or_else(|| message.clone(), str::to_string);
         ConfigError::field(
             file,
             if path == "." {
@@ -292,7 +297,7 @@ pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
             } else {
                 path
             },
-            e.into_inner().to_string(),
+            message,
         )
     })?;
     let config = convert(raw, file)?;
@@ -566,7 +571,8 @@ mod tests {
         );
         let e = error(&format!("{base}proxy: {{maxConcurrent: many}}\n"));
         assert!(
-            e.contains("proxy.maxConcurrent") && e.contains("invalid type"),
+            e.contains("proxy.maxConcurrent: invalid type")
+                && e.matches("maxConcurrent").count() == 1,
             "{e}"
         );
         let e = error(&format!("{base}proxy: {{maxPromptBytes: 0}}\n"));
