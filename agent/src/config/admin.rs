@@ -100,6 +100,33 @@ mod tests {
     }
 
     #[test]
+    fn the_config_file_reads_the_token_file() {
+        let path =
+            std::env::temp_dir().join(format!("warmpath-admin-{}.token", std::process::id()));
+        std::fs::write(&path, "file-admin-token-0123456789\n").unwrap();
+        let doc = |admin: &str, file: &str| {
+            format!(
+                "version: 1\nadmin: \"{admin}\"\nadminTokenFile: {file}\npools:\n- name: p\n  model: m\n  endpoints: [{{url: http://127.0.0.1:1}}]\n"
+            )
+        };
+        let c = super::super::file::parse(&doc("0.0.0.0:9090", &path.display().to_string()), "f")
+            .unwrap();
+        assert!(
+            c.admin_token
+                .unwrap()
+                .verify(b"file-admin-token-0123456789")
+        );
+        let e = super::super::file::parse(&doc("127.0.0.1:9090", "/nonexistent/t"), "f")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("f: adminTokenFile: /nonexistent/t: cannot read"),
+            "{e}"
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
     fn file_errors_name_the_file() {
         let e = AdminToken::from_file(Path::new("/nonexistent/warmpath-token")).unwrap_err();
         assert!(
