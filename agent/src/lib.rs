@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod args;
+pub mod cluster;
 pub mod config;
 pub mod ebpf;
 #[doc(hidden)]

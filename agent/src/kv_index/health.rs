@@ -25,6 +25,10 @@ pub enum HealthState {
 pub struct SourceStatus {
     pub pod: String,
     pub rank: Option<u32>,
+    /// The peer agent this source is replicated from (docs/cluster.md); absent for the
+    /// agent's own subscriptions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     pub state: &'static str,
     pub reason: Option<String>,
     pub entries: usize,

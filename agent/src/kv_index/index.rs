@@ -18,8 +18,12 @@ use super::{
     wire::{Batch, Event, Removed, Stored},
 };
 
+mod journal;
+mod remote;
 mod speculative;
 
+use journal::Journal;
+pub use journal::{DELTA_RING, DELTA_RING_KEYS, KeyDelta, Since, Watermark};
 use speculative::Pending;
 
 /// Default cap on (block, source) entries.
@@ -75,11 +79,16 @@ struct SourceState {
     health: HealthState,
     status: SourceStatus,
     last_event_block_size: Option<u32>,
+    /// Applied batches in router keys, when peers replicate this (local) source.
+    journal: Option<Journal>,
 }
 
 #[derive(Debug)]
 struct Source {
     info: SourceInfo,
+    /// Replicated from the peer that owns the pod (docs/cluster.md), not subscribed here: its
+    /// health is the owner's word, never settled by [`KvIndex::sweep`].
+    remote: bool,
     state: Mutex<SourceState>,
 }
 
@@ -106,6 +115,10 @@ impl KvIndex {
 
     /// Registers a source; its entries start empty and its state `Waiting`.
     pub fn add_source(&self, info: SourceInfo) -> SourceId {
+        self.insert_source(info, false)
+    }
+
+    fn insert_source(&self, info: SourceInfo, remote: bool) -> SourceId {
         let source = Arc::new(Source {
             state: Mutex::new(SourceState {
                 engine: EngineMap::default(),
@@ -118,8 +131,10 @@ impl KvIndex {
                     ..Default::default()
                 },
                 last_event_block_size: None,
+                journal: None,
             }),
             info,
+            remote,
         });
         let mut sources = self.sources.write();
         if let Some(free) = sources.iter().position(Option::is_none) {
@@ -189,11 +204,20 @@ impl KvIndex {
                     w = self.store.writer();
                     // A cleared engine is a known state: whatever was unsure is settled.
                     st.health = HealthState::Healthy;
+                    if let Some(j) = &mut st.journal {
+                        j.current = KeyDelta {
+                            cleared: true,
+                            ..Default::default()
+                        };
+                    }
                 }
                 Event::Unknown => st.status.malformed += 1,
             }
         }
         drop(w);
+        if let Some(j) = &mut st.journal {
+            j.commit();
+        }
         let event_block_size = st.last_event_block_size;
         if st
             .status
@@ -250,6 +274,9 @@ impl KvIndex {
                 st.status.confirmed += 1;
             }
         });
+        if let Some(j) = &mut st.journal {
+            j.current.stored.extend(keys.iter().map(|&k| (k, s.tier)));
+        }
         st.keys = keys;
         st.status.blocks_stored += s.hashes.len() as u64;
     }
@@ -273,6 +300,9 @@ impl KvIndex {
             w.remove(key, id.0, r.tier, false);
         });
         st.status.blocks_removed += keys.len() as u64;
+        if let Some(j) = &mut st.journal {
+            j.current.removed.extend(keys.iter().map(|&k| (k, r.tier)));
+        }
         st.keys = keys;
         // The engine's cache may have shrunk well below its peak.
         st.engine.shrink_if_sparse();
@@ -294,15 +324,22 @@ impl KvIndex {
         for key in keys {
             w.insert(*key, id.0, Tier::Gpu, true);
         }
+        drop(w);
         let deadline = now + self.config.speculative_ttl;
         st.status.routed += 1;
+        // At the cap, the earliest pending keys stop being speculative now (no allocation
+        // unless one does).
+        let mut evicted = Vec::new();
         for key in keys {
-            // At the cap, the earliest pending key stops being speculative now.
-            if let Some(old) = st
-                .speculative
-                .renew(key.0, deadline, self.config.max_entries)
-            {
-                w.remove(RouterKey(old), id.0, Tier::Gpu, true);
+            evicted.extend(
+                st.speculative
+                    .renew(key.0, deadline, self.config.max_entries),
+            );
+        }
+        if !evicted.is_empty() {
+            let mut w = self.store.writer();
+            for key in evicted {
+                w.remove(RouterKey(key), id.0, Tier::Gpu, true);
             }
         }
     }
@@ -324,6 +361,7 @@ impl KvIndex {
                 w.remove(RouterKey(key), id.0, Tier::Gpu, true);
             });
             if let HealthState::Unsure { since, .. } = st.health
+                && !source.remote
                 && now.duration_since(since) >= self.config.unsure_settle
             {
                 st.health = HealthState::Healthy;
@@ -340,6 +378,7 @@ impl KvIndex {
             return;
         };
         let mut st = source.state.lock();
+        st.new_incarnation();
         st.status.unrecoverable_gaps += 1;
         tracing::warn!(pod = %source.info.pod, rank = ?source.info.rank, %reason, "KV index unsure for this source");
         st.health = HealthState::Unsure { reason, since: now };
@@ -350,6 +389,7 @@ impl KvIndex {
         self.clear(id);
         if let Some(source) = self.source(id) {
             let mut st = source.state.lock();
+            st.new_incarnation();
             st.status.restarts += 1;
             st.health = HealthState::Healthy;
         }
@@ -362,6 +402,7 @@ impl KvIndex {
         self.clear(id);
         if let Some(source) = self.source(id) {
             let mut st = source.state.lock();
+            st.new_incarnation();
             st.status.reconnects += 1;
             if st.health != HealthState::Waiting {
                 st.health = HealthState::Healthy;
@@ -462,6 +503,17 @@ impl KvIndex {
             .map(|s| s.state.lock().engine.bytes())
             .sum();
         self.store.bytes() + engine
+    }
+}
+
+// === impl SourceState ===
+
+impl SourceState {
+    /// The entries were dropped outside the event stream: replicas must start over.
+    fn new_incarnation(&mut self) {
+        if let Some(j) = &mut self.journal {
+            j.new_incarnation();
+        }
     }
 }
 

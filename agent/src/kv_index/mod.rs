@@ -17,7 +17,10 @@ pub mod tracker;
 pub mod wire;
 
 pub use health::{HealthState, SourceStatus};
-pub use index::{IndexConfig, KvIndex, SourceId, SourceInfo};
+pub use index::{
+    DELTA_RING, DELTA_RING_KEYS, IndexConfig, KeyDelta, KvIndex, Since, SourceId, SourceInfo,
+    Watermark,
+};
 pub use keys::{RequestExtras, RouterKey, request_keys};
 pub use store::Match;
 

@@ -1,0 +1,254 @@
+//! The pods this agent routes to but does not subscribe to: whose they are and whether their
+//! replicated entries can be trusted, from membership changes.
+//!
+//! - A peer claiming a pod (its `pod:` fact) becomes the pod's owner; a new owner, or the
+//!   same one with a new incarnation, starts the replica over (`Waiting` until a snapshot).
+//! - The owner's word on the pod's events (`unsure`, `stalled`) makes the replica unsure too.
+//! - An owner declared dead makes its pods unsure at once: entries dropped, prefix weight 0
+//!   (the pods are still routed, by load). After `grace` without the owner returning, the
+//!   ownership is forgotten and the source waits for a new owner.
+
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use super::{
+    facts::PodHealth,
+    membership::{Change, Peer},
+};
+use crate::kv_index::{KvIndex, SourceId};
+
+/// How long a dead owner's pods stay unsure before their ownership is forgotten.
+pub const DEFAULT_REMOTE_GRACE: Duration = Duration::from_secs(60);
+
+#[derive(Debug)]
+struct Tracked {
+    source: SourceId,
+    /// (node id, incarnation) of the peer that claims the pod.
+    owner: Option<(String, u64)>,
+    /// When the owner was declared dead.
+    lost_at: Option<Instant>,
+}
+
+/// The remote pods of this agent's pools, by pod id (the pools' `host:port`).
+#[derive(Debug)]
+pub struct RemotePods {
+    index: Arc<KvIndex>,
+    pods: HashMap<String, Tracked>,
+    grace: Duration,
+}
+
+impl RemotePods {
+    /// `pods`: each remote pod's id and its source in `index` (made with
+    /// [`KvIndex::add_remote_source`]).
+    pub fn new(
+        index: Arc<KvIndex>,
+        pods: impl IntoIterator<Item = (String, SourceId)>,
+        grace: Duration,
+    ) -> Self {
+        let pods = pods
+            .into_iter()
+            .map(|(pod, source)| {
+                (
+                    pod,
+                    Tracked {
+                        source,
+                        owner: None,
+                        lost_at: None,
+                    },
+                )
+            })
+            .collect();
+        Self { index, pods, grace }
+    }
+
+    /// The source of a remote pod.
+    pub fn source(&self, pod: &str) -> Option<SourceId> {
+        self.pods.get(pod).map(|t| t.source)
+    }
+
+    /// The owner of a remote pod, when one claims it and is alive.
+    pub fn owner(&self, pod: &str) -> Option<&str> {
+        let t = self.pods.get(pod)?;
+        match (&t.owner, t.lost_at) {
+            (Some((node, _)), None) => Some(node),
+            _ => None,
+        }
+    }
+
+    /// Applies membership changes.
+    pub fn apply(&mut self, changes: &[Change], now: Instant) {
+        for change in changes {
+            match change {
+                Change::Joined(peer) | Change::Changed(peer) => self.claimed(peer, now),
+                Change::Left(peer) => self.lost(&peer.node_id, now),
+            }
+        }
+    }
+
+    fn claimed(&mut self, peer: &Peer, now: Instant) {
+        let me = (peer.node_id.clone(), peer.incarnation);
+        for (pod, t) in &mut self.pods {
+            let Some(claim) = peer.pods.get(pod) else {
+                // It stopped claiming a pod it owned: the pod waits for a new owner.
+                if t.owner.as_ref().is_some_and(|(n, _)| *n == peer.node_id) {
+                    t.owner = None;
+                    t.lost_at = None;
+                    self.index.resync_remote(t.source);
+                    self.index.set_owner(t.source, None);
+                }
+                continue;
+            };
+            if t.owner.as_ref() != Some(&me) || t.lost_at.is_some() {
+                t.owner = Some(me.clone());
+                t.lost_at = None;
+                self.index.resync_remote(t.source);
+                self.index.set_owner(t.source, Some(&peer.node_id));
+            }
+            let unsure = match claim.fact.health {
+                PodHealth::Healthy | PodHealth::Waiting => None,
+                PodHealth::Unsure | PodHealth::Stalled => Some(format!(
+                    "owner {}: the pod's KV events are {}",
+                    peer.node_id,
+                    claim.fact.health.as_str()
+                )),
+            };
+            self.index.set_remote_health(t.source, unsure, now);
+        }
+    }
+
+    fn lost(&mut self, node: &str, now: Instant) {
+        for t in self.pods.values_mut() {
+            if t.owner.as_ref().is_some_and(|(n, _)| n == node) && t.lost_at.is_none() {
+                t.lost_at = Some(now);
+                self.index.mark_remote_lost(
+                    t.source,
+                    format!("owner {node} is unreachable (declared dead by gossip)"),
+                    now,
+                );
+            }
+        }
+    }
+
+    /// Forgets owners dead for longer than the grace period; returns how many.
+    pub fn sweep(&mut self, now: Instant) -> usize {
+        let mut n = 0;
+        for t in self.pods.values_mut() {
+            if t.lost_at
+                .is_some_and(|at| now.saturating_duration_since(at) >= self.grace)
+            {
+                t.owner = None;
+                t.lost_at = None;
+                self.index.resync_remote(t.source);
+                self.index.set_owner(t.source, None);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::{
+        cluster::{
+            facts::PodFact,
+            membership::{PeerPod, View, diff},
+        },
+        kv_index::{IndexConfig, RouterKey, SourceInfo, Tier},
+    };
+
+    fn peer(node: &str, incarnation: u64, pods: &[(&str, PodHealth)]) -> Peer {
+        Peer {
+            node_id: node.into(),
+            incarnation,
+            gossip: ([127, 0, 0, 1], 1).into(),
+            agent: None,
+            pods: pods
+                .iter()
+                .map(|(p, h)| {
+                    (
+                        p.to_string(),
+                        PeerPod {
+                            fact: PodFact {
+                                model: "m".into(),
+                                addr: p.to_string(),
+                                health: *h,
+                            },
+                            watermark: None,
+                            load: None,
+                        },
+                    )
+                })
+                .collect(),
+            usage: BTreeMap::new(),
+            malformed: 0,
+        }
+    }
+
+    fn view(peers: &[&Peer]) -> View {
+        View {
+            peers: peers
+                .iter()
+                .map(|p| (p.node_id.clone(), (*p).clone()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn owners_claim_lose_and_return() {
+        let index = Arc::new(KvIndex::new(IndexConfig::default()));
+        let src = index.add_remote_source(SourceInfo {
+            pod: "pod-c1".into(),
+            rank: None,
+        });
+        let mut remote = RemotePods::new(
+            index.clone(),
+            [("pod-c1".to_string(), src)],
+            DEFAULT_REMOTE_GRACE,
+        );
+        let t0 = Instant::now();
+        let c = peer("agent-c", 1, &[("pod-c1", PodHealth::Healthy)]);
+        let v1 = view(&[&c]);
+        remote.apply(&diff(&View::default(), &v1), t0);
+        assert_eq!(remote.owner("pod-c1"), Some("agent-c"));
+        assert_eq!(index.owner(src).as_deref(), Some("agent-c"));
+        // Replicated entries arrive (the replication stream's job), then the owner dies.
+        index.load_snapshot(src, &[(RouterKey(1), Tier::Gpu.bit())]);
+        assert!(index.trusted(src));
+        remote.apply(&diff(&v1, &View::default()), t0);
+        assert!(!index.trusted(src));
+        assert!(
+            index.holders(RouterKey(1)).is_empty(),
+            "entries dropped at once"
+        );
+        let status = &index.status()[0].1;
+        assert_eq!(status.state, "unsure");
+        assert!(
+            status
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains("agent-c"))
+        );
+        assert_eq!(remote.sweep(t0 + DEFAULT_REMOTE_GRACE / 2), 0);
+        // It returns as a new incarnation: the replica starts over, waiting for a snapshot.
+        let c2 = peer("agent-c", 2, &[("pod-c1", PodHealth::Healthy)]);
+        remote.apply(&diff(&View::default(), &view(&[&c2])), t0);
+        assert_eq!(index.status()[0].1.state, "waiting");
+        // Its pod's events turn unsure on the owner: so does the replica.
+        let c2_unsure = peer("agent-c", 2, &[("pod-c1", PodHealth::Unsure)]);
+        index.load_snapshot(src, &[]);
+        remote.apply(&diff(&view(&[&c2]), &view(&[&c2_unsure])), t0);
+        assert!(!index.trusted(src));
+        // Dead past the grace period: the ownership is forgotten.
+        remote.apply(&diff(&view(&[&c2_unsure]), &View::default()), t0);
+        assert_eq!(remote.sweep(t0 + DEFAULT_REMOTE_GRACE), 1);
+        assert_eq!(remote.owner("pod-c1"), None);
+        assert_eq!(index.owner(src), None);
+    }
+}
