@@ -7,6 +7,7 @@ pub mod gate;
 pub mod index;
 pub mod otlp;
 pub mod pki;
+pub mod pods;
 pub mod process;
 pub mod raw_http;
 pub mod sim;

@@ -1,0 +1,354 @@
+//! A node and its pods built from network namespaces, a bridge, veth pairs and child cgroups,
+//! for the eBPF suites (docs/ebpf.md). Root only.
+//!
+//! ```text
+//!   netns <tag>n ("node"): br0 10.231.0.1/24, fd00:231::1/64 — the agent runs here
+//!     ├─ veth p<i> ── netns <tag><i> ("pod i"): eth0 10.231.0.<i+2>/24, fd00:231::<i+2>/64
+//! ```
+//!
+//! Every address lives inside a namespace this fixture created; the host's own namespace
+//! gets nothing. Processes are started in a namespace with `nsenter --net` (only the network
+//! namespace changes, so the cgroup v2 and bpffs mounts stay visible). Dropping the node
+//! deletes its namespaces (and with them the bridge and veths); the caller drops the
+//! processes first (declare them after the node).
+
+use std::{
+    io::{BufRead as _, BufReader},
+    net::{Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{Arc, mpsc},
+    time::{Duration, Instant},
+};
+
+use parking_lot::Mutex;
+
+/// Where `ip netns add` puts namespaces.
+const NETNS_DIR: &str = "/run/netns";
+
+/// One network namespace created by the test; deleted on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// `ip netns add name` (fails if it exists: it may be someone else's).
+    pub fn create(name: &str) -> Result<Self, String> {
+        ip(&["netns", "add", name])?;
+        let ns = Self { name: name.into() };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its file, for `nsenter --net=`.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(NETNS_DIR).join(&self.name)
+    }
+
+    /// Runs `ip -n <name> args...`.
+    pub fn ip(&self, args: &[&str]) -> Result<(), String> {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+
+    /// A command that runs `program` inside this namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.path().display()))
+            .arg("--")
+            .arg(program);
+        cmd
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Err(err) = ip(&["netns", "del", &self.name]) {
+            crate::gate::announce(&format!("could not delete netns {}: {err}", self.name));
+        }
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A pod: its namespace and addresses on the pod network.
+#[derive(Debug)]
+pub struct Pod {
+    pub ns: Netns,
+    pub ip4: Ipv4Addr,
+    pub ip6: Ipv6Addr,
+}
+
+/// The node namespace with its bridge, and the pods plugged into it. Pods are deleted before
+/// the node (field order).
+#[derive(Debug)]
+pub struct Node {
+    pub pods: Vec<Pod>,
+    pub ns: Netns,
+}
+
+impl Node {
+    /// The node's address on the pod network (IPv4).
+    pub const IP4: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 1);
+    /// The node's address on the pod network (IPv6).
+    pub const IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x231, 0, 0, 0, 0, 0, 1);
+
+    /// A node `<tag>n` with `pods` pods `<tag>0`, `<tag>1`, ... (tag: a few characters,
+    /// unique per test run, e.g. from the pid).
+    pub fn create(tag: &str, pods: u8) -> Result<Self, String> {
+        let ns = Netns::create(&format!("{tag}n"))?;
+        let mut node = Self {
+            pods: Vec::new(),
+            ns,
+        };
+        node.ns.ip(&["link", "add", "br0", "type", "bridge"])?;
+        node.ns
+            .ip(&["addr", "add", &format!("{}/24", Self::IP4), "dev", "br0"])?;
+        node.ns.ip(&[
+            "addr",
+            "add",
+            &format!("{}/64", Self::IP6),
+            "dev",
+            "br0",
+            "nodad",
+        ])?;
+        node.ns.ip(&["link", "set", "br0", "up"])?;
+        for i in 0..pods {
+            let pod = node.plug(tag, i)?;
+            node.pods.push(pod);
+        }
+        Ok(node)
+    }
+
+    fn plug(&self, tag: &str, i: u8) -> Result<Pod, String> {
+        let ns = Netns::create(&format!("{tag}{i}"))?;
+        let host_side = format!("p{i}");
+        self.ns.ip(&[
+            "link",
+            "add",
+            &host_side,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            ns.name(),
+        ])?;
+        self.ns
+            .ip(&["link", "set", &host_side, "master", "br0", "up"])?;
+        let ip4 = Ipv4Addr::new(10, 231, 0, i + 2);
+        let ip6 = Ipv6Addr::new(0xfd00, 0x231, 0, 0, 0, 0, 0, u16::from(i) + 2);
+        ns.ip(&["addr", "add", &format!("{ip4}/24"), "dev", "eth0"])?;
+        ns.ip(&["addr", "add", &format!("{ip6}/64"), "dev", "eth0", "nodad"])?;
+        ns.ip(&["link", "set", "eth0", "up"])?;
+        ns.ip(&["route", "add", "default", "via", &Self::IP4.to_string()])?;
+        ns.ip(&[
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            &Self::IP6.to_string(),
+        ])?;
+        Ok(Pod { ns, ip4, ip6 })
+    }
+}
+
+// === child processes of the suite's own binary ===
+
+/// Child role (`agent` or `sim`).
+pub const ROLE_ENV: &str = "WARMPATH_E2E_POD_ROLE";
+/// The role's flags (JSON array of strings).
+pub const ARGS_ENV: &str = "WARMPATH_E2E_POD_ARGS";
+/// cgroup v2 directory the child moves itself into before anything else.
+pub const CGROUP_ENV: &str = "WARMPATH_E2E_POD_CGROUP";
+/// The line a child prints once it serves.
+const READY: &str = "WARMPATH_E2E_POD_READY";
+/// Longest a child may take to start.
+const START: Duration = Duration::from_secs(30);
+
+/// A child (the suite's binary, run as an agent or simulator inside a namespace); killed and
+/// reaped on drop.
+#[derive(Debug)]
+pub struct PodProcess {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Drop for PodProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl PodProcess {
+    /// Starts the suite's `pod_child` entry point as `role` with `args` inside `ns` (and in
+    /// `cgroup` when given), with `env` added; waits for its ready line.
+    pub fn start(
+        ns: &Netns,
+        cgroup: Option<&std::path::Path>,
+        role: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Self, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut cmd = ns.command(&exe.to_string_lossy());
+        cmd.args([
+            "--exact",
+            "pod_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("NO_COLOR", "1")
+        .env(ROLE_ENV, role)
+        .env(
+            ARGS_ENV,
+            serde_json::to_string(args).map_err(|e| e.to_string())?,
+        )
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        if let Some(dir) = cgroup {
+            cmd.env(CGROUP_ENV, dir);
+        }
+        let mut child = cmd.spawn().map_err(|e| format!("spawn {role}: {e}"))?;
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let pipe = child.stderr.take().ok_or("stderr was piped")?;
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut s = sink.lock();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        let stdout = child.stdout.take().ok_or("stdout was piped")?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let process = Self { child, stderr };
+        let deadline = Instant::now() + START;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if line.contains(READY) => return Ok(process),
+                Ok(_) => {}
+                Err(_) => {
+                    return Err(format!(
+                        "{role} did not start within {START:?}; stderr:\n{}",
+                        process.stderr()
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Everything the child wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().clone()
+    }
+
+    /// Waits up to `timeout` for a stderr line containing every one of `needles`.
+    pub fn wait_for_log(&self, needles: &[&str], timeout: Duration) -> Result<String, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self
+                .stderr()
+                .lines()
+                .find(|l| needles.iter().all(|n| l.contains(n)))
+            {
+                return Ok(line.to_string());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "no log line with {needles:?} within {timeout:?}; stderr:\n{}",
+                    self.stderr()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The child side, called from the suite's ignored `pod_child` test: join the cgroup, run the
+/// role until killed. Does nothing when [`ROLE_ENV`] is unset.
+pub fn child_main() {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        return;
+    };
+    if let Ok(dir) = std::env::var(CGROUP_ENV) {
+        let procs = std::path::Path::new(&dir).join("cgroup.procs");
+        std::fs::write(&procs, std::process::id().to_string())
+            .unwrap_or_else(|e| panic!("join {}: {e}", procs.display()));
+    }
+    let json = std::env::var(ARGS_ENV).expect("the parent set the arguments");
+    let args: Vec<String> = serde_json::from_str(&json).expect("the parent wrote a JSON array");
+    warmpath_agent::telemetry::init_tracing();
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    runtime.block_on(async {
+        match role.as_str() {
+            "agent" => agent(args).await,
+            "sim" => sim(args).await,
+            other => panic!("unknown role {other}"),
+        }
+    });
+}
+
+async fn agent(args: Vec<String>) {
+    use clap::Parser as _;
+    let args = warmpath_agent::args::AgentArgs::try_parse_from(
+        std::iter::once("agent".to_string()).chain(args),
+    )
+    .unwrap_or_else(|e| panic!("agent flags: {e}"));
+    let _routing = warmpath_agent::agent::start_routing(&args)
+        .await
+        .unwrap_or_else(|e| panic!("routing: {e}"));
+    let _intercept = if args.redirects.is_empty() {
+        None
+    } else {
+        Some(
+            warmpath_agent::agent::start_intercept(&args)
+                .unwrap_or_else(|e| panic!("interception: {e}")),
+        )
+    };
+    println!("{READY}");
+    std::future::pending::<()>().await;
+}
+
+async fn sim(args: Vec<String>) {
+    let _fleet =
+        crate::sim::Fleet::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    println!("{READY}");
+    std::future::pending::<()>().await;
+}
