@@ -11,16 +11,30 @@ pub mod auth;
 pub mod facts;
 pub mod membership;
 pub mod remote;
+pub mod sync;
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::SocketAddr,
+    sync::Arc,
+    time::Duration,
+};
 
 use chitchat::transport::Transport;
 use parking_lot::Mutex;
+use tokio::sync::mpsc;
 
-use crate::kv_index::{KvIndex, SourceId};
+use crate::kv_index::{KvIndex, PlacementSink, RouterKey, SourceId};
+use auth::{AuthCounters, ClusterKey};
 use facts::{AgentFact, Fact, PodFact, PodHealth};
 use membership::{Membership, MembershipConfig, View, diff};
 use remote::RemotePods;
+use sync::{
+    PLACEMENT_QUEUE,
+    client::{Upstream, replicate},
+    proto::Placement,
+    server::SyncServer,
+};
 
 /// How often an agent refreshes its own facts (pod health, watermarks): changes are
 /// coalesced to at most one value per key per period.
@@ -40,16 +54,57 @@ pub struct LocalPod {
 #[derive(Debug, Clone)]
 pub struct NodeSettings {
     pub membership: MembershipConfig,
-    pub agent: AgentFact,
+    /// Where the IndexSync server listens (port 0: any).
+    pub grpc_listen: SocketAddr,
+    /// The address peers stream from (default: the bound address).
+    pub grpc_advertise: Option<SocketAddr>,
+    /// This agent's first proxy listener, published for diagnostics.
+    pub proxy: Option<SocketAddr>,
+    /// The shared key: the token IndexSync streams present and require (`None`: loopback
+    /// only, nothing checked).
+    pub key: Option<Arc<ClusterKey>>,
+    pub counters: Arc<AuthCounters>,
     pub publish_every: Duration,
     /// How long a dead owner's pods stay unsure before their ownership is forgotten.
     pub remote_grace: Duration,
 }
 
-/// One agent's membership in the cluster: publishing its pods, following its peers'.
+/// Why the cluster could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Membership(#[from] membership::StartError),
+    #[error("IndexSync listener {addr}: {source}")]
+    Grpc {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running replication stream from one peer.
+#[derive(Debug)]
+struct Client {
+    upstream: Upstream,
+    incarnation: u64,
+    placements: mpsc::Sender<Placement>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type Clients = Arc<Mutex<HashMap<String, Client>>>;
+
+/// One agent's membership in the cluster: publishing its pods, following its peers',
+/// serving its pods' index state and replicating theirs.
 pub struct ClusterNode {
     membership: Arc<Membership>,
     remote: Arc<Mutex<RemotePods>>,
+    grpc: SocketAddr,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -57,6 +112,7 @@ impl std::fmt::Debug for ClusterNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterNode")
             .field("membership", &self.membership)
+            .field("grpc", &self.grpc)
             .finish_non_exhaustive()
     }
 }
@@ -75,22 +131,56 @@ fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
 }
 
+/// Everything the background tasks share.
+struct Shared {
+    index: Arc<KvIndex>,
+    remote: Arc<Mutex<RemotePods>>,
+    clients: Clients,
+    server: Arc<SyncServer>,
+    local: Vec<LocalPod>,
+    token: Option<String>,
+}
+
 // === impl ClusterNode ===
 
 impl ClusterNode {
-    /// Joins the cluster: `local` pods are published as this agent's, `remote` ones (id and
-    /// their remote source in `index`) follow their owners.
+    /// Joins the cluster: `local` pods are published and served as this agent's, `remote`
+    /// ones (id and their remote source in `index`) are replicated from their owners.
     pub async fn start(
         settings: NodeSettings,
         index: Arc<KvIndex>,
         local: Vec<LocalPod>,
         remote: Vec<(String, SourceId)>,
         transport: &dyn Transport,
-    ) -> Result<Self, membership::StartError> {
+    ) -> Result<Self, StartError> {
+        let grpc_err = |source| StartError::Grpc {
+            addr: settings.grpc_listen,
+            source,
+        };
+        let listener = tokio::net::TcpListener::bind(settings.grpc_listen)
+            .await
+            .map_err(grpc_err)?;
+        let bound = listener.local_addr().map_err(grpc_err)?;
+        let agent = AgentFact {
+            grpc: settings.grpc_advertise.unwrap_or(bound),
+            proxy: settings.proxy,
+        };
         for pod in &local {
             index.enable_journal(pod.source, settings.membership.incarnation << 16);
         }
-        let facts = own_facts(&index, &settings.agent, &local);
+        let known: HashMap<String, SourceId> = local
+            .iter()
+            .map(|p| (p.id.clone(), p.source))
+            .chain(remote.iter().cloned())
+            .collect();
+        let server = Arc::new(SyncServer::new(
+            index.clone(),
+            local.iter().map(|p| (p.id.clone(), p.source)).collect(),
+            known,
+            settings.key.clone(),
+            settings.counters.clone(),
+        ));
+        let facts = own_facts(&index, &agent, &local);
         let membership =
             Arc::new(Membership::start(&settings.membership, &facts, transport).await?);
         let remote = Arc::new(Mutex::new(RemotePods::new(
@@ -98,27 +188,50 @@ impl ClusterNode {
             remote,
             settings.remote_grace,
         )));
-        let follow = tokio::spawn(follow(
-            membership.clone(),
-            remote.clone(),
-            settings.remote_grace,
-        ));
-        let publish = tokio::spawn(publish(
-            membership.clone(),
-            index,
-            settings.agent,
-            local,
-            settings.publish_every,
-        ));
+        let shared = Arc::new(Shared {
+            index: index.clone(),
+            remote: remote.clone(),
+            clients: Clients::default(),
+            server: server.clone(),
+            local: local.clone(),
+            token: settings.key.as_ref().map(|k| k.grpc_token().to_string()),
+        });
+        let (placed, placed_rx) = mpsc::channel(PLACEMENT_QUEUE);
+        // One sink per index: a second node on the same index (tests only) shares none.
+        index.set_placement_sink(PlacementSink::new(move |id, keys| {
+            let _ = placed.try_send((id, keys.to_vec()));
+        }));
+        let tasks = vec![
+            tokio::spawn(sync::server::serve(server, listener)),
+            tokio::spawn(follow(
+                membership.clone(),
+                shared.clone(),
+                settings.remote_grace,
+            )),
+            tokio::spawn(publish(
+                membership.clone(),
+                index,
+                agent,
+                local,
+                settings.publish_every,
+            )),
+            tokio::spawn(dispatch_placements(shared, placed_rx)),
+        ];
         Ok(Self {
             membership,
             remote,
-            tasks: vec![follow, publish],
+            grpc: bound,
+            tasks,
         })
     }
 
     pub fn node_id(&self) -> &str {
         self.membership.node_id()
+    }
+
+    /// The bound IndexSync address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc
     }
 
     /// The live peers now.
@@ -131,9 +244,93 @@ impl ClusterNode {
         self.remote.lock().owner(pod).map(str::to_string)
     }
 
-    /// Stops gossiping (peers declare this agent dead when their detectors say so).
+    /// Stops gossiping and streaming (peers declare this agent dead when their detectors
+    /// say so).
     pub fn shutdown(self) {
         drop(self);
+    }
+}
+
+/// Starts, restarts or stops replication streams so that there is one per live owner of
+/// pods this agent replicates, with that owner's current pods and address.
+fn reconcile_clients(shared: &Shared, view: &View) {
+    let owners = shared.remote.lock().by_owner();
+    let mut clients = shared.clients.lock();
+    let mut wanted: BTreeMap<String, (Upstream, u64)> = BTreeMap::new();
+    for ((node, incarnation), pods) in owners {
+        let Some(grpc) = view
+            .peers
+            .get(&node)
+            .filter(|p| p.incarnation == incarnation)
+            .and_then(|p| p.agent.map(|a| a.grpc))
+        else {
+            continue;
+        };
+        let upstream = Upstream {
+            peer: node.clone(),
+            grpc,
+            pods,
+        };
+        wanted.insert(node, (upstream, incarnation));
+    }
+    clients.retain(|node, c| {
+        wanted
+            .get(node)
+            .is_some_and(|(u, inc)| *u == c.upstream && *inc == c.incarnation)
+    });
+    for (node, (upstream, incarnation)) in wanted {
+        if clients.contains_key(&node) {
+            continue;
+        }
+        let (placements, rx) = mpsc::channel(PLACEMENT_QUEUE);
+        let task = tokio::spawn(replicate(
+            upstream.clone(),
+            shared.index.clone(),
+            shared.token.clone(),
+            rx,
+        ));
+        clients.insert(
+            node,
+            Client {
+                upstream,
+                incarnation,
+                placements,
+                task,
+            },
+        );
+    }
+}
+
+/// Sends this agent's placements where they belong: on a local pod to its subscribers, on
+/// a remote pod to its owner (who relays them to the pod's other replicas).
+async fn dispatch_placements(
+    shared: Arc<Shared>,
+    mut placed: mpsc::Receiver<(SourceId, Vec<RouterKey>)>,
+) {
+    let ttl = shared.index.config().speculative_ttl;
+    let ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
+    while let Some((source, keys)) = placed.recv().await {
+        if let Some(pod) = shared.local.iter().find(|p| p.source == source) {
+            shared.server.placed_locally(&pod.id, &keys, ttl);
+            continue;
+        }
+        let (pod, owner) = {
+            let remote = shared.remote.lock();
+            let Some(pod) = remote.pod_of(source) else {
+                continue;
+            };
+            (pod.to_string(), remote.owner(pod).map(str::to_string))
+        };
+        let Some(owner) = owner else {
+            continue;
+        };
+        if let Some(c) = shared.clients.lock().get(&owner) {
+            let _ = c.placements.try_send(Placement {
+                pod,
+                keys: keys.iter().map(|k| k.0).collect(),
+                ttl_ms,
+            });
+        }
     }
 }
 
@@ -169,9 +366,9 @@ fn own_facts(index: &KvIndex, agent: &AgentFact, local: &[LocalPod]) -> Vec<Fact
     facts
 }
 
-/// Applies every membership change to the remote pods, and forgets dead owners after the
-/// grace period.
-async fn follow(membership: Arc<Membership>, remote: Arc<Mutex<RemotePods>>, grace: Duration) {
+/// Applies every membership change to the remote pods and the replication streams, and
+/// forgets dead owners after the grace period.
+async fn follow(membership: Arc<Membership>, shared: Arc<Shared>, grace: Duration) {
     let mut live = membership.watch().await;
     let mut seen = View::default();
     let mut sweep = tokio::time::interval((grace / 4).max(Duration::from_millis(10)));
@@ -185,12 +382,15 @@ async fn follow(membership: Arc<Membership>, remote: Arc<Mutex<RemotePods>>, gra
                 let view = View::from_live(&live.borrow_and_update(), membership.node_id());
                 let changes = diff(&seen, &view);
                 if !changes.is_empty() {
-                    remote.lock().apply(&changes, now());
+                    shared.remote.lock().apply(&changes, now());
+                    reconcile_clients(&shared, &view);
                 }
                 seen = view;
             }
             _ = sweep.tick() => {
-                remote.lock().sweep(now());
+                if shared.remote.lock().sweep(now()) > 0 {
+                    reconcile_clients(&shared, &seen);
+                }
             }
         }
     }

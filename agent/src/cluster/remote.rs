@@ -78,6 +78,31 @@ impl RemotePods {
         }
     }
 
+    /// The live owners (node id, incarnation) and the pods each owns, in order.
+    pub fn by_owner(&self) -> std::collections::BTreeMap<(String, u64), Vec<(String, SourceId)>> {
+        let mut owners: std::collections::BTreeMap<_, Vec<_>> = Default::default();
+        for (pod, t) in &self.pods {
+            if let (Some(owner), None) = (&t.owner, t.lost_at) {
+                owners
+                    .entry(owner.clone())
+                    .or_default()
+                    .push((pod.clone(), t.source));
+            }
+        }
+        for pods in owners.values_mut() {
+            pods.sort();
+        }
+        owners
+    }
+
+    /// The remote pod a source stands for.
+    pub fn pod_of(&self, source: SourceId) -> Option<&str> {
+        self.pods
+            .iter()
+            .find(|(_, t)| t.source == source)
+            .map(|(p, _)| p.as_str())
+    }
+
     /// Applies membership changes.
     pub fn apply(&mut self, changes: &[Change], now: Instant) {
         for change in changes {

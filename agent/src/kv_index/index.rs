@@ -24,6 +24,7 @@ mod speculative;
 
 use journal::Journal;
 pub use journal::{DELTA_RING, DELTA_RING_KEYS, KeyDelta, Since, Watermark};
+pub use remote::PlacementSink;
 use speculative::Pending;
 
 /// Default cap on (block, source) entries.
@@ -98,6 +99,10 @@ pub struct KvIndex {
     store: Store,
     sources: RwLock<Vec<Option<Arc<Source>>>>,
     config: IndexConfig,
+    /// Woken when a journaled source changes (replication streams wait on it).
+    changes: tokio::sync::Notify,
+    /// Told of every speculation the router makes (the cluster shares them with peers).
+    placements: std::sync::OnceLock<PlacementSink>,
 }
 
 impl KvIndex {
@@ -106,6 +111,8 @@ impl KvIndex {
             store: Store::new(config.max_entries, config.tier_weights),
             sources: RwLock::new(Vec::new()),
             config,
+            changes: tokio::sync::Notify::new(),
+            placements: std::sync::OnceLock::new(),
         }
     }
 
@@ -217,6 +224,7 @@ impl KvIndex {
         drop(w);
         if let Some(j) = &mut st.journal {
             j.commit();
+            self.changes.notify_waiters();
         }
         let event_block_size = st.last_event_block_size;
         if st
@@ -314,6 +322,21 @@ impl KvIndex {
         if keys.is_empty() {
             return;
         }
+        self.hold_speculatively(id, keys, now + self.config.speculative_ttl, true);
+        if let Some(sink) = self.placements.get() {
+            sink.placed(id, keys);
+        }
+    }
+
+    /// Holds `keys` as speculative on `id` until `deadline`; `routed`: this agent's own
+    /// routing decision (counted for the key-mismatch check), not a peer's.
+    fn hold_speculatively(
+        &self,
+        id: SourceId,
+        keys: &[RouterKey],
+        deadline: Instant,
+        routed: bool,
+    ) {
         let Some(source) = self.source(id) else {
             return;
         };
@@ -325,8 +348,9 @@ impl KvIndex {
             w.insert(*key, id.0, Tier::Gpu, true);
         }
         drop(w);
-        let deadline = now + self.config.speculative_ttl;
-        st.status.routed += 1;
+        if routed {
+            st.status.routed += 1;
+        }
         // At the cap, the earliest pending keys stop being speculative now (no allocation
         // unless one does).
         let mut evicted = Vec::new();
@@ -378,7 +402,9 @@ impl KvIndex {
             return;
         };
         let mut st = source.state.lock();
-        st.new_incarnation();
+        if st.new_incarnation() {
+            self.changes.notify_waiters();
+        }
         st.status.unrecoverable_gaps += 1;
         tracing::warn!(pod = %source.info.pod, rank = ?source.info.rank, %reason, "KV index unsure for this source");
         st.health = HealthState::Unsure { reason, since: now };
@@ -389,7 +415,9 @@ impl KvIndex {
         self.clear(id);
         if let Some(source) = self.source(id) {
             let mut st = source.state.lock();
-            st.new_incarnation();
+            if st.new_incarnation() {
+                self.changes.notify_waiters();
+            }
             st.status.restarts += 1;
             st.health = HealthState::Healthy;
         }
@@ -402,7 +430,9 @@ impl KvIndex {
         self.clear(id);
         if let Some(source) = self.source(id) {
             let mut st = source.state.lock();
-            st.new_incarnation();
+            if st.new_incarnation() {
+                self.changes.notify_waiters();
+            }
             st.status.reconnects += 1;
             if st.health != HealthState::Waiting {
                 st.health = HealthState::Healthy;
@@ -509,11 +539,13 @@ impl KvIndex {
 // === impl SourceState ===
 
 impl SourceState {
-    /// The entries were dropped outside the event stream: replicas must start over.
-    fn new_incarnation(&mut self) {
-        if let Some(j) = &mut self.journal {
-            j.new_incarnation();
-        }
+    /// The entries were dropped outside the event stream: replicas must start over (the
+    /// caller wakes them through `KvIndex::changes` when this returns true).
+    fn new_incarnation(&mut self) -> bool {
+        self.journal
+            .as_mut()
+            .map(Journal::new_incarnation)
+            .is_some()
     }
 }
 

@@ -5,14 +5,54 @@
 //! A remote source keeps its keys in the same engine map as a local one, with the router key
 //! standing for the engine hash, so clearing and removals work unchanged.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{
     HealthState, Journal, KeyDelta, KvIndex, Since, SourceId, SourceInfo, Tier, Watermark,
 };
 use crate::kv_index::{RouterKey, engine_map::Removal};
 
+/// Where the router's speculations go besides the index (the cluster's placement stream).
+pub struct PlacementSink(Box<Placed>);
+
+type Placed = dyn Fn(SourceId, &[RouterKey]) + Send + Sync;
+
+impl PlacementSink {
+    pub fn new(f: impl Fn(SourceId, &[RouterKey]) + Send + Sync + 'static) -> Self {
+        Self(Box::new(f))
+    }
+
+    pub(super) fn placed(&self, id: SourceId, keys: &[RouterKey]) {
+        (self.0)(id, keys)
+    }
+}
+
+impl std::fmt::Debug for PlacementSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PlacementSink")
+    }
+}
+
 impl KvIndex {
+    /// Sends every later [`KvIndex::speculate`] to `sink` too (once; false if one was set).
+    pub fn set_placement_sink(&self, sink: PlacementSink) -> bool {
+        self.placements.set(sink).is_ok()
+    }
+
+    /// Woken whenever a journaled source changes (create the `notified()` future before
+    /// reading, so no change is missed).
+    pub fn changes(&self) -> &tokio::sync::Notify {
+        &self.changes
+    }
+
+    /// A peer's placement: `keys` held speculatively on `id` for `ttl`, as if this agent had
+    /// routed them (but not counted as its routing, and not passed on).
+    pub fn speculate_remote(&self, id: SourceId, keys: &[RouterKey], ttl: Duration, now: Instant) {
+        if !keys.is_empty() {
+            self.hold_speculatively(id, keys, now + ttl, false);
+        }
+    }
+
     /// Starts journaling a local source's batches for replicas, at `incarnation` (unique per
     /// agent start, so a restarted owner is never mistaken for the old one).
     pub fn enable_journal(&self, id: SourceId, incarnation: u64) {

@@ -1,0 +1,253 @@
+//! The replica's side of IndexSync: one task per owning peer, subscribing to the pods this
+//! agent replicates from it, applying snapshots and deltas in order, sending this agent's
+//! placements on those pods, and resuming from its watermarks after any break.
+//!
+//! A delta out of order (not the next sequence of the copy's incarnation) means the copy
+//! cannot be trusted: it is dropped, and the stream starts over with a snapshot.
+
+use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, transport::Endpoint};
+
+use super::{
+    BACKOFF_MAX, BACKOFF_MIN, STREAM_QUEUE, SYNC_PATH, bearer,
+    proto::{ClientMsg, Placement, PodWatermark, ServerMsg, Subscribe, client_msg, server_msg},
+    tier_of,
+};
+use crate::kv_index::{KeyDelta, KvIndex, RouterKey, SourceId, Watermark};
+
+/// One peer to replicate from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub peer: String,
+    pub grpc: SocketAddr,
+    /// The pods it owns that this agent replicates, and their sources here.
+    pub pods: Vec<(String, SourceId)>,
+}
+
+/// Why a stream ended.
+#[derive(Debug, thiserror::Error)]
+enum StreamEnd {
+    #[error("connect: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("{0}")]
+    Status(#[from] tonic::Status),
+    #[error("the owner ended the stream")]
+    Closed,
+    #[error("pod {pod}: delta {got:?} does not follow {have:?}; starting over from a snapshot")]
+    OutOfOrder {
+        pod: String,
+        got: Watermark,
+        have: Watermark,
+    },
+}
+
+#[derive(Debug)]
+struct Copy {
+    source: SourceId,
+    at: Watermark,
+    /// Snapshot chunks received so far (applied whole on the last).
+    pending: Vec<(RouterKey, u8)>,
+}
+
+/// Replicates `upstream`'s pods into `index` until aborted. `placements` carries this
+/// agent's placements on those pods.
+pub async fn replicate(
+    upstream: Upstream,
+    index: Arc<KvIndex>,
+    token: Option<String>,
+    mut placements: mpsc::Receiver<Placement>,
+) {
+    let mut copies: HashMap<String, Copy> = upstream
+        .pods
+        .iter()
+        .map(|(pod, source)| {
+            (
+                pod.clone(),
+                Copy {
+                    source: *source,
+                    at: Watermark::default(),
+                    pending: Vec::new(),
+                },
+            )
+        })
+        .collect();
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let end = stream_once(
+            &upstream,
+            &index,
+            token.as_deref(),
+            &mut copies,
+            &mut placements,
+        )
+        .await;
+        match &end {
+            StreamEnd::OutOfOrder { pod, .. } => {
+                if let Some(c) = copies.get_mut(pod) {
+                    index.resync_remote(c.source);
+                    c.at = Watermark::default();
+                    c.pending.clear();
+                }
+                tracing::warn!(peer = %upstream.peer, error = %end, "IndexSync stream restarted");
+            }
+            _ => {
+                tracing::debug!(peer = %upstream.peer, error = %end, "IndexSync stream ended; resuming")
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+        if matches!(end, StreamEnd::Closed) {
+            backoff = BACKOFF_MIN;
+        }
+    }
+}
+
+async fn stream_once(
+    upstream: &Upstream,
+    index: &KvIndex,
+    token: Option<&str>,
+    copies: &mut HashMap<String, Copy>,
+    placements: &mut mpsc::Receiver<Placement>,
+) -> StreamEnd {
+    let channel = match Endpoint::from_shared(format!("http://{}", upstream.grpc)) {
+        Ok(e) => e.connect_timeout(Duration::from_secs(2)),
+        Err(e) => return StreamEnd::Connect(e),
+    };
+    let channel = match channel.connect().await {
+        Ok(c) => c,
+        Err(e) => return StreamEnd::Connect(e),
+    };
+    let (out, out_rx) = mpsc::channel(STREAM_QUEUE);
+    let subscribe = Subscribe {
+        pods: copies
+            .iter()
+            .map(|(pod, c)| PodWatermark {
+                pod: pod.clone(),
+                incarnation: c.at.incarnation,
+                sequence: c.at.sequence,
+            })
+            .collect(),
+    };
+    let msg = |m| ClientMsg { msg: Some(m) };
+    // Cannot fail: the queue is empty and its receiver is here.
+    let _ = out.try_send(msg(client_msg::Msg::Subscribe(subscribe)));
+    let mut request = Request::new(ReceiverStream::new(out_rx));
+    if let Some(token) = token
+        && let Ok(v) = bearer(token).parse()
+    {
+        request.metadata_mut().insert("authorization", v);
+    }
+    let mut grpc = tonic::client::Grpc::new(channel);
+    if let Err(e) = grpc.ready().await {
+        return StreamEnd::Connect(e);
+    }
+    let path = http::uri::PathAndQuery::from_static(SYNC_PATH);
+    let response = grpc
+        .streaming(
+            request,
+            path,
+            tonic_prost::ProstCodec::<ClientMsg, ServerMsg>::default(),
+        )
+        .await;
+    let mut inbound = match response {
+        Ok(r) => r.into_inner(),
+        Err(status) => return StreamEnd::Status(status),
+    };
+    loop {
+        tokio::select! {
+            got = inbound.message() => match got {
+                Ok(Some(ServerMsg { msg: Some(m) })) => {
+                    if let Err(end) = apply(index, copies, m) {
+                        return end;
+                    }
+                }
+                Ok(Some(ServerMsg { msg: None })) => {}
+                Ok(None) => return StreamEnd::Closed,
+                Err(status) => return StreamEnd::Status(status),
+            },
+            Some(p) = placements.recv() => {
+                // A full queue drops the placement: it is a hint, and the engine's events follow.
+                let _ = out.try_send(msg(client_msg::Msg::Placement(p)));
+            }
+        }
+    }
+}
+
+fn apply(
+    index: &KvIndex,
+    copies: &mut HashMap<String, Copy>,
+    m: server_msg::Msg,
+) -> Result<(), StreamEnd> {
+    match m {
+        server_msg::Msg::Delta(d) => {
+            let Some(c) = copies.get_mut(&d.pod) else {
+                return Ok(());
+            };
+            let got = Watermark {
+                incarnation: d.incarnation,
+                sequence: d.sequence,
+            };
+            if got.incarnation != c.at.incarnation || got.sequence != c.at.sequence + 1 {
+                return Err(StreamEnd::OutOfOrder {
+                    pod: d.pod,
+                    got,
+                    have: c.at,
+                });
+            }
+            let delta = KeyDelta {
+                cleared: d.cleared,
+                stored: d
+                    .stored
+                    .iter()
+                    .map(|t| (RouterKey(t.key), tier_of(t)))
+                    .collect(),
+                removed: d
+                    .removed
+                    .iter()
+                    .map(|t| (RouterKey(t.key), tier_of(t)))
+                    .collect(),
+            };
+            index.apply_remote(c.source, &delta);
+            c.at = got;
+        }
+        server_msg::Msg::Snapshot(s) => {
+            let Some(c) = copies.get_mut(&s.pod) else {
+                return Ok(());
+            };
+            if s.chunk == 0 {
+                c.pending.clear();
+            }
+            // Bounded like the index itself: a snapshot larger than it could hold is cut.
+            let room = index.config().max_entries.saturating_sub(c.pending.len());
+            c.pending.extend(
+                s.held
+                    .iter()
+                    .take(room)
+                    .map(|t| (RouterKey(t.key), u8::try_from(t.tier).unwrap_or(0))),
+            );
+            if s.last {
+                index.load_snapshot(c.source, &c.pending);
+                c.pending = Vec::new();
+                c.at = Watermark {
+                    incarnation: s.incarnation,
+                    sequence: s.sequence,
+                };
+            }
+        }
+        server_msg::Msg::Placement(p) => {
+            if let Some(c) = copies.get(&p.pod) {
+                let keys: Vec<RouterKey> = p.keys.iter().map(|&k| RouterKey(k)).collect();
+                index.speculate_remote(
+                    c.source,
+                    &keys,
+                    Duration::from_millis(u64::from(p.ttl_ms)),
+                    tokio::time::Instant::now().into_std(),
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,315 @@
+//! The owner's side of IndexSync: a tonic service (written out by hand, as tonic's codegen
+//! would) whose one streaming method checks the caller's token, reads its subscription and
+//! streams each subscribed local pod from the client's watermark; placements the client
+//! sends are applied here and relayed to the pod's other subscribers.
+
+use std::{
+    collections::HashMap,
+    pin::Pin,
+    sync::{Arc, atomic::Ordering},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{
+    Request, Response, Status, Streaming,
+    codegen::{Body, BoxFuture, StdError, http},
+};
+
+use super::{
+    SNAPSHOT_CHUNK, STREAM_QUEUE, SYNC_PATH, key_tier,
+    proto::{ClientMsg, Placement, PodDelta, ServerMsg, SnapshotChunk, client_msg, server_msg},
+};
+use crate::{
+    cluster::auth::{AuthCounters, ClusterKey},
+    kv_index::{KvIndex, RouterKey, Since, SourceId, Watermark},
+};
+
+/// Placements relayed between one owner's streams.
+const RELAY_QUEUE: usize = 4_096;
+
+/// A placement passed between one owner's streams: (pod, keys, ttl ms, the stream that
+/// sent it: 0 for this agent's own).
+type Relayed = (Arc<str>, Arc<[u64]>, u32, u64);
+
+/// What the owner serves: its local pods, and every pod it knows (for placements).
+#[derive(Debug)]
+pub struct SyncServer {
+    index: Arc<KvIndex>,
+    /// Local pods by id: what may be subscribed to.
+    local: HashMap<String, SourceId>,
+    /// Every pod this agent has a source for (placements on any of them apply here).
+    known: HashMap<String, SourceId>,
+    key: Option<Arc<ClusterKey>>,
+    counters: Arc<AuthCounters>,
+    relay: broadcast::Sender<Relayed>,
+    next_stream: std::sync::atomic::AtomicU64,
+}
+
+impl SyncServer {
+    pub fn new(
+        index: Arc<KvIndex>,
+        local: HashMap<String, SourceId>,
+        known: HashMap<String, SourceId>,
+        key: Option<Arc<ClusterKey>>,
+        counters: Arc<AuthCounters>,
+    ) -> Self {
+        Self {
+            index,
+            local,
+            known,
+            key,
+            counters,
+            relay: broadcast::channel(RELAY_QUEUE).0,
+            next_stream: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
+
+    /// The owner's own router placed `keys` on its local pod: tell its subscribers.
+    pub fn placed_locally(&self, pod: &str, keys: &[RouterKey], ttl: Duration) {
+        let keys: Arc<[u64]> = keys.iter().map(|k| k.0).collect();
+        let ttl = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
+        // No subscriber is not an error.
+        let _ = self.relay.send((Arc::from(pod), keys, ttl, 0));
+    }
+
+    fn authorized<T>(&self, request: &Request<T>) -> bool {
+        let Some(key) = &self.key else {
+            return true;
+        };
+        let presented = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        presented.is_some_and(|t| key.check_token(t))
+    }
+
+    /// Applies a subscriber's placement (on a pod this agent knows) and relays it.
+    fn apply_placement(&self, p: &Placement, from: u64) {
+        let Some(&source) = self.known.get(&p.pod) else {
+            return;
+        };
+        let keys: Vec<RouterKey> = p.keys.iter().map(|&k| RouterKey(k)).collect();
+        let ttl = Duration::from_millis(u64::from(p.ttl_ms));
+        self.index
+            .speculate_remote(source, &keys, ttl, tokio::time::Instant::now().into_std());
+        if self.local.contains_key(&p.pod) {
+            let _ = self.relay.send((
+                Arc::from(p.pod.as_str()),
+                p.keys.clone().into(),
+                p.ttl_ms,
+                from,
+            ));
+        }
+    }
+}
+
+/// Streams the subscribed pods to `tx` from their watermarks until the client goes away.
+async fn produce(
+    server: Arc<SyncServer>,
+    mut pods: Vec<(String, SourceId, Watermark)>,
+    stream: u64,
+    tx: mpsc::Sender<Result<ServerMsg, Status>>,
+) {
+    let mut relay = server.relay.subscribe();
+    loop {
+        let changed = server.index.changes().notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        for (pod, source, at) in &mut pods {
+            let Some(since) = server.index.since(*source, *at) else {
+                continue;
+            };
+            if send_since(pod, since, at, &tx).await.is_err() {
+                return;
+            }
+        }
+        tokio::select! {
+            _ = &mut changed => {}
+            _ = tx.closed() => return,
+            relayed = relay.recv() => match relayed {
+                Ok((pod, keys, ttl_ms, from)) => {
+                    if from != stream && pods.iter().any(|(p, _, _)| **p == *pod) {
+                        let msg = server_msg::Msg::Placement(Placement {
+                            pod: pod.to_string(),
+                            keys: keys.to_vec(),
+                            ttl_ms,
+                        });
+                        if tx.send(Ok(ServerMsg { msg: Some(msg) })).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                // Placements are hints: a slow stream skips the ones it missed.
+                Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+        }
+    }
+}
+
+/// Sends what a replica at `at` needs, advancing `at`.
+async fn send_since(
+    pod: &str,
+    since: Since,
+    at: &mut Watermark,
+    tx: &mpsc::Sender<Result<ServerMsg, Status>>,
+) -> Result<(), ()> {
+    let send = |msg| tx.send(Ok(ServerMsg { msg: Some(msg) }));
+    match since {
+        Since::Deltas(deltas) => {
+            for (sequence, d) in deltas {
+                let msg = server_msg::Msg::Delta(PodDelta {
+                    pod: pod.to_string(),
+                    incarnation: at.incarnation,
+                    sequence,
+                    cleared: d.cleared,
+                    stored: d
+                        .stored
+                        .iter()
+                        .map(|&(k, t)| key_tier(k, t as u8))
+                        .collect(),
+                    removed: d
+                        .removed
+                        .iter()
+                        .map(|&(k, t)| key_tier(k, t as u8))
+                        .collect(),
+                });
+                send(msg).await.map_err(|_| ())?;
+                at.sequence = sequence;
+            }
+        }
+        Since::Snapshot { at: now, held } => {
+            let chunks = held.len().div_ceil(SNAPSHOT_CHUNK).max(1);
+            for (i, chunk) in (0..chunks).map(|i| {
+                (
+                    i,
+                    &held[i * SNAPSHOT_CHUNK..((i + 1) * SNAPSHOT_CHUNK).min(held.len())],
+                )
+            }) {
+                let msg = server_msg::Msg::Snapshot(SnapshotChunk {
+                    pod: pod.to_string(),
+                    incarnation: now.incarnation,
+                    sequence: now.sequence,
+                    chunk: i as u32,
+                    last: i + 1 == chunks,
+                    held: chunk.iter().map(|&(k, bits)| key_tier(k, bits)).collect(),
+                });
+                send(msg).await.map_err(|_| ())?;
+            }
+            *at = now;
+        }
+    }
+    Ok(())
+}
+
+/// The method: authenticate, read the subscription, start the producer.
+#[derive(Debug)]
+struct SyncMethod(Arc<SyncServer>);
+
+type ServerStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<ServerMsg, Status>> + Send>>;
+
+impl tonic::server::StreamingService<ClientMsg> for SyncMethod {
+    type Response = ServerMsg;
+    type ResponseStream = ServerStream;
+    type Future = BoxFuture<Response<ServerStream>, Status>;
+
+    fn call(&mut self, request: Request<Streaming<ClientMsg>>) -> Self::Future {
+        let server = self.0.clone();
+        Box::pin(async move {
+            if !server.authorized(&request) {
+                let n = server
+                    .counters
+                    .rejected_streams
+                    .fetch_add(1, Ordering::Relaxed)
+                    + 1;
+                tracing::warn!(rejected = n, remote = ?request.remote_addr(), "IndexSync stream refused: bad or missing cluster token");
+                return Err(Status::unauthenticated("not a member of this cluster"));
+            }
+            let mut inbound = request.into_inner();
+            let first = inbound.message().await?;
+            let Some(ClientMsg {
+                msg: Some(client_msg::Msg::Subscribe(sub)),
+            }) = first
+            else {
+                return Err(Status::invalid_argument(
+                    "the first message must be a Subscribe",
+                ));
+            };
+            let pods: Vec<_> = sub
+                .pods
+                .iter()
+                .filter_map(|w| {
+                    let source = *server.local.get(&w.pod)?;
+                    let at = Watermark {
+                        incarnation: w.incarnation,
+                        sequence: w.sequence,
+                    };
+                    Some((w.pod.clone(), source, at))
+                })
+                .collect();
+            let stream = server.next_stream.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+            let producer = tokio::spawn(produce(server.clone(), pods, stream, tx));
+            tokio::spawn(async move {
+                // Placements until the client closes its side; then the producer stops too.
+                while let Ok(Some(msg)) = inbound.message().await {
+                    if let Some(client_msg::Msg::Placement(p)) = msg.msg {
+                        server.apply_placement(&p, stream);
+                    }
+                }
+                producer.abort();
+            });
+            let out: ServerStream = Box::pin(ReceiverStream::new(rx));
+            Ok(Response::new(out))
+        })
+    }
+}
+
+/// The tower service tonic's router serves.
+#[derive(Debug, Clone)]
+pub struct IndexSyncService(pub Arc<SyncServer>);
+
+impl tonic::server::NamedService for IndexSyncService {
+    const NAME: &'static str = "warmpath.cluster.v1.IndexSync";
+}
+
+impl<B> tonic::codegen::Service<http::Request<B>> for IndexSyncService
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let server = self.0.clone();
+        Box::pin(async move {
+            if req.uri().path() != SYNC_PATH {
+                return Ok(Status::unimplemented("no such method").into_http());
+            }
+            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
+            Ok(grpc.streaming(SyncMethod(server), req).await)
+        })
+    }
+}
+
+/// Serves IndexSync on `listener` until the task is aborted.
+pub async fn serve(server: Arc<SyncServer>, listener: tokio::net::TcpListener) {
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    if let Err(e) = tonic::transport::Server::builder()
+        .add_service(IndexSyncService(server))
+        .serve_with_incoming(incoming)
+        .await
+    {
+        tracing::warn!(error = %e, "IndexSync server stopped");
+    }
+}

@@ -1,0 +1,268 @@
+//! IndexSync between agents in one process: gossip over chitchat's channel transport, the
+//! streams over real gRPC on loopback (so real time, with bounded waits on conditions).
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use chitchat::transport::ChannelTransport;
+
+use crate::{
+    cluster::{
+        ClusterNode, LocalPod, NodeSettings,
+        auth::{AuthCounters, ClusterKey},
+        membership::MembershipConfig,
+        remote::DEFAULT_REMOTE_GRACE,
+        sync::client::{Upstream, replicate},
+    },
+    kv_index::{
+        IndexConfig, KvIndex, Match, RouterKey, SourceId, SourceInfo, Tier,
+        keys::block_key,
+        wire::{Batch, EngineHash, Event, Removed, Stored},
+    },
+};
+
+const SECRET: &[u8] = b"sync-test-key-of-at-least-32-bytes";
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn pod(i: usize) -> String {
+    format!("127.0.0.1:{}", 21_000 + i)
+}
+
+struct Agent {
+    node: ClusterNode,
+    index: Arc<KvIndex>,
+    local: SourceId,
+    /// Sources by pod index (the local one included).
+    sources: Vec<SourceId>,
+    counters: Arc<AuthCounters>,
+}
+
+async fn start(i: usize, n: usize, transport: &ChannelTransport, port_base: u16) -> Agent {
+    let index = Arc::new(KvIndex::new(IndexConfig::default()));
+    let sources: Vec<SourceId> = (0..n)
+        .map(|j| {
+            let info = SourceInfo {
+                pod: pod(j),
+                rank: None,
+            };
+            if j == i {
+                index.add_source(info)
+            } else {
+                index.add_remote_source(info)
+            }
+        })
+        .collect();
+    let listen = ([127, 0, 0, 1], port_base + i as u16).into();
+    let counters = Arc::new(AuthCounters::default());
+    let settings = NodeSettings {
+        membership: MembershipConfig {
+            cluster_id: "sync".into(),
+            node_id: format!("agent-{i}"),
+            incarnation: 1,
+            listen,
+            advertise: listen,
+            seeds: vec![format!("127.0.0.1:{port_base}")],
+            gossip_interval: Duration::from_millis(50),
+            dead_grace: Duration::from_secs(3_600),
+        },
+        grpc_listen: ([127, 0, 0, 1], 0).into(),
+        grpc_advertise: None,
+        proxy: None,
+        key: Some(Arc::new(
+            ClusterKey::new(SECRET, "sync").expect("long enough"),
+        )),
+        counters: counters.clone(),
+        publish_every: Duration::from_millis(50),
+        remote_grace: DEFAULT_REMOTE_GRACE,
+    };
+    let local = LocalPod {
+        id: pod(i),
+        model: "m".into(),
+        source: sources[i],
+    };
+    let remote = (0..n)
+        .filter(|&j| j != i)
+        .map(|j| (pod(j), sources[j]))
+        .collect();
+    let node = ClusterNode::start(settings, index.clone(), vec![local], remote, transport)
+        .await
+        .expect("starts");
+    Agent {
+        node,
+        index,
+        local: sources[i],
+        sources,
+        counters,
+    }
+}
+
+/// A chain of `n` blocks stored by an engine (hashes from `base`), and its router keys.
+fn stored(n: usize, base: u64) -> (Batch, Vec<RouterKey>) {
+    let tokens: Vec<u32> = (0..n as u32 * 16).map(|t| t + base as u32 * 7).collect();
+    let mut keys = Vec::new();
+    let mut parent = None;
+    for block in tokens.chunks_exact(16) {
+        let k = block_key(parent, block, std::iter::empty());
+        keys.push(k);
+        parent = Some(k);
+    }
+    let event = Event::Stored(Stored {
+        hashes: (0..n as u64).map(|h| EngineHash(base + h)).collect(),
+        parent: None,
+        token_ids: tokens,
+        block_size: 16,
+        lora_name: None,
+        tier: Tier::Gpu,
+        extra_keys: Vec::new(),
+        reusable: true,
+    });
+    (
+        Batch {
+            ts: 0.0,
+            events: vec![event],
+            dp_rank: None,
+        },
+        keys,
+    )
+}
+
+fn blocks(index: &KvIndex, source: SourceId, keys: &[RouterKey]) -> usize {
+    let mut out: Vec<Match> = Vec::new();
+    index.lookup(keys, &mut out);
+    out.iter()
+        .find(|m| m.source == source.0)
+        .map_or(0, |m| m.blocks)
+}
+
+/// Waits until `cond` holds (real time, bounded); how long it took.
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    tokio::time::timeout(LIMIT, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: not within {LIMIT:?}"));
+    start.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_follow_the_owner_and_placements_reach_every_agent() {
+    let transport = ChannelTransport::with_mtu(65_507);
+    let mut agents = Vec::new();
+    for i in 0..3 {
+        agents.push(start(i, 3, &transport, 11_000).await);
+    }
+    let owner = &agents[0];
+    // Before anything is stored the replicas take their (empty) snapshots and trust them.
+    wait_for("replicas trusted", || {
+        agents[1..].iter().all(|a| a.index.trusted(a.sources[0]))
+    })
+    .await;
+
+    let (batch, keys) = stored(8, 100);
+    owner.index.apply(owner.local, &batch, 0);
+    let took = wait_for("stored blocks replicated", || {
+        agents[1..]
+            .iter()
+            .all(|a| blocks(&a.index, a.sources[0], &keys) == 8)
+    })
+    .await;
+    eprintln!("event applied on the owner -> visible in both replicas: {took:?}");
+
+    let removal = Batch {
+        ts: 0.0,
+        events: vec![Event::Removed(Removed {
+            hashes: (104..108).map(EngineHash).collect(),
+            tier: Tier::Gpu,
+            reusable: true,
+        })],
+        dp_rank: None,
+    };
+    owner.index.apply(owner.local, &removal, 1);
+    wait_for("removal replicated", || {
+        agents[1..]
+            .iter()
+            .all(|a| blocks(&a.index, a.sources[0], &keys) == 4)
+    })
+    .await;
+
+    // Agent 1 routes a cold prefix to agent 0's pod: the owner and agent 2 hold it too.
+    let cold: Vec<RouterKey> = (1..=6).map(|k| RouterKey(0xC01D_0000 + k)).collect();
+    agents[1]
+        .index
+        .speculate(agents[1].sources[0], &cold, Instant::now());
+    let took = wait_for("placement relayed", || {
+        blocks(&agents[0].index, agents[0].sources[0], &cold) == 6
+            && blocks(&agents[2].index, agents[2].sources[0], &cold) == 6
+    })
+    .await;
+    eprintln!("placement by agent-1 -> held on the owner and on agent-2: {took:?}");
+    assert!(
+        agents[2]
+            .index
+            .holders(cold[0])
+            .iter()
+            .all(|&(_, _, speculative)| speculative),
+        "a placement is speculative until the engine's events confirm it"
+    );
+
+    // The owner restarts its pod's events (a new incarnation): replicas resync.
+    owner.index.restarted(owner.local);
+    let (batch, keys2) = stored(3, 500);
+    owner.index.apply(owner.local, &batch, 0);
+    wait_for("resynced after the owner's restart", || {
+        agents[1..].iter().all(|a| {
+            blocks(&a.index, a.sources[0], &keys) == 0
+                && blocks(&a.index, a.sources[0], &keys2) == 3
+        })
+    })
+    .await;
+    assert!(agents.iter().all(|a| {
+        a.counters
+            .rejected_streams
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 0
+    }));
+    drop(agents);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_with_the_wrong_token_is_refused_and_counted() {
+    let transport = ChannelTransport::with_mtu(65_507);
+    let owner = start(0, 2, &transport, 12_000).await;
+    let (batch, keys) = stored(4, 900);
+    owner.index.apply(owner.local, &batch, 0);
+
+    let intruder = Arc::new(KvIndex::new(IndexConfig::default()));
+    let copy = intruder.add_remote_source(SourceInfo {
+        pod: pod(0),
+        rank: None,
+    });
+    let wrong = ClusterKey::new(b"not-the-cluster-key-but-long-enough", "sync").expect("ok");
+    let (_placements, rx) = tokio::sync::mpsc::channel(1);
+    let task = tokio::spawn(replicate(
+        Upstream {
+            peer: "agent-0".into(),
+            grpc: owner.node.grpc_addr(),
+            pods: vec![(pod(0), copy)],
+        },
+        intruder.clone(),
+        Some(wrong.grpc_token().to_string()),
+        rx,
+    ));
+    wait_for("refusal counted", || {
+        owner
+            .counters
+            .rejected_streams
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    })
+    .await;
+    task.abort();
+    assert_eq!(blocks(&intruder, copy, &keys), 0);
+    assert!(!intruder.trusted(copy));
+}
