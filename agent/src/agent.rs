@@ -35,6 +35,8 @@ pub enum Error {
     Telemetry(#[from] crate::telemetry::Error),
     #[error(transparent)]
     File(#[from] crate::config::ConfigError),
+    #[error("cluster: {0}")]
+    Cluster(#[from] crate::cluster::join::JoinError),
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
 }
@@ -72,6 +74,8 @@ pub struct Routing {
     pub listens: Vec<std::net::SocketAddr>,
     pub admin: std::net::SocketAddr,
     pub proxy: std::sync::Arc<crate::proxy::Proxy>,
+    /// This agent's membership in a cluster (`--cluster-id`).
+    pub cluster: Option<crate::cluster::ClusterNode>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -103,6 +107,7 @@ pub fn routing_config(args: &AgentArgs) -> Result<Config, Error> {
                 config.workers = n;
                 config.validate(crate::config::FLAGS)?;
             }
+            config.cluster = args.cluster.config()?;
             Ok(config)
         }
         None => Ok(args.config()?),
@@ -148,10 +153,16 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     proxy.inject_usage = config.inject_usage;
     let mut tasks = Vec::new();
     let mut builtin: Option<Arc<SegmentTokenizer>> = None;
+    let mut pods = crate::cluster::join::Pods::default();
     for pc in &config.pools {
         let mut endpoints = Vec::new();
         for e in &pc.endpoints {
+            let remote = config
+                .cluster
+                .as_ref()
+                .is_some_and(|c| c.remote_endpoints.contains(&e.authority));
             let source = match &e.kv_events {
+                None if remote => Some(pods.remote(&index, &e.authority)),
                 Some(events) => {
                     let info = kv_index::SourceInfo {
                         pod: e.authority.clone(),
@@ -167,6 +178,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
                         topic: e.kv_topic.clone(),
                     };
                     tasks.push(kv_index::subscriber::spawn(index.clone(), id, cfg).await?);
+                    pods.local(&e.authority, &pc.model, id);
                     Some(id)
                 }
                 None => None,
@@ -231,6 +243,12 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         config.admin_token.clone(),
     )));
     tasks.push(tokio::spawn(proxy::scrape_loop(proxy.clone())));
+    let cluster = match &config.cluster {
+        Some(c) => Some(
+            crate::cluster::join::join(c.join(Some(listen_addrs[0])), index.clone(), pods).await?,
+        ),
+        None => None,
+    };
     tasks.push(tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
         loop {
@@ -243,6 +261,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         listens: listen_addrs,
         admin: admin_addr,
         proxy,
+        cluster,
         tasks,
     })
 }

@@ -118,6 +118,108 @@ pub struct AgentArgs {
 
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// Agents sharing one index without a central router (docs/cluster.md). Off unless
+/// --cluster-id is given.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// Join the cluster of agents with this id (members with another id are refused).
+    #[arg(long, value_name = "ID")]
+    pub cluster_id: Option<String>,
+
+    /// This agent's member id (default: the host name).
+    #[arg(long, value_name = "ID")]
+    pub node_id: Option<String>,
+
+    /// UDP address for gossip.
+    #[arg(long, value_name = "ADDR", default_value = crate::config::DEFAULT_GOSSIP_LISTEN)]
+    pub gossip_listen: std::net::SocketAddr,
+
+    /// The gossip address peers use (default: --gossip-listen, which must then be specific).
+    #[arg(long, value_name = "ADDR")]
+    pub gossip_advertise: Option<std::net::SocketAddr>,
+
+    /// A member to join through (`host:port`; DNS names are re-resolved). Repeatable.
+    #[arg(long = "seed", value_name = "HOST:PORT")]
+    pub seeds: Vec<String>,
+
+    /// File holding the cluster's shared key (at least 32 bytes): HMAC on every gossip
+    /// datagram, the token on every IndexSync stream. Required off loopback.
+    #[arg(long, value_name = "PATH", env = "WARMPATH_CLUSTER_KEY_FILE")]
+    pub cluster_key_file: Option<PathBuf>,
+
+    /// TCP address of the IndexSync gRPC server.
+    #[arg(long, value_name = "ADDR", default_value = crate::config::DEFAULT_GRPC_LISTEN)]
+    pub grpc_listen: std::net::SocketAddr,
+
+    /// The IndexSync address peers use (default: --grpc-listen).
+    #[arg(long, value_name = "ADDR")]
+    pub grpc_advertise: Option<std::net::SocketAddr>,
+
+    /// An endpoint of the pool on another agent's node (`http://host:port`): routed to, its
+    /// index state replicated from the agent that owns it instead of subscribed to.
+    /// Repeatable; added to the flag-configured pool, or naming an endpoint of --config's.
+    #[arg(long = "remote-endpoint", value_name = "URL")]
+    pub remote_endpoints: Vec<String>,
+}
+
+impl ClusterArgs {
+    /// The cluster section these flags describe (`None` without --cluster-id).
+    pub fn config(&self) -> Result<Option<crate::config::ClusterConfig>, ConfigError> {
+        let Some(id) = &self.cluster_id else {
+            if !self.remote_endpoints.is_empty() {
+                return Err(ConfigError::field(
+                    FLAGS,
+                    "--remote-endpoint",
+                    "needs --cluster-id: only a cluster member learns other agents' pods",
+                ));
+            }
+            return Ok(None);
+        };
+        let node_id = match &self.node_id {
+            Some(n) => n.clone(),
+            None => nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .ok_or_else(|| {
+                    ConfigError::field(
+                        FLAGS,
+                        "--node-id",
+                        "no host name to default to: give --node-id",
+                    )
+                })?,
+        };
+        let remote_endpoints = self
+            .remote_endpoints
+            .iter()
+            .map(|url| {
+                authority_of(url).ok_or_else(|| {
+                    ConfigError::field(
+                        FLAGS,
+                        "--remote-endpoint",
+                        format!("{url}: expected http://host:port"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let config = crate::config::ClusterConfig {
+            id: id.clone(),
+            node_id,
+            gossip_listen: self.gossip_listen,
+            gossip_advertise: self.gossip_advertise.unwrap_or(self.gossip_listen),
+            seeds: self.seeds.clone(),
+            key_file: self.cluster_key_file.clone(),
+            grpc_listen: self.grpc_listen,
+            grpc_advertise: self.grpc_advertise.unwrap_or(self.grpc_listen),
+            remote_endpoints,
+        };
+        config.validate(FLAGS)?;
+        Ok(Some(config))
+    }
 }
 
 /// Capacity and size bounds (docs/config.md, docs/reliability.md).
@@ -325,6 +427,21 @@ impl AgentArgs {
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
+        let cluster = self.cluster.config()?;
+        let mut endpoints = endpoints;
+        for authority in cluster.iter().flat_map(|c| &c.remote_endpoints) {
+            if !endpoints.iter().any(|e| e.authority == *authority) {
+                endpoints.push(EndpointConfig {
+                    metrics_url: format!("http://{authority}/metrics"),
+                    authority: authority.clone(),
+                    kv_events: None,
+                    kv_replay: None,
+                    kv_bind: false,
+                    kv_topic: String::new(),
+                    dp_rank: None,
+                });
+            }
+        }
         let tokens = match (self.tokens, &self.tokenizer) {
             (TokensFlag::Local, Some(dir)) => TokenSourceConfig::HuggingFace(dir.clone()),
             (TokensFlag::Local, None) => TokenSourceConfig::Builtin,
@@ -366,6 +483,7 @@ impl AgentArgs {
             inject_usage: !self.no_inject_usage,
             tenants,
             telemetry,
+            cluster,
         };
         config.validate(FLAGS)?;
         Ok(config)

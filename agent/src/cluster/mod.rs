@@ -9,6 +9,7 @@
 
 pub mod auth;
 pub mod facts;
+pub mod join;
 pub mod membership;
 pub mod remote;
 pub mod sync;

@@ -470,6 +470,8 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
         explain: f.proxy.explain,
         inject_usage: f.proxy.inject_usage,
         workers: f.proxy.workers.unwrap_or_else(default_workers),
+        // The file has no cluster section yet: the cluster flags set it (docs/cluster.md).
+        cluster: None,
         tenants,
         telemetry: TelemetryConfig {
             max_tenants: t.max_tenants,

@@ -3,11 +3,13 @@
 //! through the same validation; errors name the field path (`pools[0].endpoints[1].kvEvents`).
 
 mod admin;
+mod cluster;
 mod file;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
 pub use admin::{AdminToken, MIN_TOKEN_LEN, read_token_file};
+pub use cluster::{ClusterConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_GRPC_LISTEN};
 pub use file::load;
 
 use crate::{
@@ -137,6 +139,8 @@ pub struct Config {
     pub inject_usage: bool,
     pub tenants: TenantPolicy,
     pub telemetry: TelemetryConfig,
+    /// Agents sharing one index (docs/cluster.md); `None`: this agent alone.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// A configuration that cannot run, with the field it is about.
@@ -184,6 +188,9 @@ impl Config {
         let err = |field: String, msg: String| Err(ConfigError::field(file, field, msg));
         if self.pools.is_empty() {
             return err("pools".into(), "at least one pool is needed".into());
+        }
+        if let Some(cluster) = &self.cluster {
+            cluster.validate(file)?;
         }
         if self.listen.is_empty() {
             return err("listen".into(), "at least one address is needed".into());
