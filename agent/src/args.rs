@@ -108,6 +108,15 @@ pub struct AgentArgs {
     #[arg(long, value_name = "DIR", default_value = crate::ebpf::DEFAULT_BPFFS)]
     pub bpffs: PathBuf,
 
+    /// Where interception state is pinned (default: BPFFS/warmpath). A restarted agent adopts
+    /// what it finds there (docs/ebpf.md).
+    #[arg(long, value_name = "DIR")]
+    pub pin_dir: Option<PathBuf>,
+
+    /// Detach and unpin everything under the pin directory, then exit.
+    #[arg(long)]
+    pub cleanup: bool,
+
     /// Do not ask streams for usage on the client's behalf (token counters then miss streams
     /// whose clients did not ask for usage).
     #[arg(long)]
@@ -156,9 +165,14 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "ADDR", default_value = crate::config::DEFAULT_GRPC_LISTEN)]
     pub grpc_listen: std::net::SocketAddr,
 
-    /// The IndexSync address peers use (default: --grpc-listen).
+    /// The IndexSync address peers use (default: the address --grpc-listen bound).
     #[arg(long, value_name = "ADDR")]
     pub grpc_advertise: Option<std::net::SocketAddr>,
+
+    /// Milliseconds between gossip rounds: a stopped agent is noticed after about 12-15
+    /// rounds (docs/cluster.md).
+    #[arg(long, value_name = "MS", default_value_t = crate::cluster::membership::DEFAULT_GOSSIP_INTERVAL.as_millis() as u64)]
+    pub gossip_interval_ms: u64,
 
     /// An endpoint of the pool on another agent's node (`http://host:port`): routed to, its
     /// index state replicated from the agent that owns it instead of subscribed to.
@@ -214,7 +228,8 @@ impl ClusterArgs {
             seeds: self.seeds.clone(),
             key_file: self.cluster_key_file.clone(),
             grpc_listen: self.grpc_listen,
-            grpc_advertise: self.grpc_advertise.unwrap_or(self.grpc_listen),
+            grpc_advertise: self.grpc_advertise,
+            gossip_interval: std::time::Duration::from_millis(self.gossip_interval_ms),
             remote_endpoints,
         };
         config.validate(FLAGS)?;
@@ -256,6 +271,11 @@ pub struct LimitArgs {
     /// up: a stream ends with an error event, other bodies are cut short.
     #[arg(long, value_name = "MS", default_value_t = crate::config::DEFAULT_UPSTREAM_IDLE_TIMEOUT.as_millis() as u64)]
     pub upstream_idle_timeout_ms: u64,
+
+    /// An engine that sends no complete response head for this long (connect included) is
+    /// given up: the next endpoint is tried, or 504 when none is left.
+    #[arg(long, value_name = "MS", default_value_t = crate::config::DEFAULT_UPSTREAM_HEAD_TIMEOUT.as_millis() as u64)]
+    pub upstream_head_timeout_ms: u64,
 }
 
 impl LimitArgs {
@@ -269,6 +289,7 @@ impl LimitArgs {
             max_prompt_bytes: self.max_prompt_bytes,
             read_timeout: Duration::from_millis(self.read_timeout_ms),
             upstream_idle_timeout: Duration::from_millis(self.upstream_idle_timeout_ms),
+            upstream_head_timeout: Duration::from_millis(self.upstream_head_timeout_ms),
         }
     }
 }

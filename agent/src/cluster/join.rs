@@ -7,7 +7,7 @@ use std::{net::SocketAddr, path::Path, sync::Arc};
 use super::{
     ClusterNode, DEFAULT_PUBLISH_EVERY, LocalPod, NodeSettings, StartError,
     auth::{AuthCounters, ClusterKey, KeyError, SealedUdp},
-    membership::{DEFAULT_DEAD_GRACE, DEFAULT_GOSSIP_INTERVAL, MembershipConfig},
+    membership::{DEFAULT_DEAD_GRACE, MembershipConfig},
     remote::DEFAULT_REMOTE_GRACE,
 };
 use crate::kv_index::{KvIndex, SourceId, SourceInfo};
@@ -53,7 +53,9 @@ pub struct Join<'a> {
     pub seeds: &'a [String],
     pub key_file: Option<&'a Path>,
     pub grpc_listen: SocketAddr,
-    pub grpc_advertise: SocketAddr,
+    /// `None`: the bound address.
+    pub grpc_advertise: Option<SocketAddr>,
+    pub gossip_interval: std::time::Duration,
     pub proxy: Option<SocketAddr>,
 }
 
@@ -85,11 +87,11 @@ pub async fn join(j: Join<'_>, index: Arc<KvIndex>, pods: Pods) -> Result<Cluste
             listen: j.gossip_listen,
             advertise: j.gossip_advertise,
             seeds: j.seeds.to_vec(),
-            gossip_interval: DEFAULT_GOSSIP_INTERVAL,
+            gossip_interval: j.gossip_interval,
             dead_grace: DEFAULT_DEAD_GRACE,
         },
         grpc_listen: j.grpc_listen,
-        grpc_advertise: Some(j.grpc_advertise),
+        grpc_advertise: j.grpc_advertise,
         proxy: j.proxy,
         key: key.clone(),
         counters: counters.clone(),

@@ -21,7 +21,10 @@ pub struct ClusterConfig {
     /// The shared key's file; `None` only when every address is loopback.
     pub key_file: Option<PathBuf>,
     pub grpc_listen: SocketAddr,
-    pub grpc_advertise: SocketAddr,
+    /// `None`: the bound address (which must then be specific).
+    pub grpc_advertise: Option<SocketAddr>,
+    /// Gossip rounds (shorter: dead agents noticed sooner, more gossip bytes).
+    pub gossip_interval: std::time::Duration,
     /// Endpoint authorities (`host:port`) of pods other agents own: replicated, not
     /// subscribed to.
     pub remote_endpoints: Vec<String>,
@@ -39,6 +42,7 @@ impl ClusterConfig {
             key_file: self.key_file.as_deref(),
             grpc_listen: self.grpc_listen,
             grpc_advertise: self.grpc_advertise,
+            gossip_interval: self.gossip_interval,
             proxy,
         }
     }
@@ -54,17 +58,20 @@ impl ClusterConfig {
             .map_err(|e| field(("cluster.id", "--cluster-id"), e.to_string()))?;
         crate::cluster::facts::check_id("node id", &self.node_id)
             .map_err(|e| field(("cluster.nodeId", "--node-id"), e.to_string()))?;
-        for (name, addr) in [
+        let grpc = self.grpc_advertise.unwrap_or(self.grpc_listen);
+        for (name, addr, any_port) in [
             (
                 ("cluster.gossipAdvertise", "--gossip-advertise"),
                 self.gossip_advertise,
+                false,
             ),
             (
                 ("cluster.grpcAdvertise", "--grpc-advertise"),
-                self.grpc_advertise,
+                grpc,
+                self.grpc_advertise.is_none(),
             ),
         ] {
-            if addr.ip().is_unspecified() || addr.port() == 0 {
+            if addr.ip().is_unspecified() || (addr.port() == 0 && !any_port) {
                 return Err(field(
                     name,
                     format!(
@@ -77,10 +84,16 @@ impl ClusterConfig {
             self.gossip_listen,
             self.gossip_advertise,
             self.grpc_listen,
-            self.grpc_advertise,
+            grpc,
         ]
         .iter()
         .all(|a| a.ip().is_loopback());
+        if self.gossip_interval < std::time::Duration::from_millis(10) {
+            return Err(field(
+                ("cluster.gossipIntervalMs", "--gossip-interval-ms"),
+                "at least 10 ms".into(),
+            ));
+        }
         if self.key_file.is_none() && !loopback {
             return Err(field(
                 ("cluster.keyFile", "--cluster-key-file"),
@@ -112,7 +125,8 @@ mod tests {
             seeds: vec![],
             key_file: None,
             grpc_listen: "127.0.0.1:7401".parse().expect("addr"),
-            grpc_advertise: "127.0.0.1:7401".parse().expect("addr"),
+            grpc_advertise: Some("127.0.0.1:7401".parse().expect("addr")),
+            gossip_interval: std::time::Duration::from_secs(1),
             remote_endpoints: vec!["127.0.0.1:8001".into()],
         }
     }
@@ -137,7 +151,7 @@ mod tests {
         );
         c.key_file = Some("/run/secrets/key".into());
         assert!(c.validate("flags").is_ok());
-        c.grpc_advertise = "0.0.0.0:7401".parse().expect("addr");
+        c.grpc_advertise = Some("0.0.0.0:7401".parse().expect("addr"));
         let err = c.validate("cfg.yaml").expect_err("unreachable");
         assert!(err.to_string().contains("cluster.grpcAdvertise"), "{err}");
         let mut c = loopback();

@@ -1,0 +1,281 @@
+//! The cluster across processes (docs/cluster.md): four agents, each in its own process and
+//! subscribed only to the two simulator pods of its "node", sharing one index over real UDP
+//! gossip and gRPC on loopback.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use warmpath_e2e::{
+    agent_process::AgentProcess,
+    sim::{Fleet, get_json, wait_for},
+};
+
+#[test]
+#[ignore = "entry point of the agent child process (agent_process.rs)"]
+fn agent_process() {
+    warmpath_e2e::agent_process::child_main();
+}
+
+const AGENTS: usize = 4;
+const PODS_PER_AGENT: usize = 2;
+/// Gossip every 100 ms: a stopped agent is declared dead in about 1.5 s.
+const GOSSIP_MS: &str = "100";
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A directory of key files, removed on drop (even when the test fails).
+struct Keys(PathBuf);
+
+impl Keys {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("warmpath-cluster-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Self(dir)
+    }
+
+    fn write(&self, name: &str, secret: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, secret).expect("key file");
+        path
+    }
+}
+
+impl Drop for Keys {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A loopback UDP port free now (gossip needs its advertised port before it binds).
+fn free_udp_port() -> u16 {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    s.local_addr().expect("bound").port()
+}
+
+fn agent_args(fleet: &Fleet, k: usize, gossip: &[u16], key: &Path) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--explain",
+        "--workers",
+        "1",
+        "--cluster-id",
+        "e2e",
+        "--gossip-interval-ms",
+        GOSSIP_MS,
+        "--grpc-listen",
+        "127.0.0.1:0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(["--node-id".into(), format!("agent-{k}")]);
+    args.extend(["--gossip-listen".into(), format!("127.0.0.1:{}", gossip[k])]);
+    args.extend(["--seed".into(), format!("127.0.0.1:{}", gossip[0])]);
+    args.extend(["--cluster-key-file".into(), key.display().to_string()]);
+    for p in 0..AGENTS * PODS_PER_AGENT {
+        if p / PODS_PER_AGENT == k {
+            args.extend(["--endpoint".into(), fleet.url(p)]);
+            args.extend(["--kv-events".into(), fleet.events(p)]);
+        } else {
+            args.extend(["--remote-endpoint".into(), fleet.url(p)]);
+        }
+    }
+    args
+}
+
+fn start(args: &[String]) -> AgentProcess {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    AgentProcess::start(&args, &[]).unwrap_or_else(|e| panic!("agent did not start: {e:?}"))
+}
+
+/// Pod `p`'s entry in an agent's `/status`.
+fn pod_status(status: &Value, authority: &str) -> Value {
+    status["pods"]
+        .as_array()
+        .and_then(|pods| {
+            pods.iter()
+                .find(|p| p["index"]["pod"].as_str() == Some(authority))
+        })
+        .map_or(Value::Null, |p| p["index"].clone())
+}
+
+async fn status(client: &reqwest::Client, agent: &AgentProcess) -> Value {
+    get_json(client, &format!("http://{}/status", agent.admin)).await
+}
+
+fn authority(fleet: &Fleet, p: usize) -> String {
+    fleet.engines[p].http.to_string()
+}
+
+/// Waits until `agent` sees pod `p` owned by `owner` in `state`.
+async fn wait_pod(
+    client: &reqwest::Client,
+    agent: &AgentProcess,
+    fleet: &Fleet,
+    p: usize,
+    owner: &str,
+    state: &str,
+) -> Value {
+    let pod = authority(fleet, p);
+    wait_for(
+        &format!("pod {pod} {state} from {owner}"),
+        LIMIT,
+        || async {
+            let s = pod_status(&status(client, agent).await, &pod);
+            (s["owner"].as_str() == Some(owner) && s["state"].as_str() == Some(state)).then_some(s)
+        },
+    )
+    .await
+}
+
+async fn complete(client: &reqwest::Client, base: &str, prompt: &str) -> (u16, String, u64) {
+    let body = json!({"model": "sim-llama", "prompt": prompt, "max_tokens": 2});
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("the agent answers");
+    let code = r.status().as_u16();
+    let header = |n: &str| {
+        r.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    let pod = header("x-warmpath-pod");
+    let blocks = header("x-warmpath-prefix-blocks").parse().unwrap_or(0);
+    (code, pod, blocks)
+}
+
+fn prompt(topic: usize, question: usize) -> String {
+    let shared: String = (0..40)
+        .map(|i| format!("shared document {topic} paragraph {i} with several words. "))
+        .collect();
+    format!("{shared} Question {question}?")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
+    let fleet = Fleet::start(&[
+        "--port",
+        "0",
+        "--replicas",
+        "8",
+        "--profile",
+        "tiny",
+        "--kv-events-port",
+        "0",
+        "--kv-replay-port",
+        "0",
+    ])
+    .await;
+    let keys = Keys::new();
+    let key = keys.write("key", "e2e-cluster-key-of-at-least-32-bytes\n");
+    let gossip: Vec<u16> = (0..=AGENTS).map(|_| free_udp_port()).collect();
+    let args: Vec<Vec<String>> = (0..AGENTS)
+        .map(|k| agent_args(&fleet, k, &gossip, &key))
+        .collect();
+    let a = start(&args[0]);
+    let _b = start(&args[1]);
+    let mut c = Some(start(&args[2]));
+    let _d = start(&args[3]);
+    let a = &a;
+    let client = reqwest::Client::new();
+
+    // Agent A (0) replicates every other agent's two pods, each from its owner.
+    for p in PODS_PER_AGENT..AGENTS * PODS_PER_AGENT {
+        let owner = format!("agent-{}", p / PODS_PER_AGENT);
+        wait_pod(&client, a, &fleet, p, &owner, "healthy").await;
+    }
+
+    // A prefix cached on one of agent C's pods (2: pods 4 and 5), straight at the engine:
+    // only C hears of it (its own subscription), and A learns it from C.
+    let pod_c = 4;
+    let (code, _, _) = complete(&client, &fleet.url(pod_c), &prompt(1, 0)).await;
+    assert_eq!(code, 200);
+    let started = std::time::Instant::now();
+    let authority_c = authority(&fleet, pod_c);
+    wait_for("A's replica of C's pod holds the prefix", LIMIT, || async {
+        let s = pod_status(&status(&client, a).await, &authority_c);
+        (s["entries"].as_u64().unwrap_or(0) > 0).then_some(())
+    })
+    .await;
+    eprintln!(
+        "engine's event -> A's replica (through C, polled by /status): {:?}",
+        started.elapsed()
+    );
+    let base_a = format!("http://{}", a.listen);
+    let (code, pod, blocks) = complete(&client, &base_a, &prompt(1, 1)).await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        pod, authority_c,
+        "A routes the prefix to the pod on C's node that holds it"
+    );
+    assert!(blocks > 0, "with the prefix matched ({blocks} blocks)");
+
+    // C stops: its pods turn unsure on A (prefix weight 0), and A still serves everything.
+    drop(c.take());
+    for p in [4, 5] {
+        wait_pod(&client, a, &fleet, p, "agent-2", "unsure").await;
+    }
+    for q in 0..10 {
+        let (code, _, _) = complete(&client, &base_a, &prompt(2, q)).await;
+        assert_eq!(code, 200, "request {q} while C is down");
+    }
+
+    // C comes back (a new incarnation): A resyncs its pods from it.
+    c = Some(start(&args[2]));
+    for p in [4, 5] {
+        wait_pod(&client, a, &fleet, p, "agent-2", "healthy").await;
+    }
+    // The new C subscribes afresh (a quiet engine replays nothing older, as for one agent:
+    // docs/index.md), so what its pods cache from now on is what A learns from it.
+    let pod_c2 = 5;
+    let authority_c2 = authority(&fleet, pod_c2);
+    let (code, _, _) = complete(&client, &fleet.url(pod_c2), &prompt(3, 0)).await;
+    assert_eq!(code, 200);
+    wait_for(
+        "A's replica of the new C's pod holds the prefix",
+        LIMIT,
+        || async {
+            let s = pod_status(&status(&client, a).await, &authority_c2);
+            (s["entries"].as_u64().unwrap_or(0) > 0).then_some(())
+        },
+    )
+    .await;
+    let (code, pod, blocks) = complete(&client, &base_a, &prompt(3, 1)).await;
+    assert_eq!(code, 200);
+    assert_eq!(pod, authority_c2, "A follows the restarted C's pod");
+    assert!(blocks > 0);
+
+    // A stranger with another key: its datagrams are rejected and logged, it owns nothing.
+    let wrong = keys.write("wrong", "not-the-e2e-cluster-key-but-32-bytes-long\n");
+    let mut stranger_args = agent_args(&fleet, 3, &gossip, &wrong);
+    let mut set = |flag: &str, value: String| {
+        let at = stranger_args
+            .iter()
+            .position(|a| a == flag)
+            .expect("flag given");
+        stranger_args[at + 1] = value;
+    };
+    set("--node-id", "stranger".into());
+    set("--gossip-listen", format!("127.0.0.1:{}", gossip[AGENTS]));
+    let _stranger = start(&stranger_args);
+    a.wait_for_log(&["gossip datagram rejected"], LIMIT).await;
+    let s = status(&client, a).await;
+    let owners: Vec<&str> = s["pods"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .filter_map(|p| p["index"]["owner"].as_str())
+        .collect();
+    assert!(!owners.contains(&"stranger"), "{owners:?}");
+    drop(c);
+}
