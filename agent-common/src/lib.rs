@@ -31,10 +31,32 @@ pub const EXCLUDED_MAP: &str = "WARMPATH_EXCLUDED";
 /// A handful: the agent, and whatever the operator adds.
 pub const EXCLUDED_CAPACITY: u32 = 64;
 
+/// Map: one-slot array holding the agent's heartbeat, `CLOCK_MONOTONIC` nanoseconds (the
+/// clock of `bpf_ktime_get_ns`). [`HEARTBEAT_FOREVER`] means "links die with the agent, never
+/// stale"; 0 (never written) is stale.
+pub const HEARTBEAT_MAP: &str = "WARMPATH_HEARTBEAT";
+/// A heartbeat older than this is stale: connects stop going to the agent and fail open.
+pub const HEARTBEAT_STALE_NS: u64 = 1_000_000_000;
+/// How often the agent writes its heartbeat (a quarter of the staleness bound).
+pub const HEARTBEAT_INTERVAL_NS: u64 = 250_000_000;
+/// The heartbeat of an agent whose links are not pinned (they detach when it exits).
+pub const HEARTBEAT_FOREVER: u64 = u64::MAX;
+
+/// Map: [`AffinityKey`] (client cgroup, VIP) -> [`Backends`]: the pods that served this
+/// client's recent prefixes, used while the agent's heartbeat is stale.
+pub const AFFINITY_MAP: &str = "WARMPATH_AFFINITY";
+/// LRU-bounded: the least recently used clients age out.
+pub const AFFINITY_CAPACITY: u32 = 65_536;
+
+/// Map: VIP -> [`Backends`] for clients with no affinity entry while the agent is down.
+pub const BACKENDS_MAP: &str = "WARMPATH_BACKENDS";
+/// One set per intercepted service.
+pub const BACKENDS_CAPACITY: u32 = SERVICES_CAPACITY;
+
 /// Map: per-CPU counters indexed by [`Counter`] values.
 pub const COUNTERS_MAP: &str = "WARMPATH_COUNTERS";
 /// Number of slots in [`COUNTERS_MAP`].
-pub const COUNTERS_LEN: u32 = 8;
+pub const COUNTERS_LEN: u32 = 12;
 
 /// Indices into [`COUNTERS_MAP`]. Plain consts, not an enum: the kernel side only sees `u32`.
 pub struct Counter;
@@ -54,6 +76,12 @@ impl Counter {
     pub const TUPLE_FAILED: u32 = 5;
     /// getpeername() answers rewritten back to the VIP.
     pub const PEERNAME_REWRITTEN: u32 = 6;
+    /// connect() calls to a VIP while the heartbeat was stale, sent to an affinity pod.
+    pub const FAILOPEN_AFFINITY: u32 = 7;
+    /// ... sent to a pod of the VIP's backend set (no affinity entry).
+    pub const FAILOPEN_BACKENDS: u32 = 8;
+    /// ... left to the VIP untouched (no usable entry).
+    pub const FAILOPEN_UNTOUCHED: u32 = 9;
 }
 
 /// [`Endpoint::family`] of an IPv4 endpoint.
@@ -153,14 +181,44 @@ pub struct FourTuple {
 
 const _: () = assert!(size_of::<FourTuple>() == 40);
 
+/// Key of [`AFFINITY_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct AffinityKey {
+    pub cgroup_id: u64,
+    pub vip: Endpoint,
+    /// Explicit padding; always zero.
+    pub _pad: u32,
+}
+
+const _: () = assert!(size_of::<AffinityKey>() == 32);
+
+/// How many pods one affinity or backend entry lists.
+pub const BACKENDS_MAX: usize = 4;
+
+/// Up to [`BACKENDS_MAX`] pods, chosen uniformly among the first `len`; list a pod more than
+/// once to weight it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Backends {
+    pub len: u32,
+    /// Explicit padding; always zero.
+    pub _pad: u32,
+    pub pods: [Endpoint; BACKENDS_MAX],
+}
+
+const _: () = assert!(size_of::<Backends>() == 88);
+
 #[cfg(feature = "user")]
 #[allow(unsafe_code)]
 mod pod {
-    // SAFETY (all three): repr(C), Copy, no implicit padding (sizes asserted above), every bit
+    // SAFETY (all of them): repr(C), Copy, no implicit padding (sizes asserted above), every bit
     // pattern valid.
     unsafe impl aya::Pod for super::Endpoint {}
     unsafe impl aya::Pod for super::Origin {}
     unsafe impl aya::Pod for super::FourTuple {}
+    unsafe impl aya::Pod for super::AffinityKey {}
+    unsafe impl aya::Pod for super::Backends {}
 }
 
 #[cfg(test)]

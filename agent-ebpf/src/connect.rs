@@ -6,44 +6,52 @@
 //! under the socket's cookie (ORIG_DST) and rewrite the address. The connect is always allowed
 //! (return 1): a miss or an error leaves the application's own destination untouched, so the
 //! programs can only fail open.
+//!
+//! While the agent's heartbeat is stale the connect goes instead to a pod from the client's
+//! affinity entry, else from the VIP's backend set, else to the VIP untouched (docs/ebpf.md).
 
 use core::ptr::{read_volatile, write_volatile};
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_cgroup_id, bpf_get_socket_cookie},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
+    },
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
 use aya_log_ebpf::debug;
-use warmpath_common::{Counter, Endpoint, FAMILY_V4, FAMILY_V6, Origin};
+use warmpath_common::{
+    AffinityKey, BACKENDS_MAX, Backends, Counter, Endpoint, FAMILY_V4, FAMILY_V6,
+    HEARTBEAT_FOREVER, HEARTBEAT_STALE_NS, Origin,
+};
 
-use crate::{EXCLUDED, ORIG_DST, SERVICES, count};
+use crate::{AFFINITY, BACKENDS, EXCLUDED, HEARTBEAT, ORIG_DST, SERVICES, count};
 
 /// Allow the connect() to proceed (the only verdict these programs give).
 pub const ALLOW: i32 = 1;
 
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
-    match try_connect(&ctx, FAMILY_V4) {
+    match try_connect::<FAMILY_V4>(&ctx) {
         Ok(verdict) | Err(verdict) => verdict,
     }
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn connect6(ctx: SockAddrContext) -> i32 {
-    match try_connect(&ctx, FAMILY_V6) {
+    match try_connect::<FAMILY_V6>(&ctx) {
         Ok(verdict) | Err(verdict) => verdict,
     }
 }
 
 /// The destination the application passed, as a map key.
 #[inline(always)]
-pub fn user_endpoint(ctx: &SockAddrContext, family: u16) -> Endpoint {
+pub fn user_endpoint<const FAMILY: u16>(ctx: &SockAddrContext) -> Endpoint {
     let sa = ctx.sock_addr;
     // SAFETY: the kernel hands cgroup_sock_addr programs a valid bpf_sock_addr; every field
     // is read with one 4-byte load, the access size the verifier allows.
     unsafe {
-        let addr = if family == FAMILY_V4 {
+        let addr = if FAMILY == FAMILY_V4 {
             [read_volatile(&(*sa).user_ip4), 0, 0, 0]
         } else {
             [
@@ -57,18 +65,20 @@ pub fn user_endpoint(ctx: &SockAddrContext, family: u16) -> Endpoint {
             addr,
             // Network-order port in the low 16 bits; truncation is the intent.
             port_be: read_volatile(&(*sa).user_port) as u16,
-            family,
+            family: FAMILY,
         }
     }
 }
 
-/// Writes `to` over the application's destination (same family as the program).
+/// Writes `to` over the application's destination. `FAMILY` is the program's (a constant, so
+/// the verifier never sees a program touch the other family's fields); the caller checked
+/// that `to` has it.
 #[inline(always)]
-pub fn set_user_endpoint(ctx: &SockAddrContext, to: &Endpoint) {
+pub fn set_user_endpoint<const FAMILY: u16>(ctx: &SockAddrContext, to: &Endpoint) {
     let sa = ctx.sock_addr;
     // SAFETY: as in `user_endpoint`; writes are 4 bytes wide, as the verifier requires.
     unsafe {
-        if to.family == FAMILY_V4 {
+        if FAMILY == FAMILY_V4 {
             write_volatile(&mut (*sa).user_ip4, to.addr[0]);
         } else {
             write_volatile(&mut (*sa).user_ip6[0], to.addr[0]);
@@ -81,9 +91,10 @@ pub fn set_user_endpoint(ctx: &SockAddrContext, to: &Endpoint) {
 }
 
 #[inline(always)]
-fn try_connect(ctx: &SockAddrContext, family: u16) -> Result<i32, i32> {
+fn try_connect<const FAMILY: u16>(ctx: &SockAddrContext) -> Result<i32, i32> {
+    let family = FAMILY;
     count(Counter::SEEN);
-    let dst = user_endpoint(ctx, family);
+    let dst = user_endpoint::<FAMILY>(ctx);
     // SAFETY: values are plain Copy data; the target is copied out before any write.
     let Some(target) = (unsafe { SERVICES.get(&dst) }).copied() else {
         return Ok(ALLOW);
@@ -99,6 +110,17 @@ fn try_connect(ctx: &SockAddrContext, family: u16) -> Result<i32, i32> {
         count(Counter::EXCLUDED);
         return Ok(ALLOW);
     }
+    let target = if agent_alive() {
+        target
+    } else {
+        match fail_open(cgroup_id, &dst) {
+            Some(pod) => pod,
+            None => {
+                count(Counter::FAILOPEN_UNTOUCHED);
+                return Ok(ALLOW);
+            }
+        }
+    };
     // SAFETY: the helper only reads the context it is given.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
     let origin = Origin {
@@ -109,11 +131,70 @@ fn try_connect(ctx: &SockAddrContext, family: u16) -> Result<i32, i32> {
     if ORIG_DST.insert(&cookie, &origin, 0).is_err() {
         count(Counter::ORIG_DST_FAILED);
     }
-    set_user_endpoint(ctx, &target);
+    set_user_endpoint::<FAMILY>(ctx, &target);
     count(Counter::REDIRECTED);
     debug!(
         ctx,
         "connect: cookie {} cgroup {} redirected", cookie, cgroup_id
     );
     Ok(ALLOW)
+}
+
+/// Whether the agent's heartbeat is fresh (or its links die with it).
+#[inline(always)]
+fn agent_alive() -> bool {
+    let Some(beat) = HEARTBEAT.get(0).copied() else {
+        return false;
+    };
+    if beat == HEARTBEAT_FOREVER {
+        return true;
+    }
+    // SAFETY: the helper takes no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    beat != 0 && now.saturating_sub(beat) < HEARTBEAT_STALE_NS
+}
+
+/// A pod for a connect to `vip` while the agent is down: the client's affinity entry, else
+/// the VIP's backend set; `None` leaves the VIP untouched.
+#[inline(always)]
+fn fail_open(cgroup_id: u64, vip: &Endpoint) -> Option<Endpoint> {
+    let key = AffinityKey {
+        cgroup_id,
+        vip: *vip,
+        _pad: 0,
+    };
+    // SAFETY: plain Copy values, copied out at once.
+    if let Some(set) = unsafe { AFFINITY.get(&key) }.copied()
+        && let Some(pod) = pick(&set, vip.family)
+    {
+        count(Counter::FAILOPEN_AFFINITY);
+        return Some(pod);
+    }
+    // SAFETY: as above.
+    if let Some(set) = unsafe { BACKENDS.get(vip) }.copied()
+        && let Some(pod) = pick(&set, vip.family)
+    {
+        count(Counter::FAILOPEN_BACKENDS);
+        return Some(pod);
+    }
+    None
+}
+
+/// One of the set's first `len` pods, uniformly; `None` for an empty set or a pod of the
+/// wrong family.
+#[inline(always)]
+fn pick(set: &Backends, family: u16) -> Option<Endpoint> {
+    let len = set.len as usize;
+    if len == 0 || len > BACKENDS_MAX {
+        return None;
+    }
+    // SAFETY: the helper takes no arguments.
+    let random = u64::from(unsafe { bpf_get_prandom_u32() } & 0xffff);
+    // Multiply-shift instead of `%`: the verifier can bound the result (< len).
+    let i = ((random * len as u64) >> 16) as usize;
+    if i >= BACKENDS_MAX {
+        return None;
+    }
+    let pod = *set.pods.get(i)?;
+    (pod.family == family).then_some(pod)
 }

@@ -14,30 +14,30 @@ use crate::{
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn getpeername4(ctx: SockAddrContext) -> i32 {
-    match try_getpeername(&ctx, FAMILY_V4) {
+    match try_getpeername::<FAMILY_V4>(&ctx) {
         Ok(verdict) | Err(verdict) => verdict,
     }
 }
 
 #[cgroup_sock_addr(getpeername6)]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
-    match try_getpeername(&ctx, FAMILY_V6) {
+    match try_getpeername::<FAMILY_V6>(&ctx) {
         Ok(verdict) | Err(verdict) => verdict,
     }
 }
 
 #[inline(always)]
-fn try_getpeername(ctx: &SockAddrContext, family: u16) -> Result<i32, i32> {
+fn try_getpeername<const FAMILY: u16>(ctx: &SockAddrContext) -> Result<i32, i32> {
     // SAFETY: the helper only reads the context it is given.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
     // SAFETY: values are plain Copy data, copied out at once.
     let Some(origin) = (unsafe { ORIG_DST.get(&cookie) }).copied() else {
         return Ok(ALLOW);
     };
-    if origin.vip.family != family {
+    if origin.vip.family != FAMILY {
         return Ok(ALLOW);
     }
-    set_user_endpoint(ctx, &origin.vip);
+    set_user_endpoint::<FAMILY>(ctx, &origin.vip);
     count(Counter::PEERNAME_REWRITTEN);
     Ok(ALLOW)
 }

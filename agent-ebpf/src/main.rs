@@ -11,11 +11,11 @@ mod sockops;
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use warmpath_common::{
-    CONNS_CAPACITY, EXCLUDED_CAPACITY, Endpoint, FourTuple, ORIG_DST_CAPACITY, Origin,
-    SERVICES_CAPACITY,
+    AFFINITY_CAPACITY, AffinityKey, BACKENDS_CAPACITY, Backends, CONNS_CAPACITY, EXCLUDED_CAPACITY,
+    Endpoint, FourTuple, ORIG_DST_CAPACITY, Origin, SERVICES_CAPACITY,
 };
 
 /// Intercepted VIP:port -> the agent listener. Written by the agent, read on every connect().
@@ -33,6 +33,19 @@ static CONNS: LruHashMap<FourTuple, Origin> = LruHashMap::with_max_entries(CONNS
 /// cgroup ids whose connects are never rewritten (the agent's own).
 #[map(name = "WARMPATH_EXCLUDED")]
 static EXCLUDED: HashMap<u64, u32> = HashMap::with_max_entries(EXCLUDED_CAPACITY, 0);
+
+/// The agent's heartbeat (slot 0), `CLOCK_MONOTONIC` ns.
+#[map(name = "WARMPATH_HEARTBEAT")]
+static HEARTBEAT: Array<u64> = Array::with_max_entries(1, 0);
+
+/// (client cgroup, VIP) -> pods that served the client's prefixes (fail-open).
+#[map(name = "WARMPATH_AFFINITY")]
+static AFFINITY: LruHashMap<AffinityKey, Backends> =
+    LruHashMap::with_max_entries(AFFINITY_CAPACITY, 0);
+
+/// VIP -> pods for clients without an affinity entry (fail-open).
+#[map(name = "WARMPATH_BACKENDS")]
+static BACKENDS: HashMap<Endpoint, Backends> = HashMap::with_max_entries(BACKENDS_CAPACITY, 0);
 
 /// Counters indexed by `warmpath_common::Counter`.
 #[map(name = "WARMPATH_COUNTERS")]

@@ -43,6 +43,9 @@ pub enum Error {
 
 /// Runs the agent until a termination signal.
 pub async fn run(args: AgentArgs) -> Result<(), Error> {
+    if args.cleanup {
+        return cleanup(&args);
+    }
     if args.redirects.is_empty() && args.endpoints.is_empty() && args.config.is_none() {
         return Err(Error::NothingToDo);
     }
@@ -280,8 +283,10 @@ pub fn start_intercept(args: &AgentArgs) -> Result<ebpf::Redirector, Error> {
         Some(dir) => dir,
         None => ebpf::cgroup2_root()?,
     };
-    let mut redirector = ebpf::Redirector::load()?;
+    let pin_dir = pin_dir(args);
+    let mut redirector = ebpf::Redirector::load_pinned(&pin_dir)?;
     redirector.forward_logs()?;
+    redirector.start_heartbeat();
     for rule in &args.redirects {
         redirector.set_redirect(rule.vip, rule.target)?;
         tracing::info!(vip = %rule.vip, target = %rule.target, "intercepting");
@@ -290,6 +295,21 @@ pub fn start_intercept(args: &AgentArgs) -> Result<ebpf::Redirector, Error> {
     let own_id = redirector.exclude_cgroup(&own)?;
     ebpf::Origins::install(redirector.origins());
     redirector.attach(&cgroup)?;
-    tracing::info!(cgroup = %cgroup.display(), excluded = %own.display(), excluded_id = own_id, "interception attached (connect4/6, getpeername4/6, sock_ops)");
+    tracing::info!(cgroup = %cgroup.display(), excluded = %own.display(), excluded_id = own_id, pinned = %pin_dir.display(), "interception attached (connect4/6, getpeername4/6, sock_ops)");
     Ok(redirector)
+}
+
+/// The pin directory: `--pin-dir`, else `<bpffs>/warmpath`.
+fn pin_dir(args: &AgentArgs) -> std::path::PathBuf {
+    args.pin_dir
+        .clone()
+        .unwrap_or_else(|| ebpf::default_pin_dir(&args.bpffs))
+}
+
+/// `warmpath agent --cleanup`: detaches and unpins everything this agent pinned.
+pub fn cleanup(args: &AgentArgs) -> Result<(), Error> {
+    let dir = pin_dir(args);
+    let cleaned = ebpf::cleanup(&dir)?;
+    tracing::info!(dir = %dir.display(), links = cleaned.links, maps = cleaned.maps, "removed pinned interception state");
+    Ok(())
 }

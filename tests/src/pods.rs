@@ -176,6 +176,31 @@ impl Node {
     }
 }
 
+/// A pin directory for one test's agent under bpffs; everything pinned there is detached
+/// and removed on drop ([`warmpath_agent::ebpf::cleanup`]).
+#[derive(Debug)]
+pub struct PinDir {
+    pub path: PathBuf,
+}
+
+impl PinDir {
+    /// `<bpffs>/warmpath-test-<tag>`.
+    pub fn new(tag: &str) -> Self {
+        Self {
+            path: PathBuf::from(warmpath_agent::ebpf::DEFAULT_BPFFS)
+                .join(format!("warmpath-test-{tag}")),
+        }
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        if let Err(err) = warmpath_agent::ebpf::cleanup(&self.path) {
+            crate::gate::announce(&format!("could not clean {}: {err}", self.path.display()));
+        }
+    }
+}
+
 // === child processes of the suite's own binary ===
 
 /// Child role (`agent` or `sim`).
@@ -272,6 +297,12 @@ impl PodProcess {
                 }
             }
         }
+    }
+
+    /// SIGKILLs the child and reaps it (what a crashed agent looks like to the kernel).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Everything the child wrote to stderr so far.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use warmpath_agent::ebpf::{ChildCgroup, cgroup_id, cgroup2_root};
 use warmpath_e2e::{
     gate,
-    pods::{Node, PodProcess},
+    pods::{Node, PinDir, PodProcess},
     process::OwnedChild,
 };
 
@@ -97,6 +97,7 @@ fn pods_reach_the_agent_through_vips_and_it_reaches_the_sim_pod() {
         ChildCgroup::create(&root, &format!("warmpath-test-pods-{}", std::process::id())).unwrap();
     let agent_cgroup = ChildCgroup::create(parent.path(), "agent").unwrap();
     let client_cgroup = ChildCgroup::create(parent.path(), "pod-0").unwrap();
+    let pins = PinDir::new(&tag);
 
     let sim_addr = format!("{}:{SIM_PORT}", node.pods[1].ip4);
     let sim = PodProcess::start(
@@ -124,6 +125,8 @@ fn pods_reach_the_agent_through_vips_and_it_reaches_the_sim_pod() {
         "--explain",
         "--cgroup",
         &parent.path().display().to_string(),
+        "--pin-dir",
+        &pins.path.display().to_string(),
         "--redirect",
         &format!("{VIP4}={listener4}"),
         "--redirect",

@@ -8,11 +8,13 @@ mod bpffs;
 mod cgroup;
 mod logs;
 mod origins;
+mod pinned;
 mod redirector;
 
 pub use bpffs::{DEFAULT_BPFFS, ensure_bpffs, is_bpffs};
 pub use cgroup::{ChildCgroup, cgroup_id, cgroup2_root, find_cgroup2_mount, own_cgroup};
 pub use origins::{Intercepted, Origins, intercepted, intercepting};
+pub use pinned::{Cleaned, FailOpen, cleanup, default_dir as default_pin_dir};
 pub use redirector::{Counters, Redirector};
 
 /// The compiled eBPF object, when this binary was built with the `bpf` feature.
@@ -53,6 +55,10 @@ pub enum Error {
     },
     #[error("eBPF object lacks `{0}`; agent and object are out of sync")]
     Missing(&'static str),
+    #[error("pinning: {0}")]
+    Pin(String),
+    #[error("fail-open backends: {0}")]
+    Backends(String),
     #[error("BPF log forwarding: {0}")]
     Log(String),
     #[error("{what}: {source}")]

@@ -1,26 +1,30 @@
 //! `Redirector`: the loaded interception programs (connect4/6, getpeername4/6, sock_ops),
 //! their cgroup links and typed map handles (docs/ebpf.md).
 //!
-//! Dropping it detaches every link it attached and unloads the programs, so a crashed test or
-//! a stopped agent leaves nothing attached (nothing is pinned).
+//! Loaded with [`Redirector::load`], dropping it detaches every link it attached, so a crashed
+//! test leaves nothing attached. Loaded with [`Redirector::load_pinned`] (the agent), maps and
+//! links are pinned and outlive the process; its heartbeat then tells the programs whether it
+//! is alive (`pinned.rs`).
 
 use std::{fs::File, net::SocketAddr, path::Path, path::PathBuf, sync::Arc};
 
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, PerCpuArray},
+    maps::{Array, HashMap, MapData, PerCpuArray},
     programs::{
         CgroupAttachMode, CgroupSockAddr, SockOps, cgroup_sock_addr::CgroupSockAddrLink,
-        sock_ops::SockOpsLink,
+        links::FdLink, sock_ops::SockOpsLink,
     },
 };
 use warmpath_common::{
-    CONNS_MAP, COUNTERS_MAP, Counter, EXCLUDED_MAP, Endpoint, ORIG_DST_MAP, Origin, SERVICES_MAP,
+    AFFINITY_MAP, BACKENDS_MAP, CONNS_MAP, COUNTERS_MAP, Counter, EXCLUDED_MAP, Endpoint,
+    HEARTBEAT_FOREVER, HEARTBEAT_INTERVAL_NS, HEARTBEAT_MAP, ORIG_DST_MAP, Origin, SERVICES_MAP,
 };
 
 use super::{
     Error, OBJECT, logs,
     origins::{Intercepted, Origins, endpoint, socket_addr},
+    pinned::{self, FailOpen},
 };
 
 /// The sock_addr entry points in the object: connect4/6 rewrite, getpeername4/6 restore.
@@ -45,14 +49,19 @@ pub struct Counters {
     pub tuple_failed: u64,
     /// getpeername() answers rewritten back to the VIP.
     pub peername_rewritten: u64,
+    /// Connects while the heartbeat was stale sent to an affinity pod / a backend-set pod /
+    /// left to the VIP.
+    pub failopen_affinity: u64,
+    pub failopen_backends: u64,
+    pub failopen_untouched: u64,
 }
 
-/// One cgroup's links: four sock_addr programs and sock_ops.
+/// One cgroup's links: four sock_addr programs and sock_ops (none held when pinned).
 struct Attachment {
     cgroup: PathBuf,
     // Dropping a link detaches it.
     _sock_addr: Vec<CgroupSockAddrLink>,
-    _sock_ops: SockOpsLink,
+    _sock_ops: Option<SockOpsLink>,
 }
 
 /// The interception programs, loaded; attach them to cgroups and program their VIP table.
@@ -63,7 +72,12 @@ pub struct Redirector {
     orig_dst: HashMap<MapData, u64, Origin>,
     excluded: HashMap<MapData, u64, u32>,
     origins: Arc<Origins>,
+    failopen: FailOpen,
     counters: PerCpuArray<MapData, u64>,
+    /// The heartbeat map until `start_heartbeat` moves it into its task.
+    heartbeat: Option<Array<MapData, u64>>,
+    heartbeat_task: Option<tokio::task::JoinHandle<()>>,
+    pin_dir: Option<PathBuf>,
     log_task: Option<tokio::task::JoinHandle<()>>,
     bpf: Ebpf,
 }
@@ -77,10 +91,38 @@ impl std::fmt::Debug for Redirector {
 }
 
 impl Redirector {
-    /// Loads the embedded object and verifies every program (not yet attached).
+    /// Loads the embedded object and verifies every program (not yet attached). Nothing is
+    /// pinned: links detach when this value drops, so the heartbeat is "forever".
     pub fn load() -> Result<Self, Error> {
+        let mut r = Self::load_with(None)?;
+        r.write_heartbeat(HEARTBEAT_FOREVER)?;
+        r.heartbeat = None;
+        Ok(r)
+    }
+
+    /// Loads with every map pinned under `dir/maps` (reusing maps an earlier agent pinned
+    /// there) and links pinned under `dir/links` on attach; writes a fresh heartbeat.
+    pub fn load_pinned(dir: &Path) -> Result<Self, Error> {
+        pinned::prepare(dir)?;
+        let mut r = Self::load_with(Some(dir))?;
+        r.write_heartbeat(monotonic_ns())?;
+        Ok(r)
+    }
+
+    fn load_with(pin_dir: Option<&Path>) -> Result<Self, Error> {
         let object = OBJECT.ok_or(Error::NotEmbedded)?;
-        let mut bpf = Ebpf::load(object)?;
+        let mut loader = aya::EbpfLoader::new();
+        let paths: Vec<(&str, PathBuf)> = match pin_dir {
+            Some(dir) => pinned::MAPS
+                .iter()
+                .map(|name| (*name, pinned::map_path(dir, name)))
+                .collect(),
+            None => Vec::new(),
+        };
+        for (name, path) in &paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut bpf = loader.load(object)?;
         for name in SOCK_ADDR_PROGRAMS {
             sock_addr(&mut bpf, name)?
                 .load()
@@ -93,6 +135,17 @@ impl Redirector {
         let orig_dst = take_hash_map(&mut bpf, ORIG_DST_MAP)?;
         let excluded = take_hash_map(&mut bpf, EXCLUDED_MAP)?;
         let origins = Arc::new(Origins::new(take_hash_map(&mut bpf, CONNS_MAP)?));
+        let failopen = FailOpen::new(
+            take_hash_map(&mut bpf, AFFINITY_MAP)?,
+            take_hash_map(&mut bpf, BACKENDS_MAP)?,
+        );
+        let heartbeat = bpf
+            .take_map(HEARTBEAT_MAP)
+            .ok_or(Error::Missing(HEARTBEAT_MAP))?;
+        let heartbeat = Array::try_from(heartbeat).map_err(|source| Error::Map {
+            name: HEARTBEAT_MAP,
+            source,
+        })?;
         let counters = bpf
             .take_map(COUNTERS_MAP)
             .ok_or(Error::Missing(COUNTERS_MAP))?;
@@ -106,10 +159,47 @@ impl Redirector {
             orig_dst,
             excluded,
             origins,
+            failopen,
             counters,
+            heartbeat: Some(heartbeat),
+            heartbeat_task: None,
+            pin_dir: pin_dir.map(Path::to_path_buf),
             log_task: None,
             bpf,
         })
+    }
+
+    fn write_heartbeat(&mut self, value: u64) -> Result<(), Error> {
+        if let Some(map) = self.heartbeat.as_mut() {
+            map.set(0, value, 0).map_err(|source| Error::Map {
+                name: HEARTBEAT_MAP,
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Writes the heartbeat every `HEARTBEAT_INTERVAL_NS` on the current tokio runtime until
+    /// this value drops (pinned mode; a no-op otherwise).
+    pub fn start_heartbeat(&mut self) {
+        let Some(mut map) = self.heartbeat.take() else {
+            return;
+        };
+        self.heartbeat_task = Some(tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval(std::time::Duration::from_nanos(HEARTBEAT_INTERVAL_NS));
+            loop {
+                tick.tick().await;
+                if let Err(err) = map.set(0, monotonic_ns(), 0) {
+                    tracing::warn!(%err, "writing the eBPF heartbeat failed; connects fail open");
+                }
+            }
+        }));
+    }
+
+    /// The fail-open tables (affinity per client cgroup and VIP, backends per VIP).
+    pub fn failopen(&mut self) -> &mut FailOpen {
+        &mut self.failopen
     }
 
     /// Forwards the programs' aya-log records into `tracing` (needs a tokio runtime).
@@ -142,10 +232,30 @@ impl Redirector {
             .attach(&file, CgroupAttachMode::Single)
             .map_err(program_error(SOCK_OPS))?;
         let ops = program.take_link(id).map_err(program_error(SOCK_OPS))?;
+        let Some(dir) = self.pin_dir.clone() else {
+            self.attachments.push(Attachment {
+                cgroup: cgroup.to_path_buf(),
+                _sock_addr: links,
+                _sock_ops: Some(ops),
+            });
+            return Ok(());
+        };
+        let cgroup_id = super::cgroup::cgroup_id(cgroup)?;
+        for (name, link) in SOCK_ADDR_PROGRAMS.into_iter().zip(links) {
+            let fd = FdLink::try_from(link).map_err(|e| Error::Pin(format!("{name}: {e}")))?;
+            pinned::pin_link(&dir, name, cgroup_id, fd)?;
+        }
+        let fd = FdLink::try_from(ops).map_err(|e| Error::Pin(format!("{SOCK_OPS}: {e}")))?;
+        pinned::pin_link(&dir, SOCK_OPS, cgroup_id, fd)?;
+        // Ours are attached: now the links an earlier agent pinned can go.
+        let stale = pinned::remove_stale_links(&dir)?;
+        if stale > 0 {
+            tracing::info!(stale, "removed an earlier agent's pinned links");
+        }
         self.attachments.push(Attachment {
             cgroup: cgroup.to_path_buf(),
-            _sock_addr: links,
-            _sock_ops: ops,
+            _sock_addr: Vec::new(),
+            _sock_ops: None,
         });
         Ok(())
     }
@@ -244,6 +354,9 @@ impl Redirector {
             tuple_recorded: read(Counter::TUPLE_RECORDED)?,
             tuple_failed: read(Counter::TUPLE_FAILED)?,
             peername_rewritten: read(Counter::PEERNAME_REWRITTEN)?,
+            failopen_affinity: read(Counter::FAILOPEN_AFFINITY)?,
+            failopen_backends: read(Counter::FAILOPEN_BACKENDS)?,
+            failopen_untouched: read(Counter::FAILOPEN_UNTOUCHED)?,
         })
     }
 }
@@ -251,9 +364,25 @@ impl Redirector {
 impl Drop for Redirector {
     fn drop(&mut self) {
         self.attachments.clear();
-        if let Some(task) = self.log_task.take() {
+        for task in [self.log_task.take(), self.heartbeat_task.take()]
+            .into_iter()
+            .flatten()
+        {
             task.abort();
         }
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds, the clock `bpf_ktime_get_ns` reads.
+fn monotonic_ns() -> u64 {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
+        Ok(t) => {
+            let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
+            let nanos = u64::try_from(t.tv_nsec()).unwrap_or(0);
+            secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+        }
+        // Cannot happen for CLOCK_MONOTONIC; 0 reads as stale, which fails open.
+        Err(_) => 0,
     }
 }
 

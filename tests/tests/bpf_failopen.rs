@@ -1,0 +1,281 @@
+//! Fail-open that keeps affinity, adoption of pinned state, `--cleanup` (issue #20, tests 3
+//! and 5; docs/ebpf.md).
+//!
+//! Root only. Node and three pods (`tests/src/pods.rs`): pod 0 is the client; pod 1 runs
+//! simulator A and also answers on the VIP 10.96.0.10 (pod 0 routes the VIP to it: the
+//! stand-in for kube-proxy's choice when nothing rewrites the connect); pod 2 runs
+//! simulator B. The agent routes to both and pins its state in a test directory. The test
+//! writes an affinity entry (pod 0's cgroup, VIP) -> B into the pinned map, SIGKILLs the
+//! agent, and checks that once the heartbeat is stale every connection goes straight to B;
+//! without the entry, to the VIP untouched (A); that a restarted agent adopts the pinned maps,
+//! replaces the old links and intercepts the same client again; and that cleanup leaves no
+//! pinned file and none of the links attached.
+#![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
+
+use std::time::{Duration, Instant};
+
+use warmpath_agent::ebpf::{ChildCgroup, FailOpen, cgroup_id, cgroup2_root};
+use warmpath_e2e::{
+    gate,
+    pods::{Node, PinDir, PodProcess},
+    process::OwnedChild,
+};
+
+const WAIT: Duration = Duration::from_secs(15);
+const VIP: &str = "10.96.0.10:8000";
+const LISTEN_PORT: u16 = 8080;
+const SIM_PORT: u16 = 8000;
+/// Requests sent while the agent is dead, after the heartbeat went stale.
+const DEAD_REQUESTS: usize = 10;
+/// Bound on the connects tried while waiting for the heartbeat to go stale (1 s bound,
+/// one connect per 20 ms at most).
+const STALE_ATTEMPTS: usize = 200;
+
+#[test]
+#[ignore = "entry point of the pod child processes (tests/src/pods.rs)"]
+fn pod_child() {
+    warmpath_e2e::pods::child_main();
+}
+
+/// For each line "HOST PORT": one completion over a fresh connection -> one JSON line.
+const CLIENT: &str = r#"
+import http.client, json, sys
+for line in sys.stdin:
+    host, port = line.split()
+    try:
+        c = http.client.HTTPConnection(host, int(port), timeout=10)
+        c.connect()
+        body = json.dumps({"model": "sim-llama", "prompt": "the same long prefix " * 8, "max_tokens": 2})
+        c.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+        r = c.getresponse()
+        r.read()
+        print(json.dumps({"status": r.status, "pod": r.getheader("x-warmpath-pod")}), flush=True)
+        c.close()
+    except OSError as e:
+        print(json.dumps({"error": str(e)}), flush=True)
+"#;
+
+const SCRAPE: &str = r#"
+import sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+print(sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+          if l.startswith("vllm:request_success_total")))
+"#;
+
+fn served(node: &Node, sim: &str) -> f64 {
+    let out = node
+        .ns
+        .command("python3")
+        .args(["-c", SCRAPE, &format!("http://{sim}/metrics")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+fn ask(client: &mut OwnedChild) -> serde_json::Value {
+    client.send_line("10.96.0.10 8000").unwrap();
+    serde_json::from_str(&client.next_line(WAIT).expect("the client answered")).unwrap()
+}
+
+fn sim(node: &Node, pod: usize, host: &str) -> PodProcess {
+    let args = ["--host", host, "--port", &SIM_PORT.to_string()].map(String::from);
+    PodProcess::start(&node.pods[pod].ns, None, "sim", &args, &[]).unwrap()
+}
+
+/// Ids of the links pinned under `dir/links`.
+fn pinned_link_ids(dir: &std::path::Path) -> Vec<u32> {
+    std::fs::read_dir(dir.join("links"))
+        .unwrap()
+        .map(|e| {
+            let pinned = aya::programs::links::PinnedLink::from_pin(e.unwrap().path()).unwrap();
+            let link = aya::programs::links::FdLink::from(pinned);
+            link.info().unwrap().id()
+        })
+        .collect()
+}
+
+#[test]
+fn dead_agent_fails_open_to_affinity_pods_and_a_new_agent_adopts_the_pins() {
+    if !gate::bpf_available(
+        "dead_agent_fails_open_to_affinity_pods_and_a_new_agent_adopts_the_pins",
+    ) {
+        return;
+    }
+    let tag = format!("wf{}", std::process::id() % 100_000);
+    let node = Node::create(&tag, 3).unwrap();
+    let root = cgroup2_root().unwrap();
+    let parent = ChildCgroup::create(
+        &root,
+        &format!("warmpath-test-failopen-{}", std::process::id()),
+    )
+    .unwrap();
+    let agent_cgroup = ChildCgroup::create(parent.path(), "agent").unwrap();
+    let client_cgroup = ChildCgroup::create(parent.path(), "pod-0").unwrap();
+    let pins = PinDir::new(&tag);
+    // Pod 1 answers on the VIP too; pod 0 reaches it there when nothing rewrites.
+    node.pods[1]
+        .ns
+        .ip(&["addr", "add", "10.96.0.10/32", "dev", "lo"])
+        .unwrap();
+    node.pods[0]
+        .ns
+        .ip(&[
+            "route",
+            "add",
+            "10.96.0.10/32",
+            "via",
+            &node.pods[1].ip4.to_string(),
+        ])
+        .unwrap();
+    let sim_a = format!("{}:{SIM_PORT}", node.pods[1].ip4);
+    let sim_b = format!("{}:{SIM_PORT}", node.pods[2].ip4);
+    let _a = sim(&node, 1, "0.0.0.0");
+    let _b = sim(&node, 2, &node.pods[2].ip4.to_string());
+
+    let agent_args: Vec<String> = [
+        "--listen",
+        &format!("0.0.0.0:{LISTEN_PORT}"),
+        "--admin",
+        "127.0.0.1:9090",
+        "--endpoint",
+        &format!("http://{sim_a}"),
+        "--endpoint",
+        &format!("http://{sim_b}"),
+        "--explain",
+        "--cgroup",
+        &parent.path().display().to_string(),
+        "--pin-dir",
+        &pins.path.display().to_string(),
+        "--redirect",
+        &format!("{VIP}={}:{LISTEN_PORT}", Node::IP4),
+    ]
+    .map(String::from)
+    .to_vec();
+    let start_agent = || {
+        let agent = PodProcess::start(
+            &node.ns,
+            Some(agent_cgroup.path()),
+            "agent",
+            &agent_args,
+            &[("RUST_LOG", "info")],
+        )
+        .unwrap();
+        agent
+            .wait_for_log(&["interception attached"], WAIT)
+            .unwrap();
+        agent
+    };
+    let mut agent = start_agent();
+
+    let mut cmd = node.pods[0].ns.command("python3");
+    cmd.args(["-c", CLIENT]);
+    let mut client = OwnedChild::spawn(cmd).unwrap();
+    client_cgroup.add_process(client.pid()).unwrap();
+    let client_id = cgroup_id(client_cgroup.path()).unwrap();
+
+    // Alive: through the agent (it names the pod it chose).
+    let answer = ask(&mut client);
+    assert_eq!(answer["status"], 200, "{answer}");
+    assert!(answer["pod"].is_string(), "proxied: {answer}");
+    let first_links = pinned_link_ids(&pins.path);
+    assert_eq!(
+        first_links.len(),
+        5,
+        "connect4/6, getpeername4/6, sock_ops pinned"
+    );
+
+    // What the agent would have learned: this client's prefixes live on B.
+    let vip: std::net::SocketAddr = VIP.parse().unwrap();
+    let mut failopen = FailOpen::open_pinned(&pins.path).unwrap();
+    failopen
+        .set_affinity(client_id, vip, &[sim_b.parse().unwrap()])
+        .unwrap();
+    let (a0, b0) = (served(&node, &sim_a), served(&node, &sim_b));
+
+    agent.kill();
+    let killed = Instant::now();
+    // Until the heartbeat is stale (<= 1 s) connects still go to the dead listener.
+    let mut refused_while_fresh = 0;
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        assert!(attempts <= STALE_ATTEMPTS, "never failed open");
+        let answer = ask(&mut client);
+        if answer.get("error").is_some() {
+            refused_while_fresh += 1;
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        assert_eq!(answer["status"], 200, "{answer}");
+        assert!(answer["pod"].is_null(), "straight to a pod: {answer}");
+        break;
+    }
+    let window = killed.elapsed();
+    for _ in 0..DEAD_REQUESTS {
+        let answer = ask(&mut client);
+        assert_eq!(answer["status"], 200, "agent dead: {answer}");
+        assert!(answer["pod"].is_null(), "agent dead: {answer}");
+    }
+    // Test 3: every connection made while the agent was dead went to the affinity pod.
+    assert_eq!(served(&node, &sim_b) - b0, (DEAD_REQUESTS + 1) as f64);
+    assert_eq!(served(&node, &sim_a) - a0, 0.0);
+
+    // No entry: the VIP untouched (pod 1 answers it).
+    failopen.remove_affinity(client_id, vip).unwrap();
+    let answer = ask(&mut client);
+    assert_eq!(answer["status"], 200, "{answer}");
+    assert!(answer["pod"].is_null(), "{answer}");
+    assert_eq!(served(&node, &sim_a) - a0, 1.0);
+
+    // Test 5: a new agent adopts the pins, replaces the old links, and intercepts the same
+    // client again (the client was not restarted).
+    let agent2 = start_agent();
+    let answer = ask(&mut client);
+    assert_eq!(answer["status"], 200, "{answer}");
+    assert!(answer["pod"].is_string(), "proxied again: {answer}");
+    let second_links = pinned_link_ids(&pins.path);
+    assert_eq!(second_links.len(), 5);
+    assert!(second_links.iter().all(|id| !first_links.contains(id)));
+    let loaded: Vec<u32> = aya::programs::loaded_links()
+        .filter_map(Result::ok)
+        .map(|l| l.id())
+        .collect();
+    assert!(
+        first_links.iter().all(|id| !loaded.contains(id)),
+        "the first agent's links are detached"
+    );
+
+    // `warmpath agent --cleanup`: nothing pinned, none of the links left.
+    drop(agent2);
+    let cleanup = <warmpath_agent::args::AgentArgs as clap::Parser>::try_parse_from([
+        "agent",
+        "--cleanup",
+        "--pin-dir",
+        &pins.path.display().to_string(),
+    ])
+    .unwrap();
+    warmpath_agent::agent::cleanup(&cleanup).unwrap();
+    assert!(!pins.path.exists(), "{} removed", pins.path.display());
+    let loaded: Vec<u32> = aya::programs::loaded_links()
+        .filter_map(Result::ok)
+        .map(|l| l.id())
+        .collect();
+    assert!(second_links.iter().all(|id| !loaded.contains(id)));
+    let answer = ask(&mut client);
+    assert_eq!(
+        answer["status"], 200,
+        "after cleanup, the VIP untouched: {answer}"
+    );
+    assert!(answer["pod"].is_null());
+
+    drop(client);
+    gate::announce(&format!(
+        "bpf: agent SIGKILLed: {refused_while_fresh} connects refused in the {window:?} before the heartbeat went stale, then {} to the affinity pod {sim_b}, none to {sim_a}; untouched VIP without an entry; restart adopted the pins; cleanup left nothing",
+        DEAD_REQUESTS + 1
+    ));
+}
