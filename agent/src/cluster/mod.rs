@@ -416,4 +416,6 @@ async fn publish(
 }
 
 #[cfg(test)]
+mod scale;
+#[cfg(test)]
 mod tests;

@@ -140,8 +140,9 @@ impl KvIndex {
         st.status.blocks_removed += delta.removed.len() as u64;
     }
 
-    /// Replaces a remote source's entries with the owner's snapshot; the source is then
-    /// trusted (the owner's own health is applied with [`KvIndex::set_remote_health`]).
+    /// Replaces a remote source's entries with the owner's snapshot; a source waiting for
+    /// it is then trusted (the owner's own health is applied with
+    /// [`KvIndex::set_remote_health`]).
     pub fn load_snapshot(&self, id: SourceId, held: &[(RouterKey, u8)]) {
         self.clear(id);
         let Some(source) = self.source(id) else {
@@ -157,7 +158,11 @@ impl KvIndex {
             }
         }
         st.status.blocks_stored += held.len() as u64;
-        st.health = HealthState::Healthy;
+        // Waiting for its first snapshot: now trusted. Unsure stays unsure: that is the
+        // owner's word (or its loss), and only the owner's next word changes it.
+        if st.health == HealthState::Waiting {
+            st.health = HealthState::Healthy;
+        }
     }
 
     /// The owner's word on a remote source: trusted, or unsure with its reason (the entries
@@ -348,6 +353,10 @@ mod tests {
         assert!(!index.trusted(remote));
         assert_eq!(index.status()[0].1.state, "unsure");
         assert_eq!(index.status()[0].1.owner.as_deref(), Some("agent-c"));
+        // A snapshot does not overrule the loss; the owner's return (a resync) does.
+        index.load_snapshot(remote, &[(keys[0], Tier::Gpu.bit())]);
+        assert!(!index.trusted(remote));
+        index.resync_remote(remote);
         index.load_snapshot(remote, &[(keys[0], Tier::Gpu.bit())]);
         assert!(index.trusted(remote));
         // The owner's own word: its pod's events are lost.
