@@ -53,6 +53,10 @@ pub const BACKENDS_MAP: &str = "WARMPATH_BACKENDS";
 /// One set per intercepted service.
 pub const BACKENDS_CAPACITY: u32 = SERVICES_CAPACITY;
 
+/// Map: VIP -> 1 for services in steer mode: connects go to a pod from the affinity or
+/// backend table even while the agent lives.
+pub const STEER_MAP: &str = "WARMPATH_STEER";
+
 /// Map: per-CPU counters indexed by [`Counter`] values.
 pub const COUNTERS_MAP: &str = "WARMPATH_COUNTERS";
 /// Number of slots in [`COUNTERS_MAP`].
@@ -82,6 +86,8 @@ impl Counter {
     pub const FAILOPEN_BACKENDS: u32 = 8;
     /// ... left to the VIP untouched (no usable entry).
     pub const FAILOPEN_UNTOUCHED: u32 = 9;
+    /// connect() calls to a steered VIP sent straight to a pod from the table.
+    pub const STEERED: u32 = 10;
 }
 
 /// [`Endpoint::family`] of an IPv4 endpoint.

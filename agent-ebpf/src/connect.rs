@@ -9,6 +9,8 @@
 //!
 //! While the agent's heartbeat is stale the connect goes instead to a pod from the client's
 //! affinity entry, else from the VIP's backend set, else to the VIP untouched (docs/ebpf.md).
+//! A VIP in STEER goes to a pod from the same table even while the agent lives (no userspace
+//! hop), and through the agent when the table has no entry.
 
 use core::ptr::{read_volatile, write_volatile};
 
@@ -25,7 +27,7 @@ use warmpath_common::{
     HEARTBEAT_FOREVER, HEARTBEAT_STALE_NS, Origin,
 };
 
-use crate::{AFFINITY, BACKENDS, EXCLUDED, HEARTBEAT, ORIG_DST, SERVICES, count};
+use crate::{AFFINITY, BACKENDS, EXCLUDED, HEARTBEAT, ORIG_DST, SERVICES, STEER, count};
 
 /// Allow the connect() to proceed (the only verdict these programs give).
 pub const ALLOW: i32 = 1;
@@ -110,11 +112,16 @@ fn try_connect<const FAMILY: u16>(ctx: &SockAddrContext) -> Result<i32, i32> {
         count(Counter::EXCLUDED);
         return Ok(ALLOW);
     }
-    let target = if agent_alive() {
+    let alive = agent_alive();
+    // SAFETY: read-only lookup of a plain value.
+    let steer = unsafe { STEER.get(&dst) }.is_some();
+    let target = if alive && !steer {
         target
     } else {
-        match fail_open(cgroup_id, &dst) {
+        match table_pod(cgroup_id, &dst, alive) {
             Some(pod) => pod,
+            // Steered but no entry: through the agent while it lives.
+            None if alive => target,
             None => {
                 count(Counter::FAILOPEN_UNTOUCHED);
                 return Ok(ALLOW);
@@ -154,10 +161,10 @@ fn agent_alive() -> bool {
     beat != 0 && now.saturating_sub(beat) < HEARTBEAT_STALE_NS
 }
 
-/// A pod for a connect to `vip` while the agent is down: the client's affinity entry, else
-/// the VIP's backend set; `None` leaves the VIP untouched.
+/// A pod from the table for a connect to `vip` (steer mode, or the agent down): the client's
+/// affinity entry, else the VIP's backend set.
 #[inline(always)]
-fn fail_open(cgroup_id: u64, vip: &Endpoint) -> Option<Endpoint> {
+fn table_pod(cgroup_id: u64, vip: &Endpoint, alive: bool) -> Option<Endpoint> {
     let key = AffinityKey {
         cgroup_id,
         vip: *vip,
@@ -167,14 +174,22 @@ fn fail_open(cgroup_id: u64, vip: &Endpoint) -> Option<Endpoint> {
     if let Some(set) = unsafe { AFFINITY.get(&key) }.copied()
         && let Some(pod) = pick(&set, vip.family)
     {
-        count(Counter::FAILOPEN_AFFINITY);
+        count(if alive {
+            Counter::STEERED
+        } else {
+            Counter::FAILOPEN_AFFINITY
+        });
         return Some(pod);
     }
     // SAFETY: as above.
     if let Some(set) = unsafe { BACKENDS.get(vip) }.copied()
         && let Some(pod) = pick(&set, vip.family)
     {
-        count(Counter::FAILOPEN_BACKENDS);
+        count(if alive {
+            Counter::STEERED
+        } else {
+            Counter::FAILOPEN_BACKENDS
+        });
         return Some(pod);
     }
     None

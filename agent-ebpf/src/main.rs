@@ -47,6 +47,10 @@ static AFFINITY: LruHashMap<AffinityKey, Backends> =
 #[map(name = "WARMPATH_BACKENDS")]
 static BACKENDS: HashMap<Endpoint, Backends> = HashMap::with_max_entries(BACKENDS_CAPACITY, 0);
 
+/// VIP -> 1 for services in steer mode.
+#[map(name = "WARMPATH_STEER")]
+static STEER: HashMap<Endpoint, u32> = HashMap::with_max_entries(SERVICES_CAPACITY, 0);
+
 /// Counters indexed by `warmpath_common::Counter`.
 #[map(name = "WARMPATH_COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(warmpath_common::COUNTERS_LEN, 0);

@@ -54,10 +54,19 @@ pub async fn run(args: AgentArgs) -> Result<(), Error> {
     } else {
         Some(start_routing(&args).await?)
     };
-    let _redirector = if args.redirects.is_empty() {
-        None
-    } else {
-        Some(start_intercept(&args)?)
+    let _redirector = match (args.redirects.is_empty(), &_routing) {
+        (true, _) => None,
+        (false, None) => Some(start_intercept(&args)?),
+        // With a routing proxy to fall back on, missing kernel features are not fatal: the
+        // agent serves as an explicit proxy and says so once (docs/ebpf.md).
+        (false, Some(routing)) => match start_intercept(&args) {
+            Ok(r) => Some(r),
+            Err(err @ (Error::Unavailable(_) | Error::Ebpf(_))) => {
+                tracing::warn!(listen = ?routing.listens, "interception off: {err}; serving as an explicit proxy");
+                None
+            }
+            Err(err) => return Err(err),
+        },
     };
     let mut term = signal(SignalKind::terminate()).map_err(Error::Signal)?;
     tokio::select! {
@@ -291,12 +300,47 @@ pub fn start_intercept(args: &AgentArgs) -> Result<ebpf::Redirector, Error> {
         redirector.set_redirect(rule.vip, rule.target)?;
         tracing::info!(vip = %rule.vip, target = %rule.target, "intercepting");
     }
+    steer(args, &mut redirector)?;
     let own = ebpf::own_cgroup()?;
     let own_id = redirector.exclude_cgroup(&own)?;
     ebpf::Origins::install(redirector.origins());
     redirector.attach(&cgroup)?;
     tracing::info!(cgroup = %cgroup.display(), excluded = %own.display(), excluded_id = own_id, pinned = %pin_dir.display(), "interception attached (connect4/6, getpeername4/6, sock_ops)");
     Ok(redirector)
+}
+
+/// Steer mode for each `--steer` VIP: its backend set is the `--endpoint` pods of its address
+/// family (IP literals, at most `BACKENDS_MAX`), chosen uniformly in the kernel.
+fn steer(args: &AgentArgs, redirector: &mut ebpf::Redirector) -> Result<(), Error> {
+    for vip in &args.steer {
+        if !args.redirects.iter().any(|r| r.vip == *vip) {
+            return Err(Error::Config(format!(
+                "--steer {vip}: not intercepted (add --redirect {vip}=LISTENER)"
+            )));
+        }
+        let pods: Vec<std::net::SocketAddr> = args
+            .endpoints
+            .iter()
+            .filter_map(|url| endpoint_addr(url))
+            .filter(|pod| pod.is_ipv4() == vip.is_ipv4())
+            .take(warmpath_common::BACKENDS_MAX)
+            .collect();
+        if pods.is_empty() {
+            return Err(Error::Config(format!(
+                "--steer {vip}: no --endpoint with an IP address of the same family to steer to"
+            )));
+        }
+        redirector.failopen().set_backends(*vip, &pods)?;
+        redirector.set_steer(*vip, true)?;
+        tracing::info!(%vip, ?pods, "steering in the kernel");
+    }
+    Ok(())
+}
+
+/// The `IP:PORT` of an `http://IP:PORT[/...]` endpoint URL (`None` for host names).
+fn endpoint_addr(url: &str) -> Option<std::net::SocketAddr> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split('/').next()?.parse().ok()
 }
 
 /// The pin directory: `--pin-dir`, else `<bpffs>/warmpath`.

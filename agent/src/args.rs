@@ -99,6 +99,12 @@ pub struct AgentArgs {
     #[arg(long = "redirect", value_name = "VIP:PORT=TARGET:PORT", value_parser = parse_redirect)]
     pub redirects: Vec<Redirect>,
 
+    /// Steer mode for this intercepted VIP:PORT (also given in a --redirect): connects go
+    /// straight to one of the --endpoint pods, chosen in the kernel, without the agent's hop
+    /// (docs/ebpf.md). Repeatable.
+    #[arg(long = "steer", value_name = "VIP:PORT")]
+    pub steer: Vec<std::net::SocketAddr>,
+
     /// cgroup v2 directory whose processes are intercepted (default: the cgroup v2 root, i.e.
     /// every process on the node).
     #[arg(long, value_name = "DIR")]

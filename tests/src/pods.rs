@@ -383,3 +383,51 @@ async fn sim(args: Vec<String>) {
     println!("{READY}");
     std::future::pending::<()>().await;
 }
+
+// === clients and probes ===
+
+/// A client script for a pod: for each stdin line "HOST PORT", one completion over a fresh
+/// connection; prints one JSON line `{"status", "pod"}` (`pod`: the agent's
+/// `x-warmpath-pod`, null when no agent answered) or `{"error"}`.
+pub const COMPLETION_CLIENT: &str = r#"
+import http.client, json, sys
+for line in sys.stdin:
+    host, port = line.split()
+    try:
+        c = http.client.HTTPConnection(host, int(port), timeout=10)
+        c.connect()
+        body = json.dumps({"model": "sim-llama", "prompt": "a shared prefix " * 8, "max_tokens": 2})
+        c.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+        r = c.getresponse()
+        r.read()
+        print(json.dumps({"status": r.status, "pod": r.getheader("x-warmpath-pod")}), flush=True)
+        c.close()
+    except OSError as e:
+        print(json.dumps({"error": str(e)}), flush=True)
+"#;
+
+const SCRAPE: &str = r#"
+import sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+print(sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+          if l.startswith("vllm:request_success_total")))
+"#;
+
+/// Requests the simulator at `sim` (`IP:PORT`) has served, scraped from namespace `ns`.
+pub fn served(ns: &Netns, sim: &str) -> Result<f64, String> {
+    let out = ns
+        .command("python3")
+        .args(["-c", SCRAPE, &format!("http://{sim}/metrics")])
+        .output()
+        .map_err(|e| format!("scrape {sim}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "scrape {sim}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| format!("scrape {sim}: {e}"))
+}

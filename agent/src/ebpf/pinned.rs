@@ -18,13 +18,13 @@ use aya::{
 };
 use warmpath_common::{
     AFFINITY_MAP, AffinityKey, BACKENDS_MAP, BACKENDS_MAX, Backends, CONNS_MAP, COUNTERS_MAP,
-    EXCLUDED_MAP, Endpoint, HEARTBEAT_MAP, ORIG_DST_MAP, SERVICES_MAP,
+    EXCLUDED_MAP, Endpoint, HEARTBEAT_MAP, ORIG_DST_MAP, SERVICES_MAP, STEER_MAP,
 };
 
 use super::{Error, origins::endpoint};
 
 /// Every map the object declares; all are pinned.
-pub const MAPS: [&str; 8] = [
+pub const MAPS: [&str; 9] = [
     SERVICES_MAP,
     ORIG_DST_MAP,
     CONNS_MAP,
@@ -33,6 +33,7 @@ pub const MAPS: [&str; 8] = [
     HEARTBEAT_MAP,
     AFFINITY_MAP,
     BACKENDS_MAP,
+    STEER_MAP,
 ];
 
 /// The default pin directory under a bpffs mount.

@@ -19,6 +19,7 @@ use aya::{
 use warmpath_common::{
     AFFINITY_MAP, BACKENDS_MAP, CONNS_MAP, COUNTERS_MAP, Counter, EXCLUDED_MAP, Endpoint,
     HEARTBEAT_FOREVER, HEARTBEAT_INTERVAL_NS, HEARTBEAT_MAP, ORIG_DST_MAP, Origin, SERVICES_MAP,
+    STEER_MAP,
 };
 
 use super::{
@@ -54,6 +55,8 @@ pub struct Counters {
     pub failopen_affinity: u64,
     pub failopen_backends: u64,
     pub failopen_untouched: u64,
+    /// Connects to a steered VIP sent straight to a pod.
+    pub steered: u64,
 }
 
 /// One cgroup's links: four sock_addr programs and sock_ops (none held when pinned).
@@ -71,6 +74,7 @@ pub struct Redirector {
     services: HashMap<MapData, Endpoint, Endpoint>,
     orig_dst: HashMap<MapData, u64, Origin>,
     excluded: HashMap<MapData, u64, u32>,
+    steer: HashMap<MapData, Endpoint, u32>,
     origins: Arc<Origins>,
     failopen: FailOpen,
     counters: PerCpuArray<MapData, u64>,
@@ -134,6 +138,7 @@ impl Redirector {
         let services = take_hash_map(&mut bpf, SERVICES_MAP)?;
         let orig_dst = take_hash_map(&mut bpf, ORIG_DST_MAP)?;
         let excluded = take_hash_map(&mut bpf, EXCLUDED_MAP)?;
+        let steer = take_hash_map(&mut bpf, STEER_MAP)?;
         let origins = Arc::new(Origins::new(take_hash_map(&mut bpf, CONNS_MAP)?));
         let failopen = FailOpen::new(
             take_hash_map(&mut bpf, AFFINITY_MAP)?,
@@ -158,6 +163,7 @@ impl Redirector {
             services,
             orig_dst,
             excluded,
+            steer,
             origins,
             failopen,
             counters,
@@ -303,6 +309,24 @@ impl Redirector {
         }
     }
 
+    /// Steer mode for `vip` (on) or proxy mode (off): steered connects go straight to a pod
+    /// from the fail-open tables, through the agent only when they have no entry.
+    pub fn set_steer(&mut self, vip: impl Into<SocketAddr>, on: bool) -> Result<(), Error> {
+        let key = endpoint(vip.into());
+        let done = if on {
+            self.steer.insert(key, 1, 0)
+        } else {
+            match self.steer.remove(&key) {
+                Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+                other => other,
+            }
+        };
+        done.map_err(|source| Error::Map {
+            name: STEER_MAP,
+            source,
+        })
+    }
+
     /// Never rewrites connects made from the cgroup `dir` (the agent's own, so its upstream
     /// connections are not sent back to itself). Only that cgroup: not its descendants.
     pub fn exclude_cgroup(&mut self, dir: &Path) -> Result<u64, Error> {
@@ -357,6 +381,7 @@ impl Redirector {
             failopen_affinity: read(Counter::FAILOPEN_AFFINITY)?,
             failopen_backends: read(Counter::FAILOPEN_BACKENDS)?,
             failopen_untouched: read(Counter::FAILOPEN_UNTOUCHED)?,
+            steered: read(Counter::STEERED)?,
         })
     }
 }
