@@ -356,3 +356,52 @@ impl Socket for LossySocket {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_partition_makes_each_side_unsure_of_the_other_and_heals() {
+    let transport = ChannelTransport::with_mtu(65_507);
+    let mut agents = start_cluster(4, &transport).await;
+    let all_healthy = |agents: &[Option<Agent>]| {
+        agents
+            .iter()
+            .flatten()
+            .all(|a| a.remote.iter().all(|(p, _)| state_of(a, p) == "healthy"))
+    };
+    wait_for(Duration::from_secs(30), || all_healthy(&agents)).await;
+    // {0, 1} | {2, 3}: gossip between the sides is cut both ways.
+    let side = |i: usize| i / 2;
+    for i in 0..4 {
+        for j in 0..4 {
+            if side(i) != side(j) {
+                transport
+                    .remove_link(gossip_addr(i, 10_000), gossip_addr(j, 10_000))
+                    .await;
+            }
+        }
+    }
+    let split = |agents: &[Option<Agent>], want_across: &str| {
+        agents.iter().flatten().enumerate().all(|(i, a)| {
+            (0..4).filter(|&j| j != i).all(|j| {
+                let want = if side(i) == side(j) {
+                    "healthy"
+                } else {
+                    want_across
+                };
+                state_of(a, &pod_id(j)) == want
+            })
+        })
+    };
+    let took = wait_for(Duration::from_secs(30), || split(&agents, "unsure")).await;
+    eprintln!("partition: each side unsure of the other's pods {took:?} after the cut");
+    for i in 0..4 {
+        for j in 0..4 {
+            transport
+                .add_link(gossip_addr(i, 10_000), gossip_addr(j, 10_000))
+                .await;
+        }
+    }
+    let took = wait_for(Duration::from_secs(60), || all_healthy(&agents)).await;
+    eprintln!("healed: every replica resynced {took:?} after the links came back");
+    assert!(converged(&agents));
+    agents.clear();
+}
