@@ -74,6 +74,7 @@ struct ProxyFile {
     queue_timeout_ms: Option<u64>,
     read_timeout_ms: Option<u64>,
     upstream_idle_timeout_ms: Option<u64>,
+    upstream_head_timeout_ms: Option<u64>,
 }
 
 impl Default for ProxyFile {
@@ -90,6 +91,7 @@ impl Default for ProxyFile {
             queue_timeout_ms: None,
             read_timeout_ms: None,
             upstream_idle_timeout_ms: None,
+            upstream_head_timeout_ms: None,
         }
     }
 }
@@ -497,6 +499,9 @@ fn limits(p: &ProxyFile) -> Limits {
         upstream_idle_timeout: p
             .upstream_idle_timeout_ms
             .map_or(d.upstream_idle_timeout, Duration::from_millis),
+        upstream_head_timeout: p
+            .upstream_head_timeout_ms
+            .map_or(d.upstream_head_timeout, Duration::from_millis),
     }
 }
 

@@ -35,6 +35,10 @@ pub const DEFAULT_MAX_QUEUED: usize = 1024;
 /// An engine's response body that sends nothing for this long is given up (the stream ends
 /// with an error event): long enough for vLLM's longest preemption or prefill pauses.
 pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+/// An engine that sends no complete response head for this long (connect included) is given
+/// up: a non-streaming answer's head comes only once its whole completion is generated, so
+/// this covers a long generation queued behind others.
+pub const DEFAULT_UPSTREAM_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 /// How long a request waits for an admission slot before it gets 429.
 pub const DEFAULT_QUEUE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Other endpoints tried when one fails before the first response byte.
@@ -62,6 +66,9 @@ pub struct Limits {
     pub read_timeout: std::time::Duration,
     /// An engine's response body silent this long (while the client waits for it) is cut off.
     pub upstream_idle_timeout: std::time::Duration,
+    /// An engine's response head not complete this long after the attempt began: the
+    /// attempt fails (504 when it was the last).
+    pub upstream_head_timeout: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -73,6 +80,7 @@ impl Default for Limits {
             max_prompt_bytes: DEFAULT_MAX_PROMPT_BYTES,
             read_timeout: crate::http::server::DEFAULT_READ_TIMEOUT,
             upstream_idle_timeout: DEFAULT_UPSTREAM_IDLE_TIMEOUT,
+            upstream_head_timeout: DEFAULT_UPSTREAM_HEAD_TIMEOUT,
         }
     }
 }
@@ -247,6 +255,11 @@ impl Config {
                 "--upstream-idle-timeout-ms",
                 "upstreamIdleTimeoutMs",
                 l.upstream_idle_timeout,
+            ),
+            (
+                "--upstream-head-timeout-ms",
+                "upstreamHeadTimeoutMs",
+                l.upstream_head_timeout,
             ),
         ] {
             if d.is_zero() {

@@ -14,12 +14,12 @@
 //!   timeout, and the agent holds at most `max_concurrent + max_queued` routed requests.
 //! - `max_concurrent = 0` turns admission off (no counting at all).
 //!
-//! The admitted request's answer carries its permit ([`body::hold`]), which also gives up on
-//! an engine whose response goes silent for `upstream_idle_timeout` while the client waits.
+//! The admitted request's answer carries its permit ([`body::hold`]).
 //!
 //! Counters (`warmpath.admission.*`, read from atomics at collection time, so nothing on the
 //! request path touches telemetry): refusals by reason, requests that waited, and the
-//! active and waiting gauges.
+//! active and waiting gauges; with them the engine timeouts the proxy enforces with these
+//! limits (`warmpath.upstream.head_timeouts`, `warmpath.upstream.idle_timeouts`).
 
 mod body;
 
@@ -79,6 +79,8 @@ pub struct Admission {
     refused: [AtomicU64; 3],
     /// Engine responses given up for silence.
     idle_timeouts: AtomicU64,
+    /// Attempts given up for want of a response head.
+    head_timeouts: AtomicU64,
 }
 
 impl Admission {
@@ -91,6 +93,7 @@ impl Admission {
             queued: AtomicU64::new(0),
             refused: Default::default(),
             idle_timeouts: AtomicU64::new(0),
+            head_timeouts: AtomicU64::new(0),
         })
     }
 
@@ -120,6 +123,16 @@ impl Admission {
                 self.limits.max_prompt_bytes
             ),
         )
+    }
+
+    /// Counts an engine response given up after `upstream_idle_timeout` of silence.
+    pub fn note_idle_timeout(&self) {
+        self.idle_timeouts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an attempt given up after `upstream_head_timeout` without a response head.
+    pub fn note_head_timeout(&self) {
+        self.head_timeouts.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Requests holding a slot now.
@@ -224,6 +237,15 @@ impl Admission {
                 "Engine responses given up after sending nothing for the idle timeout",
             )
             .with_callback(move |o| o.observe(a.idle_timeouts.load(Ordering::Relaxed), &[]))
+            .build();
+        let a = self.clone();
+        meter
+            .u64_observable_counter("warmpath.upstream.head_timeouts")
+            .with_unit("{attempt}")
+            .with_description(
+                "Engine attempts given up without a response head within the head timeout",
+            )
+            .with_callback(move |o| o.observe(a.head_timeouts.load(Ordering::Relaxed), &[]))
             .build();
         let a = self.clone();
         meter

@@ -73,7 +73,8 @@ fn kind(status: StatusCode) -> &'static str {
         StatusCode::NOT_FOUND => "NotFoundError",
         StatusCode::TOO_MANY_REQUESTS => "RateLimitError",
         StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
-        StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => "BadGatewayError",
+        StatusCode::BAD_GATEWAY => "BadGatewayError",
+        StatusCode::GATEWAY_TIMEOUT => "GatewayTimeoutError",
         _ => "InternalServerError",
     }
 }

@@ -1,8 +1,11 @@
 //! Steps 5 and 6 of a request: the attempts. Candidates are ranked, then endpoints tried
 //! best first until one answers (only failures before the first response byte are retried;
-//! a 503 counts as one). The first pick notes the prefill it brings and the routing
-//! decision, every pick its speculative index entry and history; the answer carries the
-//! engine's response through its tap ([`super::tracked`]).
+//! a 503 counts as one, and so does an engine that sends no complete response head within
+//! the upstream head timeout: nothing has reached the client yet). The first pick notes the
+//! prefill it brings and the routing decision, every pick its speculative index entry and
+//! history; the answer carries the engine's response through its tap ([`super::tracked`]).
+//! When every attempt failed, the last failure is the answer (502, 503, or 504 after a head
+//! timeout).
 
 use std::time::Instant;
 
@@ -69,9 +72,11 @@ pub async fn forward(
             // The attempt starts when the body has been read.
             attempt.queue = Some(now.saturating_duration_since(attempt.start));
         }
-        let sent = proxy
-            .upstreams
-            .send(
+        let head_timeout = proxy.admission.limits().upstream_head_timeout;
+        // Dropped at the timeout: the engine's connection (or h2 stream) closes with it.
+        let sent = tokio::time::timeout(
+            head_timeout,
+            proxy.upstreams.send(
                 runtime.protocol,
                 &endpoint.label,
                 Outgoing {
@@ -80,8 +85,24 @@ pub async fn forward(
                     headers: &parts.headers,
                     body: &body,
                 },
-            )
-            .await;
+            ),
+        )
+        .await;
+        let Ok(sent) = sent else {
+            endpoint.note_failure();
+            proxy.admission.note_head_timeout();
+            tracing::warn!(endpoint = %endpoint.authority, ?head_timeout, "no response head within the upstream head timeout; trying the next endpoint");
+            last_error = Some(ProxyError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "{} sent no response within {} ms (upstream head timeout).",
+                    endpoint.authority,
+                    head_timeout.as_millis()
+                ),
+            ));
+            candidates[chosen.0].excluded = true;
+            continue;
+        };
         match sent {
             Ok(resp) if resp.status != StatusCode::SERVICE_UNAVAILABLE => {
                 let answered = Answered {
@@ -151,6 +172,7 @@ fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<
         pod: (a.index, a.endpoint.label.clone()),
         status: resp.status,
         tap,
+        admission: proxy.admission.clone(),
     };
     Answer {
         status: resp.status,

@@ -76,11 +76,7 @@ pub(super) async fn respond(
             Ok(permit) => route(proxy, kind, parts, body, &mut attempt)
                 .await
                 .map(|mut answer| {
-                    let sse = answer
-                        .headers
-                        .get("content-type")
-                        .is_some_and(|v| v.starts_with(b"text/event-stream"));
-                    answer.body = admission::hold(answer.body, permit, &proxy.admission, sse);
+                    answer.body = admission::hold(answer.body, permit);
                     answer
                 }),
             Err(err) => Err(err),

@@ -7,6 +7,7 @@ use serde_json::Value;
 use warmpath_e2e::{
     agent::proxy,
     index::{engine_gpu, indexed_gpu},
+    raw_http::{FakeEngine, Scripted, agent_for},
     sim::{Fleet, get_json, wait_for},
 };
 use zeromq::{Socket, SocketSend};
@@ -405,6 +406,13 @@ async fn an_engine_that_stalls_mid_stream_is_given_up_at_the_idle_timeout() {
         .await,
         1.0
     );
+    // Recorded as the engine's failure, not as a client that went away.
+    wait_for("the stream recorded", WAIT, || async {
+        (outcomes(&client, &admin, "upstream_error").await == 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(outcomes(&client, &admin, "cancelled").await, 0.0);
+    assert_eq!(outcomes(&client, &admin, "ok").await, 0.0);
     // The agent dropped the engine's request: its slots are free.
     wait_for("in-flight released", WAIT, || async {
         (routing.proxy.pools[0].pool.endpoints[0].in_flight() == 0
@@ -412,6 +420,126 @@ async fn an_engine_that_stalls_mid_stream_is_given_up_at_the_idle_timeout() {
             .then_some(())
     })
     .await;
+}
+
+/// `warmpath_requests_total` for one outcome.
+async fn outcomes(client: &reqwest::Client, admin: &str, outcome: &str) -> f64 {
+    let label = format!("outcome=\"{outcome}\"");
+    scrape(client, admin, "warmpath_requests_total", &[&label]).await
+}
+
+/// An engine that accepts the connection, reads the request and never sends a byte back.
+async fn silent_engine() -> FakeEngine {
+    FakeEngine::start(Scripted {
+        bytes: Vec::new(),
+        close: false,
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_never_answers_gets_a_504_at_the_head_timeout() {
+    const HEAD_MS: u64 = 400;
+    let silent = silent_engine().await;
+    let routing = agent_for(&silent, &["--upstream-head-timeout-ms", "400"]).await;
+    let (base, admin) = (
+        format!("http://{}", routing.listen),
+        format!("http://{}", routing.admin),
+    );
+    let client = reqwest::Client::new();
+    for stream in [false, true] {
+        let start = std::time::Instant::now();
+        let (status, _, v) = post(
+            &client,
+            &format!("{base}/v1/completions"),
+            completion("never answered", 4, stream),
+        )
+        .await;
+        let took = start.elapsed();
+        println!("stream {stream}: {status} after {took:?}");
+        assert_eq!(status, 504, "stream {stream}: {v}");
+        assert!(took >= Duration::from_millis(HEAD_MS), "{took:?}");
+        // Given up at the timeout, not at some later one (the 2 s connect timeout, the 30 s
+        // of WAIT): well under a second past it even on a loaded machine.
+        assert!(took < Duration::from_millis(HEAD_MS + 1500), "{took:?}");
+        assert_eq!(v["error"]["code"], 504, "{v}");
+        assert_eq!(v["error"]["type"], "GatewayTimeoutError", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("upstream head timeout") && message.contains("400 ms"),
+            "{message}"
+        );
+    }
+    // Each request reached the engine once (no other endpoint to retry on).
+    assert_eq!(silent.take_seen().len(), 2);
+    assert_eq!(
+        scrape(
+            &client,
+            &admin,
+            "warmpath_upstream_head_timeouts_total",
+            &[]
+        )
+        .await,
+        2.0
+    );
+    wait_for("both recorded", WAIT, || async {
+        (outcomes(&client, &admin, "upstream_error").await == 2.0).then_some(())
+    })
+    .await;
+    assert_eq!(routing.proxy.pools[0].pool.endpoints[0].in_flight(), 0);
+    assert_eq!(routing.proxy.admission.active(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_timeout_is_retried_on_another_pod_before_the_first_byte() {
+    let silent = silent_engine().await;
+    let fleet = Fleet::start(&["--port", "0", "--profile", "tiny"]).await;
+    let urls = [format!("http://{}", silent.addr), fleet.url(0)];
+    let routing = agent(
+        &urls,
+        &[
+            "--upstream-head-timeout-ms",
+            "300",
+            "--policy",
+            "round-robin",
+        ],
+    )
+    .await;
+    let (base, admin) = (
+        format!("http://{}", routing.listen),
+        format!("http://{}", routing.admin),
+    );
+    let client = reqwest::Client::new();
+    let sim = fleet.engines[0].http.to_string();
+    for i in 0..4 {
+        let r = client
+            .post(format!("{base}/v1/completions"))
+            .json(&completion(&format!("retried {i}"), 2, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-warmpath-pod"], sim.as_str());
+    }
+    // Round robin sent some of them to the silent engine first; each of those timed out and
+    // was answered by the simulator.
+    let silent_saw = silent.take_seen().len();
+    assert!(silent_saw >= 1, "round robin never tried the silent engine");
+    assert_eq!(
+        scrape(
+            &client,
+            &admin,
+            "warmpath_upstream_head_timeouts_total",
+            &[]
+        )
+        .await,
+        silent_saw as f64
+    );
+    wait_for("all recorded", WAIT, || async {
+        (outcomes(&client, &admin, "ok").await == 4.0).then_some(())
+    })
+    .await;
+    assert_eq!(outcomes(&client, &admin, "upstream_error").await, 0.0);
 }
 
 // === malformed input: HTTP (application level), config, admin ===

@@ -1,7 +1,5 @@
 use std::time::Duration;
 
-use hyper::body::Frame;
-
 use super::*;
 
 fn limits(max_concurrent: usize, max_queued: usize, queue_ms: u64) -> Limits {
@@ -92,8 +90,6 @@ async fn a_held_body_keeps_its_slot_until_dropped() {
     let body = hold(
         crate::http::message::full(StatusCode::OK, "text/plain", "x").into_body(),
         Some(permit),
-        &a,
-        false,
     );
     assert_eq!(a.admit().await.unwrap_err().status, 429);
     drop(body);
@@ -106,65 +102,4 @@ fn retry_after_rounds_up_to_whole_seconds() {
     assert_eq!(retry_after(Duration::from_millis(1)), 1);
     assert_eq!(retry_after(Duration::from_millis(2000)), 2);
     assert_eq!(retry_after(Duration::from_millis(2001)), 3);
-}
-
-/// A body fed by hand: frames sent on the returned channel.
-fn fed() -> (
-    futures::channel::mpsc::Sender<Result<Frame<bytes::Bytes>, crate::http::BoxError>>,
-    crate::http::Body,
-) {
-    use http_body_util::BodyExt;
-    let (tx, rx) = futures::channel::mpsc::channel(4);
-    (tx, http_body_util::StreamBody::new(rx).boxed_unsync())
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_silent_engine_ends_a_stream_with_an_error_event_at_the_idle_timeout() {
-    use futures::SinkExt;
-    use http_body_util::BodyExt;
-    let a = Admission::new(Limits {
-        upstream_idle_timeout: Duration::from_secs(5),
-        ..limits(1, 0, 1)
-    });
-    let (mut tx, inner) = fed();
-    let permit = a.admit().await.unwrap();
-    let mut body = hold(inner, permit, &a, true);
-    tx.send(Ok(Frame::data("data: {\"a\"".into())))
-        .await
-        .unwrap();
-    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
-    assert_eq!(&first[..], b"data: {\"a\"");
-    // A client that is slow to ask for more does not count as engine silence.
-    tokio::time::advance(Duration::from_secs(60)).await;
-    tx.send(Ok(Frame::data("}".into()))).await.unwrap();
-    body.frame().await.unwrap().unwrap();
-    let start = tokio::time::Instant::now();
-    let end = body.frame().await.unwrap().unwrap().into_data().unwrap();
-    assert_eq!(start.elapsed(), Duration::from_secs(5));
-    let end = std::str::from_utf8(&end).unwrap();
-    assert!(
-        end.starts_with("\n\ndata: {\"error\""),
-        "closes the open event: {end}"
-    );
-    assert!(
-        end.contains("\"code\":504") && end.ends_with("data: [DONE]\n\n"),
-        "{end}"
-    );
-    assert!(body.frame().await.is_none());
-    assert_eq!(a.idle_timeouts.load(Ordering::Relaxed), 1);
-    drop(body);
-    assert_eq!(a.active(), 0, "the slot is released with the body");
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_silent_engine_cuts_other_bodies_short() {
-    use http_body_util::BodyExt;
-    let a = Admission::new(Limits {
-        upstream_idle_timeout: Duration::from_secs(2),
-        ..limits(0, 0, 1)
-    });
-    let (_tx, inner) = fed();
-    let mut body = hold(inner, None, &a, false);
-    let err = body.frame().await.unwrap().unwrap_err();
-    assert!(err.to_string().contains("idle timeout"), "{err}");
 }

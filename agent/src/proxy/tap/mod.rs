@@ -82,11 +82,16 @@ impl Tap {
         }
     }
 
-    /// The engine failed mid-body: a stream's last words (an error event, the way vLLM ends
-    /// a failed stream), or `None` when the body can only be cut short.
-    pub fn fail(&mut self, message: impl FnOnce() -> String) -> Option<Bytes> {
+    /// The engine failed mid-body: a stream's last words (an error event with `status`'s
+    /// code, the way vLLM ends a failed stream), or `None` when the body can only be cut
+    /// short.
+    pub fn fail(
+        &mut self,
+        status: http::StatusCode,
+        message: impl FnOnce() -> String,
+    ) -> Option<Bytes> {
         match self {
-            Tap::Sse(sse) => Some(sse.fail(&message())),
+            Tap::Sse(sse) => Some(sse.fail_with(status, &message())),
             _ => None,
         }
     }
@@ -177,10 +182,15 @@ impl SseTap {
     /// The end of a stream whose upstream failed: vLLM's in-stream error event, then `[DONE]`
     /// (after closing an event the client already got part of).
     pub fn fail(&mut self, message: &str) -> Bytes {
+        self.fail_with(http::StatusCode::BAD_GATEWAY, message)
+    }
+
+    /// [`SseTap::fail`] with the error event's code (504: the engine went silent).
+    pub fn fail_with(&mut self, status: http::StatusCode, message: &str) -> Bytes {
         self.split.clear();
         self.error_event = true;
-        let body = serde_json::json!({"error": {"message": message, "type": "BadGatewayError",
-            "param": null, "code": 502}});
+        let body = super::error::body(status, message, None);
+        let body = String::from_utf8_lossy(&body);
         let lead = if self.open_event { "\n\n" } else { "" };
         self.open_event = false;
         Bytes::from(format!("{lead}data: {body}\n\ndata: [DONE]\n\n"))
