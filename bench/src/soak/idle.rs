@@ -15,7 +15,34 @@ use tokio::{
     task::JoinSet,
 };
 
+use warmpath_agent::pool::UpstreamProtocol;
+
 use super::procfs;
+
+/// Idle streams per stalling engine over h2c. The agent multiplexes an endpoint's requests
+/// over one connection, and the simulator's HTTP/2 server (hyper's defaults) allows 200
+/// concurrent streams on it; the rest would wait. Below that, so that least-loaded's spread
+/// need not be exact.
+const H2_STREAMS_PER_ENGINE: usize = 160;
+
+/// Stalling engines for `streams` idle streams: over HTTP/1.1 one (every stream has its own
+/// connection), over h2c enough that none is asked for more streams than its connection
+/// carries.
+pub fn stall_engines(streams: usize, upstream: UpstreamProtocol) -> usize {
+    match upstream {
+        UpstreamProtocol::Http1 => 1,
+        UpstreamProtocol::H2 => streams.div_ceil(H2_STREAMS_PER_ENGINE).max(1),
+    }
+}
+
+/// Descriptors one idle stream costs the agent: its client connection, plus over HTTP/1.1
+/// its own engine connection (h2c multiplexes the streams over a few).
+pub fn fds_per_stream(upstream: UpstreamProtocol) -> u64 {
+    match upstream {
+        UpstreamProtocol::Http1 => 2,
+        UpstreamProtocol::H2 => 1,
+    }
+}
 
 /// Model of the pool whose engine stalls.
 pub const IDLE_MODEL: &str = "sim-idle";
@@ -29,6 +56,8 @@ const SETTLE: Duration = Duration::from_secs(20);
 /// What holding the streams cost.
 #[derive(Debug, Clone, Serialize)]
 pub struct IdleReport {
+    /// How the agent talked to the stalling engine: `http1` or `h2`.
+    pub upstream: &'static str,
     pub asked: usize,
     pub held: usize,
     /// Streams that did not open (status, connection or timeout), by their first reason.
@@ -64,7 +93,7 @@ impl Target {
 }
 
 /// Opens `n` idle streams, measures, closes them and waits for the descriptors to settle.
-pub async fn measure(target: &Target, n: usize) -> IdleReport {
+pub async fn measure(target: &Target, n: usize, upstream: UpstreamProtocol) -> IdleReport {
     let (rss_before_kib, fds_before) = (target.rss(), target.fds());
     let start = Instant::now();
     let mut held = Vec::with_capacity(n);
@@ -96,6 +125,7 @@ pub async fn measure(target: &Target, n: usize) -> IdleReport {
     drop(held);
     let fds_after = settle(target, fds_before).await;
     IdleReport {
+        upstream: upstream.as_str(),
         asked: n,
         held: count,
         failed,

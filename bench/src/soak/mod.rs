@@ -27,6 +27,8 @@ pub use load::Counts;
 pub use procfs::Fds;
 pub use report::{Growth, Sample, SoakReport, render};
 
+use warmpath_agent::pool::UpstreamProtocol;
+
 use super::{
     Error,
     process::{Child, EngineAddrs, free_port, self_exe, spawn_exe, spawn_fleet},
@@ -75,6 +77,11 @@ pub struct SoakArgs {
     /// Idle streams held at once after the load (0: none).
     #[arg(long, default_value_t = 10_000)]
     pub idle_streams: usize,
+    /// How the agent talks to the stalling engine: `h2` (h2c: the streams multiplexed over
+    /// a few connections, one descriptor per stream in the agent) or `http1` (an engine
+    /// connection per stream: two descriptors per stream).
+    #[arg(long, value_enum, default_value_t = UpstreamProtocol::H2)]
+    pub idle_upstream: UpstreamProtocol,
     #[arg(long, default_value_t = 1.0)]
     pub sample_seconds: f64,
     /// The agent's data-path threads (default: its own).
@@ -125,7 +132,7 @@ pub async fn run(args: SoakArgs) -> Result<(), Error> {
 /// Runs the soak and returns what it measured. Every process it starts is stopped when it
 /// returns, also on error.
 pub async fn soak(args: &SoakArgs) -> Result<SoakReport, Error> {
-    let idle_streams = raise_nofile(args.idle_streams);
+    let idle_streams = raise_nofile(args.idle_streams, idle::fds_per_stream(args.idle_upstream));
     let exe = match &args.exe {
         Some(p) => p.clone(),
         None => self_exe()?,
@@ -161,13 +168,15 @@ pub async fn soak(args: &SoakArgs) -> Result<SoakReport, Error> {
         "1",
         "--num-gpu-blocks",
         "16384",
+        "--replicas",
+        &idle::stall_engines(idle_streams, args.idle_upstream).to_string(),
     ]
     .map(String::from)
     .to_vec();
     let (_stall, _, stall) = spawn_fleet(&exe, &stall_flags, 1).await?;
     let mut all = engines.clone();
     all.push(flaky.addrs.clone());
-    let agent = Agent::start(&exe, &all, &stall[0], args.workers).await?;
+    let agent = Agent::start(&exe, &all, &stall, args.idle_upstream, args.workers).await?;
     let target = idle::Target {
         pid: agent.pid,
         listen: agent.listen,
@@ -214,7 +223,7 @@ pub async fn soak(args: &SoakArgs) -> Result<SoakReport, Error> {
     let fds_after = idle::settle(&target, fds_cold).await;
     let idle = match idle_streams {
         0 => None,
-        n => Some(idle::measure(&target, n).await),
+        n => Some(idle::measure(&target, n, args.idle_upstream).await),
     };
     drop((flaky, agent));
     let warmup = args.warmup();
@@ -299,12 +308,13 @@ async fn sample(
 const FD_RESERVE: u64 = 256;
 
 /// Raises this process's open-file limit (inherited by the processes it starts) so `idle`
-/// streams fit: each costs the agent two descriptors (client and engine connection).
-/// Without the privilege to raise the hard limit, as far as it goes. Returns the streams
-/// that fit.
-fn raise_nofile(idle: usize) -> usize {
+/// streams fit: each costs the agent `per_stream` descriptors (its client connection, and
+/// over HTTP/1.1 its engine connection), and this process one. Without the privilege to
+/// raise the hard limit, as far as it goes. Returns the streams that fit.
+fn raise_nofile(idle: usize, per_stream: u64) -> usize {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let want = 2 * idle as u64 + FD_RESERVE;
+    let per_stream = per_stream.max(1);
+    let want = per_stream * idle as u64 + FD_RESERVE;
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return idle;
     };
@@ -315,7 +325,7 @@ fn raise_nofile(idle: usize) -> usize {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
     let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(soft, |l| l.0);
-    let fit = (soft.saturating_sub(FD_RESERVE) / 2) as usize;
+    let fit = (soft.saturating_sub(FD_RESERVE) / per_stream) as usize;
     if fit < idle {
         eprintln!(
             "bench soak: the open-file limit ({soft}, hard {hard}) allows {fit} idle streams, not {idle}"
@@ -336,7 +346,8 @@ impl Agent {
     async fn start(
         exe: &std::path::Path,
         engines: &[EngineAddrs],
-        stall: &EngineAddrs,
+        stall: &[EngineAddrs],
+        stall_protocol: UpstreamProtocol,
         workers: Option<usize>,
     ) -> Result<Self, Error> {
         let (listen, admin) = (free_port()?, free_port()?);
@@ -353,7 +364,8 @@ impl Agent {
             "pools": [
                 {"name": "main", "model": load::MODEL, "endpoints": engines.iter().map(endpoint).collect::<Vec<_>>()},
                 {"name": "idle", "model": idle::IDLE_MODEL, "policy": {"preset": "least-loaded"},
-                 "endpoints": [{"url": format!("http://{}", stall.http)}]},
+                 "upstreamProtocol": stall_protocol.as_str(),
+                 "endpoints": stall.iter().map(|e| serde_json::json!({"url": format!("http://{}", e.http)})).collect::<Vec<_>>()},
             ],
         });
         let dir =

@@ -205,7 +205,8 @@ pub fn render(r: &SoakReport) -> String {
     );
     if let Some(i) = &r.idle {
         out += &format!(
-            "| idle streams held | {} of {}{} in {:.1} s{} | |\n",
+            "| idle streams held ({} upstream) | {} of {}{} in {:.1} s{} | |\n",
+            i.upstream,
             i.held,
             i.asked,
             if i.asked < r.idle_requested {
