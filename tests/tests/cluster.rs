@@ -54,7 +54,14 @@ fn free_udp_port() -> u16 {
     s.local_addr().expect("bound").port()
 }
 
-fn agent_args(fleet: &Fleet, k: usize, gossip: &[u16], key: &Path) -> Vec<String> {
+/// A loopback TCP port free now.
+fn free_tcp_port() -> u16 {
+    let s = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    s.local_addr().expect("bound").port()
+}
+
+fn agent_args(fleet: &Fleet, k: usize, ports: &[(u16, u16)], key: &Path) -> Vec<String> {
+    let gossip: Vec<u16> = ports.iter().map(|p| p.0).collect();
     let mut args: Vec<String> = [
         "--listen",
         "127.0.0.1:0",
@@ -67,8 +74,6 @@ fn agent_args(fleet: &Fleet, k: usize, gossip: &[u16], key: &Path) -> Vec<String
         "e2e",
         "--gossip-interval-ms",
         GOSSIP_MS,
-        "--grpc-listen",
-        "127.0.0.1:0",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -76,6 +81,7 @@ fn agent_args(fleet: &Fleet, k: usize, gossip: &[u16], key: &Path) -> Vec<String
     args.extend(["--node-id".into(), format!("agent-{k}")]);
     args.extend(["--gossip-listen".into(), format!("127.0.0.1:{}", gossip[k])]);
     args.extend(["--seed".into(), format!("127.0.0.1:{}", gossip[0])]);
+    args.extend(["--grpc-listen".into(), format!("127.0.0.1:{}", ports[k].1)]);
     args.extend(["--cluster-key-file".into(), key.display().to_string()]);
     for p in 0..AGENTS * PODS_PER_AGENT {
         if p / PODS_PER_AGENT == k {
@@ -178,9 +184,12 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
     .await;
     let keys = Keys::new();
     let key = keys.write("key", "e2e-cluster-key-of-at-least-32-bytes\n");
-    let gossip: Vec<u16> = (0..=AGENTS).map(|_| free_udp_port()).collect();
+    // (gossip UDP, IndexSync TCP) per agent, the stranger's last.
+    let ports: Vec<(u16, u16)> = (0..=AGENTS)
+        .map(|_| (free_udp_port(), free_tcp_port()))
+        .collect();
     let args: Vec<Vec<String>> = (0..AGENTS)
-        .map(|k| agent_args(&fleet, k, &gossip, &key))
+        .map(|k| agent_args(&fleet, k, &ports, &key))
         .collect();
     let a = start(&args[0]);
     let _b = start(&args[1]);
@@ -257,7 +266,7 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
 
     // A stranger with another key: its datagrams are rejected and logged, it owns nothing.
     let wrong = keys.write("wrong", "not-the-e2e-cluster-key-but-32-bytes-long\n");
-    let mut stranger_args = agent_args(&fleet, 3, &gossip, &wrong);
+    let mut stranger_args = agent_args(&fleet, 3, &ports, &wrong);
     let mut set = |flag: &str, value: String| {
         let at = stranger_args
             .iter()
@@ -266,7 +275,8 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
         stranger_args[at + 1] = value;
     };
     set("--node-id", "stranger".into());
-    set("--gossip-listen", format!("127.0.0.1:{}", gossip[AGENTS]));
+    set("--gossip-listen", format!("127.0.0.1:{}", ports[AGENTS].0));
+    set("--grpc-listen", format!("127.0.0.1:{}", ports[AGENTS].1));
     let _stranger = start(&stranger_args);
     a.wait_for_log(&["gossip datagram rejected"], LIMIT).await;
     let s = status(&client, a).await;
@@ -277,5 +287,30 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
         .filter_map(|p| p["index"]["owner"].as_str())
         .collect();
     assert!(!owners.contains(&"stranger"), "{owners:?}");
+
+    // A stream with another key's token: refused (and logged), nothing replicated.
+    let wrong_key = warmpath_agent::cluster::auth::ClusterKey::from_file(&wrong, "e2e")
+        .expect("a valid key file");
+    let copy_index =
+        std::sync::Arc::new(warmpath_agent::kv_index::KvIndex::new(Default::default()));
+    let copy = copy_index.add_remote_source(warmpath_agent::kv_index::SourceInfo {
+        pod: authority(&fleet, 0),
+        rank: None,
+    });
+    let (_placements, rx) = tokio::sync::mpsc::channel(1);
+    let stream = tokio::spawn(warmpath_agent::cluster::sync::client::replicate(
+        warmpath_agent::cluster::sync::client::Upstream {
+            peer: "agent-0".into(),
+            grpc: ([127, 0, 0, 1], ports[0].1).into(),
+            pods: vec![(authority(&fleet, 0), copy)],
+        },
+        copy_index.clone(),
+        Some(wrong_key.grpc_token().to_string()),
+        rx,
+    ));
+    a.wait_for_log(&["IndexSync stream refused"], LIMIT).await;
+    stream.abort();
+    assert!(!copy_index.trusted(copy));
+    assert_eq!(copy_index.len(), 0);
     drop(c);
 }
