@@ -7,10 +7,10 @@
 //! (return 1): a miss or an error leaves the application's own destination untouched, so the
 //! programs can only fail open.
 //!
-//! While the agent's heartbeat is stale the connect goes instead to a pod from the client's
-//! affinity entry, else from the VIP's backend set, else to the VIP untouched (docs/ebpf.md).
-//! A VIP in STEER goes to a pod from the same table even while the agent lives (no userspace
-//! hop), and through the agent when the table has no entry.
+//! Two programs per family: the proxy rewrite (`connect4_proxy`, linked only while the agent
+//! process lives) and the pinned one (`connect4`), which steers, and fails open while the
+//! heartbeat is stale: to a pod from the client's affinity entry, else from the VIP's backend
+//! set, else to the VIP untouched (docs/ebpf.md).
 
 use core::ptr::{read_volatile, write_volatile};
 
@@ -34,14 +34,31 @@ pub const ALLOW: i32 = 1;
 
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
-    match try_connect::<FAMILY_V4>(&ctx) {
+    match try_connect::<FAMILY_V4, false>(&ctx) {
         Ok(verdict) | Err(verdict) => verdict,
     }
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn connect6(ctx: SockAddrContext) -> i32 {
-    match try_connect::<FAMILY_V6>(&ctx) {
+    match try_connect::<FAMILY_V6, false>(&ctx) {
+        Ok(verdict) | Err(verdict) => verdict,
+    }
+}
+
+/// The proxy-mode rewrite, attached with a link only the agent process holds (never pinned):
+/// it is gone the instant the agent dies, so no connect is sent to a dead listener.
+#[cgroup_sock_addr(connect4)]
+pub fn connect4_proxy(ctx: SockAddrContext) -> i32 {
+    match try_connect::<FAMILY_V4, true>(&ctx) {
+        Ok(verdict) | Err(verdict) => verdict,
+    }
+}
+
+/// IPv6 twin of [`connect4_proxy`].
+#[cgroup_sock_addr(connect6)]
+pub fn connect6_proxy(ctx: SockAddrContext) -> i32 {
+    match try_connect::<FAMILY_V6, true>(&ctx) {
         Ok(verdict) | Err(verdict) => verdict,
     }
 }
@@ -92,16 +109,24 @@ pub fn set_user_endpoint<const FAMILY: u16>(ctx: &SockAddrContext, to: &Endpoint
     }
 }
 
+/// One decision for both program pairs. `PROXY` (agent-lifetime link): a VIP goes to the
+/// agent listener while the heartbeat is fresh, unless steered to a pod that the table has.
+/// Not `PROXY` (pinned link): a steered VIP goes to the table's pod while the agent lives; with
+/// the heartbeat stale every VIP goes to the table's pod, else untouched. Whichever runs
+/// second sees a rewritten address (not a VIP) and does nothing, so the order of the two in
+/// the cgroup does not matter. A dead agent whose heartbeat is still fresh has no proxy
+/// program left: the connect reaches the VIP untouched.
 #[inline(always)]
-fn try_connect<const FAMILY: u16>(ctx: &SockAddrContext) -> Result<i32, i32> {
-    let family = FAMILY;
-    count(Counter::SEEN);
+fn try_connect<const FAMILY: u16, const PROXY: bool>(ctx: &SockAddrContext) -> Result<i32, i32> {
+    if !PROXY {
+        count(Counter::SEEN);
+    }
     let dst = user_endpoint::<FAMILY>(ctx);
     // SAFETY: values are plain Copy data; the target is copied out before any write.
-    let Some(target) = (unsafe { SERVICES.get(&dst) }).copied() else {
+    let Some(listener) = (unsafe { SERVICES.get(&dst) }).copied() else {
         return Ok(ALLOW);
     };
-    if target.family != family {
+    if listener.family != FAMILY {
         // The loader never writes such an entry; refuse to half-rewrite one.
         return Ok(ALLOW);
     }
@@ -109,20 +134,36 @@ fn try_connect<const FAMILY: u16>(ctx: &SockAddrContext) -> Result<i32, i32> {
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     // SAFETY: read-only lookup of a plain value.
     if unsafe { EXCLUDED.get(&cgroup_id) }.is_some() {
-        count(Counter::EXCLUDED);
+        if !PROXY {
+            count(Counter::EXCLUDED);
+        }
         return Ok(ALLOW);
     }
     let alive = agent_alive();
     // SAFETY: read-only lookup of a plain value.
     let steer = unsafe { STEER.get(&dst) }.is_some();
-    let target = if alive && !steer {
-        target
+    let table = if steer || !alive {
+        table_pod(cgroup_id, &dst)
     } else {
-        match table_pod(cgroup_id, &dst, alive) {
-            Some(pod) => pod,
-            // Steered but no entry: through the agent while it lives.
-            None if alive => target,
-            None => {
+        None
+    };
+    let target = if PROXY {
+        if !alive || table.is_some() {
+            return Ok(ALLOW);
+        }
+        listener
+    } else {
+        match (alive, table) {
+            (true, None) => return Ok(ALLOW),
+            (true, Some((pod, _))) => {
+                count(Counter::STEERED);
+                pod
+            }
+            (false, Some((pod, kind))) => {
+                count(kind);
+                pod
+            }
+            (false, None) => {
                 count(Counter::FAILOPEN_UNTOUCHED);
                 return Ok(ALLOW);
             }
@@ -161,10 +202,10 @@ fn agent_alive() -> bool {
     beat != 0 && now.saturating_sub(beat) < HEARTBEAT_STALE_NS
 }
 
-/// A pod from the table for a connect to `vip` (steer mode, or the agent down): the client's
-/// affinity entry, else the VIP's backend set.
+/// A pod from the tables for a connect to `vip`: the client's affinity entry, else the VIP's
+/// backend set; with the fail-open counter that names which.
 #[inline(always)]
-fn table_pod(cgroup_id: u64, vip: &Endpoint, alive: bool) -> Option<Endpoint> {
+fn table_pod(cgroup_id: u64, vip: &Endpoint) -> Option<(Endpoint, u32)> {
     let key = AffinityKey {
         cgroup_id,
         vip: *vip,
@@ -174,23 +215,13 @@ fn table_pod(cgroup_id: u64, vip: &Endpoint, alive: bool) -> Option<Endpoint> {
     if let Some(set) = unsafe { AFFINITY.get(&key) }.copied()
         && let Some(pod) = pick(&set, vip.family)
     {
-        count(if alive {
-            Counter::STEERED
-        } else {
-            Counter::FAILOPEN_AFFINITY
-        });
-        return Some(pod);
+        return Some((pod, Counter::FAILOPEN_AFFINITY));
     }
     // SAFETY: as above.
     if let Some(set) = unsafe { BACKENDS.get(vip) }.copied()
         && let Some(pod) = pick(&set, vip.family)
     {
-        count(if alive {
-            Counter::STEERED
-        } else {
-            Counter::FAILOPEN_BACKENDS
-        });
-        return Some(pod);
+        return Some((pod, Counter::FAILOPEN_BACKENDS));
     }
     None
 }

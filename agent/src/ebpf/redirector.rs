@@ -28,8 +28,19 @@ use super::{
     pinned::{self, FailOpen},
 };
 
-/// The sock_addr entry points in the object: connect4/6 rewrite, getpeername4/6 restore.
-const SOCK_ADDR_PROGRAMS: [&str; 4] = ["connect4", "connect6", "getpeername4", "getpeername6"];
+/// The sock_addr entry points in the object: connect4/6 steer and fail open,
+/// getpeername4/6 restore the VIP (all pinned in pinned mode), connect4/6_proxy rewrite to the
+/// agent (never pinned: their links die with the process).
+const SOCK_ADDR_PROGRAMS: [&str; 6] = [
+    "connect4",
+    "connect6",
+    "getpeername4",
+    "getpeername6",
+    "connect4_proxy",
+    "connect6_proxy",
+];
+/// How many of [`SOCK_ADDR_PROGRAMS`] (the first ones) are pinned in pinned mode.
+const PINNED_SOCK_ADDR: usize = 4;
 /// The sock_ops entry point.
 const SOCK_OPS: &str = "sock_ops";
 
@@ -247,10 +258,16 @@ impl Redirector {
             return Ok(());
         };
         let cgroup_id = super::cgroup::cgroup_id(cgroup)?;
-        for (name, link) in SOCK_ADDR_PROGRAMS.into_iter().zip(links) {
+        let mut links = links.into_iter();
+        for (name, link) in SOCK_ADDR_PROGRAMS[..PINNED_SOCK_ADDR]
+            .iter()
+            .zip(links.by_ref())
+        {
             let fd = FdLink::try_from(link).map_err(|e| Error::Pin(format!("{name}: {e}")))?;
             pinned::pin_link(&dir, name, cgroup_id, fd)?;
         }
+        // The proxy rewrite stays with this process (see SOCK_ADDR_PROGRAMS).
+        let proxy: Vec<CgroupSockAddrLink> = links.collect();
         let fd = FdLink::try_from(ops).map_err(|e| Error::Pin(format!("{SOCK_OPS}: {e}")))?;
         pinned::pin_link(&dir, SOCK_OPS, cgroup_id, fd)?;
         // Ours are attached: now the links an earlier agent pinned can go.
@@ -260,7 +277,7 @@ impl Redirector {
         }
         self.attachments.push(Attachment {
             cgroup: cgroup.to_path_buf(),
-            _sock_addr: Vec::new(),
+            _sock_addr: proxy,
             _sock_ops: None,
         });
         Ok(())
