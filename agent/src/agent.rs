@@ -1,8 +1,8 @@
 //! `warmpath agent`: the node agent's main loop.
 //!
 //! Runs the routing proxy (with `--endpoint`s: KV index subscriptions, proxy and admin
-//! listeners) and/or the kernel redirect path (with `--redirect`s: connect4 attached to a
-//! cgroup), then serves until SIGINT/SIGTERM.
+//! listeners) and/or transparent interception (with `--redirect`s: the eBPF programs attached
+//! to a cgroup and pinned, docs/ebpf.md), then serves until SIGINT/SIGTERM.
 
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -356,4 +356,23 @@ pub fn cleanup(args: &AgentArgs) -> Result<(), Error> {
     let cleaned = ebpf::cleanup(&dir)?;
     tracing::info!(dir = %dir.display(), links = cleaned.links, maps = cleaned.maps, "removed pinned interception state");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::endpoint_addr;
+
+    #[test]
+    fn endpoint_urls_with_ip_literals_give_addresses() {
+        assert_eq!(
+            endpoint_addr("http://10.231.0.3:8000"),
+            Some("10.231.0.3:8000".parse().unwrap())
+        );
+        assert_eq!(
+            endpoint_addr("http://[fd00:231::3]:8000/v1"),
+            Some("[fd00:231::3]:8000".parse().unwrap())
+        );
+        assert_eq!(endpoint_addr("http://vllm-0.vllm:8000"), None);
+        assert_eq!(endpoint_addr("http://10.0.0.1"), None);
+    }
 }

@@ -38,44 +38,8 @@ fn pod_child() {
     warmpath_e2e::pods::child_main();
 }
 
-/// For each line "HOST PORT": one completion over a fresh connection -> one JSON line.
-const CLIENT: &str = r#"
-import http.client, json, sys
-for line in sys.stdin:
-    host, port = line.split()
-    try:
-        c = http.client.HTTPConnection(host, int(port), timeout=10)
-        c.connect()
-        body = json.dumps({"model": "sim-llama", "prompt": "the same long prefix " * 8, "max_tokens": 2})
-        c.request("POST", "/v1/completions", body, {"content-type": "application/json"})
-        r = c.getresponse()
-        r.read()
-        print(json.dumps({"status": r.status, "pod": r.getheader("x-warmpath-pod")}), flush=True)
-        c.close()
-    except OSError as e:
-        print(json.dumps({"error": str(e)}), flush=True)
-"#;
-
-const SCRAPE: &str = r#"
-import sys, urllib.request
-text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
-print(sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
-          if l.startswith("vllm:request_success_total")))
-"#;
-
 fn served(node: &Node, sim: &str) -> f64 {
-    let out = node
-        .ns
-        .command("python3")
-        .args(["-c", SCRAPE, &format!("http://{sim}/metrics")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    warmpath_e2e::pods::served(&node.ns, sim).unwrap()
 }
 
 fn ask(client: &mut OwnedChild) -> serde_json::Value {
@@ -174,7 +138,7 @@ fn dead_agent_fails_open_to_affinity_pods_and_a_new_agent_adopts_the_pins() {
     let mut agent = start_agent();
 
     let mut cmd = node.pods[0].ns.command("python3");
-    cmd.args(["-c", CLIENT]);
+    cmd.args(["-c", warmpath_e2e::pods::COMPLETION_CLIENT]);
     let mut client = OwnedChild::spawn(cmd).unwrap();
     client_cgroup.add_process(client.pid()).unwrap();
     let client_id = cgroup_id(client_cgroup.path()).unwrap();

@@ -52,28 +52,8 @@ for line in sys.stdin:
         print(json.dumps({"error": str(e)}), flush=True)
 "#;
 
-/// Sums `vllm:request_success_total` over its series at URL (run in the node namespace,
-/// outside the intercepted cgroups).
-const SCRAPE: &str = r#"
-import sys, urllib.request
-text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
-print(sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
-          if l.startswith("vllm:request_success_total")))
-"#;
-
 fn served(node: &Node, sim: &str) -> f64 {
-    let out = node
-        .ns
-        .command("python3")
-        .args(["-c", SCRAPE, &format!("http://{sim}/metrics")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "scrape: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    warmpath_e2e::pods::served(&node.ns, sim).unwrap()
 }
 
 fn ask(client: &mut OwnedChild, vip: &str) -> serde_json::Value {
