@@ -597,7 +597,8 @@ async fn the_http1_server_answers_odd_and_malformed_requests_clearly() {
             body.len()
         ),
         "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\n".to_string(),
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n".to_string(),
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"
+            .to_string(),
     ] {
         let got = raw(&addr, wire.as_bytes(), None).await;
         assert!(got.starts_with("HTTP/1.1 400 "), "{wire:?} -> {got}");

@@ -20,8 +20,8 @@ mod live;
 mod logging;
 pub mod prometheus;
 mod push;
-pub mod tls;
 mod series;
+pub mod tls;
 pub mod usage;
 
 use std::{
