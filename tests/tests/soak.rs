@@ -92,4 +92,14 @@ async fn agent_memory_stays_flat_under_a_short_mixed_soak() {
     assert_eq!(idle.held, 500, "{:?}", idle.first_failure);
     assert_eq!(idle.fds_held.clients, 500);
     assert_eq!(idle.fds_after.clients, 0);
+    // Over h2c (the default) the engine streams are multiplexed: the agent must not hold an
+    // engine connection per idle stream, as it does over HTTP/1.1.
+    assert_eq!(idle.upstream, "h2");
+    assert!(
+        idle.fds_held.engines < 250,
+        "{} engine connections for 500 idle h2c streams",
+        idle.fds_held.engines
+    );
+    // The soak holds one client connection per stream itself.
+    assert!(idle.own_fds_held >= 500, "{}", idle.own_fds_held);
 }

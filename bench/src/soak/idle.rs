@@ -71,6 +71,10 @@ pub struct IdleReport {
     pub fds_held: procfs::Fds,
     /// After the streams were closed and the descriptors settled.
     pub fds_after: procfs::Fds,
+    /// The soak's own descriptors with the streams held (one per stream, plus its own),
+    /// and its open-file limit: the client side must fit too.
+    pub own_fds_held: usize,
+    pub own_fd_limit: u64,
     pub open_seconds: f64,
 }
 
@@ -121,6 +125,7 @@ pub async fn measure(target: &Target, n: usize, upstream: UpstreamProtocol) -> I
     }
     let open_seconds = start.elapsed().as_secs_f64();
     let (rss_held_kib, fds_held) = (target.rss(), target.fds());
+    let own_fds_held = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
     let count = held.len();
     drop(held);
     let fds_after = settle(target, fds_before).await;
@@ -140,6 +145,9 @@ pub async fn measure(target: &Target, n: usize, upstream: UpstreamProtocol) -> I
         fds_before,
         fds_held,
         fds_after,
+        own_fds_held,
+        own_fd_limit: nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map_or(0, |l| l.0),
         open_seconds,
     }
 }

@@ -231,6 +231,10 @@ pub fn render(r: &SoakReport) -> String {
             fds(&i.fds_held),
             fds(&i.fds_after)
         );
+        out += &format!(
+            "| the soak's own fds with streams held | {} (open-file limit {}) | |\n",
+            i.own_fds_held, i.own_fd_limit
+        );
     }
     out
 }
