@@ -156,9 +156,9 @@ fn fuzz_target(target: &'static str, work: &Path, args: &[String]) -> Result<Rep
     report.seconds = started.elapsed().as_secs_f64();
     if !status.success() {
         bail!(
-            "fuzz target {target} failed ({status}): the input is in {} (reproduce: \
-             cargo +nightly fuzz run --debug-assertions {target} <file>)",
-            artifacts.display()
+            "fuzz target {target} failed ({status}): the input is in {} (reproduce: {} <file>)",
+            artifacts.display(),
+            binary(target).display()
         );
     }
     Ok(report)
