@@ -18,9 +18,12 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use warmpath_agent::http::{H1Client, Headers, Outgoing};
 use warmpath_fuzz::net;
 
-/// The first final (non-1xx) response head in `wire`, as httparse reads it alone:
-/// (status, head end, framing fields).
-fn reference(wire: &[u8]) -> Option<(u16, usize, Option<Vec<u8>>, Option<Vec<u8>>)> {
+/// A response head as httparse alone reads it: status, where the head ends, and its
+/// `content-length` and `transfer-encoding` values.
+type RefHead = (u16, usize, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// The first final (non-1xx) response head in `wire`.
+fn reference(wire: &[u8]) -> Option<RefHead> {
     let mut at = 0;
     loop {
         let mut fields = [httparse::EMPTY_HEADER; 100];
