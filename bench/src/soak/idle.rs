@@ -220,6 +220,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn ten_thousand_h2c_streams_go_to_engines_below_their_200_stream_limit() {
+        assert_eq!(stall_engines(10_000, UpstreamProtocol::H2), 63);
+        assert!(10_000usize.div_ceil(63) < 200);
+        assert_eq!(stall_engines(500, UpstreamProtocol::H2), 4);
+        assert_eq!(stall_engines(0, UpstreamProtocol::H2), 1);
+        assert_eq!(stall_engines(10_000, UpstreamProtocol::Http1), 1);
+        // 10,000 streams fit a 20,000 open-file limit over h2c only.
+        assert_eq!(fds_per_stream(UpstreamProtocol::H2), 1);
+        assert_eq!(fds_per_stream(UpstreamProtocol::Http1), 2);
+    }
+
+    #[test]
     fn a_stream_is_held_once_its_body_has_an_event() {
         assert!(!body_started(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
