@@ -53,8 +53,14 @@ impl RequestHead {
     }
 }
 
-fn path_and_query(uri: &http::Uri) -> &str {
-    uri.path_and_query().map_or("/", |p| p.as_str())
+/// The origin-form target of `uri`: its path and query, the path `/` when it has none
+/// (RFC 9112 3.2.1: `http://host?q` is forwarded as `/?q`).
+fn path_and_query(uri: &http::Uri) -> std::borrow::Cow<'_, str> {
+    match uri.path_and_query().map(|p| p.as_str()) {
+        None | Some("") => "/".into(),
+        Some(query) if query.starts_with('?') => format!("/{query}").into(),
+        Some(target) => target.into(),
+    }
 }
 
 impl From<http::request::Parts> for RequestHead {
@@ -212,6 +218,9 @@ mod tests {
         );
         let h = head(b"http://pod:8000").unwrap();
         assert_eq!(h.target(), "/");
+        // Found by fuzzing (docs/reliability.md): no path before the query.
+        let h = head(b"http://pod?x=1").unwrap();
+        assert_eq!((h.path(), h.target()), ("/", "/?x=1"));
         assert!(head(b"not a target").is_none());
     }
 }
