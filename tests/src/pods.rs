@@ -22,6 +22,9 @@ use std::{
 };
 
 use parking_lot::Mutex;
+use warmpath_agent::ebpf::{ChildCgroup, cgroup2_root};
+
+use crate::process::OwnedChild;
 
 /// Where `ip netns add` puts namespaces.
 const NETNS_DIR: &str = "/run/netns";
@@ -198,6 +201,92 @@ impl Drop for PinDir {
         if let Err(err) = warmpath_agent::ebpf::cleanup(&self.path) {
             crate::gate::announce(&format!("could not clean {}: {err}", self.path.display()));
         }
+    }
+}
+
+// === one test's node, cgroups and pins ===
+
+/// Everything an interception test sets up before its processes: a node of pods, a parent
+/// cgroup the programs attach to with the agent's and pod 0's (the client's) cgroups under
+/// it, and a pin directory. Dropped pins first, then cgroups, then namespaces (field order);
+/// the test declares its processes after the bed, so they go before all of it.
+#[derive(Debug)]
+pub struct Bed {
+    pub pins: PinDir,
+    pub client_cgroup: ChildCgroup,
+    pub agent_cgroup: ChildCgroup,
+    pub parent: ChildCgroup,
+    pub node: Node,
+}
+
+impl Bed {
+    /// Node `<tag>n` with `pods` pods (see [`Node::create`]), the parent cgroup
+    /// `warmpath-test-<name>-<pid>` under the cgroup v2 root, and pins `<bpffs>/warmpath-test-<tag>`.
+    pub fn create(tag: &str, name: &str, pods: u8) -> Result<Self, String> {
+        let node = Node::create(tag, pods)?;
+        let root = cgroup2_root().map_err(|e| format!("cgroup v2 root: {e}"))?;
+        let parent_name = format!("warmpath-test-{name}-{}", std::process::id());
+        let parent = ChildCgroup::create(&root, &parent_name)
+            .map_err(|e| format!("cgroup {parent_name}: {e}"))?;
+        let child = |name: &str| {
+            ChildCgroup::create(parent.path(), name).map_err(|e| format!("cgroup {name}: {e}"))
+        };
+        let agent_cgroup = child("agent")?;
+        let client_cgroup = child("pod-0")?;
+        Ok(Self {
+            pins: PinDir::new(tag),
+            client_cgroup,
+            agent_cgroup,
+            parent,
+            node,
+        })
+    }
+
+    /// The agent in the node namespace and its own cgroup, with `args` plus `--cgroup` (the
+    /// parent) and `--pin-dir`, logging at `rust_log`; returned once every line in `ready`
+    /// has been logged.
+    pub fn agent(
+        &self,
+        args: &[String],
+        rust_log: &str,
+        ready: &[&str],
+        timeout: Duration,
+    ) -> Result<PodProcess, String> {
+        let mut args = args.to_vec();
+        args.extend([
+            "--cgroup".into(),
+            self.parent.path().display().to_string(),
+            "--pin-dir".into(),
+            self.pins.path.display().to_string(),
+        ]);
+        let agent = PodProcess::start(
+            &self.node.ns,
+            Some(self.agent_cgroup.path()),
+            "agent",
+            &args,
+            &[("RUST_LOG", rust_log)],
+        )?;
+        for line in ready {
+            agent.wait_for_log(&[line], timeout)?;
+        }
+        Ok(agent)
+    }
+
+    /// A simulator in pod `pod`, listening on `host:port`.
+    pub fn sim(&self, pod: usize, host: &str, port: u16) -> Result<PodProcess, String> {
+        let args = ["--host", host, "--port", &port.to_string()].map(String::from);
+        PodProcess::start(&self.node.pods[pod].ns, None, "sim", &args, &[])
+    }
+
+    /// The Python `script` run in pod 0's namespace and moved into the client cgroup.
+    pub fn client(&self, script: &str) -> Result<OwnedChild, String> {
+        let mut cmd = self.node.pods[0].ns.command("python3");
+        cmd.args(["-c", script]);
+        let client = OwnedChild::spawn(cmd).map_err(|e| format!("client: {e}"))?;
+        self.client_cgroup
+            .add_process(client.pid())
+            .map_err(|e| format!("client cgroup: {e}"))?;
+        Ok(client)
     }
 }
 

@@ -15,10 +15,10 @@
 
 use std::time::{Duration, Instant};
 
-use warmpath_agent::ebpf::{ChildCgroup, FailOpen, cgroup_id, cgroup2_root};
+use warmpath_agent::ebpf::{FailOpen, cgroup_id};
 use warmpath_e2e::{
     gate,
-    pods::{Node, PinDir, PodProcess},
+    pods::{Bed, Node},
     process::OwnedChild,
 };
 
@@ -47,11 +47,6 @@ fn ask(client: &mut OwnedChild) -> serde_json::Value {
     serde_json::from_str(&client.next_line(WAIT).expect("the client answered")).unwrap()
 }
 
-fn sim(node: &Node, pod: usize, host: &str) -> PodProcess {
-    let args = ["--host", host, "--port", &SIM_PORT.to_string()].map(String::from);
-    PodProcess::start(&node.pods[pod].ns, None, "sim", &args, &[]).unwrap()
-}
-
 /// Ids of the links pinned under `dir/links`.
 fn pinned_link_ids(dir: &std::path::Path) -> Vec<u32> {
     std::fs::read_dir(dir.join("links"))
@@ -72,16 +67,8 @@ fn dead_agent_fails_open_to_affinity_pods_and_a_new_agent_adopts_the_pins() {
         return;
     }
     let tag = format!("wf{}", std::process::id() % 100_000);
-    let node = Node::create(&tag, 3).unwrap();
-    let root = cgroup2_root().unwrap();
-    let parent = ChildCgroup::create(
-        &root,
-        &format!("warmpath-test-failopen-{}", std::process::id()),
-    )
-    .unwrap();
-    let agent_cgroup = ChildCgroup::create(parent.path(), "agent").unwrap();
-    let client_cgroup = ChildCgroup::create(parent.path(), "pod-0").unwrap();
-    let pins = PinDir::new(&tag);
+    let bed = Bed::create(&tag, "failopen", 3).unwrap();
+    let (node, pins) = (&bed.node, &bed.pins);
     // Pod 1 answers on the VIP too; pod 0 reaches it there when nothing rewrites.
     node.pods[1]
         .ns
@@ -99,8 +86,8 @@ fn dead_agent_fails_open_to_affinity_pods_and_a_new_agent_adopts_the_pins() {
         .unwrap();
     let sim_a = format!("{}:{SIM_PORT}", node.pods[1].ip4);
     let sim_b = format!("{}:{SIM_PORT}", node.pods[2].ip4);
-    let _a = sim(&node, 1, "0.0.0.0");
-    let _b = sim(&node, 2, &node.pods[2].ip4.to_string());
+    let _a = bed.sim(1, "0.0.0.0", SIM_PORT).unwrap();
+    let _b = bed.sim(2, &node.pods[2].ip4.to_string(), SIM_PORT).unwrap();
 
     let agent_args: Vec<String> = [
         "--listen",
@@ -112,36 +99,19 @@ fn dead_agent_fails_open_to_affinity_pods_and_a_new_agent_adopts_the_pins() {
         "--endpoint",
         &format!("http://{sim_b}"),
         "--explain",
-        "--cgroup",
-        &parent.path().display().to_string(),
-        "--pin-dir",
-        &pins.path.display().to_string(),
         "--redirect",
         &format!("{VIP}={}:{LISTEN_PORT}", Node::IP4),
     ]
     .map(String::from)
     .to_vec();
     let start_agent = || {
-        let agent = PodProcess::start(
-            &node.ns,
-            Some(agent_cgroup.path()),
-            "agent",
-            &agent_args,
-            &[("RUST_LOG", "info")],
-        )
-        .unwrap();
-        agent
-            .wait_for_log(&["interception attached"], WAIT)
-            .unwrap();
-        agent
+        bed.agent(&agent_args, "info", &["interception attached"], WAIT)
+            .unwrap()
     };
     let mut agent = start_agent();
 
-    let mut cmd = node.pods[0].ns.command("python3");
-    cmd.args(["-c", warmpath_e2e::pods::COMPLETION_CLIENT]);
-    let mut client = OwnedChild::spawn(cmd).unwrap();
-    client_cgroup.add_process(client.pid()).unwrap();
-    let client_id = cgroup_id(client_cgroup.path()).unwrap();
+    let mut client = bed.client(warmpath_e2e::pods::COMPLETION_CLIENT).unwrap();
+    let client_id = cgroup_id(bed.client_cgroup.path()).unwrap();
 
     // Alive: through the agent (it names the pod it chose).
     let answer = ask(&mut client);
@@ -160,7 +130,7 @@ fn dead_agent_fails_open_to_affinity_pods_and_a_new_agent_adopts_the_pins() {
     failopen
         .set_affinity(client_id, vip, &[sim_b.parse().unwrap()])
         .unwrap();
-    let (a0, b0) = (served(&node, &sim_a), served(&node, &sim_b));
+    let (a0, b0) = (served(node, &sim_a), served(node, &sim_b));
 
     agent.kill();
     let killed = Instant::now();
@@ -180,34 +150,34 @@ fn dead_agent_fails_open_to_affinity_pods_and_a_new_agent_adopts_the_pins() {
             "agent dead, connect {attempts}: {answer}"
         );
         assert!(answer["pod"].is_null(), "straight to a pod: {answer}");
-        if served(&node, &sim_b) > b0 {
+        if served(node, &sim_b) > b0 {
             break;
         }
         untouched += 1;
     }
     let window = killed.elapsed();
     assert_eq!(
-        served(&node, &sim_a) - a0,
+        served(node, &sim_a) - a0,
         untouched as f64,
         "the window went to the VIP"
     );
-    let (a1, b1) = (served(&node, &sim_a), served(&node, &sim_b));
+    let (a1, b1) = (served(node, &sim_a), served(node, &sim_b));
     for _ in 0..DEAD_REQUESTS {
         let answer = ask(&mut client);
         assert_eq!(answer["status"], 200, "agent dead: {answer}");
         assert!(answer["pod"].is_null(), "agent dead: {answer}");
     }
     // Test 3: once the heartbeat is stale every connection goes to the affinity pod.
-    assert_eq!(served(&node, &sim_b) - b1, DEAD_REQUESTS as f64);
-    assert_eq!(served(&node, &sim_a) - a1, 0.0);
-    let a0 = served(&node, &sim_a);
+    assert_eq!(served(node, &sim_b) - b1, DEAD_REQUESTS as f64);
+    assert_eq!(served(node, &sim_a) - a1, 0.0);
+    let a0 = served(node, &sim_a);
 
     // No entry: the VIP untouched (pod 1 answers it).
     failopen.remove_affinity(client_id, vip).unwrap();
     let answer = ask(&mut client);
     assert_eq!(answer["status"], 200, "{answer}");
     assert!(answer["pod"].is_null(), "{answer}");
-    assert_eq!(served(&node, &sim_a) - a0, 1.0);
+    assert_eq!(served(node, &sim_a) - a0, 1.0);
 
     // Test 5: a new agent adopts the pins, replaces the old links, and intercepts the same
     // client again (the client was not restarted).

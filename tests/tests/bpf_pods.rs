@@ -11,10 +11,10 @@
 
 use std::time::Duration;
 
-use warmpath_agent::ebpf::{ChildCgroup, cgroup_id, cgroup2_root};
+use warmpath_agent::ebpf::cgroup_id;
 use warmpath_e2e::{
     gate,
-    pods::{Node, PinDir, PodProcess},
+    pods::{Bed, Node},
     process::OwnedChild,
 };
 
@@ -70,29 +70,12 @@ fn pods_reach_the_agent_through_vips_and_it_reaches_the_sim_pod() {
         return;
     }
     let tag = format!("wp{}", std::process::id() % 100_000);
-    // Drop order (reverse of declaration): processes, then cgroups, then namespaces.
-    let node = Node::create(&tag, 2).unwrap();
-    let root = cgroup2_root().unwrap();
-    let parent =
-        ChildCgroup::create(&root, &format!("warmpath-test-pods-{}", std::process::id())).unwrap();
-    let agent_cgroup = ChildCgroup::create(parent.path(), "agent").unwrap();
-    let client_cgroup = ChildCgroup::create(parent.path(), "pod-0").unwrap();
-    let pins = PinDir::new(&tag);
+    // Drop order (reverse of declaration): processes, then the bed (cgroups, namespaces).
+    let bed = Bed::create(&tag, "pods", 2).unwrap();
+    let node = &bed.node;
 
     let sim_addr = format!("{}:{SIM_PORT}", node.pods[1].ip4);
-    let sim = PodProcess::start(
-        &node.pods[1].ns,
-        None,
-        "sim",
-        &[
-            "--host".into(),
-            node.pods[1].ip4.to_string(),
-            "--port".into(),
-            SIM_PORT.to_string(),
-        ],
-        &[],
-    )
-    .unwrap();
+    let sim = bed.sim(1, &node.pods[1].ip4.to_string(), SIM_PORT).unwrap();
     let listener4 = format!("{}:{LISTEN_PORT}", Node::IP4);
     let listener6 = format!("[{}]:{LISTEN_PORT}", Node::IP6);
     let agent_args: Vec<String> = [
@@ -103,10 +86,6 @@ fn pods_reach_the_agent_through_vips_and_it_reaches_the_sim_pod() {
         "--endpoint",
         &format!("http://{sim_addr}"),
         "--explain",
-        "--cgroup",
-        &parent.path().display().to_string(),
-        "--pin-dir",
-        &pins.path.display().to_string(),
         "--redirect",
         &format!("{VIP4}={listener4}"),
         "--redirect",
@@ -119,25 +98,19 @@ fn pods_reach_the_agent_through_vips_and_it_reaches_the_sim_pod() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let agent = PodProcess::start(
-        &node.ns,
-        Some(agent_cgroup.path()),
-        "agent",
-        &agent_args,
-        &[("RUST_LOG", "info,warmpath_agent::proxy::listener=debug")],
-    )
-    .unwrap();
-    agent
-        .wait_for_log(&["interception attached"], WAIT)
+    let agent = bed
+        .agent(
+            &agent_args,
+            "info,warmpath_agent::proxy::listener=debug",
+            &["interception attached"],
+            WAIT,
+        )
         .unwrap();
 
-    let mut cmd = node.pods[0].ns.command("python3");
-    cmd.args(["-c", CLIENT]);
-    let mut client = OwnedChild::spawn(cmd).unwrap();
-    client_cgroup.add_process(client.pid()).unwrap();
-    let client_id = cgroup_id(client_cgroup.path()).unwrap().to_string();
+    let mut client = bed.client(CLIENT).unwrap();
+    let client_id = cgroup_id(bed.client_cgroup.path()).unwrap().to_string();
 
-    let before = served(&node, &sim_addr);
+    let before = served(node, &sim_addr);
     for (vip, family) in [(VIP4, "IPv4"), (VIP6, "IPv6")] {
         let answer = ask(&mut client, vip);
         assert_eq!(answer["status"], 200, "{family} via {vip}: {answer}");
@@ -156,7 +129,7 @@ fn pods_reach_the_agent_through_vips_and_it_reaches_the_sim_pod() {
     }
     // Test 2: both requests reached the simulator itself: the agent's upstream connections
     // to an intercepted address were left alone (else they would have looped to the agent).
-    assert_eq!(served(&node, &sim_addr) - before, 2.0);
+    assert_eq!(served(node, &sim_addr) - before, 2.0);
 
     // A process in the node namespace outside the intercepted cgroups is not rewritten:
     // nothing routes to the VIP there.

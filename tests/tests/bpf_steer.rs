@@ -9,10 +9,10 @@
 
 use std::time::Duration;
 
-use warmpath_agent::ebpf::{ChildCgroup, FailOpen, cgroup_id, cgroup2_root};
+use warmpath_agent::ebpf::{FailOpen, cgroup_id};
 use warmpath_e2e::{
     gate,
-    pods::{COMPLETION_CLIENT, Node, PinDir, PodProcess, served},
+    pods::{Bed, COMPLETION_CLIENT, Node, PodProcess, served},
     process::OwnedChild,
 };
 
@@ -38,25 +38,13 @@ fn steered_connects_go_straight_to_a_pod_and_follow_the_table() {
         return;
     }
     let tag = format!("ws{}", std::process::id() % 100_000);
-    let node = Node::create(&tag, 3).unwrap();
-    let root = cgroup2_root().unwrap();
-    let parent = ChildCgroup::create(
-        &root,
-        &format!("warmpath-test-steer-{}", std::process::id()),
-    )
-    .unwrap();
-    let agent_cgroup = ChildCgroup::create(parent.path(), "agent").unwrap();
-    let client_cgroup = ChildCgroup::create(parent.path(), "pod-0").unwrap();
-    let pins = PinDir::new(&tag);
+    let bed = Bed::create(&tag, "steer", 3).unwrap();
+    let node = &bed.node;
     let sims: Vec<String> = (1..=2)
         .map(|i| format!("{}:{SIM_PORT}", node.pods[i].ip4))
         .collect();
     let _sims: Vec<PodProcess> = (1..=2)
-        .map(|i| {
-            let args =
-                ["--host", &node.pods[i].ip4.to_string(), "--port", "8000"].map(String::from);
-            PodProcess::start(&node.pods[i].ns, None, "sim", &args, &[]).unwrap()
-        })
+        .map(|i| bed.sim(i, &node.pods[i].ip4.to_string(), SIM_PORT).unwrap())
         .collect();
     let args: Vec<String> = [
         "--listen",
@@ -68,10 +56,6 @@ fn steered_connects_go_straight_to_a_pod_and_follow_the_table() {
         "--endpoint",
         &format!("http://{}", sims[1]),
         "--explain",
-        "--cgroup",
-        &parent.path().display().to_string(),
-        "--pin-dir",
-        &pins.path.display().to_string(),
         "--redirect",
         &format!("{VIP}={}:8080", Node::IP4),
         "--steer",
@@ -79,25 +63,16 @@ fn steered_connects_go_straight_to_a_pod_and_follow_the_table() {
     ]
     .map(String::from)
     .to_vec();
-    let agent = PodProcess::start(
-        &node.ns,
-        Some(agent_cgroup.path()),
-        "agent",
-        &args,
-        &[("RUST_LOG", "info,warmpath_agent::proxy::listener=debug")],
-    )
-    .unwrap();
-    agent
-        .wait_for_log(&["steering in the kernel"], WAIT)
-        .unwrap();
-    agent
-        .wait_for_log(&["interception attached"], WAIT)
+    let agent = bed
+        .agent(
+            &args,
+            "info,warmpath_agent::proxy::listener=debug",
+            &["steering in the kernel", "interception attached"],
+            WAIT,
+        )
         .unwrap();
 
-    let mut cmd = node.pods[0].ns.command("python3");
-    cmd.args(["-c", COMPLETION_CLIENT]);
-    let mut client = OwnedChild::spawn(cmd).unwrap();
-    client_cgroup.add_process(client.pid()).unwrap();
+    let mut client = bed.client(COMPLETION_CLIENT).unwrap();
 
     let count = |i: usize| served(&node.ns, &sims[i]).unwrap();
     let (a0, b0) = (count(0), count(1));
@@ -118,8 +93,8 @@ fn steered_connects_go_straight_to_a_pod_and_follow_the_table() {
     // Re-steer: this client's connects now go to B only (the table an agent computes; the
     // test writes it through the pinned map).
     let vip: std::net::SocketAddr = VIP.parse().unwrap();
-    let mut table = FailOpen::open_pinned(&pins.path).unwrap();
-    let id = cgroup_id(client_cgroup.path()).unwrap();
+    let mut table = FailOpen::open_pinned(&bed.pins.path).unwrap();
+    let id = cgroup_id(bed.client_cgroup.path()).unwrap();
     table
         .set_affinity(id, vip, &[sims[1].parse().unwrap()])
         .unwrap();
