@@ -34,3 +34,11 @@ pub async fn proxy(fleet: &Fleet, extra: &[&str]) -> Routing {
     let agent = AgentArgs::try_parse_from(args).expect("valid agent flags");
     start_routing(&agent).await.expect("proxy starts")
 }
+
+/// The proxy's base URL and its admin URL (`http://` and the bound addresses).
+pub fn urls(routing: &Routing) -> (String, String) {
+    (
+        format!("http://{}", routing.listen),
+        format!("http://{}", routing.admin),
+    )
+}

@@ -35,6 +35,24 @@ impl Fleet {
         Ok(Self { engines })
     }
 
+    /// `replicas` engines of the `tiny` profile publishing KV events, every port 0, plus
+    /// `extra` flags (e.g. `--kv-replay-port 0`, faults).
+    pub async fn tiny(replicas: u16, extra: &[&str]) -> Self {
+        let replicas = replicas.to_string();
+        let mut flags = vec![
+            "--port",
+            "0",
+            "--replicas",
+            &replicas,
+            "--profile",
+            "tiny",
+            "--kv-events-port",
+            "0",
+        ];
+        flags.extend_from_slice(extra);
+        Self::start(&flags).await
+    }
+
     /// Base URL of engine `i`.
     pub fn url(&self, i: usize) -> String {
         format!("http://{}", self.engines[i].http)

@@ -16,17 +16,7 @@ struct Bench {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_turn_run_reports_every_request_per_tenant() {
-    let fleet = Fleet::start(&[
-        "--port",
-        "0",
-        "--replicas",
-        "2",
-        "--profile",
-        "tiny",
-        "--kv-events-port",
-        "0",
-    ])
-    .await;
+    let fleet = Fleet::tiny(2, &[]).await;
     let routing = proxy(&fleet, &["--trust-tenant-header-from", "127.0.0.1"]).await;
     let dir = std::env::temp_dir().join(format!("warmpath-bench-run-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

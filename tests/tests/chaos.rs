@@ -16,7 +16,7 @@ use warmpath_agent::{
     args::AgentArgs,
 };
 use warmpath_e2e::{
-    agent::proxy,
+    agent::{proxy, urls},
     process::OwnedChild,
     sim::{Fleet, wait_for},
 };
@@ -217,11 +217,7 @@ async fn requests_beyond_capacity_and_queue_get_prompt_429s_before_any_engine_wo
         ],
     )
     .await;
-    let (base, admin, sim) = (
-        format!("http://{}", routing.listen),
-        format!("http://{}", routing.admin),
-        fleet.url(0),
-    );
+    let ((base, admin), sim) = (urls(&routing), fleet.url(0));
     let client = reqwest::Client::new();
     // Two long streams hold both slots.
     let a = open_stream(&client, &base, "the first long story", 1500).await;
@@ -369,10 +365,7 @@ async fn queued_requests_are_admitted_in_turn_as_slots_free() {
 async fn a_10_mb_prompt_is_refused_before_tokenization() {
     let fleet = Fleet::start(&["--port", "0", "--profile", "tiny"]).await;
     let routing = proxy(&fleet, &[]).await;
-    let (base, admin) = (
-        format!("http://{}", routing.listen),
-        format!("http://{}", routing.admin),
-    );
+    let (base, admin) = urls(&routing);
     let client = reqwest::Client::new();
     let warmpath_agent::proxy::TokenSource::Local(tokenizer) = &routing.proxy.pools[0].tokens
     else {
@@ -471,12 +464,9 @@ async fn a_pod_killed_mid_stream_ends_only_its_stream_and_the_counters_say_so() 
         spawn_sim(&["--port", "0", "--profile", "tiny"]),
         spawn_sim(&["--port", "0", "--profile", "tiny"]),
     ];
-    let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.http)).collect();
-    let routing = agent(&urls, &["--policy", "round-robin"]).await;
-    let (base, admin) = (
-        format!("http://{}", routing.listen),
-        format!("http://{}", routing.admin),
-    );
+    let endpoints: Vec<String> = sims.iter().map(|s| format!("http://{}", s.http)).collect();
+    let routing = agent(&endpoints, &["--policy", "round-robin"]).await;
+    let (base, admin) = urls(&routing);
     let client = reqwest::Client::new();
     let a = open_stream(&client, &base, "the first long story", 3000).await;
     let b = open_stream(&client, &base, "the second long story", 3000).await;

@@ -169,19 +169,7 @@ fn prompt(topic: usize, question: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
-    let fleet = Fleet::start(&[
-        "--port",
-        "0",
-        "--replicas",
-        "8",
-        "--profile",
-        "tiny",
-        "--kv-events-port",
-        "0",
-        "--kv-replay-port",
-        "0",
-    ])
-    .await;
+    let fleet = Fleet::tiny(8, &["--kv-replay-port", "0"]).await;
     let keys = Keys::new();
     let key = keys.write("key", "e2e-cluster-key-of-at-least-32-bytes\n");
     // (gossip UDP, IndexSync TCP) per agent, the stranger's last.

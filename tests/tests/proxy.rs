@@ -38,25 +38,13 @@ async fn complete(client: &reqwest::Client, base: &str, prompt: &str) -> (String
     )
 }
 
-async fn fleet(n: &str) -> Fleet {
-    Fleet::start(&[
-        "--port",
-        "0",
-        "--replicas",
-        n,
-        "--profile",
-        "tiny",
-        "--kv-events-port",
-        "0",
-        "--kv-replay-port",
-        "0",
-    ])
-    .await
+async fn fleet(n: u16) -> Fleet {
+    Fleet::tiny(n, &["--kv-replay-port", "0"]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_prefixes_follow_their_cache_and_cold_ones_spread() {
-    let fleet = fleet("3").await;
+    let fleet = fleet(3).await;
     let routing = proxy(&fleet, &[]).await;
     let base = format!("http://{}", routing.listen);
     let client = reqwest::Client::new();
@@ -174,7 +162,7 @@ async fn when_every_endpoint_fails_the_client_gets_the_last_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_openai_errors() {
-    let fleet = fleet("1").await;
+    let fleet = fleet(1).await;
     let routing = proxy(&fleet, &[]).await;
     let base = format!("http://{}", routing.listen);
     let client = reqwest::Client::new();
@@ -316,20 +304,8 @@ async fn a_hot_prefix_spills_over_once_its_pod_is_busier_than_recomputing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lora_requests_are_served_where_their_adapter_is_and_follow_its_cache() {
     // Engine 0 serves the `sql` adapter, engine 1 only the base model.
-    let with_lora = Fleet::start(&[
-        "--port",
-        "0",
-        "--profile",
-        "tiny",
-        "--kv-events-port",
-        "0",
-        "--kv-replay-port",
-        "0",
-        "--lora-modules",
-        "sql",
-    ])
-    .await;
-    let plain = fleet("1").await;
+    let with_lora = Fleet::tiny(1, &["--kv-replay-port", "0", "--lora-modules", "sql"]).await;
+    let plain = fleet(1).await;
     let mut fleet = with_lora;
     fleet.engines.extend(plain.engines);
     let routing = proxy(&fleet, &[]).await;
@@ -401,7 +377,7 @@ async fn lora_requests_are_served_where_their_adapter_is_and_follow_its_cache() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_cookie_keeps_a_conversation_on_one_pod() {
-    let fleet = fleet("3").await;
+    let fleet = fleet(3).await;
     let routing = proxy(&fleet, &["--policy", "session", "--session-cookie", "sid"]).await;
     let base = format!("http://{}", routing.listen);
     let client = reqwest::Client::new();
@@ -489,7 +465,7 @@ async fn a_publisher_that_is_not_up_yet_does_not_hold_the_agent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2_upstreams_carry_every_request_and_stream() {
-    let fleet = fleet("2").await;
+    let fleet = fleet(2).await;
     let routing = proxy(&fleet, &["--upstream-protocol", "h2"]).await;
     let base = format!("http://{}", routing.listen);
     let client = reqwest::Client::new();
@@ -528,7 +504,7 @@ async fn h2_upstreams_carry_every_request_and_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_clients_are_served_streaming_and_not() {
-    let fleet = fleet("1").await;
+    let fleet = fleet(1).await;
     let routing = proxy(&fleet, &[]).await;
     let base = format!("http://{}", routing.listen);
     let client = reqwest::Client::builder()
@@ -578,7 +554,7 @@ async fn raw(addr: &str, wire: &[u8], until: Option<&str>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http1_server_answers_odd_and_malformed_requests_clearly() {
-    let fleet = fleet("1").await;
+    let fleet = fleet(1).await;
     let routing = proxy(&fleet, &[]).await;
     let addr = routing.listen.to_string();
     let body = r#"{"model": "sim-llama", "prompt": "hi", "max_tokens": 1}"#;

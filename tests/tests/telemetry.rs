@@ -45,17 +45,7 @@ fn client_from(source: &str) -> reqwest::Client {
 }
 
 async fn fleet() -> Fleet {
-    Fleet::start(&[
-        "--port",
-        "0",
-        "--replicas",
-        "2",
-        "--profile",
-        "tiny",
-        "--kv-events-port",
-        "0",
-    ])
-    .await
+    Fleet::tiny(2, &[]).await
 }
 
 /// A non-streaming completion; returns the usage the client saw.

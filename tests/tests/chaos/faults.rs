@@ -5,7 +5,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::Value;
 use warmpath_e2e::{
-    agent::proxy,
+    agent::{proxy, urls},
     index::{engine_gpu, indexed_gpu},
     raw_http::{FakeEngine, Scripted, agent_for},
     sim::{Fleet, get_json, wait_for},
@@ -40,29 +40,22 @@ async fn pod_index(client: &reqwest::Client, admin: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_duplicated_and_reordered_batches_converge_through_replay() {
-    let fleet = Fleet::start(&[
-        "--port",
-        "0",
-        "--profile",
-        "tiny",
-        "--kv-events-port",
-        "0",
-        "--kv-replay-port",
-        "0",
-        "--fault-drop-event-batch-every",
-        "7",
-        "--fault-duplicate-event-batch-every",
-        "3",
-        "--fault-reorder-event-batch-every",
-        "5",
-    ])
+    let fleet = Fleet::tiny(
+        1,
+        &[
+            "--kv-replay-port",
+            "0",
+            "--fault-drop-event-batch-every",
+            "7",
+            "--fault-duplicate-event-batch-every",
+            "3",
+            "--fault-reorder-event-batch-every",
+            "5",
+        ],
+    )
     .await;
     let routing = proxy(&fleet, &[]).await;
-    let (base, admin, sim) = (
-        format!("http://{}", routing.listen),
-        format!("http://{}", routing.admin),
-        fleet.url(0),
-    );
+    let ((base, admin), sim) = (urls(&routing), fleet.url(0));
     let client = reqwest::Client::new();
     let id = routing.proxy.index.status()[0].0;
     let mut sent = 0;
@@ -114,22 +107,9 @@ async fn dropped_duplicated_and_reordered_batches_converge_through_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_replay_a_faulty_event_stream_marks_the_pod_unsure_and_status_says_so() {
-    let fleet = Fleet::start(&[
-        "--port",
-        "0",
-        "--profile",
-        "tiny",
-        "--kv-events-port",
-        "0",
-        "--fault-duplicate-event-batch-every",
-        "3",
-    ])
-    .await;
+    let fleet = Fleet::tiny(1, &["--fault-duplicate-event-batch-every", "3"]).await;
     let routing = proxy(&fleet, &[]).await;
-    let (base, admin) = (
-        format!("http://{}", routing.listen),
-        format!("http://{}", routing.admin),
-    );
+    let (base, admin) = urls(&routing);
     let client = reqwest::Client::new();
     for i in 0..6 {
         let (s, _, _) = post(
@@ -168,10 +148,7 @@ async fn garbage_on_the_event_socket_is_counted_and_routing_carries_on() {
         .unwrap()
         .to_string();
     let routing = agent(&[fleet.url(0)], &["--kv-events", &bound]).await;
-    let (base, admin) = (
-        format!("http://{}", routing.listen),
-        format!("http://{}", routing.admin),
-    );
+    let (base, admin) = urls(&routing);
     let client = reqwest::Client::new();
     let frames = |parts: Vec<Bytes>| zeromq::ZmqMessage::try_from(parts).unwrap();
     let seq = |n: u64| Bytes::copy_from_slice(&n.to_be_bytes());
@@ -367,10 +344,7 @@ async fn an_engine_that_stalls_mid_stream_is_given_up_at_the_idle_timeout() {
     ])
     .await;
     let routing = proxy(&fleet, &["--upstream-idle-timeout-ms", "400"]).await;
-    let (base, admin) = (
-        format!("http://{}", routing.listen),
-        format!("http://{}", routing.admin),
-    );
+    let (base, admin) = urls(&routing);
     let client = reqwest::Client::new();
     let start = std::time::Instant::now();
     let events = open_stream(&client, &base, "a story that stops", 100)
@@ -442,10 +416,7 @@ async fn an_engine_that_never_answers_gets_a_504_at_the_head_timeout() {
     const HEAD_MS: u64 = 400;
     let silent = silent_engine().await;
     let routing = agent_for(&silent, &["--upstream-head-timeout-ms", "400"]).await;
-    let (base, admin) = (
-        format!("http://{}", routing.listen),
-        format!("http://{}", routing.admin),
-    );
+    let (base, admin) = urls(&routing);
     let client = reqwest::Client::new();
     for stream in [false, true] {
         let start = std::time::Instant::now();
@@ -494,9 +465,9 @@ async fn an_engine_that_never_answers_gets_a_504_at_the_head_timeout() {
 async fn a_head_timeout_is_retried_on_another_pod_before_the_first_byte() {
     let silent = silent_engine().await;
     let fleet = Fleet::start(&["--port", "0", "--profile", "tiny"]).await;
-    let urls = [format!("http://{}", silent.addr), fleet.url(0)];
+    let endpoints = [format!("http://{}", silent.addr), fleet.url(0)];
     let routing = agent(
-        &urls,
+        &endpoints,
         &[
             "--upstream-head-timeout-ms",
             "300",
@@ -505,10 +476,7 @@ async fn a_head_timeout_is_retried_on_another_pod_before_the_first_byte() {
         ],
     )
     .await;
-    let (base, admin) = (
-        format!("http://{}", routing.listen),
-        format!("http://{}", routing.admin),
-    );
+    let (base, admin) = urls(&routing);
     let client = reqwest::Client::new();
     let sim = fleet.engines[0].http.to_string();
     for i in 0..4 {
@@ -546,24 +514,9 @@ async fn a_head_timeout_is_retried_on_another_pod_before_the_first_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_get_clear_errors_and_counters_and_routing_stays_correct() {
-    let fleet = Fleet::start(&[
-        "--port",
-        "0",
-        "--replicas",
-        "2",
-        "--profile",
-        "tiny",
-        "--kv-events-port",
-        "0",
-        "--kv-replay-port",
-        "0",
-    ])
-    .await;
+    let fleet = Fleet::tiny(2, &["--kv-replay-port", "0"]).await;
     let routing = proxy(&fleet, &[]).await;
-    let (base, admin) = (
-        format!("http://{}", routing.listen),
-        format!("http://{}", routing.admin),
-    );
+    let (base, admin) = urls(&routing);
     let client = reqwest::Client::new();
     let deep = format!(
         "{{\"prompt\": {}{}}}",
