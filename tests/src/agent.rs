@@ -8,31 +8,48 @@ use warmpath_agent::{
 
 use crate::sim::Fleet;
 
-/// Starts the proxy (ports 0) in front of every engine of `fleet`, with their events and
-/// replay endpoints, plus `extra` flags.
+/// Starts the agent in this process, its listener and admin port on 127.0.0.1 port 0, with
+/// `flags` after those.
+pub async fn start(flags: impl IntoIterator<Item = String>) -> Routing {
+    let mut args: Vec<String> = ["agent", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]
+        .map(String::from)
+        .to_vec();
+    args.extend(flags);
+    let agent = AgentArgs::try_parse_from(args).expect("valid agent flags");
+    start_routing(&agent).await.expect("the agent starts")
+}
+
+/// `--endpoint URL` for each of `urls`.
+fn endpoint_flags(urls: &[String]) -> Vec<String> {
+    urls.iter()
+        .flat_map(|u| ["--endpoint".to_string(), u.clone()])
+        .collect()
+}
+
+/// Starts the proxy (ports 0, `--explain`) in front of `endpoints` (base URLs), without KV
+/// events, plus `extra` flags.
+pub async fn in_front_of(endpoints: &[String], extra: &[&str]) -> Routing {
+    let mut flags = vec!["--explain".to_string()];
+    flags.extend(endpoint_flags(endpoints));
+    flags.extend(extra.iter().map(|s| s.to_string()));
+    start(flags).await
+}
+
+/// Starts the proxy (ports 0, `--explain`) in front of every engine of `fleet`, with their
+/// events and replay endpoints, plus `extra` flags.
 pub async fn proxy(fleet: &Fleet, extra: &[&str]) -> Routing {
-    let mut args: Vec<String> = [
-        "agent",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-        "--explain",
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut flags = vec!["--explain".to_string()];
     for (i, engine) in fleet.engines.iter().enumerate() {
-        args.extend(["--endpoint".into(), fleet.url(i)]);
+        flags.extend(["--endpoint".into(), fleet.url(i)]);
         if let Some(p) = &engine.publisher {
-            args.extend(["--kv-events".into(), p.events_endpoint.clone()]);
+            flags.extend(["--kv-events".into(), p.events_endpoint.clone()]);
             if let Some(r) = &p.replay_endpoint {
-                args.extend(["--kv-replay".into(), r.clone()]);
+                flags.extend(["--kv-replay".into(), r.clone()]);
             }
         }
     }
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let agent = AgentArgs::try_parse_from(args).expect("valid agent flags");
-    start_routing(&agent).await.expect("proxy starts")
+    flags.extend(extra.iter().map(|s| s.to_string()));
+    start(flags).await
 }
 
 /// The proxy's base URL and its admin URL (`http://` and the bound addresses).

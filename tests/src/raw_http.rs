@@ -5,16 +5,12 @@
 
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
-use clap::Parser;
 use parking_lot::Mutex;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
 };
-use warmpath_agent::{
-    agent::{Routing, start_routing},
-    args::AgentArgs,
-};
+use warmpath_agent::agent::Routing;
 
 /// Longest wait for any one step (a response, a connection to close).
 pub const STEP: Duration = Duration::from_secs(10);
@@ -150,22 +146,10 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
 
 /// Starts the agent (ports 0, one worker) in front of `engine` alone, plus `extra` flags.
 pub async fn agent_for(engine: &FakeEngine, extra: &[&str]) -> Routing {
-    let mut args: Vec<String> = [
-        "agent",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-        "--workers",
-        "1",
-        "--endpoint",
-    ]
-    .map(String::from)
-    .to_vec();
-    args.push(format!("http://{}", engine.addr));
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let agent = AgentArgs::try_parse_from(args).expect("valid agent flags");
-    start_routing(&agent).await.expect("the agent starts")
+    let mut flags: Vec<String> = ["--workers", "1", "--endpoint"].map(String::from).to_vec();
+    flags.push(format!("http://{}", engine.addr));
+    flags.extend(extra.iter().map(|s| s.to_string()));
+    crate::agent::start(flags).await
 }
 
 /// A response as a client read it off the wire.

@@ -11,12 +11,9 @@ use std::{
 
 use clap::Parser;
 use serde_json::{Value, json};
-use warmpath_agent::{
-    agent::{Routing, start_routing},
-    args::AgentArgs,
-};
+use warmpath_agent::{agent::start_routing, args::AgentArgs};
 use warmpath_e2e::{
-    agent::{proxy, urls},
+    agent::{in_front_of, proxy, urls},
     process::OwnedChild,
     sim::{Fleet, wait_for},
 };
@@ -115,21 +112,6 @@ fn spawn_sim(flags: &[&str]) -> SimProcess {
     let (child, ready) = spawn_child("sim_child", CHILD_FLAGS, flags);
     let http = ready["engines"][0]["http"].as_str().unwrap().to_string();
     SimProcess { child, http }
-}
-
-/// The agent in this process in front of `urls`, plus `extra` flags.
-async fn agent(urls: &[String], extra: &[&str]) -> Routing {
-    let mut args: Vec<String> = ["agent", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]
-        .map(String::from)
-        .to_vec();
-    args.push("--explain".into());
-    for u in urls {
-        args.extend(["--endpoint".into(), u.clone()]);
-    }
-    args.extend(extra.iter().map(|s| s.to_string()));
-    start_routing(&AgentArgs::try_parse_from(args).unwrap())
-        .await
-        .unwrap()
 }
 
 /// The sum of a Prometheus family's samples whose labels contain every one of `labels`.
@@ -465,7 +447,7 @@ async fn a_pod_killed_mid_stream_ends_only_its_stream_and_the_counters_say_so() 
         spawn_sim(&["--port", "0", "--profile", "tiny"]),
     ];
     let endpoints: Vec<String> = sims.iter().map(|s| format!("http://{}", s.http)).collect();
-    let routing = agent(&endpoints, &["--policy", "round-robin"]).await;
+    let routing = in_front_of(&endpoints, &["--policy", "round-robin"]).await;
     let (base, admin) = urls(&routing);
     let client = reqwest::Client::new();
     let a = open_stream(&client, &base, "the first long story", 3000).await;

@@ -5,14 +5,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::Value;
 use warmpath_e2e::{
-    agent::{proxy, urls},
+    agent::{in_front_of, proxy, urls},
     index::{engine_gpu, indexed_gpu},
     raw_http::{FakeEngine, Scripted, agent_for},
     sim::{Fleet, get_json, wait_for},
 };
 use zeromq::{Socket, SocketSend};
 
-use super::{WAIT, agent, completion, open_stream, scrape, spawn_agent, spawn_sim};
+use super::{WAIT, completion, open_stream, scrape, spawn_agent, spawn_sim};
 
 async fn post(
     client: &reqwest::Client,
@@ -147,7 +147,7 @@ async fn garbage_on_the_event_socket_is_counted_and_routing_carries_on() {
         .await
         .unwrap()
         .to_string();
-    let routing = agent(&[fleet.url(0)], &["--kv-events", &bound]).await;
+    let routing = in_front_of(&[fleet.url(0)], &["--kv-events", &bound]).await;
     let (base, admin) = urls(&routing);
     let client = reqwest::Client::new();
     let frames = |parts: Vec<Bytes>| zeromq::ZmqMessage::try_from(parts).unwrap();
@@ -466,7 +466,7 @@ async fn a_head_timeout_is_retried_on_another_pod_before_the_first_byte() {
     let silent = silent_engine().await;
     let fleet = Fleet::start(&["--port", "0", "--profile", "tiny"]).await;
     let endpoints = [format!("http://{}", silent.addr), fleet.url(0)];
-    let routing = agent(
+    let routing = in_front_of(
         &endpoints,
         &[
             "--upstream-head-timeout-ms",
