@@ -148,16 +148,22 @@ where
     }
 }
 
-/// A scraped Prometheus counter or gauge value (first series with that name).
-pub async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
-    let text = client
-        .get(format!("{base}/metrics"))
+/// The Prometheus text of `base/metrics` (panics with the URL on failure).
+pub async fn metrics_text(client: &reqwest::Client, base: &str) -> String {
+    let url = format!("{base}/metrics");
+    let resp = client
+        .get(&url)
         .send()
         .await
-        .expect("scrape")
-        .text()
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    resp.text()
         .await
-        .expect("text");
+        .unwrap_or_else(|e| panic!("GET {url}: no text body: {e}"))
+}
+
+/// A scraped Prometheus counter or gauge value (first series with that name).
+pub async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
+    let text = metrics_text(client, base).await;
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
         .and_then(|l| l.rsplit(' ').next())

@@ -15,7 +15,7 @@ use warmpath_agent::{agent::start_routing, args::AgentArgs};
 use warmpath_e2e::{
     agent::{in_front_of, proxy, urls},
     process::OwnedChild,
-    sim::{Fleet, wait_for},
+    sim::{Fleet, metrics_text, wait_for},
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -116,14 +116,7 @@ fn spawn_sim(flags: &[&str]) -> SimProcess {
 
 /// The sum of a Prometheus family's samples whose labels contain every one of `labels`.
 async fn scrape(client: &reqwest::Client, base: &str, name: &str, labels: &[&str]) -> f64 {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(client, base).await;
     text.lines()
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
         .filter(|l| labels.iter().all(|want| l.contains(want)))

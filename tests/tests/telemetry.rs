@@ -15,7 +15,7 @@ use warmpath_e2e::{
     agent::proxy,
     agent_process::child_main,
     otlp::{Receiver, Snapshot},
-    sim::{Fleet, get_json, metric, wait_for},
+    sim::{Fleet, get_json, metric, metrics_text, wait_for},
 };
 
 #[test]
@@ -262,14 +262,7 @@ async fn per_tenant_counts_tokens_and_histograms_are_exact_over_otlp_grpc() {
 
     // The same data on the admin port.
     let admin = reqwest::Client::new();
-    let prom = admin
-        .get(format!("http://{}/metrics", routing.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let prom = metrics_text(&admin, &format!("http://{}", routing.admin)).await;
     assert!(
         prom.lines()
             .any(|l| l.starts_with("warmpath_requests_total{")

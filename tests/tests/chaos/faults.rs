@@ -371,19 +371,17 @@ async fn an_engine_that_stalls_mid_stream_is_given_up_at_the_idle_timeout() {
         "the tokens before the stall"
     );
     assert_eq!(
-        scrape(
-            &client,
-            &admin,
-            "warmpath_upstream_idle_timeouts_total",
-            &[]
-        )
-        .await,
+        counter(&client, &admin, "warmpath_upstream_idle_timeouts_total").await,
         1.0
     );
     // Recorded as the engine's failure, not as a client that went away.
-    wait_for("the stream recorded", WAIT, || async {
-        (outcomes(&client, &admin, "upstream_error").await == 1.0).then_some(())
-    })
+    wait_outcomes(
+        &client,
+        &admin,
+        "upstream_error",
+        1.0,
+        "the stream recorded",
+    )
     .await;
     assert_eq!(outcomes(&client, &admin, "cancelled").await, 0.0);
     assert_eq!(outcomes(&client, &admin, "ok").await, 0.0);
@@ -400,6 +398,20 @@ async fn an_engine_that_stalls_mid_stream_is_given_up_at_the_idle_timeout() {
 async fn outcomes(client: &reqwest::Client, admin: &str, outcome: &str) -> f64 {
     let label = format!("outcome=\"{outcome}\"");
     scrape(client, admin, "warmpath_requests_total", &[&label]).await
+}
+
+/// Waits, as `what`, until `n` requests are counted with `outcome` (the record follows the
+/// response).
+async fn wait_outcomes(client: &reqwest::Client, admin: &str, outcome: &str, n: f64, what: &str) {
+    wait_for(what, WAIT, || async {
+        (outcomes(client, admin, outcome).await == n).then_some(())
+    })
+    .await;
+}
+
+/// A counter without labels, scraped from the agent's `/metrics`.
+async fn counter(client: &reqwest::Client, admin: &str, name: &str) -> f64 {
+    scrape(client, admin, name, &[]).await
 }
 
 /// An engine that accepts the connection, reads the request and never sends a byte back.
@@ -444,19 +456,10 @@ async fn an_engine_that_never_answers_gets_a_504_at_the_head_timeout() {
     // Each request reached the engine once (no other endpoint to retry on).
     assert_eq!(silent.take_seen().len(), 2);
     assert_eq!(
-        scrape(
-            &client,
-            &admin,
-            "warmpath_upstream_head_timeouts_total",
-            &[]
-        )
-        .await,
+        counter(&client, &admin, "warmpath_upstream_head_timeouts_total").await,
         2.0
     );
-    wait_for("both recorded", WAIT, || async {
-        (outcomes(&client, &admin, "upstream_error").await == 2.0).then_some(())
-    })
-    .await;
+    wait_outcomes(&client, &admin, "upstream_error", 2.0, "both recorded").await;
     assert_eq!(routing.proxy.pools[0].pool.endpoints[0].in_flight(), 0);
     assert_eq!(routing.proxy.admission.active(), 0);
 }
@@ -494,19 +497,10 @@ async fn a_head_timeout_is_retried_on_another_pod_before_the_first_byte() {
     let silent_saw = silent.take_seen().len();
     assert!(silent_saw >= 1, "round robin never tried the silent engine");
     assert_eq!(
-        scrape(
-            &client,
-            &admin,
-            "warmpath_upstream_head_timeouts_total",
-            &[]
-        )
-        .await,
+        counter(&client, &admin, "warmpath_upstream_head_timeouts_total").await,
         silent_saw as f64
     );
-    wait_for("all recorded", WAIT, || async {
-        (outcomes(&client, &admin, "ok").await == 4.0).then_some(())
-    })
-    .await;
+    wait_outcomes(&client, &admin, "ok", 4.0, "all recorded").await;
     assert_eq!(outcomes(&client, &admin, "upstream_error").await, 0.0);
 }
 
@@ -659,13 +653,7 @@ async fn admin_unknown_paths_and_methods_get_clear_errors() {
     let status = get_json(&client, &format!("{admin}/status")).await;
     assert_eq!(status["model"], "sim-llama");
     assert_eq!(
-        scrape(
-            &client,
-            &admin,
-            "warmpath_admin_unknown_requests_total",
-            &[]
-        )
-        .await,
+        counter(&client, &admin, "warmpath_admin_unknown_requests_total").await,
         5.0
     );
 }
