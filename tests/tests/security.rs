@@ -285,6 +285,17 @@ async fn secrets_never_reach_the_logs_at_debug_level() {
     assert_no_secret(&agent.stderr(), &secrets);
     drop(agent);
 
+    // The next two agents: the simulator and loopback ports, no other flag.
+    let sim = fleet.url(0);
+    let plain = [
+        "--endpoint",
+        &sim,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+    ];
+
     // A push that fails (gRPC to a port nobody listens on) logs the failure, not the headers.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -292,14 +303,7 @@ async fn secrets_never_reach_the_logs_at_debug_level() {
         .unwrap();
     let dead_endpoint = format!("http://{dead}");
     let agent = AgentProcess::start(
-        &[
-            "--endpoint",
-            &fleet.url(0),
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-        ],
+        &plain,
         &[
             ("RUST_LOG", "debug"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &dead_endpoint),
@@ -316,14 +320,7 @@ async fn secrets_never_reach_the_logs_at_debug_level() {
     // Credentials in the collector's URL: refused at start-up, the password not repeated.
     let with_password = format!("http://otel:{URL_PASSWORD}@{}", receiver.http);
     let exited = AgentProcess::start(
-        &[
-            "--endpoint",
-            &fleet.url(0),
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-        ],
+        &plain,
         &[
             ("RUST_LOG", "debug"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &with_password),

@@ -31,6 +31,12 @@ fn prompt(i: usize) -> String {
         .collect()
 }
 
+/// The status of one short completion of `prompt(i)` through the agent at `base`.
+async fn complete(client: &reqwest::Client, base: &str, i: usize) -> u16 {
+    let url = format!("{base}/v1/completions");
+    post(client, &url, completion(&prompt(i), 2, false)).await.0
+}
+
 /// The first pod's index status as `/status` shows it.
 async fn pod_index(client: &reqwest::Client, admin: &str) -> Value {
     get_json(client, &format!("{admin}/status")).await["pods"][0]["index"].clone()
@@ -60,13 +66,7 @@ async fn dropped_duplicated_and_reordered_batches_converge_through_replay() {
     let id = routing.proxy.index.status()[0].0;
     let mut sent = 0;
     for _ in 0..20 {
-        let (s, _, _) = post(
-            &client,
-            &format!("{base}/v1/completions"),
-            completion(&prompt(sent), 2, false),
-        )
-        .await;
-        assert_eq!(s, 200);
+        assert_eq!(complete(&client, &base, sent).await, 200);
         sent += 1;
     }
     // Each request is a few batches; one held back or dropped at the very end is found by
@@ -85,13 +85,7 @@ async fn dropped_duplicated_and_reordered_batches_converge_through_replay() {
         if converged {
             break;
         }
-        let (s, _, _) = post(
-            &client,
-            &format!("{base}/v1/completions"),
-            completion(&prompt(sent), 2, false),
-        )
-        .await;
-        assert_eq!(s, 200);
+        assert_eq!(complete(&client, &base, sent).await, 200);
         sent += 1;
     }
     let status = pod_index(&client, &admin).await;
@@ -112,13 +106,11 @@ async fn without_replay_a_faulty_event_stream_marks_the_pod_unsure_and_status_sa
     let (base, admin) = urls(&routing);
     let client = reqwest::Client::new();
     for i in 0..6 {
-        let (s, _, _) = post(
-            &client,
-            &format!("{base}/v1/completions"),
-            completion(&prompt(i), 2, false),
-        )
-        .await;
-        assert_eq!(s, 200, "requests are served whatever the index's state");
+        assert_eq!(
+            complete(&client, &base, i).await,
+            200,
+            "requests are served whatever the index's state"
+        );
     }
     let status = wait_for("the pod marked unsure", WAIT, || async {
         let s = pod_index(&client, &admin).await;
