@@ -129,6 +129,26 @@ fn completion(prompt: &str, max_tokens: u32, stream: bool) -> Value {
         "ignore_eos": true, "stream": stream})
 }
 
+/// One short, non-streamed completion of `prompt` through the agent at `base`, read to its
+/// end: the status and the pod that served it (`x-warmpath-pod`; empty when absent).
+async fn served_by(client: &reqwest::Client, base: &str, prompt: &str) -> (u16, String) {
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&completion(prompt, 2, false))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let pod = r
+        .headers()
+        .get("x-warmpath-pod")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    r.bytes().await.unwrap();
+    (status, pod)
+}
+
 /// A stream that has started (its first bytes read), to be read on later.
 struct Open {
     resp: reqwest::Response,
@@ -495,14 +515,9 @@ async fn a_pod_killed_mid_stream_ends_only_its_stream_and_the_counters_say_so() 
     assert_eq!(requests("ok").await, 1.0);
     // New requests go to the survivor (the dead pod fails before the first byte: retried).
     for i in 0..3 {
-        let r = client
-            .post(format!("{base}/v1/completions"))
-            .json(&completion(&format!("after {i}"), 2, false))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        assert_eq!(r.headers()["x-warmpath-pod"], survivor.as_str());
+        let (status, pod) = served_by(&client, &base, &format!("after {i}")).await;
+        assert_eq!(status, 200);
+        assert_eq!(pod, survivor);
     }
 }
 

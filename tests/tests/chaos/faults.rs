@@ -12,7 +12,7 @@ use warmpath_e2e::{
 };
 use zeromq::{Socket, SocketSend};
 
-use super::{WAIT, completion, open_stream, scrape, spawn_agent, spawn_sim};
+use super::{WAIT, completion, open_stream, scrape, served_by, spawn_agent, spawn_sim};
 
 async fn post(
     client: &reqwest::Client,
@@ -475,14 +475,9 @@ async fn a_head_timeout_is_retried_on_another_pod_before_the_first_byte() {
     let client = reqwest::Client::new();
     let sim = fleet.engines[0].http.to_string();
     for i in 0..4 {
-        let r = client
-            .post(format!("{base}/v1/completions"))
-            .json(&completion(&format!("retried {i}"), 2, false))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        assert_eq!(r.headers()["x-warmpath-pod"], sim.as_str());
+        let (status, pod) = served_by(&client, &base, &format!("retried {i}")).await;
+        assert_eq!(status, 200);
+        assert_eq!(pod, sim);
     }
     // Round robin sent some of them to the silent engine first; each of those timed out and
     // was answered by the simulator.
