@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail};
 use crate::{setup, shell};
 
 /// Every fuzz target, as named in `fuzz/Cargo.toml`.
-pub const TARGETS: [&str; 8] = [
+pub const TARGETS: [&str; 11] = [
     "http_server",
     "http_framing",
     "http_client",
@@ -29,6 +29,9 @@ pub const TARGETS: [&str; 8] = [
     "openai_request",
     "sse_tap",
     "config_yaml",
+    "cluster_facts",
+    "cluster_datagram",
+    "cluster_sync",
 ];
 
 /// The CI run: each target over its seeds and then this many generated inputs (or for

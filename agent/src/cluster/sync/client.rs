@@ -29,7 +29,7 @@ pub struct Upstream {
 
 /// Why a stream ended.
 #[derive(Debug, thiserror::Error)]
-enum StreamEnd {
+pub(crate) enum StreamEnd {
     #[error("connect: {0}")]
     Connect(#[from] tonic::transport::Error),
     #[error("{0}")]
@@ -44,12 +44,29 @@ enum StreamEnd {
     },
 }
 
+/// This agent's copy of one replicated pod.
 #[derive(Debug)]
-struct Copy {
+pub(crate) struct Copy {
     source: SourceId,
     at: Watermark,
     /// Snapshot chunks received so far (applied whole on the last).
     pending: Vec<(RouterKey, u8)>,
+}
+
+impl Copy {
+    /// A copy with nothing yet: the owner starts it with a snapshot.
+    pub(crate) fn new(source: SourceId) -> Self {
+        Self {
+            source,
+            at: Watermark::default(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// How far it has come: the last snapshot or delta applied.
+    pub(crate) fn at(&self) -> Watermark {
+        self.at
+    }
 }
 
 /// Replicates `upstream`'s pods into `index` until aborted. `placements` carries this
@@ -63,16 +80,7 @@ pub async fn replicate(
     let mut copies: HashMap<String, Copy> = upstream
         .pods
         .iter()
-        .map(|(pod, source)| {
-            (
-                pod.clone(),
-                Copy {
-                    source: *source,
-                    at: Watermark::default(),
-                    pending: Vec::new(),
-                },
-            )
-        })
+        .map(|(pod, source)| (pod.clone(), Copy::new(*source)))
         .collect();
     let mut backoff = BACKOFF_MIN;
     loop {
@@ -86,11 +94,7 @@ pub async fn replicate(
         .await;
         match &end {
             StreamEnd::OutOfOrder { pod, .. } => {
-                if let Some(c) = copies.get_mut(pod) {
-                    index.resync_remote(c.source);
-                    c.at = Watermark::default();
-                    c.pending.clear();
-                }
+                start_over(&index, &mut copies, pod);
                 tracing::warn!(peer = %upstream.peer, error = %end, "IndexSync stream restarted");
             }
             _ => {
@@ -176,7 +180,18 @@ async fn stream_once(
     }
 }
 
-fn apply(
+/// Drops the copy of `pod` after a delta out of order: no entries, waiting for a snapshot.
+pub(crate) fn start_over(index: &KvIndex, copies: &mut HashMap<String, Copy>, pod: &str) {
+    if let Some(c) = copies.get_mut(pod) {
+        index.resync_remote(c.source);
+        c.at = Watermark::default();
+        c.pending.clear();
+    }
+}
+
+/// Applies one message of the owner's stream to the copies it names (others are ignored);
+/// `Err` for a delta that is not the next of its copy's incarnation.
+pub(crate) fn apply(
     index: &KvIndex,
     copies: &mut HashMap<String, Copy>,
     m: server_msg::Msg,
@@ -190,7 +205,10 @@ fn apply(
                 incarnation: d.incarnation,
                 sequence: d.sequence,
             };
-            if got.incarnation != c.at.incarnation || got.sequence != c.at.sequence + 1 {
+            // A copy at sequence u64::MAX has no next delta (only a snapshot moves it on).
+            if got.incarnation != c.at.incarnation
+                || c.at.sequence.checked_add(1) != Some(got.sequence)
+            {
                 return Err(StreamEnd::OutOfOrder {
                     pod: d.pod,
                     got,
@@ -250,4 +268,75 @@ fn apply(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        cluster::sync::proto::{KeyTier, PodDelta, SnapshotChunk},
+        kv_index::{IndexConfig, SourceInfo},
+    };
+
+    fn delta(incarnation: u64, sequence: u64) -> server_msg::Msg {
+        server_msg::Msg::Delta(PodDelta {
+            pod: "a".into(),
+            incarnation,
+            sequence,
+            cleared: false,
+            stored: vec![KeyTier { key: 7, tier: 0 }],
+            removed: Vec::new(),
+        })
+    }
+
+    /// The fuzzing finding (cluster_sync): a copy at sequence u64::MAX overflowed computing
+    /// its next sequence (a panic with debug assertions, and a wrapped "next" of 0 without).
+    #[test]
+    fn a_copy_at_the_last_sequence_refuses_every_delta() {
+        let index = KvIndex::new(IndexConfig::default());
+        let source = index.add_remote_source(SourceInfo {
+            pod: "a".into(),
+            rank: None,
+        });
+        let mut copies = HashMap::from([("a".to_string(), Copy::new(source))]);
+        let snapshot = server_msg::Msg::Snapshot(SnapshotChunk {
+            pod: "a".into(),
+            incarnation: 1,
+            sequence: u64::MAX,
+            chunk: 0,
+            last: true,
+            held: Vec::new(),
+        });
+        apply(&index, &mut copies, snapshot).expect("a snapshot is always taken");
+        assert_eq!(
+            copies["a"].at(),
+            Watermark {
+                incarnation: 1,
+                sequence: u64::MAX
+            }
+        );
+        for sequence in [0, 1, u64::MAX] {
+            let end = apply(&index, &mut copies, delta(1, sequence));
+            assert!(matches!(end, Err(StreamEnd::OutOfOrder { .. })), "{end:?}");
+        }
+        assert!(index.source_keys(source).is_empty());
+    }
+
+    #[test]
+    fn the_next_delta_is_applied_and_a_repeat_refused() {
+        let index = KvIndex::new(IndexConfig::default());
+        let source = index.add_remote_source(SourceInfo {
+            pod: "a".into(),
+            rank: None,
+        });
+        let mut copies = HashMap::from([("a".to_string(), Copy::new(source))]);
+        apply(&index, &mut copies, delta(0, 1)).expect("the first delta of a fresh copy");
+        assert_eq!(index.source_keys(source).len(), 1);
+        let end = apply(&index, &mut copies, delta(0, 1));
+        assert!(matches!(end, Err(StreamEnd::OutOfOrder { .. })), "{end:?}");
+        start_over(&index, &mut copies, "a");
+        assert_eq!(copies["a"].at(), Watermark::default());
+        assert!(index.source_keys(source).is_empty());
+        assert!(!index.trusted(source));
+    }
 }
