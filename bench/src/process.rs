@@ -158,3 +158,24 @@ pub async fn spawn_fleet(
     }
     Ok((child, pid, engines))
 }
+
+/// Polls `url` until it answers 2xx, for at most `within` (a debug build starts slowly).
+pub(crate) async fn wait_ready(
+    client: &reqwest::Client,
+    url: &str,
+    within: std::time::Duration,
+) -> Result<(), Error> {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if client
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    Err(Error::Setup(format!("{url} never became ready")))
+}

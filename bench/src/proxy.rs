@@ -14,10 +14,13 @@ use std::{
 
 use super::{
     Error, proc_stat,
-    process::{Child, fleet_flags, free_port, spawn_self, spawn_sim},
+    process::{Child, fleet_flags, free_port, spawn_self, spawn_sim, wait_ready},
     run::report::duration_quantiles,
 };
 use clap::Args;
+
+/// How long a process of the bench may take to answer its readiness probe.
+const READY_WITHIN: Duration = Duration::from_secs(5);
 
 /// Options of `warmpath bench proxy`.
 #[derive(Debug, Clone, Args)]
@@ -41,21 +44,6 @@ pub struct ProxyBenchArgs {
     /// Only the routing-decision benchmark (no processes started).
     #[arg(long)]
     pub decision_only: bool,
-}
-
-async fn wait_ready(client: &reqwest::Client, url: &str) -> Result<(), Error> {
-    for _ in 0..500 {
-        if client
-            .get(url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Err(Error::Setup(format!("{url} never became ready")))
 }
 
 /// A target of the latency and throughput runs.
@@ -88,7 +76,12 @@ async fn start_agent(
     .into();
     args.extend(extra.iter().map(|a| a.to_string()));
     let (child, pid) = spawn_self(&args, 1).await?;
-    wait_ready(client, &format!("http://127.0.0.1:{admin}/ready")).await?;
+    wait_ready(
+        client,
+        &format!("http://127.0.0.1:{admin}/ready"),
+        READY_WITHIN,
+    )
+    .await?;
     Ok((child, pid, listen))
 }
 
@@ -136,7 +129,12 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
                 base: format!("http://127.0.0.1:{port}"),
                 pid: Some(worker),
             });
-            wait_ready(&client, &format!("http://127.0.0.1:{port}/health")).await?;
+            wait_ready(
+                &client,
+                &format!("http://127.0.0.1:{port}/health"),
+                READY_WITHIN,
+            )
+            .await?;
             Some(child)
         }
         Ok(None) => {

@@ -387,7 +387,12 @@ impl Agent {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], listen)),
             dir,
         };
-        wait_ready(&format!("http://127.0.0.1:{admin}/ready")).await?;
+        crate::process::wait_ready(
+            &reqwest::Client::new(),
+            &format!("http://127.0.0.1:{admin}/ready"),
+            Duration::from_secs(60),
+        )
+        .await?;
         Ok(agent)
     }
 }
@@ -396,24 +401,6 @@ impl Drop for Agent {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// Polls `url` until it answers 200 (at most 60 s: a debug build starts slowly).
-async fn wait_ready(url: &str) -> Result<(), Error> {
-    let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if client
-            .get(url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err(Error::Setup(format!("{url} never became ready")))
 }
 
 /// The failing endpoint: one engine in its own process, on fixed ports so it comes back
