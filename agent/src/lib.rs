@@ -17,6 +17,7 @@ pub mod ebpf;
 pub mod fuzzing;
 pub mod http;
 pub mod kv_index;
+pub mod policy;
 pub mod pool;
 pub mod proxy;
 pub mod routing;
