@@ -10,3 +10,4 @@
 
 pub mod documents;
 pub mod resources;
+pub mod usage;
