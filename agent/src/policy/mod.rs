@@ -10,4 +10,5 @@
 
 pub mod documents;
 pub mod resources;
+pub mod store;
 pub mod usage;
