@@ -27,6 +27,9 @@ enum Command {
     /// Benchmarks (see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Policy files: `validate` (docs/policy.md).
+    #[command(subcommand)]
+    Policy(warmpath_agent::policy::cli::PolicyCommand),
 }
 
 #[tokio::main]
@@ -38,6 +41,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Sim(args) => run_sim(*args).await?,
         Command::Bench(cmd) => warmpath_bench::run(cmd).await?,
         Command::Status(args) => warmpath_agent::status::run(&args).await?,
+        Command::Policy(cmd) => warmpath_agent::policy::cli::run(&cmd)?,
     }
     Ok(())
 }

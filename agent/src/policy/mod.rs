@@ -8,7 +8,9 @@
 //! [`store`], which keeps the last good version of each object when an update is invalid.
 //! The proxy reads the current set once per request.
 
+pub mod cli;
 pub mod documents;
 pub mod resources;
 pub mod store;
 pub mod usage;
+pub mod validate;

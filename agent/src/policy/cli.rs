@@ -1,0 +1,208 @@
+//! `warmpath policy ...`: policy files checked without an agent, for CI pipelines.
+//!
+//! `warmpath policy validate FILE|DIR...` reads every file (a directory: each `*.yaml` and
+//! `*.yml` directly inside it, by name), checks each resource and then all of them as one
+//! set, and prints one line per problem:
+//!
+//! ```text
+//! team-a.yaml: RoutePolicy ml/canary: spec.action.weights.inFlight: `-1`: weight ...
+//! ```
+//!
+//! then a summary line (not with `--quiet`). Any problem makes the command fail (non-zero
+//! exit status).
+
+use std::{
+    io::{Read, Write},
+    path::{Path, PathBuf},
+};
+
+use super::{
+    documents::{self, MAX_FILE_BYTES},
+    resources::Resource,
+    validate,
+};
+
+/// Most files one run reads (every resource is held for the set checks).
+pub const MAX_FILES: usize = 10_000;
+
+/// `warmpath policy` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum PolicyCommand {
+    /// Check RoutePolicy and Tenant files: every error with its field path, value and
+    /// reason; exit status non-zero on any.
+    Validate(ValidateArgs),
+}
+
+/// `warmpath policy validate`.
+#[derive(Debug, clap::Args)]
+pub struct ValidateArgs {
+    /// Files, or directories (every *.yaml and *.yml directly inside, by name).
+    #[arg(required = true, value_name = "FILE")]
+    pub paths: Vec<PathBuf>,
+    /// Print only the errors (no summary line).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Why a `warmpath policy` command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{errors} error(s) in {files} policy file(s)")]
+    Invalid { errors: usize, files: usize },
+    #[error("writing the report: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// Runs a `warmpath policy` command, writing its report to stdout.
+pub fn run(cmd: &PolicyCommand) -> Result<(), Error> {
+    match cmd {
+        PolicyCommand::Validate(args) => validate_files(args, &mut std::io::stdout().lock()),
+    }
+}
+
+/// What was read: resources with the file each came from.
+#[derive(Debug, Default)]
+struct Loaded {
+    files: Vec<String>,
+    resources: Vec<Resource>,
+    /// Index into `files` of each resource.
+    file_of: Vec<usize>,
+}
+
+/// `warmpath policy validate`: writes one line per error (and a summary unless quiet) to
+/// `out`; fails with [`Error::Invalid`] when there is any error.
+pub fn validate_files(args: &ValidateArgs, out: &mut dyn Write) -> Result<(), Error> {
+    let mut errors = 0;
+    let mut read = Loaded::default();
+    let files = match expand(&args.paths) {
+        Ok(files) => files,
+        Err(lines) => {
+            for line in &lines {
+                writeln!(out, "{line}")?;
+            }
+            return Err(Error::Invalid {
+                errors: lines.len(),
+                files: 0,
+            });
+        }
+    };
+    for path in &files {
+        let file = path.display().to_string();
+        let text = match read_bounded(path) {
+            Ok(text) => text,
+            Err(why) => {
+                writeln!(out, "{file}: {why}")?;
+                errors += 1;
+                read.files.push(file);
+                continue;
+            }
+        };
+        match documents::parse(&file, &text) {
+            Ok(resources) => {
+                let index = read.files.len();
+                for r in resources {
+                    for e in validate::validate(&r) {
+                        writeln!(out, "{file}: {} {}: {e}", r.kind(), r.key())?;
+                        errors += 1;
+                    }
+                    read.resources.push(r);
+                    read.file_of.push(index);
+                }
+            }
+            Err(e) => {
+                writeln!(out, "{e}")?;
+                errors += 1;
+            }
+        }
+        read.files.push(file);
+    }
+    for (i, e) in validate::validate_set_indexed(&read.resources) {
+        let r = &read.resources[i];
+        let file = &read.files[read.file_of[i]];
+        writeln!(out, "{file}: {} {}: {e}", r.kind(), r.key())?;
+        errors += 1;
+    }
+    if !args.quiet {
+        let policies = read
+            .resources
+            .iter()
+            .filter(|r| matches!(r, Resource::RoutePolicy(_)))
+            .count();
+        let tenants = read.resources.len() - policies;
+        let verdict = if errors == 0 {
+            "valid".to_string()
+        } else {
+            format!("{errors} error(s)")
+        };
+        writeln!(
+            out,
+            "{} file(s), {policies} RoutePolicy, {tenants} Tenant: {verdict}",
+            read.files.len()
+        )?;
+    }
+    if errors > 0 {
+        return Err(Error::Invalid {
+            errors,
+            files: read.files.len(),
+        });
+    }
+    Ok(())
+}
+
+/// The files to read, in the order given, directories expanded; or one line per path that
+/// cannot be read as either.
+fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Vec<String>> {
+    let mut files = Vec::new();
+    let mut bad = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            match yaml_files(p) {
+                Ok(mut inside) => files.append(&mut inside),
+                Err(e) => bad.push(format!("{}: cannot list the directory: {e}", p.display())),
+            }
+        } else if p.exists() {
+            files.push(p.clone());
+        } else {
+            bad.push(format!("{}: no such file or directory", p.display()));
+        }
+    }
+    if files.len() > MAX_FILES {
+        bad.push(format!(
+            "{} files: at most {MAX_FILES} are read in one run",
+            files.len()
+        ));
+    }
+    if bad.is_empty() { Ok(files) } else { Err(bad) }
+}
+
+/// `*.yaml` and `*.yml` files directly in `dir`, by name.
+fn yaml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let yaml = path.extension().is_some_and(|x| x == "yaml" || x == "yml");
+        if yaml && path.is_file() {
+            out.push(path);
+            if out.len() > MAX_FILES {
+                break;
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The file's text, refused past the policy-file size limit without reading all of it.
+fn read_bounded(path: &Path) -> Result<String, String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let mut bytes = Vec::new();
+    f.take(MAX_FILE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "larger than the {MAX_FILE_BYTES}-byte limit for a policy file"
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("not UTF-8 text: {e}"))
+}
