@@ -6,7 +6,15 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use clap::{Args, Parser};
 
-use super::{Error, process::fleet_flags, run::report::Quantiles, workload::SharedPrefix};
+use super::{
+    Error,
+    agents::Agents,
+    logs::{BenchLog, Logs},
+    process::fleet_flags,
+    progress::Phase,
+    run::report::Quantiles,
+    workload::SharedPrefix,
+};
 use warmpath_agent::routing::Policy;
 
 /// Options of `warmpath bench compare`.
@@ -55,11 +63,15 @@ pub struct CompareArgs {
     /// Give up on a policy's run after this many wall seconds.
     #[arg(long, default_value_t = 120.0)]
     pub max_seconds: f64,
-    /// Write the results as JSON here.
+    /// Directory for this run's output: `logs/` (one file per process the run starts, and
+    /// `bench.log` for its own), and the JSON and charts unless --json / --chart say otherwise.
+    #[arg(long, value_name = "DIR", default_value = "warmpath-compare")]
+    pub out: PathBuf,
+    /// Write the results as JSON here (default `<out>/compare.json`).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Write the TTFT CDF per policy here (SVG or PNG by extension; the other format is
-    /// written beside it).
+    /// written beside it; default `<out>/compare.svg`).
     #[arg(long, value_name = "FILE")]
     pub chart: Option<PathBuf>,
 }
@@ -98,6 +110,10 @@ struct SimWrap {
 }
 
 pub async fn run(args: CompareArgs) -> Result<(), Error> {
+    // Logs first: from here on this process's own tracing goes to bench.log, not the terminal.
+    let logs = Logs::create(&args.out)?;
+    let logs_dir = args.out.join("logs");
+    let bench_log = BenchLog::install(&logs)?;
     let plan = Arc::new(args.workload.plan(args.seed));
     if args.workload.skew > 0.0 {
         println!(
@@ -147,46 +163,63 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
     }
     targets.extend(select_peers(&args.peers)?.into_iter().map(Target::Peer));
     let mut rows = Vec::new();
-    for target in targets {
-        let row = match run_target(&args, target, plan.clone()).await {
+    let count = targets.len();
+    for (i, target) in targets.into_iter().enumerate() {
+        let label = format!("[{}/{count}] {}", i + 1, target.name());
+        let phase = Arc::new(Phase::start(label, plan.len() as u64));
+        let row = match run_target(&args, target, plan.clone(), &logs, &phase).await {
             Ok(row) => row,
             // A peer that cannot run here is reported, not fatal.
             Err(e) if matches!(target, Target::Peer(_)) => {
-                eprintln!("  skipping {}: {e}", target.name());
+                phase.finish(&format!("skipped: {e}"));
                 continue;
             }
             Err(e) => return Err(e),
         };
-        eprintln!(
-            "  {:<26} done: {} requests, p90 TTFT {:.3} s",
-            row.policy, row.requests, row.ttft_p90
-        );
+        phase.finish(&format!(
+            "{} requests, {} errors, p90 TTFT {:.3} s",
+            row.requests, row.errors, row.ttft_p90
+        ));
         rows.push(row);
     }
     print_table(&rows);
     print_peer_ratios(&rows);
-    if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&rows).map_err(|e| Error::Setup(e.to_string()))?;
-        std::fs::write(path, json).map_err(|source| Error::Io {
-            what: format!("write {}", path.display()),
-            source,
-        })?;
-        println!("results: {}", path.display());
+    write_outputs(&args, &rows)?;
+    match &bench_log {
+        Some(log) => println!("{}", log.summary()),
+        None => println!("logs: {}", logs_dir.display()),
     }
-    if let Some(path) = &args.chart {
-        let series: Vec<(String, Vec<f64>)> = rows
-            .iter()
-            .map(|r| (r.policy.clone(), r.ttfts.clone()))
-            .collect();
-        // The asked-for file, and the other format beside it (SVG for docs, PNG for chat).
-        let other = match path.extension().and_then(|e| e.to_str()) {
-            Some("png") => path.with_extension("svg"),
-            _ => path.with_extension("png"),
-        };
-        for p in [path.as_path(), other.as_path()] {
-            super::chart::ttft_cdf(p, &series)?;
-            println!("chart: {}", p.display());
-        }
+    Ok(())
+}
+
+/// The JSON and both chart formats, where --out / --json / --chart say; prints each path.
+fn write_outputs(args: &CompareArgs, rows: &[Row]) -> Result<(), Error> {
+    let json_path = args
+        .json
+        .clone()
+        .unwrap_or_else(|| args.out.join("compare.json"));
+    let json = serde_json::to_string_pretty(rows).map_err(|e| Error::Setup(e.to_string()))?;
+    std::fs::write(&json_path, json).map_err(|source| Error::Io {
+        what: format!("write {}", json_path.display()),
+        source,
+    })?;
+    println!("results: {}", json_path.display());
+    let chart = args
+        .chart
+        .clone()
+        .unwrap_or_else(|| args.out.join("compare.svg"));
+    let series: Vec<(String, Vec<f64>)> = rows
+        .iter()
+        .map(|r| (r.policy.clone(), r.ttfts.clone()))
+        .collect();
+    // The asked-for file, and the other format beside it (SVG for docs, PNG for chat).
+    let other = match chart.extension().and_then(|e| e.to_str()) {
+        Some("png") => chart.with_extension("svg"),
+        _ => chart.with_extension("png"),
+    };
+    for p in [chart.as_path(), other.as_path()] {
+        super::chart::ttft_cdf(p, &series)?;
+        println!("chart: {}", p.display());
     }
     Ok(())
 }
@@ -252,6 +285,8 @@ async fn run_target(
     args: &CompareArgs,
     target: Target,
     plan: Arc<Vec<super::workload::Planned>>,
+    logs: &Logs,
+    phase: &Arc<Phase>,
 ) -> Result<Row, Error> {
     let mut sim_flags = vec!["sim".to_string()];
     sim_flags.extend(fleet_flags(args.replicas, &args.profile, args.time_scale));
@@ -276,79 +311,84 @@ async fn run_target(
     let engines = warmpath_sim::cli::start(&sim)
         .await
         .map_err(|e| Error::Setup(format!("simulator: {e}")))?;
-    let policy = match target {
-        Target::Warmpath(p) => p,
-        Target::Intercepted => Policy::Precise,
-        Target::Peer(peer) => {
-            let started = peer.start(&engines, &sim.model).await;
-            let result = match started {
-                Ok((child, base)) => {
-                    let row = drive(
-                        args,
-                        &target,
-                        plan,
-                        &engines,
-                        &[format!("{base}/v1/completions")],
-                    )
-                    .await;
-                    drop(child);
-                    row
-                }
-                Err(e) => Err(e),
-            };
-            for e in engines {
-                e.shutdown();
-            }
-            return result;
+    let result = match target {
+        Target::Peer(peer) => run_peer(args, peer, plan, logs, phase, &engines, &sim.model).await,
+        Target::Warmpath(policy) => {
+            run_agents(args, target, policy, plan, logs, phase, &engines).await
+        }
+        Target::Intercepted => {
+            run_agents(args, target, Policy::Precise, plan, logs, phase, &engines).await
         }
     };
-    let mut agent = vec![
-        "agent".to_string(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--admin".into(),
-        "127.0.0.1:0".into(),
-    ];
-    agent.extend([
-        "--policy".into(),
-        format!("{policy:?}")
-            .to_lowercase()
-            .replace("roundrobin", "round-robin")
-            .replace("leastloaded", "least-loaded"),
-    ]);
+    for e in engines {
+        e.shutdown();
+    }
+    result
+}
+
+/// The plan through one peer router in front of `engines`.
+async fn run_peer(
+    args: &CompareArgs,
+    peer: super::peers::Peer,
+    plan: Arc<Vec<super::workload::Planned>>,
+    logs: &Logs,
+    phase: &Arc<Phase>,
+    engines: &[warmpath_sim::fleet::RunningEngine],
+    model: &str,
+) -> Result<Row, Error> {
+    let (mut router, base) = peer.start(engines, model, logs).await?;
+    let urls = [format!("{base}/v1/completions")];
+    let row = drive(args, &Target::Peer(peer), plan, engines, &urls, phase).await;
+    // A router that died mid-run explains the run's errors better than their count.
+    router.check_running()?;
+    router.stop(super::agents::STOP_WITHIN).await;
+    row
+}
+
+/// The plan through `args.agents` warmpath agents (processes of their own) with `policy`.
+async fn run_agents(
+    args: &CompareArgs,
+    target: Target,
+    policy: Policy,
+    plan: Arc<Vec<super::workload::Planned>>,
+    logs: &Logs,
+    phase: &Arc<Phase>,
+    engines: &[warmpath_sim::fleet::RunningEngine],
+) -> Result<Row, Error> {
+    let mut flags = vec!["--policy".to_string(), policy_flag(policy)];
     if policy == Policy::Precise {
         for w in &args.precise_weights {
-            agent.extend(["--weight".into(), w.clone()]);
+            flags.extend(["--weight".into(), w.clone()]);
         }
     }
-    for e in &engines {
-        agent.extend(["--endpoint".into(), format!("http://{}", e.http)]);
+    for e in engines {
+        flags.extend(["--endpoint".into(), format!("http://{}", e.http)]);
         if let Some(p) = &e.publisher {
-            agent.extend(["--kv-events".into(), p.events_endpoint.clone()]);
-            agent.extend(
+            flags.extend(["--kv-events".into(), p.events_endpoint.clone()]);
+            flags.extend(
                 p.replay_endpoint
                     .iter()
                     .flat_map(|r| ["--kv-replay".to_string(), r.clone()]),
             );
         }
     }
-    let agent = <warmpath_agent::args::AgentArgs as clap::Parser>::try_parse_from(agent)
+    // Parsed here first: a bad --precise-weight is a usage error, not an agent's early exit.
+    let mut argv = vec!["agent".to_string()];
+    argv.extend(flags.iter().cloned());
+    <warmpath_agent::args::AgentArgs as clap::Parser>::try_parse_from(argv)
         .map_err(|e| Error::Setup(e.to_string()))?;
-    let mut agents = Vec::with_capacity(usize::from(args.agents));
-    for _ in 0..args.agents {
-        agents.push(
-            warmpath_agent::agent::start_routing(&agent)
-                .await
-                .map_err(|e| Error::Setup(format!("proxy: {e}")))?,
-        );
-    }
+    let role = match target {
+        Target::Intercepted => format!("agent-{}-ebpf", policy_flag(policy)),
+        _ => format!("agent-{}", policy_flag(policy)),
+    };
+    let mut agents = Agents::start(&flags, usize::from(args.agents), &role, logs).await?;
     let mut urls: Vec<String> = agents
-        .iter()
-        .map(|a| format!("http://{}/v1/completions", a.listen))
+        .listens()
+        .map(|a| format!("http://{a}/v1/completions"))
         .collect();
-    let _redirector = match target {
+    let redirector = match target {
         Target::Intercepted => {
-            let listens: Vec<_> = agents.iter().map(|a| a.listen).collect();
+            let listens: Vec<_> = agents.listens().collect();
             let (redirector, vips) = intercept(&listens)?;
             urls = vips
                 .iter()
@@ -358,20 +398,24 @@ async fn run_target(
         }
         _ => None,
     };
-    let row = drive(args, &target, plan, &engines, &urls).await;
-    if let Some(r) = &_redirector
+    let row = drive(args, &target, plan, engines, &urls, phase).await;
+    if let Some(r) = &redirector
         && let Ok(c) = r.counters()
     {
-        println!(
+        phase.note(&format!(
             "  eBPF: {} connections to the VIPs redirected to the agents in the kernel",
             c.redirected
-        );
+        ));
     }
-    drop(agents);
-    for e in engines {
-        e.shutdown();
-    }
+    agents.check_running()?;
+    agents.stop().await;
     row
+}
+
+/// `--policy` of `warmpath agent` for `policy` (its clap name).
+fn policy_flag(policy: Policy) -> String {
+    clap::ValueEnum::to_possible_value(&policy)
+        .map_or_else(|| format!("{policy:?}"), |v| v.get_name().to_string())
 }
 
 /// The VIPs clients use in the intercepted run, one per agent ("node"): 127.77.0.1:8000,
@@ -419,6 +463,7 @@ async fn drive(
     plan: Arc<Vec<super::workload::Planned>>,
     engines: &[warmpath_sim::fleet::RunningEngine],
     urls: &[String],
+    phase: &Arc<Phase>,
 ) -> Result<Row, Error> {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
@@ -434,11 +479,12 @@ async fn drive(
         .map(|p| {
             let agent = p.user % urls.len();
             let (client, url) = (client.clone(), urls[agent].clone());
+            let phase = phase.clone();
             tokio::spawn(async move {
                 tokio::time::sleep_until(start + p.at.mul_f64(scale)).await;
-                one_request(&client, &url, &p.prompt, p.max_tokens)
-                    .await
-                    .map(|s| (agent, s))
+                let sample = one_request(&client, &url, &p.prompt, p.max_tokens).await;
+                phase.inc();
+                sample.map(|s| (agent, s))
             })
         })
         .collect();

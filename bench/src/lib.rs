@@ -1,11 +1,14 @@
 //! `warmpath bench ...`: measurements that back the numbers in docs/benchmarks.md.
 
+mod agents;
 mod chart;
 pub mod compare;
 pub mod index;
+mod logs;
 mod peers;
 mod proc_stat;
 mod process;
+mod progress;
 mod proxy;
 pub mod run;
 mod sim_streams;
@@ -50,8 +53,12 @@ pub enum Error {
     },
 }
 
-/// Runs a benchmark and prints its report.
+/// Runs a benchmark and prints its report. Sets up this process's tracing: `bench compare`
+/// into its logs directory (the terminal is for its progress and table), the others to stderr.
 pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
+    if !matches!(cmd, BenchCommand::Compare(_)) {
+        warmpath_agent::telemetry::init_tracing();
+    }
     match cmd {
         BenchCommand::SimStreams(args) => sim_streams::run(args).await,
         BenchCommand::Compare(args) => compare::run(*args).await,

@@ -2,13 +2,14 @@
 //! sources, and cache_aware) and `sglang-router` (cache_aware), from PyPI, started in front of
 //! the same fleet when their binaries are on PATH.
 
-use std::{process::Stdio, time::Duration};
+use std::time::Duration;
 
 use warmpath_sim::fleet::RunningEngine;
 
 use super::{
     Error,
-    process::{Child, free_port},
+    logs::Logs,
+    process::{Child, Logged, free_port, spawn_logged},
 };
 
 /// A peer router configuration.
@@ -98,12 +99,14 @@ impl Peer {
         args
     }
 
-    /// Starts the peer in front of in-process `engines`.
+    /// Starts the peer in front of in-process `engines`, its output in
+    /// `<logs>/<program>-<policy>-<n>.log`.
     pub async fn start(
         &self,
         engines: &[RunningEngine],
         model: &str,
-    ) -> Result<(Child, String), Error> {
+        logs: &Logs,
+    ) -> Result<(Logged, String), Error> {
         let workers: Vec<Worker> = engines
             .iter()
             .map(|e| Worker {
@@ -112,28 +115,33 @@ impl Peer {
                 replay: e.publisher.as_ref().and_then(|p| p.replay_endpoint.clone()),
             })
             .collect();
-        self.start_workers(&workers, model).await
+        self.start_logged(&workers, model, logs).await
     }
 
-    /// Starts the peer in front of `workers`; returns it and its base URL once it answers.
+    /// Starts the peer in front of `workers`, its output discarded; returns it and its base
+    /// URL once it answers.
     pub async fn start_workers(
         &self,
         workers: &[Worker],
         model: &str,
     ) -> Result<(Child, String), Error> {
+        let (router, base) = self.start_logged(workers, model, &Logs::discard()).await?;
+        Ok((router.child, base))
+    }
+
+    /// Starts the peer in front of `workers`, its output in a log file of `logs`; returns it
+    /// and its base URL once it answers. Fails at once, quoting its log, if it exits first.
+    pub async fn start_logged(
+        &self,
+        workers: &[Worker],
+        model: &str,
+        logs: &Logs,
+    ) -> Result<(Logged, String), Error> {
         let (port, metrics_port) = (free_port()?, free_port()?);
-        let child = tokio::process::Command::new(self.program)
-            .args(self.args(workers, port, metrics_port, model))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| Error::Io {
-                what: format!("start {}", self.program),
-                source,
-            })?;
-        let child = Child(child);
+        let log = logs.open(&format!("{}-{}", self.program, self.policy))?;
+        let mut command = tokio::process::Command::new(self.program);
+        command.args(self.args(workers, port, metrics_port, model));
+        let mut router = spawn_logged(&mut command, self.name, log, false)?;
         let base = format!("http://127.0.0.1:{port}");
         let client = reqwest::Client::new();
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
@@ -141,6 +149,7 @@ impl Peer {
         // asynchronously; /v1/models alone is not enough).
         let probe = serde_json::json!({"model": model, "prompt": "ready?", "max_tokens": 1});
         loop {
+            router.check_running()?;
             let ok = client
                 .post(format!("{base}/v1/completions"))
                 .json(&probe)
@@ -149,13 +158,10 @@ impl Peer {
                 .await
                 .is_ok_and(|r| r.status().is_success());
             if ok {
-                return Ok((child, base));
+                return Ok((router, base));
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(Error::Setup(format!(
-                    "{} did not become ready in {READY_TIMEOUT:?}",
-                    self.name
-                )));
+                return Err(router.failed(&format!("did not become ready in {READY_TIMEOUT:?}")));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }

@@ -27,6 +27,8 @@ enum Command {
     /// Benchmarks (see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Print the CustomResourceDefinitions of RoutePolicy and Tenant (docs/policy.md).
+    Crds(warmpath_agent::policy::crds::CrdsArgs),
     /// Policy files: `validate` (docs/policy.md).
     #[command(subcommand)]
     Policy(warmpath_agent::policy::cli::PolicyCommand),
@@ -35,12 +37,16 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    warmpath_agent::telemetry::init_tracing();
+    // A benchmark sets up its own (`bench compare` logs to files, not over its table).
+    if !matches!(cli.command, Command::Bench(_)) {
+        warmpath_agent::telemetry::init_tracing();
+    }
     match cli.command {
         Command::Agent(args) => warmpath_agent::agent::run(*args).await?,
         Command::Sim(args) => run_sim(*args).await?,
         Command::Bench(cmd) => warmpath_bench::run(cmd).await?,
         Command::Status(args) => warmpath_agent::status::run(&args).await?,
+        Command::Crds(args) => warmpath_agent::policy::crds::run(&args)?,
         Command::Policy(cmd) => warmpath_agent::policy::cli::run(&cmd)?,
     }
     Ok(())

@@ -146,16 +146,12 @@ fn demo() -> Result<()> {
     let object = ebpf::build()?;
     shell::run(&mut build_warmpath(true, &object))?;
     let bin = shell::target_dir().join("release").join("warmpath");
-    let results = shell::target_dir().join("demo").join("compare.json");
-    if let Some(dir) = results.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let chart = results.with_extension("svg");
+    // compare.json, compare.{svg,png} and logs/ (every agent's and peer router's output: the
+    // terminal shows only progress and the table).
+    let out = shell::target_dir().join("demo");
     shell::run(
         std::process::Command::new(bin)
-            .args(["bench", "compare", "--json"])
-            .arg(&results)
-            .arg("--chart")
-            .arg(&chart),
+            .args(["bench", "compare", "--out"])
+            .arg(&out),
     )
 }

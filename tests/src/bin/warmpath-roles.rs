@@ -1,9 +1,11 @@
-//! `warmpath agent` and `warmpath sim` as a binary of this package, for the suites that need
-//! them as processes of their own (the soak measures the agent's memory from outside): cargo
-//! builds it before the suites and names it in `CARGO_BIN_EXE_warmpath-roles`.
+//! `warmpath agent`, `warmpath sim` and `warmpath bench` as a binary of this package, for the
+//! suites that need them as processes of their own (the soak measures the agent's memory from
+//! outside; the compare suite reads what a bench prints): cargo builds it before the suites
+//! and names it in `CARGO_BIN_EXE_warmpath-roles`.
 
 use clap::{Parser, Subcommand};
 use warmpath_agent::args::AgentArgs;
+use warmpath_bench::BenchCommand;
 use warmpath_sim::cli::SimArgs;
 
 #[derive(Debug, Parser)]
@@ -18,12 +20,20 @@ enum Role {
     Agent(Box<AgentArgs>),
     /// Simulated engines, as `warmpath sim` (the same ready line on stdout).
     Sim(Box<SimArgs>),
+    /// Benchmarks, as `warmpath bench` (their processes are this binary's other roles).
+    #[command(subcommand)]
+    Bench(BenchCommand),
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match Cli::parse().role {
-        Role::Agent(args) => warmpath_agent::agent::run(*args).await?,
+        Role::Agent(args) => {
+            // As `warmpath agent` logs (to stderr, which a bench sends to the agent's log).
+            warmpath_agent::telemetry::init_tracing();
+            warmpath_agent::agent::run(*args).await?
+        }
+        Role::Bench(cmd) => warmpath_bench::run(cmd).await?,
         Role::Sim(args) => {
             let engines = warmpath_sim::cli::start(&args).await?;
             println!("{}", warmpath_sim::cli::ready_line(&engines));

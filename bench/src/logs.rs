@@ -1,0 +1,314 @@
+//! Where a benchmark's logs go: `<out>/logs/<role>-<n>.log` for each process it starts
+//! (stdout and stderr), `<out>/logs/bench.log` for its own tracing, so the terminal carries
+//! only progress and the report. The tail of a log is what an error about its process shows.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    io::{Read, Seek, SeekFrom},
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use super::Error;
+
+/// Lines of a log an error message quotes.
+pub const TAIL_LINES: usize = 20;
+
+/// Bytes read from the end of a log for its tail: enough for [`TAIL_LINES`] long lines, and
+/// bounded however large the log has grown.
+const TAIL_BYTES: u64 = 16 * 1024;
+
+/// Default `RUST_LOG` of the bench's own log (the agent's default).
+const DEFAULT_FILTER: &str = "info,zeromq=warn";
+
+/// One run's log directory. Clones share the per-role counters.
+#[derive(Debug, Clone)]
+pub struct Logs {
+    /// `None`: output discarded (benchmarks without an output directory).
+    dir: Option<PathBuf>,
+    next: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// Where one process's output goes.
+#[derive(Debug)]
+pub struct LogFile {
+    /// The file, or `None` when output is discarded.
+    pub path: Option<PathBuf>,
+    file: Option<File>,
+}
+
+// === impl Logs ===
+
+impl Logs {
+    /// `<out>/logs`, created if missing.
+    pub fn create(out: &Path) -> Result<Self, Error> {
+        let dir = out.join("logs");
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+            what: format!("create {}", dir.display()),
+            source,
+        })?;
+        Ok(Self {
+            dir: Some(dir),
+            next: Arc::default(),
+        })
+    }
+
+    /// Output of children goes nowhere (as before logs had a directory).
+    pub fn discard() -> Self {
+        Self {
+            dir: None,
+            next: Arc::default(),
+        }
+    }
+
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// A new, empty `<role>-<n>.log` for the next process of `role` (`n` counts from 0 per
+    /// role within this run; a file of an earlier run with that name is truncated).
+    pub fn open(&self, role: &str) -> Result<LogFile, Error> {
+        let Some(dir) = &self.dir else {
+            return Ok(LogFile {
+                path: None,
+                file: None,
+            });
+        };
+        let n = {
+            // A poisoned counter map still holds valid counts (plain integers).
+            let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+            let n = next.entry(role.to_string()).or_insert(0);
+            *n += 1;
+            *n - 1
+        };
+        let path = dir.join(format!("{}-{n}.log", file_name(role)));
+        let file = File::create(&path).map_err(|source| Error::Io {
+            what: format!("create {}", path.display()),
+            source,
+        })?;
+        Ok(LogFile {
+            path: Some(path),
+            file: Some(file),
+        })
+    }
+}
+
+/// `role` as a file name: lower case, anything but letters, digits, `-` and `_` as `-`.
+fn file_name(role: &str) -> String {
+    role.chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' | '_' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .collect()
+}
+
+// === impl LogFile ===
+
+impl LogFile {
+    /// A handle for a child's stdout or stderr.
+    pub fn stdio(&self) -> Result<std::process::Stdio, Error> {
+        match (&self.file, &self.path) {
+            (Some(f), Some(path)) => f.try_clone().map(Into::into).map_err(|source| Error::Io {
+                what: format!("open {}", path.display()),
+                source,
+            }),
+            _ => Ok(std::process::Stdio::null()),
+        }
+    }
+
+    /// An async writer on the same file (for what the bench copies from a pipe).
+    pub fn writer(&self) -> Result<Option<tokio::fs::File>, Error> {
+        match (&self.file, &self.path) {
+            (Some(f), Some(path)) => f
+                .try_clone()
+                .map(|f| Some(tokio::fs::File::from_std(f)))
+                .map_err(|source| Error::Io {
+                    what: format!("open {}", path.display()),
+                    source,
+                }),
+            _ => Ok(None),
+        }
+    }
+
+    /// "its log, <path>, ends:" and the last lines, for an error message about its process.
+    pub fn quote(&self) -> String {
+        match &self.path {
+            None => String::new(),
+            Some(path) => quote(path),
+        }
+    }
+}
+
+/// The last [`TAIL_LINES`] lines of the log at `path`, introduced with the path.
+pub fn quote(path: &Path) -> String {
+    match tail(path, TAIL_LINES) {
+        Ok(t) if t.is_empty() => format!("; its log {} is empty", path.display()),
+        Ok(t) => format!("; the end of its log {}:\n{t}", path.display()),
+        Err(e) => format!("; its log {} cannot be read: {e}", path.display()),
+    }
+}
+
+/// The last `lines` lines of the file (read from at most its last [`TAIL_BYTES`]).
+pub fn tail(path: &Path, lines: usize) -> std::io::Result<String> {
+    let mut f = File::open(path)?;
+    let len = f.metadata()?.len();
+    let from = len.saturating_sub(TAIL_BYTES);
+    f.seek(SeekFrom::Start(from))?;
+    let mut buf = Vec::new();
+    f.take(TAIL_BYTES).read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf);
+    let mut all: Vec<&str> = text.lines().collect();
+    // A cut first line is partial: drop it unless it is all there is.
+    if from > 0 && all.len() > 1 {
+        all.remove(0);
+    }
+    let keep = all.len().saturating_sub(lines);
+    Ok(all[keep..].join("\n"))
+}
+
+/// This process's own tracing, written to a file rather than the terminal.
+#[derive(Debug)]
+pub struct BenchLog {
+    pub path: PathBuf,
+    /// Warnings and errors logged so far; `None` when another subscriber was installed
+    /// first (the bench called from a test), which then gets the events instead.
+    warnings: Option<Arc<AtomicUsize>>,
+}
+
+impl BenchLog {
+    /// Installs the process-wide subscriber: `RUST_LOG` (default info) into `<logs>/bench.log`
+    /// without colour codes, and a count of warnings for the summary.
+    pub fn install(logs: &Logs) -> Result<Option<Self>, Error> {
+        use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
+        let Some(dir) = logs.dir() else {
+            return Ok(None);
+        };
+        let path = dir.join("bench.log");
+        let file = File::create(&path).map_err(|source| Error::Io {
+            what: format!("create {}", path.display()),
+            source,
+        })?;
+        let filter =
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+        let warnings = Arc::new(AtomicUsize::new(0));
+        let installed = tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(Mutex::new(file))
+                    .with_filter(filter),
+            )
+            .with(CountWarnings(warnings.clone()))
+            .try_init()
+            .is_ok();
+        Ok(Some(Self {
+            path,
+            warnings: installed.then_some(warnings),
+        }))
+    }
+
+    /// "logs: <dir>" with the warnings this process logged, if any.
+    pub fn summary(&self) -> String {
+        let dir = self.path.parent().unwrap_or(&self.path);
+        match self.warnings.as_ref().map(|w| w.load(Ordering::Relaxed)) {
+            Some(0) | None => format!("logs: {}", dir.display()),
+            Some(n) => format!(
+                "logs: {} ({n} warning(s) in {})",
+                dir.display(),
+                self.path.display()
+            ),
+        }
+    }
+}
+
+/// Counts events at WARN and above.
+struct CountWarnings(Arc<AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountWarnings {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if *event.metadata().level() <= tracing::Level::WARN {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("warmpath-bench-logs-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn files_are_numbered_per_role() {
+        let out = scratch("numbered");
+        let logs = Logs::create(&out).unwrap();
+        let names: Vec<PathBuf> = [
+            "agent-precise",
+            "agent-precise",
+            "sglang-router cache_aware",
+        ]
+        .iter()
+        .map(|r| logs.open(r).unwrap().path.unwrap())
+        .collect();
+        let dir = out.join("logs");
+        assert_eq!(
+            names,
+            [
+                dir.join("agent-precise-0.log"),
+                dir.join("agent-precise-1.log"),
+                dir.join("sglang-router-cache_aware-0.log"),
+            ]
+        );
+        assert!(names.iter().all(|p| p.is_file()));
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+
+    #[test]
+    fn discarded_logs_have_no_files() {
+        let f = Logs::discard().open("agent").unwrap();
+        assert_eq!(f.path, None);
+        assert_eq!(f.quote(), "");
+    }
+
+    #[test]
+    fn the_tail_is_the_last_lines() {
+        let out = scratch("tail");
+        std::fs::create_dir_all(&out).unwrap();
+        let path = out.join("x.log");
+        let text: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(tail(&path, 3).unwrap(), "line 97\nline 98\nline 99");
+        assert_eq!(tail(&path, 1000).unwrap().lines().count(), 100);
+        std::fs::write(&path, "").unwrap();
+        assert!(quote(&path).ends_with("is empty"), "{}", quote(&path));
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+
+    #[test]
+    fn the_tail_of_a_large_log_reads_only_its_end() {
+        let out = scratch("large");
+        std::fs::create_dir_all(&out).unwrap();
+        let path = out.join("x.log");
+        // 1 MiB of one long line, then two short ones: the cut long line is dropped.
+        let mut text = "x".repeat(1 << 20);
+        text.push_str("\nsecond to last\nlast\n");
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(tail(&path, 20).unwrap(), "second to last\nlast");
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}
