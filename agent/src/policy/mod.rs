@@ -9,8 +9,10 @@
 //! The proxy reads the current set once per request.
 
 pub mod cli;
+pub mod crds;
 pub mod documents;
 pub mod resources;
+pub mod schema_docs;
 pub mod store;
 pub mod usage;
 pub mod validate;
