@@ -12,14 +12,14 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
 
 use notify::{
     EventKind, RecursiveMode, Watcher as _,
-    event::{AccessKind, AccessMode},
+    event::{AccessKind, AccessMode, ModifyKind},
 };
 use opentelemetry::{KeyValue, metrics::Meter};
 use tokio::{
@@ -94,10 +94,15 @@ pub fn watch(dir: PathBuf, v: Validator, tx: Sender<Arc<Accepted>>) -> Result<Wa
         Err(source) => return Err(Error::Unreadable { dir, source }),
     }
     let wake = Arc::new(Notify::new());
-    let w = wake.clone();
+    let stale = Arc::new(AtomicBool::new(false));
+    let (w, s, d) = (wake.clone(), stale.clone(), dir.clone());
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         // Reads (ours included) change nothing; errors are looked into by reloading.
         let changed = match &event {
+            Ok(e) if ends_watch(e, &d) => {
+                s.store(true, Ordering::Relaxed);
+                true
+            }
             Ok(e) => !changes_nothing(&e.kind),
             Err(_) => true,
         };
@@ -126,12 +131,22 @@ pub fn watch(dir: PathBuf, v: Validator, tx: Sender<Arc<Accepted>>) -> Result<Wa
         v,
         tx,
         wake,
+        stale,
         watcher,
         watched,
         current: first,
         counts: counts.clone(),
     }));
     Ok(WatchHandle { task, counts })
+}
+
+/// The directory itself was removed or renamed: its watch follows the old inode (or is
+/// gone), whatever the path names now (a new directory may even reuse the inode number).
+fn ends_watch(e: &notify::Event, dir: &Path) -> bool {
+    matches!(
+        e.kind,
+        EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_))
+    ) && e.paths.iter().any(|p| p == dir)
 }
 
 fn changes_nothing(kind: &EventKind) -> bool {
@@ -198,6 +213,8 @@ struct Run {
     v: Validator,
     tx: Sender<Arc<Accepted>>,
     wake: Arc<Notify>,
+    /// Set when the watched directory was removed or renamed.
+    stale: Arc<AtomicBool>,
     watcher: notify::RecommendedWatcher,
     /// The directory being watched (`None`: it is gone, looked for every RETRY).
     watched: Option<DirId>,
@@ -254,11 +271,12 @@ async fn quiet(wake: &Notify) {
 // === impl Run ===
 
 impl Run {
-    /// Watches the directory again when it was replaced (removed and made anew, or renamed
-    /// over) or is back after it disappeared.
+    /// Watches the directory again when it was removed, renamed or replaced, or is back
+    /// after it disappeared.
     fn rewatch(&mut self) {
         let now = dir_id(&self.dir);
-        if now == self.watched {
+        let stale = self.stale.swap(false, Ordering::Relaxed);
+        if now == self.watched && !stale {
             return;
         }
         if self.watched.is_some() {
@@ -345,3 +363,6 @@ fn report(prev: Option<&Accepted>, next: &Accepted, counts: &Counts) {
         tracing::warn!(kind = o.kind, key = %o.key, file = %o.file.display(), generation = o.observed_generation, reason = %c.reason, "policy object rejected ({serving}): {}", c.message);
     }
 }
+
+#[cfg(test)]
+mod tests;
