@@ -114,13 +114,137 @@ pub struct LoadFact {
     pub kv_permille: u32,
 }
 
-/// A tenant's usage over the last window, for cluster-wide quotas (#22).
+/// A tenant's offered demand at one agent, per second, for cluster-wide quotas (#22): what
+/// `policy::usage::Demand` carries, at a precision that reads back exactly.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UsageFact {
-    pub window_ms: u64,
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub output_tokens: u64,
+    pub requests: Rate,
+    pub prompt_tokens: Rate,
+    pub output_tokens: Rate,
+}
+
+/// The largest rate a usage fact carries, per second (far above any one agent's traffic;
+/// larger demands are clamped to it when published and refused when read).
+pub const MAX_RATE_PER_SEC: u64 = 1_000_000_000;
+const MILLI: u64 = 1_000;
+
+/// A non-negative rate per second, in thousandths: decimal with at most three decimals, so
+/// its encoding (at most 14 bytes) reads back equal.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Rate(u64);
+
+// === impl UsageFact ===
+
+impl UsageFact {
+    /// From a demand measured as floats: NaN and negative rates count as 0, rates above
+    /// [`MAX_RATE_PER_SEC`] as that.
+    pub fn from_demand(d: &crate::policy::usage::Demand) -> Self {
+        Self {
+            requests: Rate::from_per_sec(d.requests),
+            prompt_tokens: Rate::from_per_sec(d.prompt_tokens),
+            output_tokens: Rate::from_per_sec(d.output_tokens),
+        }
+    }
+
+    pub fn demand(&self) -> crate::policy::usage::Demand {
+        crate::policy::usage::Demand {
+            requests: self.requests.per_sec(),
+            prompt_tokens: self.prompt_tokens.per_sec(),
+            output_tokens: self.output_tokens.per_sec(),
+        }
+    }
+
+    /// Whether every rate is 0 (at the encoding's precision).
+    pub fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+// === impl Rate ===
+
+impl Rate {
+    pub const MAX: Self = Self(MAX_RATE_PER_SEC * MILLI);
+
+    /// Rounded to the nearest thousandth; NaN and negative rates are 0, anything above
+    /// [`MAX_RATE_PER_SEC`] (infinity included) is that.
+    pub fn from_per_sec(per_sec: f64) -> Self {
+        if per_sec.is_nan() || per_sec <= 0.0 {
+            return Self(0);
+        }
+        let milli = (per_sec * MILLI as f64).round();
+        if milli >= Self::MAX.0 as f64 {
+            Self::MAX
+        } else {
+            // In 0..MAX (below 2^53): exact.
+            Self(milli as u64)
+        }
+    }
+
+    pub fn from_milli(milli: u64) -> Self {
+        Self(milli.min(Self::MAX.0))
+    }
+
+    pub fn per_sec(self) -> f64 {
+        self.0 as f64 / MILLI as f64
+    }
+
+    pub fn milli(self) -> u64 {
+        self.0
+    }
+
+    /// Reads `DIGITS[.DIGITS]` (at most three decimals, at most [`MAX_RATE_PER_SEC`]).
+    fn parse(s: &str) -> Result<Self, &'static str> {
+        if s.starts_with('-') {
+            return Err("is negative");
+        }
+        let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+        let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+        if int.is_empty() || !digits(int) || !digits(frac) || (s.contains('.') && frac.is_empty()) {
+            return Err("is not a decimal number (digits, at most one '.')");
+        }
+        if frac.len() > 3 {
+            return Err("has more than 3 decimals");
+        }
+        let too_big = "is above 1000000000 per second";
+        let whole = int
+            .bytes()
+            .try_fold(0u64, |n, b| {
+                n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+            })
+            .ok_or(too_big)?;
+        let thousandths = frac
+            .bytes()
+            .chain(std::iter::repeat(b'0'))
+            .take(3)
+            .fold(0, |n, b| n * 10 + u64::from(b - b'0'));
+        let milli = whole
+            .checked_mul(MILLI)
+            .and_then(|m| m.checked_add(thousandths))
+            .filter(|&m| m <= Self::MAX.0)
+            .ok_or(too_big)?;
+        Ok(Self(milli))
+    }
+}
+
+impl std::fmt::Display for Rate {
+    /// `12`, `12.5`, `0.001`: the shortest decimal that reads back equal.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (whole, frac) = (self.0 / MILLI, self.0 % MILLI);
+        if frac == 0 {
+            return write!(f, "{whole}");
+        }
+        let frac = format!("{frac:03}");
+        write!(f, "{whole}.{}", frac.trim_end_matches('0'))
+    }
+}
+
+/// A tenant name fit for a `usage:` key: `crate::tenant::check_name`'s rule.
+pub fn check_tenant(name: &str) -> Result<(), FactError> {
+    crate::tenant::check_name(name).map_err(|_| FactError::Invalid {
+        what: "tenant name",
+        value: name.chars().take(MAX_ID_BYTES).collect(),
+        why: "expected 1 to 64 characters of A-Z a-z 0-9 . _ : / -",
+    })
 }
 
 /// One gossiped key and its value.
@@ -188,11 +312,11 @@ impl Fact {
                 )
             }
             Self::Usage { tenant, usage } => {
-                check_id("tenant id", tenant)?;
+                check_tenant(tenant)?;
                 write!(
                     v,
-                    "{VERSION} window={} req={} ptok={} otok={}",
-                    usage.window_ms, usage.requests, usage.prompt_tokens, usage.output_tokens
+                    "{VERSION} req={} pt={} ot={}",
+                    usage.requests, usage.prompt_tokens, usage.output_tokens
                 )
             }
         };
@@ -262,15 +386,15 @@ impl Fact {
             };
             return Ok(Self::Load { pod, load });
         }
-        if key.starts_with(USAGE) {
-            let tenant = id(USAGE, "tenant id")?;
+        if let Some(tenant) = key.strip_prefix(USAGE) {
+            check_tenant(tenant)?;
             let w = Words::versioned(value).ok_or_else(|| bad("not a v1 value"))?;
             let usage = UsageFact {
-                window_ms: w.num("window").map_err(|e| bad(&e))?,
-                requests: w.num("req").map_err(|e| bad(&e))?,
-                prompt_tokens: w.num("ptok").map_err(|e| bad(&e))?,
-                output_tokens: w.num("otok").map_err(|e| bad(&e))?,
+                requests: w.rate("req").map_err(|e| bad(&e))?,
+                prompt_tokens: w.rate("pt").map_err(|e| bad(&e))?,
+                output_tokens: w.rate("ot").map_err(|e| bad(&e))?,
             };
+            let tenant = tenant.to_string();
             return Ok(Self::Usage { tenant, usage });
         }
         Err(FactError::UnknownKey(
@@ -308,6 +432,11 @@ impl<'a> Words<'a> {
             .map_err(|_| format!("{name}={v:?} is not an address"))
     }
 
+    fn rate(&self, name: &str) -> Result<Rate, String> {
+        let v = self.get(name).ok_or_else(|| format!("no {name}="))?;
+        Rate::parse(v).map_err(|why| format!("{name}={v:?} {why}"))
+    }
+
     fn num<T: std::str::FromStr>(&self, name: &str) -> Result<T, String> {
         let v = self.get(name).ok_or_else(|| format!("no {name}="))?;
         v.parse()
@@ -316,133 +445,4 @@ impl<'a> Words<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    fn id_strategy() -> impl Strategy<Value = String> {
-        "[A-Za-z0-9._:/-]{1,128}"
-    }
-
-    fn fact_strategy() -> impl Strategy<Value = Fact> {
-        let health = prop_oneof![
-            Just(PodHealth::Healthy),
-            Just(PodHealth::Waiting),
-            Just(PodHealth::Unsure),
-            Just(PodHealth::Stalled),
-        ];
-        prop_oneof![
-            (any::<[u8; 4]>(), any::<u16>(), any::<Option<u16>>()).prop_map(|(ip, port, proxy)| {
-                Fact::Agent(AgentFact {
-                    grpc: (ip, port).into(),
-                    proxy: proxy.map(|p| ([127, 0, 0, 1], p).into()),
-                })
-            }),
-            (id_strategy(), id_strategy(), id_strategy(), health).prop_map(
-                |(pod, model, addr, health)| Fact::Pod {
-                    pod,
-                    fact: PodFact {
-                        model,
-                        addr,
-                        health
-                    },
-                }
-            ),
-            (id_strategy(), any::<u64>(), any::<u64>()).prop_map(|(pod, i, s)| Fact::Watermark {
-                pod,
-                at: Watermark {
-                    incarnation: i,
-                    sequence: s
-                },
-            }),
-            (id_strategy(), any::<u32>(), any::<u64>(), any::<u32>()).prop_map(
-                |(pod, in_flight, queued_blocks, kv_permille)| Fact::Load {
-                    pod,
-                    load: LoadFact {
-                        in_flight,
-                        queued_blocks,
-                        kv_permille
-                    },
-                }
-            ),
-            (id_strategy(), any::<[u64; 4]>()).prop_map(|(tenant, n)| Fact::Usage {
-                tenant,
-                usage: UsageFact {
-                    window_ms: n[0],
-                    requests: n[1],
-                    prompt_tokens: n[2],
-                    output_tokens: n[3],
-                },
-            }),
-        ]
-    }
-
-    proptest! {
-        #[test]
-        fn every_fact_reads_back_and_stays_below_the_bound(fact in fact_strategy()) {
-            let value = fact.value().expect("valid ids");
-            prop_assert!(value.len() <= MAX_FACT_BYTES, "{} bytes", value.len());
-            prop_assert_eq!(Fact::parse(&fact.key(), &value), Ok(fact));
-        }
-
-        #[test]
-        fn garbage_is_an_error_never_a_panic(key in "(agent|pod:|wm:|load:|usage:|x)[ -~]{0,40}", value in "[ -~]{0,80}") {
-            let _ = Fact::parse(&key, &value);
-        }
-    }
-
-    #[test]
-    fn bad_values_say_what_is_wrong() {
-        assert_eq!(
-            Fact::parse("wm:pod-a", "12"),
-            Err(FactError::Malformed {
-                key: "wm:pod-a".into(),
-                why: "not INCARNATION:SEQUENCE".into()
-            })
-        );
-        assert!(matches!(
-            Fact::parse("pod:", "v1 model=m addr=a health=healthy"),
-            Err(FactError::Invalid {
-                why: "is empty",
-                ..
-            })
-        ));
-        assert!(matches!(
-            Fact::parse("pod:p", "v2 model=m addr=a health=healthy"),
-            Err(FactError::Malformed { .. })
-        ));
-        assert_eq!(
-            Fact::parse("nodes", "x"),
-            Err(FactError::UnknownKey("nodes".into()))
-        );
-        let long = "m".repeat(129);
-        let fact = Fact::Pod {
-            pod: "p".into(),
-            fact: PodFact {
-                model: long,
-                addr: "127.0.0.1:1".into(),
-                health: PodHealth::Healthy,
-            },
-        };
-        assert!(matches!(
-            fact.value(),
-            Err(FactError::Invalid {
-                what: "model name",
-                ..
-            })
-        ));
-        // Words a newer agent adds are ignored.
-        assert_eq!(
-            Fact::parse("load:p", "inflight=1 queued=2 kv=3 hot=yes"),
-            Ok(Fact::Load {
-                pod: "p".into(),
-                load: LoadFact {
-                    in_flight: 1,
-                    queued_blocks: 2,
-                    kv_permille: 3
-                }
-            })
-        );
-    }
-}
+mod tests;

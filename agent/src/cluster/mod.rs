@@ -3,8 +3,9 @@
 //! state from it.
 //!
 //! facts (the typed gossip values) -> membership (chitchat: publish ours, view theirs, diff)
-//! -> remote (owners of the pods we route to, and their health, in the `KvIndex`); auth (the
-//! shared key: sealed datagrams, the gRPC token). [`ClusterNode`] runs them for one agent
+//! -> remote (owners of the pods we route to, and their health, in the `KvIndex`); usage
+//! (tenants' demand for cluster-wide quotas, [`spawn_usage_exchange`]); auth (the shared key:
+//! sealed datagrams, the gRPC token). [`ClusterNode`] runs them for one agent
 //! over any chitchat transport: sealed UDP in production, channels in tests.
 
 pub mod auth;
@@ -13,6 +14,9 @@ pub mod join;
 pub mod membership;
 pub mod remote;
 pub mod sync;
+pub mod usage;
+
+pub use usage::spawn_usage_exchange;
 
 use std::{
     collections::{BTreeMap, HashMap},
