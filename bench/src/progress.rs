@@ -70,7 +70,7 @@ impl Phase {
     /// (not at the end: [`Phase::finish`] says that).
     fn plain_update(&self, done: u64) -> Option<String> {
         let step = self.total.div_ceil(PLAIN_STEPS).max(1);
-        (done % step == 0 && done < self.total).then(|| {
+        (done.is_multiple_of(step) && done < self.total).then(|| {
             format!(
                 "{}: {done}/{} requests ({:.0} s)",
                 self.label,
