@@ -31,6 +31,9 @@ pub enum PolicyCommand {
     /// Check RoutePolicy and Tenant files: every error with its field path, value and
     /// reason; exit status non-zero on any.
     Validate(ValidateArgs),
+    /// Print a version-1 configuration file's pools and tenants as RoutePolicy and Tenant
+    /// resources (docs/policy.md, "Conversion from the v1 config file").
+    Convert(super::convert::ConvertArgs),
 }
 
 /// `warmpath policy validate`.
@@ -51,12 +54,18 @@ pub enum Error {
     Invalid { errors: usize, files: usize },
     #[error("writing the report: {0}")]
     Output(#[from] std::io::Error),
+    #[error(transparent)]
+    Convert(#[from] super::convert::Error),
 }
 
 /// Runs a `warmpath policy` command, writing its report to stdout.
 pub fn run(cmd: &PolicyCommand) -> Result<(), Error> {
     match cmd {
         PolicyCommand::Validate(args) => validate_files(args, &mut std::io::stdout().lock()),
+        PolicyCommand::Convert(args) => Ok(super::convert::run(
+            args,
+            &mut std::io::stdout().lock(),
+        )?),
     }
 }
 
@@ -205,4 +214,169 @@ fn read_bounded(path: &Path) -> Result<String, String> {
         ));
     }
     String::from_utf8(bytes).map_err(|e| format!("not UTF-8 text: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory under the system temp dir, removed when dropped.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir()
+                .join(format!("warmpath-policy-cli-{}-{name}", std::process::id()));
+            // A leftover of an earlier run with this process id.
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            Self(dir)
+        }
+
+        fn write(&self, name: &str, text: &str) -> PathBuf {
+            let path = self.0.join(name);
+            std::fs::write(&path, text).expect("write temp file");
+            path
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn run_on(paths: Vec<PathBuf>, quiet: bool) -> (Result<(), Error>, String) {
+        let mut out = Vec::new();
+        let r = validate_files(&ValidateArgs { paths, quiet }, &mut out);
+        (r, String::from_utf8(out).expect("report is UTF-8"))
+    }
+
+    const VALID: &str = "
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: canary, namespace: ml}
+spec:
+  targetRef: {pool: {name: chat}}
+  action: {preset: least-loaded}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: Tenant
+metadata: {name: team-a}
+spec:
+  identity: {cidrs: [10.0.0.0/8]}
+";
+
+    #[test]
+    fn a_valid_file_passes_with_a_summary() {
+        let dir = TempDir::new("valid");
+        let f = dir.write("ok.yaml", VALID);
+        let (r, out) = run_on(vec![f], false);
+        assert!(r.is_ok(), "{r:?}: {out}");
+        assert_eq!(out, "1 file(s), 1 RoutePolicy, 1 Tenant: valid\n");
+        let (r, out) = run_on(vec![dir.0.clone()], true);
+        assert!(r.is_ok());
+        assert_eq!(out, "", "--quiet prints only errors");
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_file_object_and_path() {
+        let dir = TempDir::new("three");
+        let bad = VALID
+            .replace(
+                "preset: least-loaded",
+                "weights: {inFlight: -1}, retries: 17",
+            )
+            .replace("10.0.0.0/8", "10.0.0.0/99");
+        let f = dir.write("bad.yaml", &bad);
+        let (r, out) = run_on(vec![f.clone()], false);
+        let file = f.display();
+        assert_eq!(
+            out,
+            format!(
+                "{file}: RoutePolicy ml/canary: spec.action.weights.inFlight: `-1`: weight inFlight=-1: must be a finite number >= 0\n\
+                 {file}: RoutePolicy ml/canary: spec.action.retries: `17`: must be 0 to 16\n\
+                 {file}: Tenant team-a: spec.identity.cidrs[0]: `10.0.0.0/99`: expected a CIDR such as 10.0.0.0/8, or an address\n\
+                 1 file(s), 1 RoutePolicy, 1 Tenant: 3 error(s)\n"
+            )
+        );
+        assert!(
+            matches!(
+                r,
+                Err(Error::Invalid {
+                    errors: 3,
+                    files: 1
+                })
+            ),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn directories_are_read_by_name_and_checked_as_one_set() {
+        let dir = TempDir::new("dir");
+        dir.write("b.yml", VALID);
+        // The same objects again in a later file: both rejected there, not in b.yml.
+        let second = dir.write("c.yaml", VALID);
+        dir.write("a.txt", "not: [policy");
+        let unparsable = dir.write("a.yaml", "apiVersion: warmpath.dev/v1alpha1\nkind: Pod\n");
+        let (r, out) = run_on(vec![dir.0.clone()], false);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 4, "{out}");
+        assert_eq!(
+            lines[0],
+            format!(
+                "{}: document 1 (Pod ?): kind: `Pod`: expected RoutePolicy or Tenant",
+                unparsable.display()
+            )
+        );
+        assert!(
+            lines[1].starts_with(&format!(
+                "{}: RoutePolicy ml/canary: metadata.name: `canary`: RoutePolicy ml/canary is given twice",
+                second.display()
+            )),
+            "{out}"
+        );
+        assert!(
+            lines[2].starts_with(&format!(
+                "{}: Tenant team-a: metadata.name: `team-a`: Tenant team-a is given twice",
+                second.display()
+            )),
+            "{out}"
+        );
+        assert_eq!(lines[3], "3 file(s), 2 RoutePolicy, 2 Tenant: 3 error(s)");
+        assert!(matches!(
+            r,
+            Err(Error::Invalid {
+                errors: 3,
+                files: 3
+            })
+        ));
+    }
+
+    #[test]
+    fn a_missing_path_is_an_error() {
+        let dir = TempDir::new("missing");
+        let gone = dir.0.join("nothing.yaml");
+        let (r, out) = run_on(vec![gone.clone()], false);
+        assert_eq!(
+            out,
+            format!("{}: no such file or directory\n", gone.display())
+        );
+        assert!(matches!(
+            r,
+            Err(Error::Invalid {
+                errors: 1,
+                files: 0
+            })
+        ));
+    }
+
+    #[test]
+    fn the_examples_validate() {
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/policies");
+        let (r, out) = run_on(vec![examples], false);
+        assert!(r.is_ok(), "{out}");
+        assert!(out.ends_with(": valid\n"), "{out}");
+    }
 }

@@ -39,6 +39,8 @@ mod set;
 mod tenant;
 
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod tests;
 
 pub use set::{validate_set, validate_set_indexed};
