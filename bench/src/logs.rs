@@ -163,6 +163,8 @@ pub fn tail(path: &Path, lines: usize) -> std::io::Result<String> {
     let mut buf = Vec::new();
     f.take(TAIL_BYTES).read_to_end(&mut buf)?;
     let text = String::from_utf8_lossy(&buf);
+    // Peer routers colour their logs whatever NO_COLOR says: quote them as plain text.
+    let text = console::strip_ansi_codes(&text);
     let mut all: Vec<&str> = text.lines().collect();
     // A cut first line is partial: drop it unless it is all there is.
     if from > 0 && all.len() > 1 {
@@ -296,6 +298,20 @@ mod tests {
         assert_eq!(tail(&path, 1000).unwrap().lines().count(), 100);
         std::fs::write(&path, "").unwrap();
         assert!(quote(&path).ends_with("is empty"), "{}", quote(&path));
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+
+    #[test]
+    fn the_tail_is_quoted_without_colour_codes() {
+        let out = scratch("colour");
+        std::fs::create_dir_all(&out).unwrap();
+        let path = out.join("x.log");
+        std::fs::write(
+            &path,
+            "\u{1b}[2m12:25:26\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m started\n",
+        )
+        .unwrap();
+        assert_eq!(tail(&path, 5).unwrap(), "12:25:26  INFO started");
         std::fs::remove_dir_all(&out).unwrap();
     }
 
