@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod crds;
 pub mod documents;
+pub mod quota;
 pub mod resources;
 pub mod schema_docs;
 pub mod store;

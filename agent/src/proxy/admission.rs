@@ -7,11 +7,19 @@
 //! - **Fast path** (room, nobody waiting): one load of the waiting count and one
 //!   compare-and-swap on the active count. The permit decrements it when the request's
 //!   response body ends or is dropped.
-//! - **Queue**: when full, or while others wait (first come, first served), a request takes a
-//!   place in the queue unless `max_queued` already wait: then 429 at once. A waiter sleeps on
-//!   a [`Notify`] (woken in arrival order by each released permit) until a slot frees or
+//! - **Queue**: when full, or while others wait, a request takes a place in the queue
+//!   unless `max_queued` already wait: then 429 at once. The queue is fair across tenants
+//!   (`admission/queue.rs`): strict priority, then start-time fair queueing by weight among the
+//!   tenants of a priority, first come first served within a tenant. A released slot is
+//!   handed straight to the next waiter (a one-shot channel per waiter, sent under the
+//!   queue's lock), so a newcomer cannot take it first. A waiter gives up when
 //!   `queue_timeout` passes: then 429. So no admitted request waited longer than the queue
 //!   timeout, and the agent holds at most `max_concurrent + max_queued` routed requests.
+//! - **No lost slot**: a waiter that gives up (timeout or cancellation) takes itself out
+//!   of the queue under the lock; if a slot was handed to it first, it owns that slot: a
+//!   timed-out waiter is then admitted, a cancelled one passes the slot on. A release and
+//!   an arrival that race meet on the sequentially consistent `active` and `waiting`
+//!   counters: either the arrival sees the freed slot or the releaser sees the waiter.
 //! - `max_concurrent = 0` turns admission off (no counting at all).
 //!
 //! The admitted request's answer carries its permit ([`body::hold`]).
@@ -22,6 +30,8 @@
 //! limits (`warmpath.upstream.head_timeouts`, `warmpath.upstream.idle_timeouts`).
 
 mod body;
+mod queue;
+mod quota;
 
 use std::{
     sync::{
@@ -33,9 +43,12 @@ use std::{
 
 use http::StatusCode;
 use opentelemetry::{KeyValue, metrics::Meter};
-use tokio::sync::Notify;
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
 
 pub use body::hold;
+pub use queue::Class;
+use queue::{FairQueue, Key};
 
 use super::ProxyError;
 use crate::config::Limits;
@@ -73,7 +86,8 @@ pub struct Admission {
     limits: Limits,
     active: AtomicUsize,
     waiting: AtomicUsize,
-    wake: Notify,
+    /// Waiters in grant order, each with the channel its slot is handed over on.
+    queue: Mutex<FairQueue<oneshot::Sender<()>>>,
     /// Requests that waited in the queue (admitted or not).
     queued: AtomicU64,
     refused: [AtomicU64; 3],
@@ -89,7 +103,7 @@ impl Admission {
             limits,
             active: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
-            wake: Notify::new(),
+            queue: Mutex::default(),
             queued: AtomicU64::new(0),
             refused: Default::default(),
             idle_timeouts: AtomicU64::new(0),
@@ -101,16 +115,23 @@ impl Admission {
         &self.limits
     }
 
-    /// A slot for one request, waiting in the queue when the agent is full.
+    /// A slot for one request of the default class (priority 0, weight 1, tenant 0),
+    /// waiting in the queue when the agent is full.
     pub async fn admit(self: &Arc<Self>) -> Result<Option<Permit>, ProxyError> {
+        self.admit_as(Class::default()).await
+    }
+
+    /// A slot for one request of `class`, waiting in the queue when the agent is full
+    /// (served by priority, then by weight among tenants: `admission/queue.rs`).
+    pub async fn admit_as(self: &Arc<Self>, class: Class) -> Result<Option<Permit>, ProxyError> {
         if self.limits.max_concurrent == 0 {
             return Ok(None);
         }
-        if self.waiting.load(Ordering::Acquire) == 0 && self.try_take() {
+        if self.waiting.load(Ordering::SeqCst) == 0 && self.try_take() {
             return Ok(Some(Permit(self.clone())));
         }
         // Boxed: the common path's future stays small.
-        Box::pin(self.wait()).await.map(Some)
+        Box::pin(self.wait(class)).await.map(Some)
     }
 
     /// Counts a refusal made elsewhere (the prompt bound) and returns its error.
@@ -156,13 +177,13 @@ impl Admission {
 
     fn try_take(&self) -> bool {
         let max = self.limits.max_concurrent;
-        let mut cur = self.active.load(Ordering::Relaxed);
+        let mut cur = self.active.load(Ordering::SeqCst);
         while cur < max {
             match self.active.compare_exchange_weak(
                 cur,
                 cur + 1,
-                Ordering::Acquire,
-                Ordering::Relaxed,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
             ) {
                 Ok(_) => return true,
                 Err(now) => cur = now,
@@ -171,9 +192,12 @@ impl Admission {
         false
     }
 
-    async fn wait(self: &Arc<Self>) -> Result<Permit, ProxyError> {
-        let place = self.waiting.fetch_add(1, Ordering::AcqRel);
-        let _place = Waiting(self);
+    async fn wait(self: &Arc<Self>, class: Class) -> Result<Permit, ProxyError> {
+        let place = self.waiting.fetch_add(1, Ordering::SeqCst);
+        let mut place_guard = Waiting {
+            admission: self,
+            key: None,
+        };
         if place >= self.limits.max_queued {
             self.count(Refused::QueueFull);
             return Err(self.busy(format!(
@@ -183,22 +207,68 @@ impl Admission {
         }
         self.queued.fetch_add(1, Ordering::Relaxed);
         let deadline = tokio::time::Instant::now() + self.limits.queue_timeout;
-        loop {
-            let notified = self.wake.notified();
-            let mut notified = std::pin::pin!(notified);
-            // Registered before the check, so a release in between is not missed.
-            notified.as_mut().enable();
-            if self.try_take() {
+        let mut rx = {
+            let mut queue = self.queue.lock();
+            // Nobody ahead and a slot free (released since the fast path looked): take it.
+            if queue.is_empty() && self.try_take() {
                 return Ok(Permit(self.clone()));
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                self.count(Refused::QueueTimeout);
-                return Err(self.busy(format!(
-                    "No capacity freed within the queue timeout ({} ms); retry later.",
-                    self.limits.queue_timeout.as_millis()
-                )));
+            let (tx, rx) = oneshot::channel();
+            place_guard.key = Some(queue.push(class, tx));
+            rx
+        };
+        // Anything but a grant is a timeout (the sender is only dropped after sending, or
+        // with the queue itself).
+        if let Ok(Ok(())) = tokio::time::timeout_at(deadline, &mut rx).await {
+            place_guard.key = None;
+            return Ok(Permit(self.clone()));
+        }
+        let still_queued = {
+            let mut queue = self.queue.lock();
+            place_guard
+                .key
+                .take()
+                .and_then(|k| queue.remove(k))
+                .is_some()
+        };
+        // Out of the queue before the deadline passed for it: a slot was handed over.
+        if !still_queued && rx.try_recv().is_ok() {
+            return Ok(Permit(self.clone()));
+        }
+        self.count(Refused::QueueTimeout);
+        Err(self.busy(format!(
+            "No capacity freed within the queue timeout ({} ms); retry later.",
+            self.limits.queue_timeout.as_millis()
+        )))
+    }
+
+    /// Gives a released slot to the next waiter, or back to the pool.
+    fn release(self: &Arc<Self>) {
+        if self.waiting.load(Ordering::SeqCst) > 0 && self.grant_next(&mut self.queue.lock()) {
+            return;
+        }
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        // A request that queued while the slot was being given back: serve it.
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            let mut queue = self.queue.lock();
+            while !queue.is_empty() && self.try_take() {
+                if !self.grant_next(&mut queue) {
+                    self.active.fetch_sub(1, Ordering::SeqCst);
+                    break;
+                }
             }
         }
+    }
+
+    /// Hands one slot (counted in `active`) to the next waiter still listening; false when
+    /// there is none.
+    fn grant_next(&self, queue: &mut FairQueue<oneshot::Sender<()>>) -> bool {
+        while let Some(tx) = queue.pop() {
+            if tx.send(()).is_ok() {
+                return true;
+            }
+        }
+        false
     }
 
     /// A 429 whose `Retry-After` is the queue timeout (at least a second).
@@ -271,30 +341,35 @@ fn retry_after(d: Duration) -> u32 {
 }
 
 /// A place in the queue, given back when the wait ends either way.
-struct Waiting<'a>(&'a Admission);
+struct Waiting<'a> {
+    admission: &'a Arc<Admission>,
+    /// Set while in the queue.
+    key: Option<Key>,
+}
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
-        // A waiter woken by a release that then timed out passes the slot on.
-        if self.0.active() < self.0.limits.max_concurrent
-            && self.0.waiting.load(Ordering::Acquire) > 0
-        {
-            self.0.wake.notify_one();
+        let a = self.admission;
+        // Still queued (the wait was cancelled): leave; granted meanwhile: the slot is ours,
+        // pass it on.
+        let handed_over = self
+            .key
+            .take()
+            .is_some_and(|k| a.queue.lock().remove(k).is_none());
+        a.waiting.fetch_sub(1, Ordering::SeqCst);
+        if handed_over {
+            a.release();
         }
     }
 }
 
-/// One admitted request's slot, released when dropped.
+/// One admitted request's slot, released when dropped (to the next waiter, if any).
 #[derive(Debug)]
 pub struct Permit(Arc<Admission>);
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Release);
-        if self.0.waiting.load(Ordering::Acquire) > 0 {
-            self.0.wake.notify_one();
-        }
+        self.0.release();
     }
 }
 

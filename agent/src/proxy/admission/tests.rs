@@ -103,3 +103,164 @@ fn retry_after_rounds_up_to_whole_seconds() {
     assert_eq!(retry_after(Duration::from_millis(2000)), 2);
     assert_eq!(retry_after(Duration::from_millis(2001)), 3);
 }
+
+fn class(tenant: u32, priority: i32, weight: u32) -> Class {
+    Class {
+        tenant,
+        priority,
+        weight,
+    }
+}
+
+/// Queues one waiter per class (in order, each in the queue before the next arrives); each
+/// reports its tenant when granted and releases its slot at once.
+async fn queue_all(
+    a: &Arc<Admission>,
+    classes: &[Class],
+) -> tokio::sync::mpsc::UnboundedReceiver<u32> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let before = a.waiting();
+    for &c in classes {
+        let (a, tx) = (a.clone(), tx.clone());
+        tokio::spawn(async move {
+            let p = a.admit_as(c).await.unwrap();
+            tx.send(c.tenant).unwrap();
+            drop(p);
+        });
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(a.waiting(), before + classes.len());
+    rx
+}
+
+#[tokio::test(start_paused = true)]
+async fn backlogged_tenants_get_slots_in_proportion_to_their_weights() {
+    let a = Admission::new(limits(1, 100, 60_000));
+    let held = a.admit().await.unwrap();
+    let classes: Vec<Class> = (0..20)
+        .flat_map(|_| [class(1, 0, 3), class(2, 0, 1)])
+        .collect();
+    let mut rx = queue_all(&a, &classes).await;
+    drop(held);
+    let mut order = Vec::new();
+    for _ in 0..40 {
+        order.push(rx.recv().await.unwrap());
+    }
+    // While both are backlogged (tenant 1's 20 last 26 grants), every 4 grants: 3 and 1.
+    for window in order[..24].chunks(4) {
+        assert_eq!(window.iter().filter(|&&t| t == 1).count(), 3, "{order:?}");
+    }
+    assert_eq!(order.iter().filter(|&&t| t == 1).count(), 20);
+    assert_eq!((a.active(), a.waiting()), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_higher_priority_waiter_overtakes_earlier_ones() {
+    let a = Admission::new(limits(1, 100, 60_000));
+    let held = a.admit().await.unwrap();
+    let classes = [
+        class(1, 0, 1),
+        class(2, 0, 1),
+        class(3, 0, 1000),
+        class(9, 1, 1),
+    ];
+    let mut rx = queue_all(&a, &classes).await;
+    drop(held);
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        order.push(rx.recv().await.unwrap());
+    }
+    assert_eq!(order, [9, 1, 2, 3]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_classed_waiter_still_times_out_with_a_429_and_leaves_nothing_behind() {
+    let a = Admission::new(limits(1, 4, 250));
+    let held = a.admit().await.unwrap();
+    let err = a.admit_as(class(5, 3, 7)).await.unwrap_err();
+    assert_eq!(err.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(err.retry_after, Some(1));
+    assert_eq!(a.refused(Refused::QueueTimeout), 1);
+    assert!(a.queue.lock().is_empty());
+    drop(held);
+    assert_eq!((a.active(), a.waiting()), (0, 0));
+    assert!(a.admit().await.unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slot_handed_over_at_the_deadline_admits_the_waiter() {
+    let a = Admission::new(limits(1, 4, 1000));
+    let held = a.admit().await.unwrap();
+    let mut waiter = Box::pin(a.admit_as(class(1, 0, 1)));
+    assert!(futures::poll!(waiter.as_mut()).is_pending());
+    // The deadline passes and the slot is released before the waiter runs again.
+    tokio::time::advance(Duration::from_millis(1000)).await;
+    drop(held);
+    let p = waiter.await.unwrap();
+    assert!(p.is_some());
+    assert_eq!((a.active(), a.waiting()), (1, 0));
+    assert_eq!(a.refused(Refused::QueueTimeout), 0);
+    drop(p);
+    assert_eq!(a.active(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_waiter_passes_a_slot_it_was_handed_to_the_next() {
+    let a = Admission::new(limits(1, 4, 10_000));
+    let held = a.admit().await.unwrap();
+    let mut first = Box::pin(a.admit_as(class(1, 0, 1)));
+    assert!(futures::poll!(first.as_mut()).is_pending());
+    let mut rx = queue_all(&a, &[class(2, 0, 1)]).await;
+    // Released to `first`, which is dropped (its client went away) before it runs.
+    drop(held);
+    drop(first);
+    assert_eq!(rx.recv().await, Some(2));
+    assert_eq!((a.active(), a.waiting()), (0, 0));
+    // Cancelled while still queued: it just leaves.
+    let held = a.admit().await.unwrap();
+    let mut gone = Box::pin(a.admit_as(class(3, 0, 1)));
+    assert!(futures::poll!(gone.as_mut()).is_pending());
+    drop(gone);
+    assert!(a.queue.lock().is_empty());
+    assert_eq!(a.waiting(), 0);
+    drop(held);
+    assert_eq!(a.active(), 0);
+}
+
+/// Releases, arrivals and timeouts racing on four threads: every request is admitted or
+/// refused, and no slot or place is left over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_releases_and_timeouts_lose_no_slot() {
+    let a = Admission::new(limits(3, 32, 2));
+    let mut tasks = Vec::new();
+    for i in 0..600u32 {
+        let a = a.clone();
+        tasks.push(tokio::spawn(async move {
+            match a.admit_as(class(i % 5, (i % 3) as i32, 1 + i % 4)).await {
+                Ok(p) => {
+                    for _ in 0..(i % 4) {
+                        tokio::task::yield_now().await;
+                    }
+                    drop(p);
+                    true
+                }
+                Err(e) => {
+                    assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+                    false
+                }
+            }
+        }));
+    }
+    let outcomes = tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(tasks))
+        .await
+        .expect("600 short requests finish within a minute");
+    let admitted = outcomes.iter().filter(|o| *o.as_ref().unwrap()).count() as u64;
+    let refused = a.refused(Refused::QueueFull) + a.refused(Refused::QueueTimeout);
+    assert_eq!(admitted + refused, 600);
+    assert_eq!((a.active(), a.waiting()), (0, 0));
+    assert!(a.queue.lock().is_empty());
+    // Every slot came back: the whole capacity can be taken again, and no more.
+    let all: Vec<_> = (0..3).map(|_| a.try_take()).collect();
+    assert_eq!(all, [true, true, true]);
+    assert!(!a.try_take());
+}
