@@ -1,33 +1,75 @@
-//! Chat templates (Jinja, rendered with minijinja as vLLM's Rust frontend does) and the
-//! `tokenizer_config.json` details vLLM applies before tokenizing.
+//! Chat templates rendered as transformers renders them for vLLM
+//! (`transformers.utils.chat_template_utils._compile_jinja_template` and
+//! `render_jinja_template`), on minijinja + minijinja-contrib (as vLLM's Rust frontend does),
+//! and the `tokenizer_config.json` details vLLM applies before tokenizing.
+//!
+//! The environment, setting by setting:
+//! - `trim_blocks` and `lstrip_blocks` on; the source's one trailing newline dropped;
+//! - loop controls (`{% break %}`, `{% continue %}`: jinja2's `loopcontrols` extension);
+//! - `{% generation %}` blocks (transformers' assistant-mask tag) render their body;
+//! - filter `tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False)` with
+//!   Python's `json.dumps` output ([`pyjson`]);
+//! - globals `raise_exception(message)` (the render fails with exactly that message) and
+//!   `strftime_now(format)` ([`clock`]);
+//! - Python methods on strings, lists and dicts (`.strip()`, `.split()`, `.startswith()`,
+//!   `.items()`, `.get()`, ...) from minijinja-contrib's pycompat;
+//! - variables `messages`, `tools` and `documents` (none when absent), `add_generation_prompt`,
+//!   the special tokens the config sets (`bos_token`, `eos_token`, `unk_token`, `pad_token`,
+//!   `sep_token`, `cls_token`, `mask_token`, `additional_special_tokens`), then
+//!   `chat_template_kwargs` over all of them; `none`, `true` and `false` print as Python's
+//!   `None`, `True`, `False`.
+
+mod clock;
+mod input;
+mod pyjson;
 
 use std::sync::Arc;
 
-use minijinja::{Environment, Error as JinjaError, ErrorKind, context};
-use serde::{Deserialize, Serialize};
+use minijinja::{Environment, Error as JinjaError, ErrorKind, Value, value::Kwargs};
 use tokenizers::AddedToken;
+
+pub use clock::{ChatClock, NOW_ENV};
+pub use input::{Chat, ChatJson, ChatMessage};
 
 use super::Error;
 
 const TEMPLATE_NAME: &str = "chat";
 
-/// One chat message as the template sees it (content already flattened to text).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
+/// The special-token attributes transformers passes to every template (`special_tokens_map`).
+const SPECIAL_TOKENS: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
 
 /// A compiled chat template plus the special tokens it may reference.
 #[derive(Debug, Clone)]
 pub(super) struct ChatTemplate {
     env: Arc<Environment<'static>>,
-    bos_token: Option<String>,
+    source: Arc<str>,
+    specials: Vec<(String, Value)>,
     eos_token: Option<String>,
 }
 
+/// The message a template's `raise_exception` gave, carried to the render's caller.
+#[derive(Debug)]
+struct Raised(String);
+
+impl std::fmt::Display for Raised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Raised {}
+
 impl ChatTemplate {
-    /// Reads `chat_template`, `bos_token`, `eos_token` from a parsed `tokenizer_config.json`.
+    /// Reads `chat_template` and the special tokens from a parsed `tokenizer_config.json`;
+    /// the clock from [`NOW_ENV`] when set.
     pub(super) fn from_config(config: &serde_json::Value) -> Result<Option<Self>, Error> {
         let template = match &config["chat_template"] {
             serde_json::Value::String(s) => s.clone(),
@@ -43,20 +85,22 @@ impl ChatTemplate {
             },
             _ => return Ok(None),
         };
-        let mut env = Environment::new();
-        minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<String, JinjaError> {
-                Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
-        env.add_template_owned(TEMPLATE_NAME, template)
-            .map_err(|e| Error::Template(e.to_string()))?;
+        let mut specials: Vec<(String, Value)> = SPECIAL_TOKENS
+            .iter()
+            .filter_map(|k| special_token(config, k).map(|t| (k.to_string(), Value::from(t))))
+            .collect();
+        if let Some(extra) = config["additional_special_tokens"].as_array() {
+            let tokens: Vec<Value> = extra
+                .iter()
+                .filter_map(|t| token_text(t).map(Value::from))
+                .collect();
+            specials.push(("additional_special_tokens".into(), Value::from(tokens)));
+        }
+        let source: Arc<str> = template.into();
         Ok(Some(Self {
-            env: Arc::new(env),
-            bos_token: special_token(config, "bos_token"),
+            env: Arc::new(environment(&source, ChatClock::from_env()?)?),
+            source,
+            specials,
             eos_token: special_token(config, "eos_token"),
         }))
     }
@@ -65,29 +109,185 @@ impl ChatTemplate {
         self.eos_token.as_deref()
     }
 
-    pub(super) fn render(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, Error> {
+    /// The same template with `strftime_now` reading `clock`.
+    pub(super) fn set_clock(&mut self, clock: ChatClock) -> Result<(), Error> {
+        self.env = Arc::new(environment(&self.source, clock)?);
+        Ok(())
+    }
+
+    pub(super) fn render(&self, chat: &Chat) -> Result<String, Error> {
+        if chat.add_generation_prompt && chat.continue_final_message {
+            return Err(Error::Request(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+                    .into(),
+            ));
+        }
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::Template(e.to_string()))?;
-        template
-            .render(context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => self.bos_token.as_deref().unwrap_or(""),
-                eos_token => self.eos_token.as_deref().unwrap_or(""),
-            })
-            .map_err(|e| Error::Template(e.to_string()))
+        let mut ctx: Vec<(String, Value)> = vec![
+            ("messages".into(), Value::from(chat.messages.clone())),
+            ("tools".into(), chat.tools.clone()),
+            ("documents".into(), chat.documents.clone()),
+            (
+                "add_generation_prompt".into(),
+                Value::from(chat.add_generation_prompt),
+            ),
+        ];
+        ctx.extend(self.specials.iter().cloned());
+        // Later entries win, as `{**special_tokens_map, **kwargs}` does.
+        ctx.extend(chat.kwargs.iter().cloned());
+        let rendered = template
+            .render(Value::from_iter(ctx))
+            .map_err(render_error)?;
+        if chat.continue_final_message {
+            return continue_final(rendered, chat);
+        }
+        Ok(rendered)
     }
 }
 
-/// `bos_token` may be a string or an AddedToken object `{"content": ...}`.
-fn special_token(config: &serde_json::Value, key: &str) -> Option<String> {
-    match &config[key] {
+/// transformers' `continue_final_message`: the render cut right after the final message's
+/// content (its trailing whitespace kept only if the template kept it).
+fn continue_final(rendered: String, chat: &Chat) -> Result<String, Error> {
+    let content = chat.final_content().unwrap_or_default();
+    let stripped = content.trim();
+    let Some(at) = rendered.rfind(stripped) else {
+        return Err(Error::Request(
+            "continue_final_message is set but the final message does not appear in the chat \
+             after applying the chat template"
+                .into(),
+        ));
+    };
+    let left = content.trim_start();
+    let end = if rendered[at..].starts_with(left) {
+        at + left.len()
+    } else {
+        at + stripped.len()
+    };
+    Ok(rendered[..end].to_string())
+}
+
+/// A render failure: a template's `raise_exception` message as it gave it, anything else as
+/// minijinja describes it (with the template line).
+fn render_error(e: JinjaError) -> Error {
+    let mut source: Option<&dyn std::error::Error> = Some(&e);
+    while let Some(s) = source {
+        if let Some(raised) = s.downcast_ref::<Raised>() {
+            return Error::Template(raised.0.clone());
+        }
+        source = s.source();
+    }
+    Error::Template(e.to_string())
+}
+
+/// The environment transformers compiles templates in (see the module docs).
+fn environment(source: &str, clock: ChatClock) -> Result<Environment<'static>, Error> {
+    let mut env = Environment::new();
+    minijinja_contrib::add_to_environment(&mut env);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_keep_trailing_newline(false);
+    env.set_formatter(python_formatter);
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> Result<Value, JinjaError> {
+            Err(JinjaError::new(ErrorKind::InvalidOperation, msg.clone()).with_source(Raised(msg)))
+        },
+    );
+    env.add_function(
+        "strftime_now",
+        move |format: String| -> Result<String, JinjaError> {
+            clock
+                .strftime_now(&format)
+                .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, e.to_string()))
+        },
+    );
+    env.add_filter("tojson", tojson);
+    env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))
+        .map_err(|e| Error::Template(e.to_string()))?;
+    Ok(env)
+}
+
+/// `value | tojson(...)`: Python's `json.dumps` (see [`pyjson`]).
+fn tojson(
+    value: Value,
+    args: minijinja::value::Rest<Value>,
+    kwargs: Kwargs,
+) -> Result<String, JinjaError> {
+    let options = pyjson::Options::from_args(&args, &kwargs)?;
+    kwargs.assert_all_used()?;
+    pyjson::dumps(&value, &options)
+}
+
+/// Output of `{{ ... }}` as jinja2 prints Python values: `None`, `True`, `False`, floats by
+/// `repr`; everything else as minijinja prints it.
+fn python_formatter(
+    out: &mut minijinja::Output<'_>,
+    state: &minijinja::State<'_, '_>,
+    value: &Value,
+) -> Result<(), JinjaError> {
+    use minijinja::value::ValueKind;
+    let text = match value.kind() {
+        ValueKind::None => "None".to_string(),
+        ValueKind::Bool => if value.is_true() { "True" } else { "False" }.to_string(),
+        ValueKind::Number if !value.is_integer() => match f64::try_from(value.clone()) {
+            Ok(f) if f.is_nan() => "nan".to_string(),
+            Ok(f) if f.is_infinite() => if f > 0.0 { "inf" } else { "-inf" }.to_string(),
+            Ok(f) => pyjson::float_repr(f),
+            Err(_) => return minijinja::escape_formatter(out, state, value),
+        },
+        _ => return minijinja::escape_formatter(out, state, value),
+    };
+    out.write_str(&text).map_err(JinjaError::from)
+}
+
+/// The source with transformers' `{% generation %}` / `{% endgeneration %}` tags (which
+/// only record where assistant text is) turned into an always-true `if` block, so the body
+/// renders and the tags' whitespace control (`{%-`, `-%}`) still applies.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let (lead, body) = split_modifier_start(inner);
+        let (body, trail) = split_modifier_end(body);
+        match body.trim() {
+            "generation" => out.push_str(&format!("{{%{lead} if true {trail}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{lead} endif {trail}%}}")),
+            _ => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn split_modifier_start(s: &str) -> (&str, &str) {
+    match s.chars().next() {
+        Some('-' | '+') => (&s[..1], &s[1..]),
+        _ => ("", s),
+    }
+}
+
+fn split_modifier_end(s: &str) -> (&str, &str) {
+    match s.chars().last() {
+        Some('-' | '+') => (&s[..s.len() - 1], &s[s.len() - 1..]),
+        _ => (s, ""),
+    }
+}
+
+/// A special token's text: a string or an AddedToken object `{"content": ...}`.
+fn token_text(v: &serde_json::Value) -> Option<String> {
+    match v {
         serde_json::Value::String(s) => Some(s.clone()),
         serde_json::Value::Object(o) => o
             .get("content")
@@ -95,6 +295,10 @@ fn special_token(config: &serde_json::Value, key: &str) -> Option<String> {
             .map(str::to_string),
         _ => None,
     }
+}
+
+fn special_token(config: &serde_json::Value, key: &str) -> Option<String> {
+    token_text(&config[key])
 }
 
 /// vLLM merges `added_tokens_decoder` from `tokenizer_config.json` into the tokenizer before
@@ -127,3 +331,6 @@ pub(super) fn merge_added_tokens(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -12,7 +12,7 @@ pub mod train;
 
 use std::{collections::HashSet, path::Path, str::FromStr};
 
-pub use chat::ChatMessage;
+pub use chat::{Chat, ChatClock, ChatJson, ChatMessage, NOW_ENV};
 
 /// End of text / EOS of the built-in tokenizer.
 pub const EOS: &str = "<|endoftext|>";
@@ -34,8 +34,13 @@ pub enum Error {
     Load { path: String, message: String },
     #[error("tokenization failed: {0}")]
     Encode(String),
+    /// The template failed to compile or render; a template's `raise_exception` message is
+    /// given as the template wrote it.
     #[error("chat template: {0}")]
     Template(String),
+    /// The chat request's messages, tools or options cannot be given to a template.
+    #[error("chat request: {0}")]
+    Request(String),
     #[error("this tokenizer has no chat template")]
     NoChatTemplate,
 }
@@ -126,16 +131,30 @@ impl Tokenizer {
             .map_err(|e| Error::Encode(e.to_string()))
     }
 
-    /// Renders a chat conversation to the prompt text the engine tokenizes.
+    /// Renders plain role/content messages to the prompt text the engine tokenizes.
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, Error> {
+        self.render_chat(&Chat::from_messages(messages, add_generation_prompt))
+    }
+
+    /// Renders a chat request (messages, tools, documents, template kwargs) as vLLM does.
+    pub fn render_chat(&self, chat: &Chat) -> Result<String, Error> {
         self.chat
             .as_ref()
             .ok_or(Error::NoChatTemplate)?
-            .render(messages, add_generation_prompt)
+            .render(chat)
+    }
+
+    /// Where the template's `strftime_now` reads the time (default: the local clock, or
+    /// [`NOW_ENV`] when set at load).
+    pub fn set_chat_clock(&mut self, clock: ChatClock) -> Result<(), Error> {
+        match &mut self.chat {
+            Some(chat) => chat.set_clock(clock),
+            None => Ok(()),
+        }
     }
 
     /// The added tokens (specials such as chat-template markers): `(content, id, plain)`,

@@ -1,0 +1,115 @@
+//! Renders of real published chat templates compared with transformers' own renders
+//! (`tokenizer/tests/data/chat_renders.json`, written by `make_chat_renders.py` there with
+//! transformers 5.23.0; the templates' sources are in that folder's README).
+
+use std::collections::BTreeMap;
+
+use super::*;
+
+#[derive(serde::Deserialize)]
+struct Fixture {
+    now: String,
+    templates: BTreeMap<String, TemplateEntry>,
+    /// Raw JSON, so that members keep the order the client wrote them in.
+    cases: BTreeMap<String, BTreeMap<String, Box<serde_json::value::RawValue>>>,
+    renders: Vec<Render>,
+}
+
+#[derive(serde::Deserialize)]
+struct TemplateEntry {
+    path: String,
+    special_tokens: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct Render {
+    template: String,
+    case: String,
+    rendered: Option<String>,
+    error: Option<String>,
+}
+
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+
+fn fixture() -> Fixture {
+    let text = std::fs::read_to_string(format!("{DATA}/chat_renders.json"))
+        .expect("tokenizer/tests/data/chat_renders.json is committed");
+    serde_json::from_str(&text).expect("the committed fixture is valid JSON")
+}
+
+/// The template as a `tokenizer_config.json` would give it, with the fixture's clock.
+fn template(f: &Fixture, name: &str) -> ChatTemplate {
+    let entry = &f.templates[name];
+    let text = std::fs::read_to_string(format!("{DATA}/{}", entry.path))
+        .unwrap_or_else(|e| panic!("{}: {e}", entry.path));
+    let config = if entry.path.ends_with(".json") {
+        serde_json::from_str(&text).expect("a committed tokenizer_config.json")
+    } else {
+        let mut config = entry.special_tokens.clone();
+        config.insert("chat_template".into(), text.into());
+        serde_json::Value::Object(config)
+    };
+    let mut t = ChatTemplate::from_config(&config)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .unwrap_or_else(|| panic!("{name} has a chat template"));
+    t.set_clock(ChatClock::fixed(&f.now).unwrap()).unwrap();
+    t
+}
+
+/// The case's request members as a client sends them, through [`Chat::from_json`].
+fn chat(case: &BTreeMap<String, Box<serde_json::value::RawValue>>) -> Chat {
+    let raw = |k: &str| case.get(k).map(|v| v.get());
+    let add_generation_prompt = raw("add_generation_prompt") != Some("false");
+    Chat::from_json(
+        ChatJson {
+            messages: raw("messages").expect("every case has messages"),
+            tools: raw("tools"),
+            documents: None,
+            chat_template_kwargs: raw("chat_template_kwargs"),
+        },
+        add_generation_prompt,
+    )
+    .unwrap()
+}
+
+fn check(name_prefix: &str) -> usize {
+    let f = fixture();
+    let mut checked = 0;
+    for r in f
+        .renders
+        .iter()
+        .filter(|r| r.template.starts_with(name_prefix))
+    {
+        let t = template(&f, &r.template);
+        let got = t.render(&chat(&f.cases[&r.case]));
+        let what = format!("{} / {}", r.template, r.case);
+        match (&r.rendered, &r.error, got) {
+            (Some(want), None, Ok(got)) => assert_eq!(&got, want, "{what}"),
+            (None, Some(want), Err(Error::Template(got))) => assert_eq!(&got, want, "{what}"),
+            (_, _, got) => panic!(
+                "{what}: transformers gave {:?} / {:?}, we gave {got:?}",
+                r.rendered, r.error
+            ),
+        }
+        checked += 1;
+    }
+    checked
+}
+
+#[test]
+fn llama_3_templates_render_as_transformers_does() {
+    // Llama 3.2's date comes from strftime_now("%d %b %Y"); 3.1 and 3.3 hard-code theirs.
+    assert_eq!(check("llama-3."), 3 * 8);
+    let f = fixture();
+    let r = f
+        .renders
+        .iter()
+        .find(|r| r.template == "llama-3.2" && r.case == "simple")
+        .unwrap();
+    assert!(
+        r.rendered
+            .as_ref()
+            .unwrap()
+            .contains("Today Date: 06 Jul 2024\n")
+    );
+}

@@ -1,0 +1,247 @@
+"""Writes tokenizer/tests/data/chat_renders.json: chat requests rendered with real published
+chat templates by HuggingFace transformers itself, computed here without any warmpath code.
+
+- Templates: the files in templates/ (see README.md for where each comes from) and the
+  chat_template of qwen3/tokenizer_config.json, each with its model's special tokens.
+- Rendering: transformers.utils.chat_template_utils.render_jinja_template, the function
+  apply_chat_template calls (its jinja2 environment: sandboxed, trim_blocks, lstrip_blocks,
+  loopcontrols, the generation tag, tojson = json.dumps, raise_exception, strftime_now),
+  with the special tokens passed as apply_chat_template passes special_tokens_map, and
+  chat_template_kwargs on top as vLLM passes them. strftime_now reads a fixed clock,
+  NOW below (datetime.now() patched in transformers' module).
+- Messages: reshaped as vLLM's chat_utils does before apply_chat_template, written again
+  here from vLLM's code: content flattened to one string (text parts joined with "\\n",
+  null -> ""), role/content/name kept, tool_calls (assistant) with function.arguments
+  json.loads-ed ("" or null -> {}), tool_call_id (tool), reasoning/reasoning_content;
+  tools as ChatCompletionToolsParam.model_dump() writes them (type, function{name,
+  description, parameters, ...}).
+- A template that raises records the exception's message instead of a render.
+
+    pip install transformers==5.23.0   # pulls jinja2 >= 3.1.6
+    python3 tokenizer/tests/data/make_chat_renders.py
+"""
+
+import datetime
+import json
+import os
+
+import transformers
+from transformers.utils import chat_template_utils
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "chat_renders.json")
+NOW = datetime.datetime(2024, 7, 6, 15, 4, 5)
+NOW_ARG = "2024-07-06T15:04:05"
+
+
+class FixedDatetime(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return NOW
+
+
+chat_template_utils.datetime = FixedDatetime
+
+LLAMA3 = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+TEMPLATES = {
+    "llama-3.1": ("templates/meta-llama-Llama-3.1-8B-Instruct.jinja", LLAMA3),
+    "llama-3.2": ("templates/meta-llama-Llama-3.2-3B-Instruct.jinja", LLAMA3),
+    "llama-3.3": ("templates/meta-llama-Llama-3.3-70B-Instruct.jinja", LLAMA3),
+    "qwen2.5": (
+        "templates/Qwen-Qwen2.5-7B-Instruct.jinja",
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    ),
+    "qwen3": ("qwen3/tokenizer_config.json", None),
+    "mistral-nemo": (
+        "templates/mistralai-Mistral-Nemo-Instruct-2407.jinja",
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+    ),
+    "deepseek-r1-distill-llama": (
+        "templates/deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
+        {
+            "bos_token": "<｜begin▁of▁sentence｜>",
+            "eos_token": "<｜end▁of▁sentence｜>",
+            "pad_token": "<｜end▁of▁sentence｜>",
+        },
+    ),
+}
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city, in °C",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name, e.g. \"Zürich\""},
+                "days": {"type": "integer", "minimum": 1, "maximum": 0.5e1},
+            },
+            "required": ["city"],
+        },
+    },
+}
+# No description: vLLM's model_dump writes "description": null.
+TIME_TOOL = {"function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}, "type": "function"}
+
+CALL = {
+    "id": "call12345",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": "{\"city\": \"Zürich\", \"days\": 2}"},
+}
+
+CASES = {
+    "simple": {
+        "messages": [
+            {"role": "system", "content": "  You are terse.  "},
+            {"role": "user", "content": "Hello there"},
+        ],
+    },
+    "multi_turn": {
+        "messages": [
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": [{"type": "text", "text": "And 3+3?"}, {"type": "text", "text": "Be brief."}]},
+        ],
+    },
+    "no_generation_prompt": {
+        "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}],
+        "add_generation_prompt": False,
+    },
+    "tools": {
+        "messages": [
+            {"role": "system", "content": "Use tools when useful."},
+            {"role": "user", "content": "Weather in Zürich for two days?"},
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "call12345", "content": "{\"temp\": 21.5}"},
+        ],
+        "tools": [WEATHER_TOOL, TIME_TOOL],
+    },
+    "two_tool_calls": {
+        "messages": [
+            {"role": "user", "content": "Weather in Zürich and the time?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [CALL, {"id": "call67890", "type": "function", "function": {"name": "get_time", "arguments": ""}}],
+            },
+        ],
+        "tools": [WEATHER_TOOL, TIME_TOOL],
+    },
+    "alternation_broken": {
+        "messages": [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}],
+    },
+    "thinking_kwargs": {
+        "messages": [{"role": "user", "content": "Quick answer: capital of France?"}],
+        "chat_template_kwargs": {"enable_thinking": False},
+    },
+    "reasoning_history": {
+        "messages": [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4"},
+            {"role": "user", "content": "3+3?"},
+        ],
+    },
+}
+
+
+def vllm_message(m):
+    content = m.get("content")
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    else:
+        parts = []
+        for p in content:
+            if isinstance(p, str):
+                parts.append(p)
+            elif p.get("type") in ("text", "input_text", "output_text"):
+                parts.append(p["text"])
+            elif p.get("type") == "refusal":
+                parts.append(p["refusal"])
+        text = "\n".join(parts)
+    out = {"role": m["role"], "content": text}
+    if m["role"] == "assistant":
+        if m.get("tool_calls") is not None:
+            calls = []
+            for c in m["tool_calls"]:
+                c = json.loads(json.dumps(c))
+                args = c["function"].get("arguments")
+                c["function"]["arguments"] = json.loads(args) if args else {}
+                calls.append(c)
+            out["tool_calls"] = calls
+        reasoning = m.get("reasoning") or m.get("reasoning_content")
+        if reasoning is not None:
+            out["reasoning"] = reasoning
+            out["reasoning_content"] = reasoning
+    elif m["role"] == "tool" and "tool_call_id" in m:
+        out["tool_call_id"] = m["tool_call_id"]
+    if isinstance(m.get("name"), str):
+        out["name"] = m["name"]
+    return out
+
+
+def vllm_tool(t):
+    f = t["function"]
+    function = {"name": f["name"], "description": f.get("description"), "parameters": f.get("parameters")}
+    function.update({k: v for k, v in f.items() if k not in function})
+    out = {"type": t.get("type", "function"), "function": function}
+    out.update({k: v for k, v in t.items() if k not in out})
+    return out
+
+
+def load(path, specials):
+    with open(os.path.join(HERE, path), encoding="utf-8") as f:
+        text = f.read()
+    if specials is not None:
+        return text, dict(specials)
+    config = json.loads(text)
+    tokens = {}
+    for k in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+        v = config.get(k)
+        v = v.get("content") if isinstance(v, dict) else v
+        if v is not None:
+            tokens[k] = v
+    if config.get("additional_special_tokens"):
+        tokens["additional_special_tokens"] = config["additional_special_tokens"]
+    return config["chat_template"], tokens
+
+
+def main():
+    renders = []
+    for name, (path, specials) in TEMPLATES.items():
+        template, tokens = load(path, specials)
+        for case, request in CASES.items():
+            kwargs = {**tokens, **request.get("chat_template_kwargs", {})}
+            tools = request.get("tools")
+            try:
+                text = chat_template_utils.render_jinja_template(
+                    conversations=[[vllm_message(m) for m in request["messages"]]],
+                    tools=[vllm_tool(t) for t in tools] if tools is not None else None,
+                    chat_template=template,
+                    add_generation_prompt=request.get("add_generation_prompt", True),
+                    **kwargs,
+                )
+                text = text[0][0] if isinstance(text, tuple) else text
+                if isinstance(text, list):
+                    text = text[0]
+                result = {"rendered": text}
+            except Exception as e:  # noqa: BLE001 - the template's own exception is the expectation
+                result = {"error": str(e)}
+            renders.append({"template": name, "case": case, **result})
+    out = {
+        "generator": f"transformers {transformers.__version__} render_jinja_template",
+        "now": NOW_ARG,
+        "templates": {k: {"path": p, "special_tokens": load(p, s)[1]} for k, (p, s) in TEMPLATES.items()},
+        "cases": CASES,
+        "renders": renders,
+    }
+    with open(OUT, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print(f"wrote {len(renders)} renders to {OUT}")
+
+
+if __name__ == "__main__":
+    main()
