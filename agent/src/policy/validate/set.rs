@@ -146,3 +146,6 @@ fn tenant_conflicts(tenants: &[(usize, &Tenant)], out: &mut Vec<(usize, FieldErr
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
