@@ -113,3 +113,87 @@ fn llama_3_templates_render_as_transformers_does() {
             .contains("Today Date: 06 Jul 2024\n")
     );
 }
+
+#[test]
+fn qwen_templates_render_as_transformers_does() {
+    // Qwen2.5: tools through tojson; Qwen3 (a full tokenizer_config.json): namespace,
+    // messages[::-1], str.split/lstrip/startswith, chat_template_kwargs (enable_thinking).
+    assert_eq!(check("qwen"), 2 * 8);
+}
+
+#[test]
+fn mistral_and_deepseek_templates_render_as_transformers_does() {
+    // Mistral Nemo raises on broken role alternation; its tools go through dict.items().
+    assert_eq!(check("mistral-nemo"), 8);
+    assert_eq!(check("deepseek"), 8);
+}
+
+#[test]
+fn every_fixture_render_is_checked() {
+    let f = fixture();
+    assert_eq!(f.renders.len(), f.templates.len() * f.cases.len());
+    assert!(f.renders.iter().any(|r| r.error.is_some()));
+}
+
+#[test]
+fn continue_final_message_leaves_the_last_turn_open() {
+    let f = fixture();
+    let t = template(&f, "qwen2.5");
+    let mut chat = Chat::from_messages(
+        &[
+            ChatMessage {
+                role: "user".into(),
+                content: "Name a colour.".into(),
+            },
+            ChatMessage {
+                role: "assistant".into(),
+                content: "The colour is ".into(),
+            },
+        ],
+        false,
+    );
+    chat.continue_final_message = true;
+    let text = t.render(&chat).unwrap();
+    assert!(
+        text.ends_with("<|im_start|>assistant\nThe colour is "),
+        "{text:?}"
+    );
+    chat.add_generation_prompt = true;
+    assert!(matches!(t.render(&chat), Err(Error::Request(_))));
+}
+
+#[test]
+fn malformed_requests_are_request_errors() {
+    let read = |messages: &str, tools: Option<&str>| {
+        Chat::from_json(
+            ChatJson {
+                messages,
+                tools,
+                ..ChatJson::default()
+            },
+            true,
+        )
+    };
+    for (messages, tools) in [
+        ("{", None),
+        (r#"[{"content": "no role"}]"#, None),
+        (r#"[{"role": "user", "content": 5}]"#, None),
+        (
+            r#"[{"role": "user", "content": [{"text": "untyped"}]}]"#,
+            None,
+        ),
+        (
+            r#"[{"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": "{not json"}}]}]"#,
+            None,
+        ),
+        (
+            r#"[{"role": "user", "content": "hi"}]"#,
+            Some(r#"[{"type": "function"}]"#),
+        ),
+    ] {
+        let err = read(messages, tools).unwrap_err();
+        assert!(matches!(err, Error::Request(_)), "{messages}: {err}");
+    }
+    let image = r#"[{"role": "user", "content": [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]"#;
+    assert_eq!(read(image, None).unwrap().non_text_parts(), 1);
+}
