@@ -110,6 +110,7 @@ pub struct ClusterNode {
     membership: Arc<Membership>,
     remote: Arc<Mutex<RemotePods>>,
     grpc: SocketAddr,
+    gossip_interval: Duration,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -226,6 +227,7 @@ impl ClusterNode {
             membership,
             remote,
             grpc: bound,
+            gossip_interval: settings.membership.gossip_interval,
             tasks,
         })
     }
@@ -237,6 +239,11 @@ impl ClusterNode {
     /// The bound IndexSync address.
     pub fn grpc_addr(&self) -> SocketAddr {
         self.grpc
+    }
+
+    /// How often this node gossips (the round [`spawn_usage_exchange`] should use).
+    pub fn gossip_interval(&self) -> Duration {
+        self.gossip_interval
     }
 
     /// The live peers now.

@@ -192,7 +192,7 @@ async fn start(n: usize, transport: &ChannelTransport) -> Vec<Option<Agent>> {
             .expect("starts");
         let usage = Arc::new(Fake::default());
         *usage.local.lock() = local_of(i);
-        let task = spawn_usage_exchange(&node, usage.clone(), INTERVAL);
+        let task = spawn_usage_exchange(&node, usage.clone(), node.gossip_interval());
         agents.push(Some(Agent { node, usage, task }));
     }
     agents
