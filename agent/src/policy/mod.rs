@@ -9,6 +9,7 @@
 //! The proxy reads the current set once per request.
 
 pub mod cli;
+pub mod convert;
 pub mod crds;
 pub mod documents;
 pub mod quota;

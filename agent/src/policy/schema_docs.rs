@@ -225,6 +225,53 @@ mod tests {
         );
     }
 
+    /// The ```yaml blocks of a Markdown text.
+    fn yaml_blocks(doc: &str) -> Vec<String> {
+        let mut blocks = Vec::new();
+        let mut current: Option<String> = None;
+        for line in doc.lines() {
+            match (&mut current, line.trim_end()) {
+                (None, "```yaml") => current = Some(String::new()),
+                (Some(_), "```") => blocks.extend(current.take()),
+                (Some(block), _) => {
+                    block.push_str(line);
+                    block.push('\n');
+                }
+                (None, _) => {}
+            }
+        }
+        blocks
+    }
+
+    #[test]
+    fn the_worked_examples_are_the_example_files_and_validate() {
+        use crate::policy::{documents, validate};
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let doc = std::fs::read_to_string(root.join("docs/policy.md")).expect("docs/policy.md");
+        let blocks = yaml_blocks(&doc);
+        // In the page's order; each block shows (a shortened copy of) one example file.
+        let files = [
+            "canary-split.yaml",
+            "team-quotas.yaml",
+            "isolated-tenants.yaml",
+            "session-affinity.yaml",
+            "lora-pool.yaml",
+        ];
+        assert_eq!(blocks.len(), files.len(), "yaml blocks in docs/policy.md");
+        for (i, (block, file)) in blocks.iter().zip(files).enumerate() {
+            let shown = documents::parse(&format!("docs/policy.md block {}", i + 1), block)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let path = root.join("examples/policies").join(file);
+            let text = std::fs::read_to_string(&path).expect("the example file");
+            let example = documents::parse(file, &text).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(shown, example, "block {} differs from {file}", i + 1);
+            for r in &shown {
+                assert_eq!(validate::validate(r), vec![], "{file}: {}", r.key());
+            }
+            assert_eq!(validate::validate_set(&shown), vec![], "{file}");
+        }
+    }
+
     #[test]
     fn splice_replaces_only_between_the_markers() {
         let doc = format!("# T\n\nintro\n\n{BEGIN}\nold\n{END}\n\nafter\n");
