@@ -28,11 +28,12 @@
 //!   their demand history and refusal counts —, else the one seen least recently.
 
 mod bucket;
+mod limits;
 pub mod share;
+mod tenant;
 
 use std::{
     collections::HashMap,
-    fmt,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -43,12 +44,12 @@ use std::{
 use opentelemetry::{KeyValue, metrics::Meter};
 use parking_lot::{Mutex, RwLock};
 
-use self::bucket::{Bucket, Ewma};
-pub use self::share::water_fill;
-use super::{
-    resources,
-    usage::{Demand, UsageExchange},
+use self::tenant::TenantState;
+pub use self::{
+    limits::{DEFAULT_BURST, Dimension, LimitError, QuotaLimits},
+    share::water_fill,
 };
+use super::usage::{Demand, UsageExchange};
 
 /// Tenants with quota state at most (a fixed bound on memory: well under 1 KiB each).
 pub const MAX_TENANTS: usize = 4096;
@@ -58,182 +59,10 @@ pub const MAX_REMOTE_AGENTS: usize = 1024;
 pub const SHARE_REFRESH: Duration = Duration::from_millis(100);
 /// A tenant unseen this long, with no stream open and full buckets, may be forgotten.
 pub const IDLE_AFTER: Duration = Duration::from_secs(10);
-/// `burstSeconds` when the quota does not say.
-pub const DEFAULT_BURST: Duration = Duration::from_secs(1);
 /// Longest `Retry-After` given (a limit so small that a request takes longer to earn).
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 /// Weight of the newest request in the output-per-request average (about the last 8).
 const OUTPUT_PER_REQUEST_WEIGHT: f64 = 0.125;
-
-/// One quota's limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Dimension {
-    Requests,
-    PromptTokens,
-    OutputTokens,
-    ConcurrentStreams,
-}
-
-impl Dimension {
-    pub const ALL: [Dimension; 4] = [
-        Dimension::Requests,
-        Dimension::PromptTokens,
-        Dimension::OutputTokens,
-        Dimension::ConcurrentStreams,
-    ];
-    /// The three rate dimensions, in bucket order.
-    const RATES: [Dimension; 3] = [
-        Dimension::Requests,
-        Dimension::PromptTokens,
-        Dimension::OutputTokens,
-    ];
-
-    /// The `dimension` attribute of the quota metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Dimension::Requests => "requests",
-            Dimension::PromptTokens => "prompt_tokens",
-            Dimension::OutputTokens => "output_tokens",
-            Dimension::ConcurrentStreams => "concurrent_streams",
-        }
-    }
-
-    /// The field of `spec.quotas`.
-    pub fn field(self) -> &'static str {
-        match self {
-            Dimension::Requests => "requests",
-            Dimension::PromptTokens => "promptTokens",
-            Dimension::OutputTokens => "outputTokens",
-            Dimension::ConcurrentStreams => "concurrentStreams",
-        }
-    }
-
-    fn unit(self) -> &'static str {
-        match self {
-            Dimension::Requests => "requests/s",
-            Dimension::PromptTokens => "prompt tokens/s",
-            Dimension::OutputTokens => "output tokens/s",
-            Dimension::ConcurrentStreams => "concurrent streams",
-        }
-    }
-}
-
-impl fmt::Display for Dimension {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A tenant's quotas in the engine's units: rates per second, cluster-wide.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct QuotaLimits {
-    pub requests_per_s: Option<f64>,
-    pub prompt_tokens_per_s: Option<f64>,
-    pub output_tokens_per_s: Option<f64>,
-    pub concurrent_streams: Option<u32>,
-    /// Seconds of each rate that may be spent at once.
-    pub burst: Duration,
-}
-
-impl Default for QuotaLimits {
-    /// No limit at all.
-    fn default() -> Self {
-        Self {
-            requests_per_s: None,
-            prompt_tokens_per_s: None,
-            output_tokens_per_s: None,
-            concurrent_streams: None,
-            burst: DEFAULT_BURST,
-        }
-    }
-}
-
-/// A quota field that cannot be used: which field of `spec.quotas`, its value, and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("spec.quotas.{field}: `{value}`: {reason}")]
-pub struct LimitError {
-    pub field: &'static str,
-    pub value: String,
-    pub reason: String,
-}
-
-impl QuotaLimits {
-    /// The limits of a `Tenant`'s `spec.quotas`.
-    pub fn from_spec(spec: &resources::Quotas) -> Result<Self, LimitError> {
-        let rate = |dim: Dimension, v: &Option<String>| {
-            v.as_deref()
-                .map(|s| {
-                    parse_rate(s).map_err(|reason| LimitError {
-                        field: dim.field(),
-                        value: s.to_owned(),
-                        reason,
-                    })
-                })
-                .transpose()
-        };
-        let concurrent_streams = match spec.concurrent_streams {
-            Some(0) => {
-                return Err(LimitError {
-                    field: Dimension::ConcurrentStreams.field(),
-                    value: "0".into(),
-                    reason: "must be at least 1".into(),
-                });
-            }
-            n => n,
-        };
-        let burst = match spec.burst_seconds {
-            None => DEFAULT_BURST,
-            Some(s) if (0.05..=60.0).contains(&s) => Duration::from_secs_f64(s),
-            Some(s) => {
-                return Err(LimitError {
-                    field: "burstSeconds",
-                    value: s.to_string(),
-                    reason: "must be between 0.05 and 60 seconds".into(),
-                });
-            }
-        };
-        Ok(Self {
-            requests_per_s: rate(Dimension::Requests, &spec.requests)?,
-            prompt_tokens_per_s: rate(Dimension::PromptTokens, &spec.prompt_tokens)?,
-            output_tokens_per_s: rate(Dimension::OutputTokens, &spec.output_tokens)?,
-            concurrent_streams,
-            burst,
-        })
-    }
-
-    /// Nothing is limited: [`Quotas::admit`] keeps no state for the tenant.
-    pub fn is_unlimited(&self) -> bool {
-        self.rates().iter().all(Option::is_none) && self.concurrent_streams.is_none()
-    }
-
-    fn rates(&self) -> [Option<f64>; 3] {
-        [
-            self.requests_per_s,
-            self.prompt_tokens_per_s,
-            self.output_tokens_per_s,
-        ]
-    }
-}
-
-/// `N/s`, `N/min` or `N/h` (N a positive finite decimal) as a rate per second.
-// TODO(#22): use crate::policy::validate::parse_rate when it lands, so that validation and
-// the engine read rates by one function.
-fn parse_rate(s: &str) -> Result<f64, String> {
-    let Some((n, unit)) = s.trim().split_once('/') else {
-        return Err("a rate is `N/s`, `N/min` or `N/h`".into());
-    };
-    let per = match unit.trim() {
-        "s" => 1.0,
-        "min" => 60.0,
-        "h" => 3600.0,
-        other => return Err(format!("unknown unit `{other}`: use `s`, `min` or `h`")),
-    };
-    match n.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v / per),
-        Ok(_) => Err("the amount must be a positive number".into()),
-        Err(_) => Err(format!("`{}` is not a number", n.trim())),
-    }
-}
 
 /// Why a request was refused, and when trying again may succeed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -269,21 +98,6 @@ pub struct Quotas {
 struct Tenant {
     name: Arc<str>,
     state: Mutex<TenantState>,
-}
-
-#[derive(Debug)]
-struct TenantState {
-    limits: QuotaLimits,
-    /// Requests, prompt tokens, output tokens ([`Dimension::RATES`] order).
-    buckets: [Bucket; 3],
-    demand: [Ewma; 3],
-    /// This agent's share of the stream cap.
-    streams_cap: Option<u32>,
-    open_streams: u32,
-    output_per_request: f64,
-    shared_at: Option<(Instant, u64)>,
-    last_seen: Instant,
-    refused: [u64; 4],
 }
 
 impl Quotas {
@@ -477,161 +291,6 @@ impl UsageExchange for Quotas {
             .collect();
         *self.remote.write() = remote;
         self.remote_generation.fetch_add(1, Ordering::Release);
-    }
-}
-
-// === impl TenantState ===
-
-impl TenantState {
-    fn new(now: Instant) -> Self {
-        Self {
-            limits: QuotaLimits::default(),
-            buckets: Default::default(),
-            demand: Default::default(),
-            streams_cap: None,
-            open_streams: 0,
-            output_per_request: 0.0,
-            shared_at: None,
-            last_seen: now,
-            refused: [0; 4],
-        }
-    }
-
-    /// Brings the buckets to `now` and, when stale, the shares to the latest limits and
-    /// demands.
-    fn refresh(
-        &mut self,
-        limits: &QuotaLimits,
-        now: Instant,
-        generation: u64,
-        remote: impl FnOnce() -> Vec<Demand>,
-    ) {
-        for b in &mut self.buckets {
-            b.advance(now);
-        }
-        self.last_seen = self.last_seen.max(now);
-        let fresh = self.limits == *limits
-            && self.shared_at.is_some_and(|(at, g)| {
-                g == generation && now.saturating_duration_since(at) < SHARE_REFRESH
-            });
-        if fresh {
-            return;
-        }
-        self.limits = *limits;
-        self.shared_at = Some((now, generation));
-        let remote = remote();
-        let own = self.demand_at(now);
-        let pick = [
-            |d: &Demand| d.requests,
-            |d: &Demand| d.prompt_tokens,
-            |d: &Demand| d.output_tokens,
-        ];
-        let own = [own.requests, own.prompt_tokens, own.output_tokens];
-        for (i, limit) in limits.rates().into_iter().enumerate() {
-            let Some(limit) = limit else {
-                self.buckets[i].clear();
-                continue;
-            };
-            let others: Vec<f64> = remote.iter().map(pick[i]).collect();
-            let rate = share::local_share(limit, own[i], &others);
-            self.buckets[i].set_rate(rate, limits.burst, now);
-        }
-        self.streams_cap = limits.concurrent_streams.map(|cap| {
-            let others: Vec<f64> = remote.iter().map(|d| d.requests).collect();
-            share::local_streams(cap, own[0], &others)
-        });
-    }
-
-    /// The limit that refuses a request of `prompt` tokens now, with the longest wait among
-    /// those that would (so a retry after it finds every bucket able to pay).
-    fn refusal(&self, prompt: f64) -> Option<(Dimension, Duration)> {
-        let needs = [1.0, prompt, 0.0];
-        let mut worst: Option<(Dimension, Duration)> = None;
-        for (i, d) in Dimension::RATES.into_iter().enumerate() {
-            if !self.buckets[i].is_set() {
-                continue;
-            }
-            if let Some(wait) = self.buckets[i].wait_for(needs[i])
-                && worst.is_none_or(|(_, w)| wait > w)
-            {
-                worst = Some((d, wait));
-            }
-        }
-        let stream_wait = Duration::from_secs(1);
-        if let Some(cap) = self.streams_cap
-            && self.open_streams >= cap
-            && worst.is_none_or(|(_, w)| stream_wait > w)
-        {
-            worst = Some((Dimension::ConcurrentStreams, stream_wait));
-        }
-        worst
-    }
-
-    fn message(&self, tenant: &str, d: Dimension, wait: Duration) -> String {
-        let secs = QuotaRefusal {
-            dimension: d,
-            retry_after: wait.min(MAX_RETRY_AFTER),
-            message: String::new(),
-        }
-        .retry_after_secs();
-        let cluster = match d {
-            Dimension::Requests => self.limits.requests_per_s,
-            Dimension::PromptTokens => self.limits.prompt_tokens_per_s,
-            Dimension::OutputTokens => self.limits.output_tokens_per_s,
-            Dimension::ConcurrentStreams => self.limits.concurrent_streams.map(f64::from),
-        }
-        .unwrap_or_default();
-        let local = self.local_limit(d).unwrap_or_default();
-        let what = match d {
-            Dimension::OutputTokens => "output tokens already generated exceed",
-            _ => "this request would exceed",
-        };
-        format!(
-            "Rate limit reached for tenant `{tenant}` on {}: {what} its quota of {} {} \
-             ({} at this router). Please try again in {secs} s.",
-            d.as_str().replace('_', " "),
-            number(cluster),
-            d.unit(),
-            number(local),
-        )
-    }
-
-    fn local_limit(&self, d: Dimension) -> Option<f64> {
-        match d {
-            Dimension::ConcurrentStreams => self.streams_cap.map(f64::from),
-            _ => {
-                let b = &self.buckets[d as usize];
-                b.is_set().then(|| b.rate())
-            }
-        }
-    }
-
-    fn demand_at(&self, now: Instant) -> Demand {
-        Demand {
-            requests: self.demand[0].get(now),
-            prompt_tokens: self.demand[1].get(now),
-            output_tokens: self.demand[2].get(now),
-        }
-    }
-
-    fn is_idle(&self, now: Instant) -> bool {
-        self.open_streams == 0
-            && now.saturating_duration_since(self.last_seen) >= IDLE_AFTER
-            && self.buckets.iter().all(|b| {
-                let mut b = b.clone();
-                b.advance(now);
-                b.is_full()
-            })
-    }
-}
-
-/// A rate for a message: whole above 100, else up to three decimals.
-fn number(v: f64) -> String {
-    if v >= 100.0 {
-        format!("{v:.0}")
-    } else {
-        let s = format!("{v:.3}");
-        s.trim_end_matches('0').trim_end_matches('.').to_owned()
     }
 }
 
