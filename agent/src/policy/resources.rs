@@ -79,6 +79,7 @@ pub struct PoolRef {
     /// Defaults to `InferencePool`.
     #[serde(default = "default_pool_kind")]
     pub kind: String,
+    /// The `InferencePool`'s name; off-cluster, the pool's `name` in the configuration file.
     pub name: String,
 }
 
@@ -94,6 +95,7 @@ fn default_pool_kind() -> String {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ServiceRef {
+    /// The Service's name, in the policy's namespace.
     pub name: String,
     /// 1-65535.
     pub port: u16,
@@ -103,6 +105,7 @@ pub struct ServiceRef {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LabelSelector {
+    /// Labels that must all be present, each with this value.
     #[serde(default)]
     pub match_labels: BTreeMap<String, String>,
 }
@@ -129,6 +132,7 @@ pub struct Match {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PathMatch {
+    /// The whole path, compared exactly (`/v1/chat/completions`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exact: Option<String>,
     /// Matches whole segments: `/v1` matches `/v1/completions`, not `/v1x`.
@@ -140,7 +144,9 @@ pub struct PathMatch {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HeaderMatch {
+    /// Header name (case-insensitive).
     pub name: String,
+    /// Its value, compared byte for byte.
     pub value: String,
 }
 
@@ -340,6 +346,7 @@ pub struct Identity {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Quotas {
+    /// Requests (each admitted request counts one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests: Option<String>,
     /// Prompt tokens (charged when the request is admitted, corrected by the engine's usage).
@@ -372,6 +379,7 @@ pub struct ResourceStatus {
     /// The generation these conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The latest observations, one per `type`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
 }
@@ -388,7 +396,9 @@ pub struct Condition {
     /// CamelCase reason: `Accepted`, `Invalid`, `Conflicted`, `ResolvedRefs`, `PoolNotFound`,
     /// ...
     pub reason: String,
+    /// Human-readable detail: for a rejection, each error with its field path.
     pub message: String,
+    /// The generation the condition was set from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// RFC 3339.
