@@ -45,11 +45,7 @@ impl Agents {
         for _ in 0..count {
             let (listen, admin) = (free_port()?, free_port()?);
             let log = logs.open(role)?;
-            let name = log
-                .path
-                .as_ref()
-                .and_then(|p| p.file_stem())
-                .map_or_else(|| role.to_string(), |s| s.to_string_lossy().into_owned());
+            let name = log.name();
             let mut command = tokio::process::Command::new(&exe);
             command
                 .arg("agent")

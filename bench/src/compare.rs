@@ -112,7 +112,6 @@ struct SimWrap {
 pub async fn run(args: CompareArgs) -> Result<(), Error> {
     // Logs first: from here on this process's own tracing goes to bench.log, not the terminal.
     let logs = Logs::create(&args.out)?;
-    let logs_dir = args.out.join("logs");
     let bench_log = BenchLog::install(&logs)?;
     let plan = Arc::new(args.workload.plan(args.seed));
     if args.workload.skew > 0.0 {
@@ -185,10 +184,7 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
     print_table(&rows);
     print_peer_ratios(&rows);
     write_outputs(&args, &rows)?;
-    match &bench_log {
-        Some(log) => println!("{}", log.summary()),
-        None => println!("logs: {}", logs_dir.display()),
-    }
+    println!("{}", bench_log.summary());
     Ok(())
 }
 

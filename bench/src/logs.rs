@@ -25,20 +25,24 @@ const TAIL_BYTES: u64 = 16 * 1024;
 /// Default `RUST_LOG` of the bench's own log (the agent's default).
 const DEFAULT_FILTER: &str = "info,zeromq=warn";
 
+/// The output directory of a benchmark that writes only logs, when none is given:
+/// `warmpath-bench/<bench>` in the system's temporary directory (each run overwrites it).
+pub fn default_out(bench: &str) -> PathBuf {
+    std::env::temp_dir().join("warmpath-bench").join(bench)
+}
+
 /// One run's log directory. Clones share the per-role counters.
 #[derive(Debug, Clone)]
 pub struct Logs {
-    /// `None`: output discarded (benchmarks without an output directory).
-    dir: Option<PathBuf>,
+    dir: PathBuf,
     next: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 /// Where one process's output goes.
 #[derive(Debug)]
 pub struct LogFile {
-    /// The file, or `None` when output is discarded.
-    pub path: Option<PathBuf>,
-    file: Option<File>,
+    pub path: PathBuf,
+    file: File,
 }
 
 // === impl Logs ===
@@ -52,32 +56,18 @@ impl Logs {
             source,
         })?;
         Ok(Self {
-            dir: Some(dir),
+            dir,
             next: Arc::default(),
         })
     }
 
-    /// Output of children goes nowhere (as before logs had a directory).
-    pub fn discard() -> Self {
-        Self {
-            dir: None,
-            next: Arc::default(),
-        }
-    }
-
-    pub fn dir(&self) -> Option<&Path> {
-        self.dir.as_deref()
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// A new, empty `<role>-<n>.log` for the next process of `role` (`n` counts from 0 per
     /// role within this run; a file of an earlier run with that name is truncated).
     pub fn open(&self, role: &str) -> Result<LogFile, Error> {
-        let Some(dir) = &self.dir else {
-            return Ok(LogFile {
-                path: None,
-                file: None,
-            });
-        };
         let n = {
             // A poisoned counter map still holds valid counts (plain integers).
             let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
@@ -85,15 +75,12 @@ impl Logs {
             *n += 1;
             *n - 1
         };
-        let path = dir.join(format!("{}-{n}.log", file_name(role)));
+        let path = self.dir.join(format!("{}-{n}.log", file_name(role)));
         let file = File::create(&path).map_err(|source| Error::Io {
             what: format!("create {}", path.display()),
             source,
         })?;
-        Ok(LogFile {
-            path: Some(path),
-            file: Some(file),
-        })
+        Ok(LogFile { path, file })
     }
 }
 
@@ -111,37 +98,33 @@ fn file_name(role: &str) -> String {
 // === impl LogFile ===
 
 impl LogFile {
+    fn handle(&self) -> Result<File, Error> {
+        self.file.try_clone().map_err(|source| Error::Io {
+            what: format!("open {}", self.path.display()),
+            source,
+        })
+    }
+
     /// A handle for a child's stdout or stderr.
     pub fn stdio(&self) -> Result<std::process::Stdio, Error> {
-        match (&self.file, &self.path) {
-            (Some(f), Some(path)) => f.try_clone().map(Into::into).map_err(|source| Error::Io {
-                what: format!("open {}", path.display()),
-                source,
-            }),
-            _ => Ok(std::process::Stdio::null()),
-        }
+        self.handle().map(Into::into)
     }
 
     /// An async writer on the same file (for what the bench copies from a pipe).
-    pub fn writer(&self) -> Result<Option<tokio::fs::File>, Error> {
-        match (&self.file, &self.path) {
-            (Some(f), Some(path)) => f
-                .try_clone()
-                .map(|f| Some(tokio::fs::File::from_std(f)))
-                .map_err(|source| Error::Io {
-                    what: format!("open {}", path.display()),
-                    source,
-                }),
-            _ => Ok(None),
-        }
+    pub fn writer(&self) -> Result<tokio::fs::File, Error> {
+        self.handle().map(tokio::fs::File::from_std)
     }
 
-    /// "its log, <path>, ends:" and the last lines, for an error message about its process.
+    /// `<role>-<n>`, the file's stem, to name its process in messages.
+    pub fn name(&self) -> String {
+        self.path
+            .file_stem()
+            .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
+    }
+
+    /// "; the end of its log <path>:" and its last lines, for an error about its process.
     pub fn quote(&self) -> String {
-        match &self.path {
-            None => String::new(),
-            Some(path) => quote(path),
-        }
+        quote(&self.path)
     }
 }
 
@@ -186,12 +169,9 @@ pub struct BenchLog {
 impl BenchLog {
     /// Installs the process-wide subscriber: `RUST_LOG` (default info) into `<logs>/bench.log`
     /// without colour codes, and a count of warnings for the summary.
-    pub fn install(logs: &Logs) -> Result<Option<Self>, Error> {
+    pub fn install(logs: &Logs) -> Result<Self, Error> {
         use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
-        let Some(dir) = logs.dir() else {
-            return Ok(None);
-        };
-        let path = dir.join("bench.log");
+        let path = logs.dir().join("bench.log");
         let file = File::create(&path).map_err(|source| Error::Io {
             what: format!("create {}", path.display()),
             source,
@@ -209,10 +189,10 @@ impl BenchLog {
             .with(CountWarnings(warnings.clone()))
             .try_init()
             .is_ok();
-        Ok(Some(Self {
+        Ok(Self {
             path,
             warnings: installed.then_some(warnings),
-        }))
+        })
     }
 
     /// "logs: <dir>" with the warnings this process logged, if any.
@@ -259,32 +239,27 @@ mod tests {
     fn files_are_numbered_per_role() {
         let out = scratch("numbered");
         let logs = Logs::create(&out).unwrap();
-        let names: Vec<PathBuf> = [
+        let files: Vec<LogFile> = [
             "agent-precise",
             "agent-precise",
             "sglang-router cache_aware",
         ]
         .iter()
-        .map(|r| logs.open(r).unwrap().path.unwrap())
+        .map(|r| logs.open(r).unwrap())
         .collect();
         let dir = out.join("logs");
+        let paths: Vec<&Path> = files.iter().map(|f| f.path.as_path()).collect();
         assert_eq!(
-            names,
+            paths,
             [
                 dir.join("agent-precise-0.log"),
                 dir.join("agent-precise-1.log"),
                 dir.join("sglang-router-cache_aware-0.log"),
             ]
         );
-        assert!(names.iter().all(|p| p.is_file()));
+        assert!(paths.iter().all(|p| p.is_file()));
+        assert_eq!(files[1].name(), "agent-precise-1");
         std::fs::remove_dir_all(&out).unwrap();
-    }
-
-    #[test]
-    fn discarded_logs_have_no_files() {
-        let f = Logs::discard().open("agent").unwrap();
-        assert_eq!(f.path, None);
-        assert_eq!(f.quote(), "");
     }
 
     #[test]

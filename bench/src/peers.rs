@@ -9,7 +9,7 @@ use warmpath_sim::fleet::RunningEngine;
 use super::{
     Error,
     logs::Logs,
-    process::{Child, Logged, free_port, spawn_logged},
+    process::{Logged, free_port, spawn_logged},
 };
 
 /// A peer router configuration.
@@ -116,17 +116,6 @@ impl Peer {
             })
             .collect();
         self.start_logged(&workers, model, logs).await
-    }
-
-    /// Starts the peer in front of `workers`, its output discarded; returns it and its base
-    /// URL once it answers.
-    pub async fn start_workers(
-        &self,
-        workers: &[Worker],
-        model: &str,
-    ) -> Result<(Child, String), Error> {
-        let (router, base) = self.start_logged(workers, model, &Logs::discard()).await?;
-        Ok((router.child, base))
     }
 
     /// Starts the peer in front of `workers`, its output in a log file of `logs`; returns it

@@ -50,33 +50,22 @@ pub fn self_exe() -> Result<std::path::PathBuf, Error> {
     })
 }
 
-/// Runs this binary with `args` and `worker_threads` tokio workers; returns it and its pid.
-pub async fn spawn_self(args: &[String], worker_threads: usize) -> Result<(Child, u32), Error> {
-    spawn_exe(&self_exe()?, args, worker_threads).await
-}
-
-/// Runs `exe` (a `warmpath` binary) with `args` and `worker_threads` tokio workers; returns
-/// it and its pid.
-pub async fn spawn_exe(
+/// Runs `exe <args>` (a `warmpath` binary in another role) with `worker_threads` tokio
+/// workers, its output in the next `<role>-<n>.log` of `logs`.
+pub fn spawn_exe(
     exe: &Path,
     args: &[String],
     worker_threads: usize,
-) -> Result<(Child, u32), Error> {
-    let child = tokio::process::Command::new(exe)
+    role: &str,
+    logs: &Logs,
+) -> Result<Logged, Error> {
+    let log = logs.open(role)?;
+    let name = log.name();
+    let mut command = tokio::process::Command::new(exe);
+    command
         .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .env("TOKIO_WORKER_THREADS", worker_threads.to_string())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| Error::Io {
-            what: format!("start warmpath {args:?}"),
-            source,
-        })?;
-    let pid = child
-        .id()
-        .ok_or_else(|| Error::Setup(format!("warmpath {args:?} exited at once")))?;
-    Ok((Child(child), pid))
+        .env("TOKIO_WORKER_THREADS", worker_threads.to_string());
+    spawn_logged(&mut command, &name, log, false)
 }
 
 /// The flags every benchmark's simulator fleet starts with: `replicas` engines on free ports,
@@ -97,14 +86,15 @@ pub fn fleet_flags(replicas: u16, profile: &str, time_scale: f64) -> Vec<String>
     .to_vec()
 }
 
-/// Starts `warmpath sim <flags>` and waits for its ready line; returns the process, its pid
-/// and the HTTP addresses of its engines.
+/// Starts `warmpath sim <flags>` (this binary), its output in the next `sim-<n>.log` of
+/// `logs`, and waits for its ready line; returns the process and its engines' HTTP addresses.
 pub async fn spawn_sim(
     flags: &[String],
     worker_threads: usize,
-) -> Result<(Child, u32, Vec<String>), Error> {
-    let (child, pid, engines) = spawn_fleet(&self_exe()?, flags, worker_threads).await?;
-    Ok((child, pid, engines.into_iter().map(|e| e.http).collect()))
+    logs: &Logs,
+) -> Result<(Logged, Vec<String>), Error> {
+    let (sim, engines) = spawn_fleet(&self_exe()?, flags, worker_threads, "sim", logs).await?;
+    Ok((sim, engines.into_iter().map(|e| e.http).collect()))
 }
 
 /// One simulated engine's addresses, from the simulator's ready line.
@@ -117,16 +107,18 @@ pub struct EngineAddrs {
     pub kv_replay: Option<String>,
 }
 
-/// Starts `exe sim <flags>` and waits for its ready line; returns the process, its pid and
-/// its engines' addresses. Its output is discarded.
+/// Starts `exe sim <flags>`, its output in the next `<role>-<n>.log` of `logs`, and waits
+/// for its ready line; returns the process and its engines' addresses.
 pub async fn spawn_fleet(
     exe: &Path,
     flags: &[String],
     worker_threads: usize,
-) -> Result<(Child, u32, Vec<EngineAddrs>), Error> {
-    let log = Logs::discard().open("sim")?;
-    let (fleet, engines) = spawn_fleet_logged(exe, flags, worker_threads, "sim", log).await?;
-    Ok((fleet.child, fleet.pid, engines))
+    role: &str,
+    logs: &Logs,
+) -> Result<(Logged, Vec<EngineAddrs>), Error> {
+    let log = logs.open(role)?;
+    let name = log.name();
+    spawn_fleet_logged(exe, flags, worker_threads, &name, log).await
 }
 
 /// Longest ready line the simulator may print (its engines' addresses as JSON).
@@ -171,20 +163,12 @@ pub async fn spawn_fleet_logged(
         return Err(why.unwrap_or_else(|| fleet.failed("closed its stdout before its ready line")));
     }
     let mut writer = fleet.log.writer()?;
-    if let Some(w) = &mut writer {
-        // The ready line belongs in the log too; a failed write only loses log lines.
-        let _ = w.write_all(line.as_bytes()).await;
-    }
+    // The ready line belongs in the log too; a failed write only loses log lines.
+    let _ = writer.write_all(line.as_bytes()).await;
     fleet.copy = Some(tokio::spawn(async move {
         // Until the child closes stdout (it exits): one fixed buffer, whatever it prints.
-        let _ = match writer {
-            Some(mut w) => {
-                let copied = tokio::io::copy(&mut reader, &mut w).await;
-                let _ = w.flush().await;
-                copied
-            }
-            None => tokio::io::copy(&mut reader, &mut tokio::io::sink()).await,
-        };
+        let _ = tokio::io::copy(&mut reader, &mut writer).await;
+        let _ = writer.flush().await;
     }));
     let engines = ready_engines(&line).map_err(|e| fleet.failed(&e))?;
     Ok((fleet, engines))
@@ -325,27 +309,6 @@ pub(crate) async fn wait_child_ready(
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-}
-
-/// Polls `url` until it answers 2xx, for at most `within` (a debug build starts slowly).
-pub(crate) async fn wait_ready(
-    client: &reqwest::Client,
-    url: &str,
-    within: std::time::Duration,
-) -> Result<(), Error> {
-    let deadline = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < deadline {
-        if client
-            .get(url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    Err(Error::Setup(format!("{url} never became ready")))
 }
 
 #[cfg(test)]

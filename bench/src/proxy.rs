@@ -4,7 +4,7 @@
 //! long chat prompt. Sim, agent and nginx run as separate processes; all on loopback.
 
 use std::{
-    process::Stdio,
+    path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -13,8 +13,13 @@ use std::{
 };
 
 use super::{
-    Error, proc_stat,
-    process::{Child, fleet_flags, free_port, spawn_self, spawn_sim, wait_ready},
+    Error,
+    logs::Logs,
+    proc_stat,
+    process::{
+        Logged, fleet_flags, free_port, self_exe, spawn_exe, spawn_logged, spawn_sim,
+        wait_child_ready,
+    },
     run::report::duration_quantiles,
 };
 use clap::Args;
@@ -44,6 +49,11 @@ pub struct ProxyBenchArgs {
     /// Only the routing-decision benchmark (no processes started).
     #[arg(long)]
     pub decision_only: bool,
+    /// Where the processes it starts (simulator, agents, nginx, peer routers) write their
+    /// output: `<DIR>/logs/<role>-<n>.log` (default: `warmpath-bench/proxy` in the system's
+    /// temporary directory).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 /// A target of the latency and throughput runs.
@@ -59,7 +69,8 @@ async fn start_agent(
     client: &reqwest::Client,
     sim_addr: &str,
     extra: &[&str],
-) -> Result<(super::process::Child, u32, u16), Error> {
+    logs: &Logs,
+) -> Result<(Logged, u16), Error> {
     let (listen, admin) = (free_port()?, free_port()?);
     let mut args: Vec<String> = [
         "agent".to_string(),
@@ -75,14 +86,10 @@ async fn start_agent(
     ]
     .into();
     args.extend(extra.iter().map(|a| a.to_string()));
-    let (child, pid) = spawn_self(&args, 1).await?;
-    wait_ready(
-        client,
-        &format!("http://127.0.0.1:{admin}/ready"),
-        READY_WITHIN,
-    )
-    .await?;
-    Ok((child, pid, listen))
+    let mut agent = spawn_exe(&self_exe()?, &args, 1, "agent", logs)?;
+    let ready = format!("http://127.0.0.1:{admin}/ready");
+    wait_child_ready(&mut agent, client, &ready, READY_WITHIN).await?;
+    Ok((agent, listen))
 }
 
 pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
@@ -95,15 +102,22 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
         .pool_max_idle_per_host(256)
         .build()
         .map_err(|e| Error::Setup(e.to_string()))?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| super::logs::default_out("proxy"));
+    let logs = Logs::create(&out)?;
     // The simulator answers as fast as it computes: modelled time is scaled to ~nothing.
     let mut flags = fleet_flags(1, "tiny", 0.00001);
     flags.extend(["--max-num-seqs", "1024"].map(String::from));
-    let (_sim, sim_pid, engines) = spawn_sim(&flags, 1).await?;
-    let sim_addr = engines[0].clone();
-    let (_agent, agent_pid, listen) = start_agent(&client, &sim_addr, &[]).await?;
+    let (sim, engines) = spawn_sim(&flags, 1, &logs).await?;
+    let (sim_pid, sim_addr) = (sim.pid, engines[0].clone());
+    let (agent, listen) = start_agent(&client, &sim_addr, &[], &logs).await?;
     // The same agent speaking h2c to the simulator (one multiplexed connection).
-    let (_agent_h2, agent_h2_pid, listen_h2) =
-        start_agent(&client, &sim_addr, &["--upstream-protocol", "h2"]).await?;
+    let h2 = ["--upstream-protocol", "h2"];
+    let (agent_h2, listen_h2) = start_agent(&client, &sim_addr, &h2, &logs).await?;
+    let (agent_pid, agent_h2_pid) = (agent.pid, agent_h2.pid);
+    let _processes = (sim, agent, agent_h2);
     let mut targets = vec![
         Target {
             name: "direct",
@@ -122,19 +136,15 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
             pid: Some(agent_h2_pid),
         },
     ];
-    let _nginx = match nginx(&sim_addr).await {
-        Ok(Some((child, port, worker))) => {
+    let _nginx = match nginx(&sim_addr, &logs).await {
+        Ok(Some((mut child, port, worker))) => {
             targets.push(Target {
                 name: "nginx",
                 base: format!("http://127.0.0.1:{port}"),
                 pid: Some(worker),
             });
-            wait_ready(
-                &client,
-                &format!("http://127.0.0.1:{port}/health"),
-                READY_WITHIN,
-            )
-            .await?;
+            let health = format!("http://127.0.0.1:{port}/health");
+            wait_child_ready(&mut child, &client, &health, READY_WITHIN).await?;
             Some(child)
         }
         Ok(None) => {
@@ -162,16 +172,16 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
             replay: None,
         };
         match peer
-            .start_workers(&[worker], warmpath_sim::cli::DEFAULT_MODEL)
+            .start_logged(&[worker], warmpath_sim::cli::DEFAULT_MODEL, &logs)
             .await
         {
-            Ok((child, base)) => {
+            Ok((router, base)) => {
                 targets.push(Target {
                     name: peer.program,
                     base,
-                    pid: child.0.id(),
+                    pid: Some(router.pid),
                 });
-                _peers.push(child);
+                _peers.push(router);
             }
             Err(e) => println!("({} did not start: {e})", peer.name),
         }
@@ -245,9 +255,9 @@ pub async fn run(args: ProxyBenchArgs) -> Result<(), Error> {
     decision(args.chat_tokens);
     if let Some(mut nginx) = _nginx {
         // A graceful stop lets the master take its worker down with it.
-        nginx.terminate();
-        let _ = tokio::time::timeout(Duration::from_secs(5), nginx.0.wait()).await;
+        nginx.stop(Duration::from_secs(5)).await;
     }
+    println!("logs: {}", out.join("logs").display());
     Ok(())
 }
 
@@ -438,7 +448,7 @@ async fn throughput(
 }
 
 /// nginx in front of the simulator, one worker, upstream keep-alive; (process, port, worker pid).
-async fn nginx(sim: &str) -> Result<Option<(Child, u16, u32)>, Error> {
+async fn nginx(sim: &str, logs: &Logs) -> Result<Option<(Logged, u16, u32)>, Error> {
     let Some(bin) = ["/usr/sbin/nginx", "/usr/bin/nginx"]
         .into_iter()
         .find(|p| std::path::Path::new(p).exists())
@@ -452,7 +462,7 @@ async fn nginx(sim: &str) -> Result<Option<(Child, u16, u32)>, Error> {
     })?;
     let port = free_port()?;
     let conf = format!(
-        "worker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\nevents {{ worker_connections 4096; }}\n\
+        "worker_processes 1;\npid {d}/nginx.pid;\nerror_log stderr;\nevents {{ worker_connections 4096; }}\n\
          http {{\n access_log off;\n client_body_temp_path {d};\n proxy_temp_path {d};\n\
          upstream sim {{ server {sim}; keepalive 256; }}\n\
          server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_buffering off; }} }}\n}}\n",
@@ -463,20 +473,15 @@ async fn nginx(sim: &str) -> Result<Option<(Child, u16, u32)>, Error> {
         what: "nginx conf".into(),
         source,
     })?;
-    let child = tokio::process::Command::new(bin)
+    let mut command = tokio::process::Command::new(bin);
+    command
         .arg("-c")
         .arg(&conf_path)
-        .args(["-g", "daemon off;"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|source| Error::Io {
-            what: "start nginx".into(),
-            source,
-        })?;
-    let master = child
-        .id()
-        .ok_or_else(|| Error::Setup("nginx exited".into()))?;
+        .args(["-g", "daemon off;"]);
+    let log = logs.open("nginx")?;
+    let name = log.name();
+    let child = spawn_logged(&mut command, &name, log, false)?;
+    let master = child.pid;
     // Its one worker is the process doing the proxying.
     let mut worker = None;
     for _ in 0..200 {
@@ -493,8 +498,8 @@ async fn nginx(sim: &str) -> Result<Option<(Child, u16, u32)>, Error> {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let worker = worker.ok_or_else(|| Error::Setup("nginx worker not found".into()))?;
-    Ok(Some((Child(child), port, worker)))
+    let worker = worker.ok_or_else(|| child.failed("started no worker process"))?;
+    Ok(Some((child, port, worker)))
 }
 
 /// The routing decision for a long chat prompt: parse, render, tokenize, key, rank.

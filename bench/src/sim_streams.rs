@@ -18,7 +18,9 @@ use futures::StreamExt;
 use warmpath_agent::http::sse::{self, Piece, Splitter};
 
 use super::{
-    Error, proc_stat,
+    Error,
+    logs::Logs,
+    proc_stat,
     process::{fleet_flags, spawn_sim},
 };
 
@@ -49,6 +51,10 @@ pub struct SimStreamsArgs {
     /// Tokio worker threads of the simulator process.
     #[arg(long, default_value_t = 1)]
     pub sim_worker_threads: usize,
+    /// Where the simulator process writes its output: `<DIR>/logs/sim-0.log` (default:
+    /// `warmpath-bench/sim-streams` in the system's temporary directory).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<std::path::PathBuf>,
 }
 
 /// Counters shared by the client tasks.
@@ -73,7 +79,13 @@ pub async fn run(args: SimStreamsArgs) -> Result<(), Error> {
         ]
         .map(String::from),
     );
-    let (_sim, pid, engines) = spawn_sim(&flags, args.sim_worker_threads).await?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| super::logs::default_out("sim-streams"));
+    let logs = Logs::create(&out)?;
+    let (sim, engines) = spawn_sim(&flags, args.sim_worker_threads, &logs).await?;
+    let pid = sim.pid;
     let urls: Vec<String> = engines
         .iter()
         .map(|h| format!("http://{h}/v1/completions"))
@@ -140,6 +152,8 @@ pub async fn run(args: SimStreamsArgs) -> Result<(), Error> {
         cores(own0, own1),
         tally.errors.load(Ordering::Relaxed)
     );
+    drop(sim);
+    println!("logs: {}", out.join("logs").display());
     Ok(())
 }
 

@@ -31,8 +31,12 @@ use warmpath_agent::pool::UpstreamProtocol;
 
 use super::{
     Error,
-    process::{Child, EngineAddrs, free_port, self_exe, spawn_exe, spawn_fleet},
+    logs::Logs,
+    process::{EngineAddrs, Logged, free_port, self_exe, spawn_exe, spawn_fleet, wait_child_ready},
 };
+
+/// The failing endpoint's role in log file names.
+const FLAKY: &str = "sim-flaky";
 
 /// Attempts at starting the failing endpoint again before the soak gives up.
 const RESTART_TRIES: u32 = 10;
@@ -93,6 +97,11 @@ pub struct SoakArgs {
     /// Write the report (with every sample) as JSON here.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Where the processes it starts (simulators, the agent) write their output:
+    /// `<DIR>/logs/<role>-<n>.log` (default: `warmpath-bench/soak` in the system's temporary
+    /// directory).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
     /// Exit with an error when a goal is not met (memory growth, flatness, descriptors).
     #[arg(long)]
     pub check: bool,
@@ -101,6 +110,12 @@ pub struct SoakArgs {
 impl SoakArgs {
     fn load_seconds(&self) -> f64 {
         (self.minutes * 60.0).max(1.0)
+    }
+
+    fn out_dir(&self) -> PathBuf {
+        self.out
+            .clone()
+            .unwrap_or_else(|| super::logs::default_out("soak"))
     }
 
     fn warmup(&self) -> f64 {
@@ -114,6 +129,7 @@ impl SoakArgs {
 pub async fn run(args: SoakArgs) -> Result<(), Error> {
     let report = soak(&args).await?;
     println!("{}", report::render(&report));
+    println!("logs: {}", args.out_dir().join("logs").display());
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::Setup(format!("report JSON: {e}")))?;
@@ -137,6 +153,7 @@ pub async fn soak(args: &SoakArgs) -> Result<SoakReport, Error> {
         Some(p) => p.clone(),
         None => self_exe()?,
     };
+    let logs = Logs::create(&args.out_dir())?;
     let fleet_flags: Vec<String> = [
         "--port",
         "0",
@@ -155,8 +172,8 @@ pub async fn soak(args: &SoakArgs) -> Result<SoakReport, Error> {
     ]
     .map(String::from)
     .to_vec();
-    let (_fleet, _, engines) = spawn_fleet(&exe, &fleet_flags, 2).await?;
-    let mut flaky = Flaky::start(exe.clone()).await?;
+    let (_fleet, engines) = spawn_fleet(&exe, &fleet_flags, 2, "sim", &logs).await?;
+    let mut flaky = Flaky::start(exe.clone(), logs.clone()).await?;
     let stall_flags: Vec<String> = [
         "--model",
         idle::IDLE_MODEL,
@@ -173,10 +190,10 @@ pub async fn soak(args: &SoakArgs) -> Result<SoakReport, Error> {
     ]
     .map(String::from)
     .to_vec();
-    let (_stall, _, stall) = spawn_fleet(&exe, &stall_flags, 1).await?;
+    let (_stall, stall) = spawn_fleet(&exe, &stall_flags, 1, "sim-stall", &logs).await?;
     let mut all = engines.clone();
     all.push(flaky.addrs.clone());
-    let agent = Agent::start(&exe, &all, &stall, args.idle_upstream, args.workers).await?;
+    let agent = Agent::start(&exe, &all, &stall, args.idle_upstream, args.workers, &logs).await?;
     let target = idle::Target {
         pid: agent.pid,
         listen: agent.listen,
@@ -336,7 +353,7 @@ fn raise_nofile(idle: usize, per_stream: u64) -> usize {
 
 /// The agent under test, stopped when dropped; its config directory removed with it.
 struct Agent {
-    _child: Child,
+    _child: Logged,
     pid: u32,
     listen: std::net::SocketAddr,
     dir: PathBuf,
@@ -349,6 +366,7 @@ impl Agent {
         stall: &[EngineAddrs],
         stall_protocol: UpstreamProtocol,
         workers: Option<usize>,
+        logs: &Logs,
     ) -> Result<Self, Error> {
         let (listen, admin) = (free_port()?, free_port()?);
         let endpoint = |e: &EngineAddrs| serde_json::json!({"url": format!("http://{}", e.http), "kvEvents": e.kv_events, "kvReplay": e.kv_replay});
@@ -380,20 +398,18 @@ impl Agent {
             "--config".into(),
             file.display().to_string(),
         ];
-        let (child, pid) = spawn_exe(exe, &args, 1).await?;
+        let mut child = spawn_exe(exe, &args, 1, "agent", logs)?;
+        let ready = format!("http://127.0.0.1:{admin}/ready");
+        let client = reqwest::Client::new();
+        let waited = wait_child_ready(&mut child, &client, &ready, Duration::from_secs(60)).await;
         let agent = Self {
+            pid: child.pid,
             _child: child,
-            pid,
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], listen)),
             dir,
         };
-        crate::process::wait_ready(
-            &reqwest::Client::new(),
-            &format!("http://127.0.0.1:{admin}/ready"),
-            Duration::from_secs(60),
-        )
-        .await?;
-        Ok(agent)
+        // Its config directory goes (with `agent`) also when it never became ready.
+        waited.map(|()| agent)
     }
 }
 
@@ -408,12 +424,13 @@ impl Drop for Agent {
 struct Flaky {
     exe: PathBuf,
     flags: Vec<String>,
-    child: Option<Child>,
+    child: Option<Logged>,
     addrs: EngineAddrs,
+    logs: Logs,
 }
 
 impl Flaky {
-    async fn start(exe: PathBuf) -> Result<Self, Error> {
+    async fn start(exe: PathBuf, logs: Logs) -> Result<Self, Error> {
         let (http, events, replay) = (free_port()?, free_port()?, free_port()?);
         let flags: Vec<String> = [
             "--port",
@@ -433,7 +450,7 @@ impl Flaky {
         ]
         .map(String::from)
         .to_vec();
-        let (child, _, engines) = spawn_fleet(&exe, &flags, 1).await?;
+        let (child, engines) = spawn_fleet(&exe, &flags, 1, FLAKY, &logs).await?;
         let addrs = engines
             .into_iter()
             .next()
@@ -443,6 +460,7 @@ impl Flaky {
             flags,
             child: Some(child),
             addrs,
+            logs,
         })
     }
 
@@ -463,9 +481,9 @@ impl Flaky {
                 return Ok(kills);
             }
             tokio::time::sleep_until(at.into()).await;
-            if let Some(mut child) = self.child.take() {
-                let _ = child.0.start_kill();
-                let _ = child.0.wait().await;
+            if let Some(mut flaky) = self.child.take() {
+                let _ = flaky.child.0.start_kill();
+                let _ = flaky.exited().await;
                 kills += 1;
             }
             tokio::time::sleep(down).await;
@@ -474,11 +492,12 @@ impl Flaky {
     }
 
     /// Starts the engine again on its ports (a few tries: they may take a moment to free).
-    async fn restart(&self) -> Result<Child, Error> {
+    async fn restart(&self) -> Result<Logged, Error> {
         let mut tries = 0;
         loop {
-            match spawn_fleet(&self.exe, &self.flags, 1).await {
-                Ok((child, _, _)) => return Ok(child),
+            // Each start (and try) in a log of its own: `sim-flaky-<n>.log`.
+            match spawn_fleet(&self.exe, &self.flags, 1, FLAKY, &self.logs).await {
+                Ok((child, _)) => return Ok(child),
                 Err(e) if tries >= RESTART_TRIES => return Err(e),
                 Err(_) => tries += 1,
             }
