@@ -47,7 +47,7 @@ pub struct ValidateArgs {
 /// Why a `warmpath policy` command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{errors} error(s) in {files} policy file(s)")]
+    #[error("{errors} error(s) in the policy files (each printed above)")]
     Invalid { errors: usize, files: usize },
     #[error("writing the report: {0}")]
     Output(#[from] std::io::Error),
