@@ -1,4 +1,5 @@
-//! `warmpath status`: the admin port's `/status` as terminal tables (tenants, then pods).
+//! `warmpath status`: the admin port's `/status` as terminal tables (tenants, pods, then
+//! requests routed without prefix keys).
 
 use std::fmt::Write as _;
 
@@ -147,7 +148,43 @@ pub fn render(status: &serde_json::Value) -> String {
             p["index"]["state"].as_str().unwrap_or("no events"),
         );
     }
+    unkeyed(&mut out, status);
     out
+}
+
+/// Requests each pool routed without prefix keys, by reason, with the first failure's
+/// message (printed only when there are any).
+fn unkeyed(out: &mut String, status: &serde_json::Value) {
+    let mut rows = Vec::new();
+    for pool in status["pools"].as_array().into_iter().flatten() {
+        let Some(counts) = pool["unkeyed"].as_object() else {
+            continue;
+        };
+        for (reason, n) in counts {
+            let first = pool["unkeyed_first_error"][reason.as_str()]
+                .as_str()
+                .unwrap_or("");
+            rows.push((
+                pool["name"].as_str().unwrap_or("?").to_string(),
+                reason.clone(),
+                n.as_u64().unwrap_or(0),
+                first.to_string(),
+            ));
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nROUTED WITHOUT PREFIX KEYS");
+    let _ = writeln!(
+        out,
+        "{:<16} {:<24} {:>9}  FIRST ERROR",
+        "POOL", "REASON", "REQUESTS"
+    );
+    for (pool, reason, n, first) in rows {
+        let first: String = first.chars().take(100).collect();
+        let _ = writeln!(out, "{pool:<16} {reason:<24} {n:>9}  {first}");
+    }
 }
 
 #[cfg(test)]
@@ -163,7 +200,9 @@ mod tests {
                 "cache_hit_pct": 81.25, "ttft_ms_p50": 12.5, "ttft_ms_p90": 40.0, "ttft_ms_p99": null}],
             "pods": [{"load": {"endpoint": "127.0.0.1:8100", "in_flight": 3, "requests": 50,
                 "engine": {"waiting": 1, "kv_cache_usage": 0.5}},
-                "index": {"entries": 1234, "state": "healthy"}}]
+                "index": {"entries": 1234, "state": "healthy"}}],
+            "pools": [{"name": "llama", "unkeyed": {"template": 3},
+                "unkeyed_first_error": {"template": "chat template: roles must alternate"}}]
         });
         let text = render(&status);
         assert!(text.contains("TENANTS (last 60 s)"), "{text}");
@@ -183,5 +222,17 @@ mod tests {
             pod.contains("1234") && pod.contains("healthy") && pod.contains("50.0%"),
             "{pod}"
         );
+        assert!(text.contains("ROUTED WITHOUT PREFIX KEYS"), "{text}");
+        let row = text.lines().find(|l| l.starts_with("llama")).unwrap();
+        assert!(
+            row.contains("template") && row.contains(" 3  chat template: roles must alternate"),
+            "{row}"
+        );
+    }
+
+    #[test]
+    fn no_unkeyed_section_without_unkeyed_requests() {
+        let status = serde_json::json!({"pools": [{"name": "p", "unkeyed": {}}]});
+        assert!(!render(&status).contains("WITHOUT PREFIX KEYS"));
     }
 }

@@ -68,6 +68,17 @@ impl Tokenizer {
         .expect("the embedded tokenizer is valid (checked by unit tests)")
     }
 
+    /// The built-in vocabulary with another `tokenizer_config.json` (a real model's chat
+    /// template, special and added tokens): templates exercised without the model's
+    /// multi-megabyte `tokenizer.json` (tests, the simulator's template checks).
+    pub fn builtin_with_config(tokenizer_config: &str) -> Result<Self, Error> {
+        Self::from_parts(
+            DEFAULT_TOKENIZER_JSON,
+            Some(tokenizer_config),
+            "<builtin>/tokenizer_config.json",
+        )
+    }
+
     /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self, Error> {
         let read = |name: &str| {

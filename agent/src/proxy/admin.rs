@@ -175,7 +175,8 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
         pools.push(serde_json::json!({"name": p.name, "model": p.pool.model,
             "policy": format!("{:?}", p.pool.policy.kind), "weights": p.pool.policy.weights,
             "block_size": p.pool.block_size, "tokens": p.tokens.name(), "upstream": p.protocol.as_str(),
-            "endpoints": p.pool.endpoints.len()}));
+            "endpoints": p.pool.endpoints.len(), "unkeyed": p.unkeyed.counts(),
+            "unkeyed_first_error": p.unkeyed.first_errors()}));
     }
     let first = &proxy.pools[0].pool;
     serde_json::json!({"model": first.model, "policy": format!("{:?}", first.policy.kind),

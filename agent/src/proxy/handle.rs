@@ -162,7 +162,10 @@ async fn route(
                 body.clone()
             };
             let block_size = pool.pool.block_size;
-            let keys = match pool.tokens.keys_now(&req, lora.as_deref(), block_size) {
+            let keys = match pool
+                .tokens
+                .keys_now(&req, lora.as_deref(), block_size, &pool.unkeyed)
+            {
                 Some(keys) => keys,
                 // A round trip to the engine: boxed, so that the common path's future (moved
                 // with every request) stays small.
@@ -173,6 +176,7 @@ async fn route(
                         block_size,
                         || pool.tokenize_target(),
                         proxy.upstreams.client(pool.protocol),
+                        &pool.unkeyed,
                     ))
                     .await
                 }

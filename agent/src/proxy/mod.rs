@@ -31,6 +31,7 @@ mod scrape;
 pub mod tap;
 pub mod tokens;
 mod tracked;
+pub mod unkeyed;
 mod upstream;
 pub mod workers;
 

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{Proxy, TokenSource};
+use super::{Proxy, TokenSource, unkeyed::UnkeyedCounts};
 use crate::{
     pool::{Pool, UpstreamProtocol},
     routing::{History, Policy, SessionSource},
@@ -27,6 +27,8 @@ pub struct PoolRuntime {
     tokenize_cursor: AtomicUsize,
     /// HTTP/1.1 or h2c to the engines.
     pub protocol: UpstreamProtocol,
+    /// Requests routed without prefix keys, by reason.
+    pub unkeyed: UnkeyedCounts,
 }
 
 impl PoolRuntime {
@@ -60,6 +62,7 @@ impl Proxy {
             telemetry_id,
             tokenize_cursor: AtomicUsize::new(0),
             protocol: UpstreamProtocol::default(),
+            unkeyed: UnkeyedCounts::new(name),
         });
         self.pools.last_mut().expect("a pool was just pushed")
     }

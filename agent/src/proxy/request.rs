@@ -5,9 +5,12 @@
 use std::borrow::Cow;
 
 use serde_json::value::RawValue;
-use warmpath_tokenizer::{ChatMessage, Tokenizer};
+use warmpath_tokenizer::{Chat, ChatJson, Tokenizer};
 
-use super::error::ProxyError;
+use super::{
+    error::ProxyError,
+    unkeyed::{Unkeyed, UnkeyedReason},
+};
 use crate::kv_index::{RequestExtras, RouterKey, request_keys};
 
 /// Encodes text as a pool's tokenizer does (plain, or with the per-segment cache).
@@ -128,7 +131,10 @@ struct Fields<'a> {
     messages: Option<&'a RawValue>,
     add_special_tokens: Option<&'a RawValue>,
     add_generation_prompt: Option<&'a RawValue>,
+    continue_final_message: Option<&'a RawValue>,
     chat_template_kwargs: Option<&'a RawValue>,
+    tools: Option<&'a RawValue>,
+    documents: Option<&'a RawValue>,
 }
 
 impl<'de: 'a, 'a> serde::Deserialize<'de> for Fields<'a> {
@@ -154,7 +160,10 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Fields<'a> {
                         "messages" => &mut out.messages,
                         "add_special_tokens" => &mut out.add_special_tokens,
                         "add_generation_prompt" => &mut out.add_generation_prompt,
+                        "continue_final_message" => &mut out.continue_final_message,
                         "chat_template_kwargs" => &mut out.chat_template_kwargs,
+                        "tools" => &mut out.tools,
+                        "documents" => &mut out.documents,
                         _ => {
                             map.next_value::<serde::de::IgnoredAny>()?;
                             continue;
@@ -259,6 +268,11 @@ impl<'a> Request<'a> {
     /// cannot tokenize (odd shape, template failure) — it is still forwarded, routed without
     /// prefix information, and the engine answers with its own validation error.
     pub fn local_tokens(&self, tokenizer: &dyn Encoder) -> Option<Vec<u32>> {
+        self.try_local_tokens(tokenizer).ok()
+    }
+
+    /// [`Request::local_tokens`], saying why when there are none.
+    pub fn try_local_tokens(&self, tokenizer: &dyn Encoder) -> Result<Vec<u32>, Unkeyed> {
         match self.kind {
             Kind::Completion => completion_tokens(&self.fields, tokenizer),
             Kind::Chat => chat_tokens(&self.fields, tokenizer),
@@ -295,8 +309,10 @@ impl<'a> Request<'a> {
             Kind::Chat => {
                 copy(&mut out, "messages", f.messages);
                 copy(&mut out, "add_generation_prompt", f.add_generation_prompt);
+                copy(&mut out, "continue_final_message", f.continue_final_message);
                 copy(&mut out, "add_special_tokens", f.add_special_tokens);
                 copy(&mut out, "chat_template_kwargs", f.chat_template_kwargs);
+                copy(&mut out, "tools", f.tools);
             }
         }
         Some(out.into())
@@ -374,66 +390,49 @@ pub fn parse(
     })
 }
 
-fn completion_tokens(f: &Fields<'_>, tokenizer: &dyn Encoder) -> Option<Vec<u32>> {
-    match prompt(f.prompt)? {
-        Prompt::Ids(ids) => Some(ids),
-        Prompt::Text(text) => {
+fn completion_tokens(f: &Fields<'_>, tokenizer: &dyn Encoder) -> Result<Vec<u32>, Unkeyed> {
+    match prompt(f.prompt) {
+        Some(Prompt::Ids(ids)) => Ok(ids),
+        Some(Prompt::Text(text)) => {
             let add_special = typed::<bool>(f.add_special_tokens).unwrap_or(true);
-            tokenizer.encode_text(&text, add_special)
+            encode(tokenizer, &text, add_special)
         }
+        None => Err(Unkeyed::new(
+            UnkeyedReason::Prompt,
+            "the prompt is not a string, one string or a list of token ids",
+        )),
     }
 }
 
-/// A chat message as routing reads it.
-#[derive(serde::Deserialize)]
-struct Message<'a> {
-    #[serde(borrow)]
-    role: Cow<'a, str>,
-    #[serde(default, borrow)]
-    content: Option<Content<'a>>,
+fn encode(tokenizer: &dyn Encoder, text: &str, add_special: bool) -> Result<Vec<u32>, Unkeyed> {
+    tokenizer.encode_text(text, add_special).ok_or_else(|| {
+        Unkeyed::new(
+            UnkeyedReason::Tokenizer,
+            format!("the tokenizer failed on a {} byte prompt", text.len()),
+        )
+    })
 }
 
-/// A message's content: text, or parts of which the text ones count.
-#[derive(serde::Deserialize)]
-#[serde(untagged)]
-enum Content<'a> {
-    Text(#[serde(borrow)] Cow<'a, str>),
-    Parts(#[serde(borrow)] Vec<Part<'a>>),
-}
-
-#[derive(serde::Deserialize)]
-struct Part<'a> {
-    #[serde(default, borrow, rename = "type")]
-    kind: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    text: Option<Cow<'a, str>>,
-}
-
-fn chat_tokens(f: &Fields<'_>, tokenizer: &dyn Encoder) -> Option<Vec<u32>> {
-    let messages: Vec<Message<'_>> = typed(f.messages)?;
-    let messages: Vec<ChatMessage> = messages
-        .into_iter()
-        .map(|m| ChatMessage {
-            role: m.role.into_owned(),
-            content: match m.content {
-                None => String::new(),
-                Some(Content::Text(s)) => s.into_owned(),
-                Some(Content::Parts(parts)) => parts
-                    .iter()
-                    .filter(|p| p.kind.as_deref() == Some("text"))
-                    .filter_map(|p| p.text.as_deref())
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-            },
-        })
-        .collect();
+/// The chat template rendered over the request's messages, tools, documents and
+/// `chat_template_kwargs` (reshaped as vLLM does: `warmpath_tokenizer::Chat`), then tokenized.
+fn chat_tokens(f: &Fields<'_>, tokenizer: &dyn Encoder) -> Result<Vec<u32>, Unkeyed> {
+    let Some(messages) = f.messages else {
+        return Err(Unkeyed::new(UnkeyedReason::ChatRequest, "no 'messages'"));
+    };
     let add_generation_prompt = typed::<bool>(f.add_generation_prompt).unwrap_or(true);
-    let text = tokenizer
-        .template()
-        .apply_chat_template(&messages, add_generation_prompt)
-        .ok()?;
+    let json = ChatJson {
+        messages: messages.get(),
+        tools: f.tools.map(RawValue::get),
+        documents: f.documents.map(RawValue::get).filter(|d| *d != "null"),
+        chat_template_kwargs: f.chat_template_kwargs.map(RawValue::get),
+    };
+    // Non-text parts (images, audio) are skipped, as the simulator does; a multimodal vLLM
+    // puts placeholder tokens there, so only the blocks before the first one can match.
+    let mut chat = Chat::from_json(json, add_generation_prompt)?;
+    chat.continue_final_message = typed::<bool>(f.continue_final_message).unwrap_or(false);
+    let text = tokenizer.template().render_chat(&chat)?;
     let add_special = typed::<bool>(f.add_special_tokens).unwrap_or(false);
-    tokenizer.encode_text(&text, add_special)
+    encode(tokenizer, &text, add_special)
 }
 
 #[cfg(test)]
@@ -480,6 +479,102 @@ mod tests {
                 .iter()
                 .zip(keys("completion_ids_salted"))
                 .all(|(a, b)| a != b)
+        );
+    }
+
+    /// The built-in vocabulary with a real template from tokenizer/tests/data, the clock of
+    /// that folder's transformers renders.
+    fn real_template(file: &str, specials: &str) -> Tokenizer {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokenizer/tests/data");
+        let template = std::fs::read_to_string(format!("{dir}/templates/{file}")).unwrap();
+        let config = format!(
+            "{{\"chat_template\": {}, {specials}}}",
+            serde_json::to_string(&template).unwrap()
+        );
+        let mut tok = Tokenizer::builtin_with_config(&config).unwrap();
+        tok.set_chat_clock(warmpath_tokenizer::ChatClock::fixed("2024-07-06T15:04:05").unwrap())
+            .unwrap();
+        tok
+    }
+
+    /// transformers' render of one fixture case (tokenizer/tests/data/chat_renders.json).
+    fn transformers_render(template: &str, case: &str) -> String {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tokenizer/tests/data/chat_renders.json"
+        );
+        let fixture: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let render = fixture["renders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["template"] == template && r["case"] == case)
+            .unwrap();
+        render["rendered"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn chat_with_tools_renders_a_real_template_as_transformers_does() {
+        // Llama 3.2 calls strftime_now and renders tools with tojson(indent=4): before, this
+        // request got no keys (`unknown function: strftime_now`).
+        let tok = real_template(
+            "meta-llama-Llama-3.2-3B-Instruct.jinja",
+            r#""bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>""#,
+        );
+        let body = r#"{"model": "m", "messages": [
+            {"role": "system", "content": "Use tools when useful."},
+            {"role": "user", "content": "Weather in Zürich for two days?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call12345", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Zürich\", \"days\": 2}"}}]},
+            {"role": "tool", "tool_call_id": "call12345", "content": "{\"temp\": 21.5}"}],
+          "tools": [{"type": "function", "function": {"name": "get_weather",
+                "description": "Current weather in a city, in °C", "parameters": {"type": "object",
+                "properties": {"city": {"type": "string", "description": "City name, e.g. \"Zürich\""},
+                "days": {"type": "integer", "minimum": 1, "maximum": 0.5e1}}, "required": ["city"]}}},
+            {"function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}, "type": "function"}]}"#;
+        let req = Request::read(Kind::Chat, body.as_bytes(), "m").unwrap();
+        let want = tok
+            .encode(&transformers_render("llama-3.2", "tools"), false)
+            .unwrap();
+        assert_eq!(req.try_local_tokens(&tok), Ok(want));
+    }
+
+    #[test]
+    fn requests_without_keys_say_why() {
+        let why = |kind, body: &str, tok: &Tokenizer| {
+            Request::read(kind, body.as_bytes(), "m")
+                .unwrap()
+                .try_local_tokens(tok)
+                .unwrap_err()
+        };
+        let mistral = real_template(
+            "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+            r#""bos_token": "<s>", "eos_token": "</s>""#,
+        );
+        let twice = r#"{"messages": [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}]}"#;
+        let e = why(Kind::Chat, twice, &mistral);
+        assert_eq!(e.reason, UnkeyedReason::Template);
+        assert!(
+            e.detail
+                .ends_with("conversation roles must alternate user/assistant/user/assistant/..."),
+            "{}",
+            e.detail
+        );
+        let tok = Tokenizer::builtin();
+        let bad = r#"{"messages": [{"role": "user", "content": 7}]}"#;
+        assert_eq!(
+            why(Kind::Chat, bad, &tok).reason,
+            UnkeyedReason::ChatRequest
+        );
+        assert_eq!(
+            why(Kind::Chat, "{}", &tok).reason,
+            UnkeyedReason::ChatRequest
+        );
+        let odd = r#"{"prompt": {"x": 1}}"#;
+        assert_eq!(
+            why(Kind::Completion, odd, &tok).reason,
+            UnkeyedReason::Prompt
         );
     }
 

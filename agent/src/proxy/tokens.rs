@@ -5,6 +5,9 @@
 //! - `Engine`: the engine's own `POST /tokenize` — exactly the engine's tokens, one loopback
 //!   or in-cluster round trip per request (bounded by [`ENGINE_TIMEOUT`]; on failure the
 //!   request routes without prefix information).
+//!
+//! A request whose tokens cannot be had is routed without keys and counted by reason in the
+//! pool's [`UnkeyedCounts`].
 //! - `Approximate`: no tokenizer at all: the prompt text cut into character chunks, 4 bytes per
 //!   pseudo-token. These keys never match KV events; they feed the approximate policy's
 //!   routing history only.
@@ -14,7 +17,11 @@ use std::{sync::Arc, time::Duration};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 
-use super::{request::Request, upstream::UpstreamClient};
+use super::{
+    request::Request,
+    unkeyed::{Unkeyed, UnkeyedCounts, UnkeyedReason},
+    upstream::UpstreamClient,
+};
 use crate::kv_index::{RouterKey, request_keys};
 
 /// Longest wait for an engine's `/tokenize`.
@@ -44,27 +51,31 @@ impl TokenSource {
     }
 
     /// The request's key chain when it needs no round trip (`None`: the engine must be
-    /// asked: [`TokenSource::engine_keys`]); empty when the prompt cannot be tokenized.
+    /// asked: [`TokenSource::engine_keys`]); empty, and counted in `unkeyed`, when the prompt
+    /// cannot be tokenized.
     pub fn keys_now(
         &self,
         req: &Request<'_>,
         lora: Option<&str>,
         block_size: usize,
+        unkeyed: &UnkeyedCounts,
     ) -> Option<Vec<RouterKey>> {
         let tokens = match self {
-            TokenSource::Local(tok) => req.local_tokens(tok.as_ref()),
-            TokenSource::Engine => Some(req.prompt_ids()?),
-            TokenSource::Approximate => req.text().map(|t| pseudo_tokens(&t)),
+            TokenSource::Local(tok) => req.try_local_tokens(tok.as_ref()),
+            TokenSource::Engine => Ok(req.prompt_ids()?),
+            TokenSource::Approximate => req.text().map(|t| pseudo_tokens(&t)).ok_or_else(|| {
+                Unkeyed::new(
+                    UnkeyedReason::Prompt,
+                    "no prompt text to cut into pseudo-tokens",
+                )
+            }),
         };
-        Some(request_keys(
-            &tokens.unwrap_or_default(),
-            block_size,
-            &req.extras(lora),
-        ))
+        Some(keys_or_count(tokens, block_size, req, lora, unkeyed))
     }
 
     /// The key chain [`TokenSource::keys_now`] could not give: the engine's `/tokenize` at the
-    /// endpoint `engine` names (called at most once); empty when that fails.
+    /// endpoint `engine` names (called at most once); empty, and counted in `unkeyed`, when
+    /// that fails.
     pub async fn engine_keys<'a>(
         &self,
         req: &Request<'_>,
@@ -72,12 +83,33 @@ impl TokenSource {
         block_size: usize,
         engine: impl FnOnce() -> Option<&'a str>,
         client: &UpstreamClient,
+        unkeyed: &UnkeyedCounts,
     ) -> Vec<RouterKey> {
         let tokens = match engine() {
             Some(authority) => engine_tokens(req, authority, client).await,
-            None => None,
+            None => Err(Unkeyed::new(
+                UnkeyedReason::NoEngine,
+                "the pool has no endpoint to ask for /tokenize",
+            )),
         };
-        request_keys(&tokens.unwrap_or_default(), block_size, &req.extras(lora))
+        keys_or_count(tokens, block_size, req, lora, unkeyed)
+    }
+}
+
+/// The key chain of `tokens`, or none (counted) when there are no tokens.
+fn keys_or_count(
+    tokens: Result<Vec<u32>, Unkeyed>,
+    block_size: usize,
+    req: &Request<'_>,
+    lora: Option<&str>,
+    unkeyed: &UnkeyedCounts,
+) -> Vec<RouterKey> {
+    match tokens {
+        Ok(tokens) => request_keys(&tokens, block_size, &req.extras(lora)),
+        Err(why) => {
+            unkeyed.record(&why);
+            Vec::new()
+        }
     }
 }
 
@@ -97,37 +129,46 @@ async fn engine_tokens(
     req: &Request<'_>,
     authority: &str,
     client: &UpstreamClient,
-) -> Option<Vec<u32>> {
-    let body = serde_json::to_vec(&req.tokenize_body()?).ok()?;
+) -> Result<Vec<u32>, Unkeyed> {
+    let failed = |detail: String| Unkeyed::new(UnkeyedReason::EngineTokenize, detail);
+    let body = req
+        .tokenize_body()
+        .ok_or_else(|| Unkeyed::new(UnkeyedReason::Prompt, "no prompt /tokenize can take"))?;
+    let body = serde_json::to_vec(&body).map_err(|e| failed(e.to_string()))?;
     let http_req = http::Request::post(format!("http://{authority}/tokenize"))
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
-        .ok()?;
+        .map_err(|e| failed(format!("{authority}/tokenize: {e}")))?;
     let fetch = async {
-        let resp = client.request(http_req).await.ok()?;
+        let resp = client
+            .request(http_req)
+            .await
+            .map_err(|e| failed(format!("{authority}/tokenize: {e}")))?;
         if !resp.status().is_success() {
-            tracing::debug!(%authority, status = %resp.status(), "/tokenize refused the prompt");
-            return None;
+            return Err(failed(format!(
+                "{authority}/tokenize answered {}",
+                resp.status()
+            )));
         }
         let bytes = Limited::new(resp.into_body(), MAX_TOKENIZE_BODY)
             .collect()
             .await
-            .ok()?
+            .map_err(|e| failed(format!("{authority}/tokenize: reading the answer: {e}")))?
             .to_bytes();
         #[derive(serde::Deserialize)]
         struct Answer {
             tokens: Vec<u32>,
         }
         serde_json::from_slice::<Answer>(&bytes)
-            .ok()
             .map(|a| a.tokens)
+            .map_err(|e| failed(format!("{authority}/tokenize: unreadable answer: {e}")))
     };
     match tokio::time::timeout(ENGINE_TIMEOUT, fetch).await {
         Ok(tokens) => tokens,
-        Err(_) => {
-            tracing::debug!(%authority, "/tokenize timed out; routing without prefix information");
-            None
-        }
+        Err(_) => Err(Unkeyed::new(
+            UnkeyedReason::EngineTokenizeTimeout,
+            format!("{authority}/tokenize took longer than {ENGINE_TIMEOUT:?}"),
+        )),
     }
 }
 
