@@ -398,15 +398,17 @@ fn quota_specs_parse_into_rates_per_second() {
     );
 }
 
+type Mutation = fn(&mut resources::Quotas);
+
 #[test]
 fn bad_quota_specs_name_the_field_value_and_reason() {
-    let with = |f: fn(&mut resources::Quotas)| {
+    let with = |f: Mutation| {
         let mut q = resources::Quotas::default();
         f(&mut q);
         QuotaLimits::from_spec(&q).unwrap_err().to_string()
     };
     // Rates are read by validation's parser: the path and value here, its reason after.
-    let cases: [(fn(&mut resources::Quotas), &str, &str); 5] = [
+    let cases: [(Mutation, &str, &str); 5] = [
         (
             |q| q.prompt_tokens = Some("100".into()),
             "spec.quotas.promptTokens: `100`: ",
