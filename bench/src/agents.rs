@@ -7,7 +7,7 @@ use std::{net::SocketAddr, time::Duration};
 use super::{
     Error,
     logs::Logs,
-    process::{Logged, free_port, self_exe, spawn_logged, wait_child_ready},
+    process::{Logged, free_port, self_exe, spawn_exe, wait_child_ready},
 };
 
 /// How long an agent may take to answer `/ready` (a debug build loads its tokenizer slowly).
@@ -44,17 +44,16 @@ impl Agents {
         let mut admins = Vec::with_capacity(count);
         for _ in 0..count {
             let (listen, admin) = (free_port()?, free_port()?);
-            let log = logs.open(role)?;
-            let name = log.name();
-            let mut command = tokio::process::Command::new(&exe);
-            command
-                .arg("agent")
-                .args(["--listen", &format!("127.0.0.1:{listen}")])
-                .args(["--admin", &format!("127.0.0.1:{admin}")])
-                .args(flags)
-                .env("TOKIO_WORKER_THREADS", CONTROL_THREADS.to_string());
+            let mut args = vec![
+                "agent".to_string(),
+                "--listen".into(),
+                format!("127.0.0.1:{listen}"),
+                "--admin".into(),
+                format!("127.0.0.1:{admin}"),
+            ];
+            args.extend_from_slice(flags);
             agents.push(Agent {
-                process: spawn_logged(&mut command, &name, log, false)?,
+                process: spawn_exe(&exe, &args, CONTROL_THREADS, role, logs)?,
                 listen: SocketAddr::from(([127, 0, 0, 1], listen)),
             });
             admins.push(admin);
