@@ -23,7 +23,9 @@ use crate::policy::resources::{FieldError, Resource, RoutePolicy, Tenant};
 ///    longest prefix wins.
 ///
 /// Objects are not checked one by one here ([`super::validate`] does): an entry that does
-/// not parse simply claims nothing.
+/// not parse simply claims nothing, but an object with errors elsewhere still takes part.
+/// A caller deciding what serves passes the objects that would serve (those `validate`
+/// accepts, or their last good versions), so a broken object cannot push out a good one.
 pub fn validate_set(rs: &[Resource]) -> Vec<(String, FieldError)> {
     validate_set_indexed(rs)
         .into_iter()
