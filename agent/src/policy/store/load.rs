@@ -13,7 +13,7 @@ use super::{
 };
 use crate::policy::resources::{Condition, Resource};
 
-/// [`load`] at a given time (for the conditions' `lastTransitionTime`).
+/// [`super::load`] at a given time (for the conditions' `lastTransitionTime`).
 pub(super) fn load_at(
     dir: &Path,
     v: &Validator,
@@ -24,17 +24,7 @@ pub(super) fn load_at(
     let prev = previous.unwrap_or(&empty);
     let listing = match dir::read(dir) {
         Ok(listing) => listing,
-        Err(error) => {
-            // The directory is gone or unreadable: everything keeps serving as it was.
-            return Accepted {
-                files: vec![FileStatus {
-                    file: dir.to_path_buf(),
-                    error: Some(format!("{error}; the last accepted policies keep serving")),
-                }],
-                generation: prev.generation.max(u64::from(previous.is_none())),
-                ..prev.clone()
-            };
-        }
+        Err(error) => return unreadable(dir, previous, error),
     };
     let mut load = Load::new(prev, now);
     let mut files = Vec::new();
@@ -78,6 +68,25 @@ pub(super) fn load_at(
     }
     load.resolve_conflicts(v);
     load.finish(previous.is_none(), files)
+}
+
+/// The directory is gone or cannot be listed: everything stays as it was.
+fn unreadable(dir: &Path, previous: Option<&Accepted>, error: String) -> Accepted {
+    let files = vec![FileStatus {
+        file: dir.to_path_buf(),
+        error: Some(format!("{error}; the last accepted policies keep serving")),
+    }];
+    match previous {
+        Some(prev) => Accepted {
+            files,
+            ..prev.clone()
+        },
+        None => Accepted {
+            generation: 1,
+            files,
+            ..Accepted::default()
+        },
+    }
 }
 
 /// One load in progress: every object's candidate versions.

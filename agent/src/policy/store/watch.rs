@@ -84,7 +84,8 @@ struct Counts {
 /// Loads `dir`, publishes the result on `tx` (always, even when it equals the channel's
 /// value), then watches it: after each change what serves is reloaded and published when
 /// its [`Accepted::generation`] changed (the status of objects is updated in the channel
-/// without waking receivers otherwise). Must be called within a Tokio runtime.
+/// without waking receivers otherwise: `borrow()` always shows the latest statuses). Must
+/// be called within a Tokio runtime; the first load runs on the calling thread.
 pub fn watch(dir: PathBuf, v: Validator, tx: Sender<Arc<Accepted>>) -> Result<WatchHandle, Error> {
     let runtime =
         tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime { dir: dir.clone() })?;
@@ -249,7 +250,11 @@ async fn run(mut r: Run) {
         report(Some(&r.current), &next, &r.counts);
         r.current = next.clone();
         r.tx.send_if_modified(|cur| {
-            let changed = cur.generation != next.generation;
+            // Statuses too: a rejected update changes nothing that serves, but it must be
+            // reported (status, conditions).
+            let changed = cur.generation != next.generation
+                || cur.objects != next.objects
+                || cur.files != next.files;
             *cur = next;
             changed
         });
