@@ -200,6 +200,8 @@ impl Level {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn class(tenant: u32, priority: i32, weight: u32) -> Class {
@@ -300,5 +302,44 @@ mod tests {
             assert!(q.flows() <= FLOWS_SOFT_LIMIT, "{}", q.flows());
         }
         assert_eq!(q.len(), 1);
+    }
+
+    proptest! {
+        /// The fairness bound of start-time fair queueing: while tenants `i` and `j` both
+        /// have waiters, their grants normalised by weight differ by at most
+        /// `1/w_i + 1/w_j` after every grant.
+        #[test]
+        fn backlogged_tenants_stay_within_one_request_of_their_shares(
+            tenants in prop::collection::vec((1u32..20, 1usize..60), 2..6),
+        ) {
+            let mut q = FairQueue::default();
+            let most = tenants.iter().map(|t| t.1).max().unwrap_or(0);
+            // Arrivals interleaved (round robin over tenants), all before the first grant.
+            for round in 0..most {
+                for (t, &(weight, count)) in tenants.iter().enumerate() {
+                    if round < count {
+                        q.push(class(t as u32, 0, weight), t);
+                    }
+                }
+            }
+            let mut granted = vec![0usize; tenants.len()];
+            while let Some(t) = q.pop() {
+                granted[t] += 1;
+                for i in 0..tenants.len() {
+                    for j in 0..tenants.len() {
+                        let backlogged = |k: usize| granted[k] < tenants[k].1;
+                        if i == j || !backlogged(i) || !backlogged(j) {
+                            continue;
+                        }
+                        let (wi, wj) = (f64::from(tenants[i].0), f64::from(tenants[j].0));
+                        let gap = (granted[i] as f64 / wi - granted[j] as f64 / wj).abs();
+                        prop_assert!(
+                            gap <= 1.0 / wi + 1.0 / wj + 1e-3,
+                            "tenants {:?}, granted {:?}", tenants, granted
+                        );
+                    }
+                }
+            }
+        }
     }
 }
