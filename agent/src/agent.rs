@@ -37,6 +37,14 @@ pub enum Error {
     File(#[from] crate::config::ConfigError),
     #[error("cluster: {0}")]
     Cluster(#[from] crate::cluster::join::JoinError),
+    #[error(transparent)]
+    Policy(#[from] crate::policy::store::Error),
+    #[error("cache salt key {}: {source}", path.display())]
+    SaltKey {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
 }
@@ -88,6 +96,8 @@ pub struct Routing {
     pub proxy: std::sync::Arc<crate::proxy::Proxy>,
     /// This agent's membership in a cluster (`--cluster-id`).
     pub cluster: Option<crate::cluster::ClusterNode>,
+    /// The watched `--policy-dir`, if any.
+    pub policy: Option<crate::policy::PolicyWatch>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -120,6 +130,12 @@ pub fn routing_config(args: &AgentArgs) -> Result<Config, Error> {
                 config.validate(crate::config::FLAGS)?;
             }
             config.cluster = args.cluster.config()?;
+            if args.policy_dir.is_some() {
+                config.policy_dir = args.policy_dir.clone();
+            }
+            if args.cache_salt_key_file.is_some() {
+                config.cache_salt_key_file = args.cache_salt_key_file.clone();
+            }
             Ok(config)
         }
         None => Ok(args.config()?),
@@ -216,7 +232,25 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         proxy
             .add_pool(&pc.name, pool, tokens, pc.session.clone())
             .protocol = pc.upstream;
+        proxy
+            .policy
+            .set_pool_targets(&pc.name, pc.labels.clone(), pc.services.clone());
     }
+    proxy.salt = Arc::new(cache_salt(config)?);
+    proxy.quotas.observe(proxy.telemetry.meter());
+    if proxy.salt.origin == crate::policy::salt::SaltOrigin::Random {
+        tracing::debug!(
+            "cache salts keyed per process (no --cache-salt-key-file or cluster key): isolated tenants' prefixes are not shared across agents"
+        );
+    }
+    let policy_watch = match &config.policy_dir {
+        Some(dir) => Some(crate::policy::watch_dir(
+            dir,
+            proxy.policy.clone(),
+            proxy.telemetry.meter(),
+        )?),
+        None => None,
+    };
     let proxy = Arc::new(proxy);
     let listen = |addr| async move {
         tokio::net::TcpListener::bind(addr)
@@ -261,6 +295,14 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         ),
         None => None,
     };
+    if let Some(node) = &cluster {
+        // Quotas hold cluster-wide: each agent's share follows the others' demand.
+        tasks.push(crate::cluster::spawn_usage_exchange(
+            node,
+            proxy.quotas.clone(),
+            node.gossip_interval(),
+        ));
+    }
     tasks.push(tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
         loop {
@@ -274,8 +316,40 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         admin: admin_addr,
         proxy,
         cluster,
+        policy: policy_watch,
         tasks,
     })
+}
+
+/// The cache-salt key: `--cache-salt-key-file`, else the cluster key file, else a key of
+/// this process (docs/policy.md, "Cache isolation").
+fn cache_salt(config: &Config) -> Result<crate::policy::salt::CacheSalt, Error> {
+    use crate::policy::salt::CacheSalt;
+    let path = config
+        .cache_salt_key_file
+        .as_ref()
+        .or_else(|| config.cluster.as_ref().and_then(|c| c.key_file.as_ref()));
+    let Some(path) = path else {
+        return Ok(CacheSalt::random());
+    };
+    let bytes = std::fs::read(path).map_err(|source| Error::SaltKey {
+        path: path.clone(),
+        source,
+    })?;
+    let key = bytes.trim_ascii();
+    if key.len() < 16 {
+        return Err(Error::SaltKey {
+            path: path.clone(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "needs at least 16 bytes of key material",
+            ),
+        });
+    }
+    // Domain-separated from the key's other uses (gossip HMAC, gRPC token).
+    let mut material = b"warmpath cache salt\0".to_vec();
+    material.extend_from_slice(key);
+    Ok(CacheSalt::new(&material))
 }
 
 /// Loads and attaches the interception programs with the `--redirect` rules, excludes the

@@ -37,6 +37,16 @@ pub struct AgentArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
+    /// A directory of RoutePolicy and Tenant files (YAML; docs/policy.md), watched and
+    /// hot-reloaded: an invalid update is rejected and the last good version keeps serving.
+    #[arg(long, value_name = "DIR", env = "WARMPATH_POLICY_DIR")]
+    pub policy_dir: Option<PathBuf>,
+
+    /// File whose contents key isolated tenants' cache salts (agents sharing it agree on
+    /// salts); default: the cluster key, else a key of this process (docs/policy.md).
+    #[arg(long, value_name = "PATH", env = "WARMPATH_CACHE_SALT_KEY_FILE")]
+    pub cache_salt_key_file: Option<PathBuf>,
+
     /// Served model name of the pool.
     #[arg(long, default_value = "sim-llama")]
     pub model: String,
@@ -502,6 +512,8 @@ impl AgentArgs {
                 },
                 upstream: self.upstream_protocol,
                 endpoints,
+                labels: Default::default(),
+                services: Vec::new(),
             }],
             max_body: self.limits.max_body_bytes,
             limits: self.limits.limits(),
@@ -511,6 +523,8 @@ impl AgentArgs {
             tenants,
             telemetry,
             cluster,
+            policy_dir: self.policy_dir.clone(),
+            cache_salt_key_file: self.cache_salt_key_file.clone(),
         };
         config.validate(FLAGS)?;
         Ok(config)
@@ -544,8 +558,10 @@ impl TelemetryArgs {
         let policy = tenant::TenantPolicy {
             order: self.tenant_order.clone(),
             directory: std::sync::Arc::new(directory),
+            cidrs: self.tenant_cidrs.clone(),
             header: self.tenant_header.clone(),
             trusted: self.trusted_header_sources.clone(),
+            header_sources: Default::default(),
             default_tenant: self.default_tenant.as_str().into(),
         };
         let otlp = OtlpConfig::from_settings(

@@ -11,7 +11,7 @@
 //! ignored like an absent one. Cardinality is bounded where series are created
 //! ([`crate::telemetry::Telemetry::tenant`]), not here.
 
-use std::{net::IpAddr, sync::Arc};
+use std::{collections::HashMap, net::IpAddr, sync::Arc};
 
 use ipnet::IpNet;
 
@@ -82,9 +82,14 @@ impl WorkloadDirectory for CidrTable {
 pub struct TenantPolicy {
     pub order: Vec<IdentitySource>,
     pub directory: Arc<dyn WorkloadDirectory>,
+    /// The configuration's CIDR rules (what `directory` was built from off-cluster), kept so
+    /// that declared `Tenant`s can be merged with them ([`crate::policy`]).
+    pub cidrs: Vec<(IpNet, String)>,
     pub header: http::HeaderName,
-    /// Sources whose tenant header is believed.
+    /// Sources whose tenant header is believed, for any tenant.
     pub trusted: Vec<IpNet>,
+    /// Sources believed when the header names this tenant (a `Tenant`'s `headerSources`).
+    pub header_sources: HashMap<Arc<str>, Vec<IpNet>>,
     pub default_tenant: Arc<str>,
 }
 
@@ -93,8 +98,10 @@ impl Default for TenantPolicy {
         Self {
             order: vec![IdentitySource::Workload, IdentitySource::Header],
             directory: Arc::new(CidrTable::default()),
+            cidrs: Vec::new(),
             header: http::HeaderName::from_static(DEFAULT_HEADER),
             trusted: Vec::new(),
+            header_sources: HashMap::new(),
             default_tenant: Arc::from(DEFAULT_TENANT),
         }
     }
@@ -112,12 +119,12 @@ impl TenantPolicy {
                     }
                 }
                 IdentitySource::Header => {
-                    let trusted = peer.is_some_and(|p| self.trusted.iter().any(|n| n.contains(&p)));
-                    if let Some(name) = trusted
-                        .then(|| headers.get(self.header.as_str()))
-                        .flatten()
+                    let Some(peer) = peer else { continue };
+                    if let Some(name) = headers
+                        .get(self.header.as_str())
                         .and_then(|v| std::str::from_utf8(v).ok())
                         .filter(|v| check_name(v).is_ok())
+                        .filter(|v| self.header_trusted(peer, v))
                     {
                         return (Arc::from(name), Via::Header);
                     }
@@ -125,6 +132,18 @@ impl TenantPolicy {
             }
         }
         (self.default_tenant.clone(), Via::Default)
+    }
+}
+
+impl TenantPolicy {
+    /// Whether `peer` may name `tenant` in the header: a source trusted for every tenant,
+    /// or one of that tenant's own `headerSources`.
+    pub fn header_trusted(&self, peer: IpAddr, tenant: &str) -> bool {
+        self.trusted.iter().any(|n| n.contains(&peer))
+            || self
+                .header_sources
+                .get(tenant)
+                .is_some_and(|nets| nets.iter().any(|n| n.contains(&peer)))
     }
 }
 

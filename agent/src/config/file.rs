@@ -36,6 +36,10 @@ struct File {
     tenants: TenantsFile,
     #[serde(default)]
     telemetry: TelemetryFile,
+    /// `RoutePolicy` / `Tenant` files, watched (docs/policy.md).
+    policy_dir: Option<std::path::PathBuf>,
+    /// The cache-salt key file (isolated tenants).
+    cache_salt_key_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -123,6 +127,19 @@ struct PoolFile {
     #[serde(default)]
     upstream_protocol: UpstreamProtocol,
     endpoints: Vec<EndpointFile>,
+    /// Labels `RoutePolicy` selectors match.
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    /// Services `RoutePolicy` service targets match.
+    #[serde(default)]
+    services: Vec<ServiceFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ServiceFile {
+    name: String,
+    port: u16,
 }
 
 fn default_block_size() -> usize {
@@ -395,6 +412,8 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
             session,
             upstream: p.upstream_protocol,
             endpoints,
+            labels: p.labels,
+            services: p.services.into_iter().map(|s| (s.name, s.port)).collect(),
         });
     }
     let t = f.tenants;
@@ -420,8 +439,9 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
     let tenants = TenantPolicy {
         order: t.order,
         directory: std::sync::Arc::new(
-            CidrTable::new(rules).map_err(|m| err("tenants.cidrs".into(), m))?,
+            CidrTable::new(rules.clone()).map_err(|m| err("tenants.cidrs".into(), m))?,
         ),
+        cidrs: rules,
         header: t.header.parse().map_err(|_| {
             err(
                 "tenants.header".into(),
@@ -429,6 +449,7 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
             )
         })?,
         trusted,
+        header_sources: Default::default(),
         default_tenant: t.default.as_str().into(),
     };
     let settings = match f.telemetry.otlp {
@@ -474,6 +495,8 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
         workers: f.proxy.workers.unwrap_or_else(default_workers),
         // The file has no cluster section yet: the cluster flags set it (docs/cluster.md).
         cluster: None,
+        policy_dir: f.policy_dir,
+        cache_salt_key_file: f.cache_salt_key_file,
         tenants,
         telemetry: TelemetryConfig {
             max_tenants: t.max_tenants,

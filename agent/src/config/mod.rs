@@ -126,6 +126,10 @@ pub struct PoolConfig {
     /// HTTP/1.1 or h2c to the engines.
     pub upstream: UpstreamProtocol,
     pub endpoints: Vec<EndpointConfig>,
+    /// Labels a `RoutePolicy` selector target matches (docs/policy.md).
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Services (name, port) a `RoutePolicy` service target matches.
+    pub services: Vec<(String, u16)>,
 }
 
 /// Everything `warmpath agent` runs with.
@@ -149,6 +153,11 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// Agents sharing one index (docs/cluster.md); `None`: this agent alone.
     pub cluster: Option<ClusterConfig>,
+    /// `RoutePolicy` and `Tenant` files, watched and hot-reloaded (docs/policy.md).
+    pub policy_dir: Option<PathBuf>,
+    /// The key isolated tenants' cache salts derive from; `None`: the cluster key, else a
+    /// key of this process.
+    pub cache_salt_key_file: Option<PathBuf>,
 }
 
 /// A configuration that cannot run, with the field it is about.

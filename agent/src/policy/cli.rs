@@ -31,6 +31,9 @@ pub enum PolicyCommand {
     /// Check RoutePolicy and Tenant files: every error with its field path, value and
     /// reason; exit status non-zero on any.
     Validate(ValidateArgs),
+    /// Print a version-1 configuration file's pools and tenants as RoutePolicy and Tenant
+    /// resources (docs/policy.md, "Conversion from the v1 config file").
+    Convert(super::convert::ConvertArgs),
 }
 
 /// `warmpath policy validate`.
@@ -51,12 +54,17 @@ pub enum Error {
     Invalid { errors: usize, files: usize },
     #[error("writing the report: {0}")]
     Output(#[from] std::io::Error),
+    #[error(transparent)]
+    Convert(#[from] super::convert::Error),
 }
 
 /// Runs a `warmpath policy` command, writing its report to stdout.
 pub fn run(cmd: &PolicyCommand) -> Result<(), Error> {
     match cmd {
         PolicyCommand::Validate(args) => validate_files(args, &mut std::io::stdout().lock()),
+        PolicyCommand::Convert(args) => {
+            Ok(super::convert::run(args, &mut std::io::stdout().lock())?)
+        }
     }
 }
 

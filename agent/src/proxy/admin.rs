@@ -181,7 +181,63 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
     let first = &proxy.pools[0].pool;
     serde_json::json!({"model": first.model, "policy": format!("{:?}", first.policy.kind),
         "block_size": first.block_size, "pools": pools, "index_entries": proxy.index.len(),
-        "index_bytes": proxy.index.bytes(), "pods": pods, "tenants": proxy.telemetry.live()})
+        "index_bytes": proxy.index.bytes(), "pods": pods, "tenants": proxy.telemetry.live(),
+        "policies": policies(proxy)})
+}
+
+/// The declarative policy in effect: each object's conditions (`Accepted` from the policy
+/// directory's load, `ResolvedRefs` from compiling), the files that could not be used, and
+/// the declared tenants' rules with this agent's current share of their quotas.
+fn policies(proxy: &Proxy) -> serde_json::Value {
+    use crate::policy::{quota::Dimension, store::Serving};
+    let set = proxy.policy.current();
+    let accepted = proxy.policy.accepted();
+    let resolved = &set.resolved;
+    let mut objects = Vec::new();
+    if let Some(a) = &accepted {
+        for o in &a.objects {
+            let mut conditions = o.conditions.clone();
+            conditions.extend(
+                resolved
+                    .iter()
+                    .filter(|(k, key, _)| *k == o.kind && *key == o.key)
+                    .map(|(_, _, c)| c.clone()),
+            );
+            let serving = match o.serving {
+                Serving::Current => "current".to_string(),
+                Serving::LastGood { generation } => format!("last good (generation {generation})"),
+                Serving::None => "none".to_string(),
+            };
+            objects.push(serde_json::json!({"kind": o.kind, "name": o.key,
+                "file": o.file.display().to_string(), "observed_generation": o.observed_generation,
+                "serving": serving, "conditions": conditions}));
+        }
+    }
+    let files: Vec<_> = accepted
+        .iter()
+        .flat_map(|a| a.file_errors())
+        .map(|f| serde_json::json!({"file": f.file.display().to_string(), "error": f.error}))
+        .collect();
+    let mut tenants: Vec<_> = set
+        .tenants()
+        .map(|t| {
+            let share = |d| proxy.quotas.local_limit(&t.name, d);
+            serde_json::json!({"name": &*t.name, "priority": t.priority, "weight": t.weight,
+                "cache_isolation": if t.isolated { "isolated" } else { "shared" },
+                "quotas": t.quotas.map(|q| serde_json::json!({
+                    "requests_per_s": q.requests_per_s, "prompt_tokens_per_s": q.prompt_tokens_per_s,
+                    "output_tokens_per_s": q.output_tokens_per_s,
+                    "concurrent_streams": q.concurrent_streams, "burst_s": q.burst.as_secs_f64()})),
+                "local_share": {"requests_per_s": share(Dimension::Requests),
+                    "prompt_tokens_per_s": share(Dimension::PromptTokens),
+                    "output_tokens_per_s": share(Dimension::OutputTokens),
+                    "concurrent_streams": share(Dimension::ConcurrentStreams)}})
+        })
+        .collect();
+    tenants.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    serde_json::json!({"generation": set.generation,
+        "directory_generation": accepted.as_ref().map(|a| a.generation),
+        "objects": objects, "file_errors": files, "tenants": tenants})
 }
 
 fn metrics(proxy: &Proxy) -> String {

@@ -13,11 +13,17 @@ use crate::{
 /// The candidates, on the stack for pools of up to `routing::INLINE` endpoints.
 pub type Candidates = SmallVec<[Candidate; routing::INLINE]>;
 
-/// The pool's endpoints as candidates for `ctx`.
-pub fn candidates(index: &KvIndex, runtime: &PoolRuntime, ctx: &RequestCtx) -> Candidates {
+/// The pool's endpoints as candidates for `ctx` under `policy` (whose preset picks the
+/// prefix source).
+pub fn candidates(
+    index: &KvIndex,
+    runtime: &PoolRuntime,
+    ctx: &RequestCtx,
+    policy: Policy,
+) -> Candidates {
     let pool = &runtime.pool;
     let history = runtime.history.as_ref().map(|h| h.lookup(&ctx.keys));
-    let approximate = pool.policy.kind == Policy::Approximate;
+    let approximate = policy == Policy::Approximate;
     let mut matches = Vec::new();
     if !approximate {
         index.lookup(&ctx.keys, &mut matches);

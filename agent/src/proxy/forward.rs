@@ -23,15 +23,18 @@ use super::{
 };
 use crate::{
     http::{Answer, Outgoing, RequestHead},
+    policy::{compiled::Action, resources::FailureMode},
     pool::{Endpoint, InFlight},
-    routing::{Decision, Policy, RequestCtx, rank},
+    routing::{Candidate, Decision, Policy, RequestCtx, rank},
     telemetry::DecisionReason,
 };
 
 /// Ranks, then tries endpoints best first until one answers.
+#[allow(clippy::too_many_arguments)]
 pub async fn forward(
     proxy: &Proxy,
     runtime: &PoolRuntime,
+    action: &Action,
     ctx: &RequestCtx,
     parts: &RequestHead,
     body: Bytes,
@@ -39,11 +42,25 @@ pub async fn forward(
     strip_usage: bool,
 ) -> Result<Answer, ProxyError> {
     let pool = &runtime.pool;
-    let mut candidates = candidates(&proxy.index, runtime, ctx);
+    let policy = action.policy.unwrap_or(pool.policy);
+    let retries = action.retries.unwrap_or(proxy.retries);
+    let head_timeout = action
+        .head_timeout
+        .unwrap_or(proxy.admission.limits().upstream_head_timeout);
+    let mut candidates = candidates(&proxy.index, runtime, ctx, policy.kind);
+    if action.failure == FailureMode::FailClosed && !scorable(policy.kind, &candidates) {
+        return Err(ProxyError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "No endpoint can be scored for this request and policy {} fails closed.",
+                action.source
+            ),
+        ));
+    }
     // Built only when an attempt fails (an error's message is a heap string).
     let mut last_error = None;
-    for n in 0..=proxy.retries {
-        let Some(decision) = rank(pool.policy, ctx, &candidates, &pool.rotation) else {
+    for n in 0..=retries {
+        let Some(decision) = rank(policy, ctx, &candidates, &pool.rotation) else {
             break;
         };
         let chosen = decision.ranked[0];
@@ -55,7 +72,7 @@ pub async fn forward(
             pool.note_prefill(uncached);
             proxy.telemetry.record_decision(
                 runtime.telemetry_id,
-                decision_reason(pool.policy.kind, decision.prefix_blocks),
+                decision_reason(policy.kind, decision.prefix_blocks),
                 decision.prefix_blocks,
             );
         }
@@ -72,7 +89,6 @@ pub async fn forward(
             // The attempt starts when the body has been read.
             attempt.queue = Some(now.saturating_duration_since(attempt.start));
         }
-        let head_timeout = proxy.admission.limits().upstream_head_timeout;
         // Dropped at the timeout: the engine's connection (or h2 stream) closes with it.
         let sent = tokio::time::timeout(
             head_timeout,
@@ -111,6 +127,7 @@ pub async fn forward(
                     decision: &decision,
                     guard,
                     strip_usage,
+                    action,
                 };
                 return Ok(answer(proxy, attempt, resp, answered));
             }
@@ -145,13 +162,14 @@ struct Answered<'a> {
     decision: &'a Decision,
     guard: InFlight,
     strip_usage: bool,
+    action: &'a Action,
 }
 
 /// Step 7: the engine's response as the client's answer, its body tapped and tracked.
 fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<'_>) -> Answer {
     // Framing and hop-by-hop fields are each leg's own: the writers leave the engine's out.
     let mut extra = Vec::new();
-    if proxy.explain {
+    if a.action.explain.unwrap_or(proxy.explain) {
         let mut set = |k: &'static str, v: String| {
             if let Ok(v) = http::HeaderValue::from_str(&v) {
                 extra.push((http::HeaderName::from_static(k), v));
@@ -163,6 +181,7 @@ fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<
             a.decision.prefix_blocks.to_string(),
         );
         set("x-warmpath-score", format!("{:.3}", a.decision.score));
+        set("x-warmpath-policy", a.action.source.to_string());
     }
     let tap = Tap::for_response(resp.status, &resp.headers, a.strip_usage);
     let observer = Observer {
@@ -173,12 +192,27 @@ fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<
         status: resp.status,
         tap,
         admission: proxy.admission.clone(),
+        idle_timeout: a
+            .action
+            .idle_timeout
+            .unwrap_or(proxy.admission.limits().upstream_idle_timeout),
     };
     Answer {
         status: resp.status,
         headers: resp.headers,
         extra,
         body: Tracked::boxed(resp.body, a.guard, observer),
+    }
+}
+
+/// Whether any candidate can be scored as `policy` scores: a prefix-cache preset needs a pod
+/// whose index is trusted (the approximate one always has its history); the others need
+/// only a live candidate.
+fn scorable(policy: Policy, candidates: &[Candidate]) -> bool {
+    let live = |c: &&Candidate| !c.excluded;
+    match policy {
+        Policy::Precise => candidates.iter().filter(live).any(|c| c.prefix_trusted),
+        _ => candidates.iter().any(|c| !c.excluded),
     }
 }
 

@@ -5,7 +5,7 @@
 //! key built into the routing input ([`RequestCtx`]), and handed to [`super::forward`]. The
 //! proxy's own error answers are recorded here ([`Attempt::record`]).
 
-use std::{net::IpAddr, time::Instant};
+use std::{net::IpAddr, sync::Arc, time::Instant};
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -18,6 +18,7 @@ use super::{
 };
 use crate::{
     http::{Answer, Body, Refusal, RequestHead, message::full, server::Handler},
+    policy::compiled::{PolicySet, RequestFacts, TenantRule},
     routing::RequestCtx,
     telemetry::Outcome,
 };
@@ -59,21 +60,32 @@ pub(super) async fn respond(
         (&Method::POST, "/v1/chat/completions") => Some(request::Kind::Chat),
         _ => None,
     };
-    let (tenant, via) = proxy.tenants.resolve(Some(peer), &parts.headers);
+    let policy = proxy.policy.current();
+    let (tenant, via) = policy.identity.resolve(Some(peer), &parts.headers);
+    let rule = policy.tenant(&tenant);
     let mut attempt = Attempt {
         start: Instant::now(),
         pool: proxy.pools[0].telemetry_id,
         tenant: proxy.telemetry.tenant(&tenant),
         queue: None,
         retries: 0,
+        quota: None,
     };
     tracing::trace!(tenant = %tenant, ?via, "tenant");
     let unread_body = body.is_err();
     let routed = match body {
         // Admitted first: under overload the refusal costs no parsing, and the slot covers
         // tokenization as well as the engine's work.
-        Ok(body) => match proxy.admission.admit().await {
-            Ok(permit) => route(proxy, kind, parts, body, &mut attempt)
+        Ok(body) => match proxy
+            .admission
+            .admit_as(admission::Class {
+                tenant: attempt.tenant.id(),
+                priority: rule.priority,
+                weight: rule.weight,
+            })
+            .await
+        {
+            Ok(permit) => route(proxy, &policy, &rule, kind, parts, body, &mut attempt)
                 .await
                 .map(|mut answer| {
                     answer.body = admission::hold(answer.body, permit);
@@ -135,42 +147,64 @@ fn models(proxy: &Proxy) -> http::Response<Body> {
     full(StatusCode::OK, "application/json", v.to_string())
 }
 
-/// A request to route: its pool, token keys and session key, then forwarded.
+/// A request to route: its pool, the policy's action, token keys and session key, then
+/// forwarded.
 async fn route(
     proxy: &Proxy,
+    policy: &PolicySet,
+    tenant: &TenantRule,
     kind: Option<request::Kind>,
     parts: &RequestHead,
     body: Bytes,
     attempt: &mut Attempt,
 ) -> Result<Answer, ProxyError> {
     let mut strip_usage = false;
-    let (pool, ctx, body) = match kind {
+    let facts = |model| RequestFacts {
+        model,
+        path: parts.path(),
+        headers: &parts.headers,
+        tenant: &tenant.name,
+    };
+    let (chosen, ctx, body) = match kind {
         Some(kind) => {
-            let req = request::Request::read(kind, &body, &proxy.pools[0].pool.model)?;
+            let mut req = request::Request::read(kind, &body, &proxy.pools[0].pool.model)?;
             let prompt_bytes = req.prompt_bytes();
             if prompt_bytes > proxy.admission.limits().max_prompt_bytes {
                 return Err(proxy.admission.refuse_prompt(prompt_bytes));
             }
-            let (pool, lora) = proxy
+            let (first, mut lora) = proxy
                 .pool_for(&req.model)
                 .ok_or_else(|| ProxyError::model_not_found(&req.model))?;
+            let session = proxy.pools[first].session.key(&parts.headers);
+            let chosen = policy.choose(first, &facts(Some(&req.model)), session.as_deref());
+            let pool = &proxy.pools[chosen.pool];
             attempt.pool = pool.telemetry_id;
+            // What the engine is sent: the split's model, the tenant's cache salt.
+            let mut members: Vec<(&str, String)> = Vec::new();
+            if let Some(model) = &chosen.model {
+                lora = (**model != *pool.pool.model).then(|| model.to_string());
+                members.push(("model", model.to_string()));
+            }
+            if tenant.isolated {
+                let salt = proxy.salt.isolated(&tenant.name, req.cache_salt.as_deref());
+                members.push(("cache_salt", salt.clone()));
+                req.cache_salt = Some(salt);
+            }
+            let edited = super::members::set_members(&body, &members);
             let forwarded = if proxy.inject_usage && !req.wants_usage() {
                 strip_usage = true;
-                request::ask_for_usage(&body, req.include_usage)
+                request::ask_for_usage(&edited, req.include_usage)
             } else {
-                body.clone()
+                edited
             };
             let block_size = pool.pool.block_size;
-            let keys = match pool
-                .tokens
-                .keys_now(&req, lora.as_deref(), block_size, &pool.unkeyed)
-            {
+            let tokens = chosen.action.tokens.as_ref().unwrap_or(&pool.tokens);
+            let keys = match tokens.keys_now(&req, lora.as_deref(), block_size, &pool.unkeyed) {
                 Some(keys) => keys,
                 // A round trip to the engine: boxed, so that the common path's future (moved
                 // with every request) stays small.
                 None => {
-                    Box::pin(pool.tokens.engine_keys(
+                    Box::pin(tokens.engine_keys(
                         &req,
                         lora.as_deref(),
                         block_size,
@@ -181,23 +215,57 @@ async fn route(
                     .await
                 }
             };
+            if let Some(limits) = &tenant.quotas {
+                // Prompt tokens as far as the keys tell (whole blocks); the engine's usage
+                // corrects the charge when the request ends.
+                let estimate = (keys.len() * block_size) as u64;
+                let permit = proxy
+                    .quotas
+                    .admit(&tenant.name, limits, estimate, std::time::Instant::now())
+                    .map_err(quota_error)?;
+                attempt.quota = Some(Arc::new(parking_lot::Mutex::new(permit)));
+            }
+            let session_rule = chosen.action.session.as_ref().unwrap_or(&pool.session);
             let ctx = RequestCtx {
                 keys,
-                session: pool.session.key(&parts.headers),
+                session: session_rule.key(&parts.headers),
                 lora,
             };
-            (pool, ctx, forwarded)
+            (chosen, ctx, forwarded)
         }
         // Other paths pass through to the first pool's least-loaded endpoint, without prefix
         // information.
         None => {
-            let pool = &proxy.pools[0];
+            let session = proxy.pools[0].session.key(&parts.headers);
+            let chosen = policy.choose(0, &facts(None), session.as_deref());
+            let pool = &proxy.pools[chosen.pool];
+            let session_rule = chosen.action.session.as_ref().unwrap_or(&pool.session);
             let ctx = RequestCtx {
-                session: pool.session.key(&parts.headers),
+                session: session_rule.key(&parts.headers),
                 ..RequestCtx::default()
             };
-            (pool, ctx, body)
+            (chosen, ctx, body)
         }
     };
-    forward(proxy, pool, &ctx, parts, body, attempt, strip_usage).await
+    let pool = &proxy.pools[chosen.pool];
+    forward(
+        proxy,
+        pool,
+        &chosen.action,
+        &ctx,
+        parts,
+        body,
+        attempt,
+        strip_usage,
+    )
+    .await
+}
+
+/// A quota refusal as the client sees it: 429, an OpenAI error body naming the limit, and
+/// `Retry-After`.
+fn quota_error(r: crate::policy::quota::QuotaRefusal) -> ProxyError {
+    ProxyError {
+        retry_after: Some(r.retry_after_secs()),
+        ..ProxyError::new(StatusCode::TOO_MANY_REQUESTS, r.message)
+    }
 }

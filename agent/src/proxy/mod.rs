@@ -6,9 +6,11 @@
 //!
 //! 1. [`listener`]: accept, hand the connection to a worker ([`workers`]), tell HTTP/1.x from
 //!    h2c; [`crate::http::server`] reads the request head and body.
-//! 2. [`handle`]: the tenant ([`crate::tenant`]), the path (health, models, completions).
-//! 3. [`handle`] (`route`): parse the body ([`request`]), find the pool ([`pools`]), token
-//!    keys ([`tokens`]) and session key into the routing input.
+//! 2. [`handle`]: the current policy set ([`crate::policy`]), the tenant
+//!    ([`crate::tenant`]) and its rule, admission, the path (health, models, completions).
+//! 3. [`handle`] (`route`): parse the body ([`request`]), find the pool ([`pools`]), the
+//!    policy's action (a split may change pool and model), the tenant's quota and cache
+//!    salt, token keys ([`tokens`]) and session key into the routing input.
 //! 4. [`candidates`]: each endpoint's prefix match (index or history) and load.
 //! 5. [`forward`]: rank ([`crate::routing::rank`]), try endpoints best first ([`upstream`]),
 //!    retrying failures before the first response byte.
@@ -24,6 +26,7 @@ mod error;
 mod forward;
 mod handle;
 mod listener;
+mod members;
 mod pools;
 mod record;
 pub mod request;
@@ -49,6 +52,7 @@ pub use workers::Workers;
 use crate::{
     config::{DEFAULT_MAX_BODY, DEFAULT_RETRIES},
     kv_index::KvIndex,
+    policy::{active::ActivePolicy, quota::Quotas, salt::CacheSalt},
     telemetry::Telemetry,
     tenant::TenantPolicy,
 };
@@ -68,7 +72,13 @@ pub struct Proxy {
     /// are always known.
     pub inject_usage: bool,
     pub telemetry: Arc<Telemetry>,
-    pub tenants: TenantPolicy,
+    /// Tenants, their rules, and the routing policies over the pools' configuration
+    /// ([`crate::policy`]); read once per request, replaced whole on reload.
+    pub policy: Arc<ActivePolicy>,
+    /// The key of isolated tenants' cache salts ([`crate::policy::salt`]).
+    pub salt: Arc<CacheSalt>,
+    /// Tenants' quota state (kept across policy reloads; [`crate::policy::quota`]).
+    pub quotas: Arc<Quotas>,
     /// Capacity, queue and size bounds ([`admission`]).
     pub admission: Arc<admission::Admission>,
     upstreams: upstream::Upstreams,
@@ -85,7 +95,9 @@ impl Proxy {
             explain: false,
             inject_usage: true,
             telemetry,
-            tenants,
+            policy: Arc::new(ActivePolicy::new(tenants)),
+            salt: Arc::new(CacheSalt::random()),
+            quotas: Quotas::new(),
             admission: admission::Admission::new(crate::config::Limits::default()),
             upstreams: upstream::Upstreams::new(),
         }

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{Proxy, TokenSource, unkeyed::UnkeyedCounts};
 use crate::{
+    policy::compiled::PoolBase,
     pool::{Pool, UpstreamProtocol},
-    routing::{History, Policy, SessionSource},
+    routing::{History, SessionSource},
     telemetry::PoolId,
 };
 
@@ -49,10 +50,16 @@ impl Proxy {
         tokens: TokenSource,
         session: SessionSource,
     ) -> &mut PoolRuntime {
-        let history = (pool.policy.kind == Policy::Approximate
-            || pool.policy.weights.history > 0.0)
-            .then(|| History::new(pool.endpoints.len()));
+        // Always kept: a policy may switch the pool to the approximate preset at any time.
+        let history = Some(History::new(pool.endpoints.len()));
         let telemetry_id = self.telemetry.register_pool(name, &pool.model);
+        self.policy.add_pool(PoolBase {
+            name: name.to_string(),
+            model: pool.model.clone(),
+            labels: Default::default(),
+            services: Vec::new(),
+            policy: pool.policy,
+        });
         self.pools.push(PoolRuntime {
             name: name.to_string(),
             pool,
@@ -67,14 +74,14 @@ impl Proxy {
         self.pools.last_mut().expect("a pool was just pushed")
     }
 
-    /// The pool serving `model`, and the LoRA adapter when `model` names one.
-    pub(super) fn pool_for(&self, model: &str) -> Option<(&PoolRuntime, Option<String>)> {
-        if let Some(p) = self.pools.iter().find(|p| p.pool.model == model) {
-            return Some((p, None));
+    /// The pool serving `model` (its index), and the LoRA adapter when `model` names one.
+    pub(super) fn pool_for(&self, model: &str) -> Option<(usize, Option<String>)> {
+        if let Some(i) = self.pools.iter().position(|p| p.pool.model == model) {
+            return Some((i, None));
         }
         self.pools
             .iter()
-            .find(|p| p.pool.endpoints.iter().any(|e| e.serves(model)))
-            .map(|p| (p, Some(model.to_string())))
+            .position(|p| p.pool.endpoints.iter().any(|e| e.serves(model)))
+            .map(|i| (i, Some(model.to_string())))
     }
 }

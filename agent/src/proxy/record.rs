@@ -8,7 +8,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::telemetry::{Outcome, PoolId, RequestRecord, Telemetry, Tenant, TokenUsage};
+use crate::{
+    policy::quota::QuotaPermit,
+    telemetry::{Outcome, PoolId, RequestRecord, Telemetry, Tenant, TokenUsage},
+};
 
 /// One request's bookkeeping.
 #[derive(Debug, Clone)]
@@ -21,6 +24,9 @@ pub struct Attempt {
     /// Body complete -> first upstream request.
     pub queue: Option<Duration>,
     pub retries: u32,
+    /// The tenant's quota permit (a stream slot, charges settled from the engine's usage
+    /// when the request ends); shared by the clones an answer's body carries.
+    pub quota: Option<Arc<parking_lot::Mutex<QuotaPermit>>>,
 }
 
 /// How a request ended.
@@ -39,8 +45,12 @@ pub struct Ending<'a> {
 }
 
 impl Attempt {
-    /// Writes the request's telemetry record (once per request).
+    /// Writes the request's telemetry record (once per request), and settles its quota
+    /// charges with the usage the engine reported.
     pub fn record(&self, telemetry: &Telemetry, end: Ending<'_>) {
+        if let (Some(q), Some(u)) = (&self.quota, &end.usage) {
+            q.lock().settle(u.prompt, u.completion, end.at);
+        }
         telemetry.record(
             &self.tenant,
             &RequestRecord {

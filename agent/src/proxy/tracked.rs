@@ -43,8 +43,11 @@ pub struct Observer {
     pub pod: (u16, Arc<str>),
     pub status: http::StatusCode,
     pub tap: Tap,
-    /// The idle timeout and its counter.
+    /// The idle timeout's counter.
     pub admission: Arc<Admission>,
+    /// An engine silent this long while the client waits is given up (the request's policy,
+    /// else the agent's limit).
+    pub idle_timeout: Duration,
 }
 
 /// An upstream response body that releases the request's prefill accounting at the first
@@ -88,7 +91,7 @@ impl Tracked {
                 Poll::Ready(Ok(frame))
             }
             Poll::Pending => {
-                let limit = self.observer.admission.limits().upstream_idle_timeout;
+                let limit = self.observer.idle_timeout;
                 match self.silence.poll(limit, cx) {
                     Poll::Ready(()) => Poll::Ready(Err(Stalled)),
                     Poll::Pending => Poll::Pending,
@@ -106,7 +109,7 @@ impl Tracked {
         // released, whenever the client reads the end.
         self.engine = None;
         self.observer.admission.note_idle_timeout();
-        let limit = self.observer.admission.limits().upstream_idle_timeout;
+        let limit = self.observer.idle_timeout;
         tracing::warn!(pod = %self.observer.pod.1, ?limit, "engine response stalled; giving up");
         let message = || {
             format!(

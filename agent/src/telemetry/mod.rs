@@ -200,6 +200,12 @@ impl Tenant {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// Its small stable number (for per-tenant queues; tenants beyond the series cap share
+    /// the `other` tenant's).
+    pub fn id(&self) -> u32 {
+        self.index
+    }
 }
 
 /// What the exports read: the per-request cells, the pools' names, the resource.

@@ -1,0 +1,205 @@
+//! The policy in effect: the current [`PolicySet`], swapped whole when resources change
+//! (lock-free for readers: one atomic load per request), and what compiling said about
+//! each object (for `warmpath status`).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use parking_lot::Mutex;
+
+use super::{
+    compiled::{CompileInput, PolicySet, PoolBase, compile},
+    resources::{Condition, Resource},
+    store::Accepted,
+};
+use crate::{proxy::TokenSource, tenant::TenantPolicy};
+
+/// The current policy set and how it was made.
+#[derive(Debug)]
+pub struct ActivePolicy {
+    current: ArcSwap<PolicySet>,
+    inputs: Mutex<Inputs>,
+    generation: AtomicU64,
+    /// Sets published (each reload that changed something, plus pool additions).
+    published: AtomicU64,
+    /// The latest load of the policy directory (statuses), when there is one.
+    accepted: ArcSwapOption<Accepted>,
+}
+
+#[derive(Debug)]
+struct Inputs {
+    pools: Vec<PoolBase>,
+    identity: TenantPolicy,
+    resources: Vec<Resource>,
+    /// Tokenizers loaded for `huggingface` token sources, by directory.
+    tokenizers: HashMap<String, TokenSource>,
+}
+
+/// The built-in tokenizer, loaded on first use.
+fn builtin() -> TokenSource {
+    static BUILTIN: OnceLock<TokenSource> = OnceLock::new();
+    BUILTIN
+        .get_or_init(|| {
+            use warmpath_tokenizer::{Tokenizer, segments::SegmentTokenizer};
+            TokenSource::Local(Arc::new(SegmentTokenizer::new(Arc::new(
+                Tokenizer::builtin(),
+            ))))
+        })
+        .clone()
+}
+
+impl ActivePolicy {
+    /// The configuration alone (no resources yet).
+    pub fn new(identity: TenantPolicy) -> Self {
+        let mut inputs = Inputs {
+            pools: Vec::new(),
+            identity,
+            resources: Vec::new(),
+            tokenizers: HashMap::new(),
+        };
+        let set = build(&mut inputs, 0);
+        Self {
+            current: ArcSwap::from_pointee(set),
+            inputs: Mutex::new(inputs),
+            generation: AtomicU64::new(0),
+            published: AtomicU64::new(0),
+            accepted: ArcSwapOption::empty(),
+        }
+    }
+
+    /// The set in effect now (hold it for one request; a reload publishes a new one).
+    pub fn current(&self) -> Arc<PolicySet> {
+        self.current.load_full()
+    }
+
+    /// Adds a pool of the configuration (at start, before traffic).
+    pub fn add_pool(&self, pool: PoolBase) {
+        let mut inputs = self.inputs.lock();
+        inputs.pools.push(pool);
+        self.publish(&mut inputs);
+    }
+
+    /// Replaces the configuration's tenant identity.
+    pub fn set_identity(&self, identity: TenantPolicy) {
+        let mut inputs = self.inputs.lock();
+        inputs.identity = identity;
+        self.publish(&mut inputs);
+    }
+
+    /// Compiles `resources` (accepted: validated) over the configuration and publishes the
+    /// result; requests in progress keep the set they started with.
+    pub fn apply(&self, resources: Vec<Resource>) -> Arc<PolicySet> {
+        let mut inputs = self.inputs.lock();
+        inputs.resources = resources;
+        self.publish(&mut inputs)
+    }
+
+    /// Applies a load of the policy directory: what serves, and the statuses to show.
+    pub fn apply_accepted(&self, accepted: Arc<Accepted>) -> Arc<PolicySet> {
+        use super::store::Serving;
+        let unchanged = self
+            .accepted
+            .load()
+            .as_ref()
+            .is_some_and(|a| a.generation == accepted.generation);
+        if unchanged {
+            // Only statuses changed (an update was rejected): what serves stays.
+            self.accepted.store(Some(accepted));
+            return self.current();
+        }
+        // Each serving version carries its generation (explain headers, status).
+        let mut resources = accepted.resources.clone();
+        for r in &mut resources {
+            let (kind, key) = (r.kind(), r.key());
+            let generation = accepted.object(kind, &key).and_then(|o| match o.serving {
+                Serving::Current => Some(o.observed_generation),
+                Serving::LastGood { generation } => Some(generation),
+                Serving::None => None,
+            });
+            let meta = match r {
+                Resource::RoutePolicy(p) => &mut p.metadata,
+                Resource::Tenant(t) => &mut t.metadata,
+            };
+            if meta.generation.is_none() {
+                meta.generation = generation;
+            }
+        }
+        let set = self.apply(resources);
+        self.accepted.store(Some(accepted));
+        set
+    }
+
+    /// The latest load of the policy directory.
+    pub fn accepted(&self) -> Option<Arc<Accepted>> {
+        self.accepted.load_full()
+    }
+
+    /// Sets the labels and Services of the configured pool `name` (what `selector` and
+    /// `service` targets match).
+    pub fn set_pool_targets(
+        &self,
+        name: &str,
+        labels: std::collections::BTreeMap<String, String>,
+        services: Vec<(String, u16)>,
+    ) {
+        let mut inputs = self.inputs.lock();
+        if let Some(p) = inputs.pools.iter_mut().find(|p| p.name == name) {
+            p.labels = labels;
+            p.services = services;
+        }
+        self.publish(&mut inputs);
+    }
+
+    /// Sets published so far.
+    pub fn published(&self) -> u64 {
+        self.published.load(Ordering::Relaxed)
+    }
+
+    fn publish(&self, inputs: &mut Inputs) -> Arc<PolicySet> {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let set = Arc::new(build(inputs, generation));
+        self.current.store(set.clone());
+        self.published.fetch_add(1, Ordering::Relaxed);
+        set
+    }
+
+    /// The ResolvedRefs conditions of the objects in effect, by (kind, key).
+    pub fn resolved(&self) -> Vec<(&'static str, String, Condition)> {
+        self.current.load().resolved.clone()
+    }
+}
+
+fn build(inputs: &mut Inputs, generation: u64) -> PolicySet {
+    let Inputs {
+        pools,
+        identity,
+        resources,
+        tokenizers,
+    } = inputs;
+    let mut load = |dir: &str| -> Result<TokenSource, String> {
+        if let Some(t) = tokenizers.get(dir) {
+            return Ok(t.clone());
+        }
+        use warmpath_tokenizer::{Tokenizer, segments::SegmentTokenizer};
+        let tok = Tokenizer::from_dir(std::path::Path::new(dir)).map_err(|e| e.to_string())?;
+        let source = TokenSource::Local(Arc::new(SegmentTokenizer::new(Arc::new(tok))));
+        tokenizers.insert(dir.to_string(), source.clone());
+        Ok(source)
+    };
+    compile(
+        CompileInput {
+            pools,
+            identity,
+            tokenizers: &mut load,
+            builtin: &builtin,
+        },
+        resources,
+        generation,
+    )
+}

@@ -1,0 +1,361 @@
+//! Matching and precedence, table-driven: each row is a request and the policy that must
+//! win (by name), written from the rules in docs/policy.md, not from the code.
+
+use super::*;
+use crate::policy::documents;
+
+fn pools() -> Vec<PoolBase> {
+    let base =
+        |name: &str, model: &str, labels: &[(&str, &str)], services: &[(&str, u16)]| PoolBase {
+            name: name.into(),
+            model: model.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            services: services.iter().map(|(n, p)| (n.to_string(), *p)).collect(),
+            policy: routing::RoutePolicy::from(Policy::Precise),
+        };
+    vec![
+        base(
+            "chat",
+            "llama",
+            &[("tier", "gpu"), ("team", "ml")],
+            &[("llama-svc", 8000)],
+        ),
+        base("chat-v2", "llama-v2", &[("tier", "gpu")], &[]),
+        base("code", "coder", &[("tier", "cpu")], &[]),
+    ]
+}
+
+const POLICIES: &str = r#"
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: by-selector, namespace: ml}
+spec:
+  targetRef: {selector: {matchLabels: {tier: gpu}}}
+  action: {preset: least-loaded}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: pool-default, namespace: ml}
+spec:
+  targetRef: {pool: {name: chat}}
+  action: {preset: precise}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: premium-header, namespace: ml}
+spec:
+  targetRef: {pool: {name: chat}}
+  matches:
+  - headers: [{name: x-tier, value: premium}]
+  action: {preset: session, failureMode: failClosed}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: team-b-chat, namespace: ml}
+spec:
+  targetRef: {pool: {name: chat}}
+  matches:
+  - tenants: [team-b]
+    path: {prefix: /v1/chat}
+  action: {preset: round-robin}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: exact-completions, namespace: ml}
+spec:
+  targetRef: {pool: {name: chat}}
+  matches:
+  - path: {exact: /v1/completions}
+  action: {weights: {queue: 3}}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: aaa-same-as-pool-default, namespace: ml}
+spec:
+  targetRef: {service: {name: llama-svc, port: 8000}}
+  action: {preset: approximate}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: missing-pool, namespace: ml}
+spec:
+  targetRef: {pool: {name: nope}}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: canary, namespace: ml}
+spec:
+  targetRef: {pool: {name: code}}
+  action:
+    split:
+    - {weight: 3}
+    - {pool: chat-v2, model: llama-v2, weight: 1}
+"#;
+
+fn set() -> PolicySet {
+    let resources = documents::parse("test.yaml", POLICIES).unwrap();
+    let identity = TenantPolicy::default();
+    let mut tokenizers = |_: &str| -> Result<TokenSource, String> { Err("none here".into()) };
+    compile(
+        CompileInput {
+            pools: &pools(),
+            identity: &identity,
+            tokenizers: &mut tokenizers,
+            builtin: &|| TokenSource::Approximate,
+        },
+        &resources,
+        7,
+    )
+}
+
+#[test]
+fn the_most_specific_policy_wins() {
+    let set = set();
+    let mut premium = http::HeaderMap::new();
+    premium.insert("x-tier", "premium".parse().unwrap());
+    let premium = Headers::Map(premium);
+    let none = Headers::default();
+    // (pool, model, path, headers, tenant) -> winning source
+    let rows: &[(usize, Option<&str>, &str, &Headers, &str, &str)] = &[
+        // Pool and Service references tie on target kind and specificity: the name decides
+        // (aaa-same-as-pool-default < pool-default).
+        (
+            0,
+            Some("llama"),
+            "/v1/chat/completions",
+            &none,
+            "team-a",
+            "ml/aaa-same-as-pool-default",
+        ),
+        // One condition beats none, whatever the names.
+        (
+            0,
+            Some("llama"),
+            "/v1/chat/completions",
+            &premium,
+            "team-a",
+            "ml/premium-header",
+        ),
+        // Two condition kinds beat one.
+        (
+            0,
+            Some("llama"),
+            "/v1/chat/completions",
+            &premium,
+            "team-b",
+            "ml/team-b-chat",
+        ),
+        // A prefix matches whole segments only.
+        (
+            0,
+            Some("llama"),
+            "/v1/chatter",
+            &none,
+            "team-b",
+            "ml/aaa-same-as-pool-default",
+        ),
+        // Exact path (one kind) vs header (one kind): exact path is more specific.
+        (
+            0,
+            Some("llama"),
+            "/v1/completions",
+            &premium,
+            "team-a",
+            "ml/exact-completions",
+        ),
+        // A selector target loses to references, but applies where nothing else does.
+        (
+            1,
+            Some("llama-v2"),
+            "/v1/completions",
+            &none,
+            "team-a",
+            "ml/by-selector",
+        ),
+        // No policy for the pool: its configuration.
+        (
+            2,
+            Some("coder"),
+            "/v1/completions",
+            &none,
+            "team-a",
+            "ml/canary",
+        ),
+    ];
+    for (i, (pool, model, path, headers, tenant, want)) in rows.iter().enumerate() {
+        let facts = RequestFacts {
+            model: *model,
+            path,
+            headers,
+            tenant,
+        };
+        let got = set.action(*pool, &facts);
+        assert_eq!(&*got.source, *want, "row {i}");
+    }
+    assert_eq!(set.generation, 7);
+}
+
+#[test]
+fn actions_refine_the_pool_configuration() {
+    let set = set();
+    let none = Headers::default();
+    let f = |path| RequestFacts {
+        model: Some("llama"),
+        path,
+        headers: &none,
+        tenant: "t",
+    };
+    let exact = set.action(0, &f("/v1/completions"));
+    // Weights without a preset refine the pool's own preset (precise here).
+    let policy = exact.policy.expect("weights were set");
+    assert_eq!(policy.kind, Policy::Precise);
+    assert_eq!(policy.weights.queue, 3.0);
+    assert_eq!(policy.weights.prefix, 1.0);
+    assert!(
+        exact.retries.is_none() && exact.explain.is_none(),
+        "unset: configuration's"
+    );
+    let mut premium = http::HeaderMap::new();
+    premium.insert("x-tier", "premium".parse().unwrap());
+    let h = Headers::Map(premium);
+    let p = set.action(
+        0,
+        &RequestFacts {
+            headers: &h,
+            ..f("/v1/chat/completions")
+        },
+    );
+    assert_eq!(p.failure, FailureMode::FailClosed);
+    assert_eq!(p.policy.unwrap().kind, Policy::Session);
+}
+
+#[test]
+fn unresolved_targets_do_not_apply_and_say_why() {
+    let set = set();
+    let missing = set
+        .resolved
+        .iter()
+        .find(|(_, k, _)| k == "ml/missing-pool")
+        .expect("reported");
+    assert_eq!(missing.2.status, "False");
+    assert_eq!(missing.2.reason, "PoolNotFound");
+    let sel = set
+        .resolved
+        .iter()
+        .find(|(_, k, _)| k == "ml/by-selector")
+        .unwrap();
+    assert_eq!(sel.2.status, "True");
+    assert!(sel.2.message.contains("chat, chat-v2"), "{}", sel.2.message);
+}
+
+#[test]
+fn splits_give_each_way_its_share_and_keep_sessions_together() {
+    let set = set();
+    let none = Headers::default();
+    let facts = RequestFacts {
+        model: Some("coder"),
+        path: "/v1/completions",
+        headers: &none,
+        tenant: "t",
+    };
+    let mut to_v2 = 0;
+    for _ in 0..400 {
+        let c = set.choose(2, &facts, None);
+        if c.pool == 1 {
+            assert_eq!(c.model.as_deref(), Some("llama-v2"));
+            // The target pool's own policies decide: the selector policy applies there.
+            assert_eq!(&*c.action.source, "ml/by-selector");
+            to_v2 += 1;
+        } else {
+            assert_eq!(c.pool, 2);
+            assert!(c.model.is_none());
+        }
+    }
+    // Weights 3:1, exactly per cycle of 4.
+    assert_eq!(to_v2, 100);
+    // Interleaved, not 300 then 100: within the first 8 requests both ways appear.
+    let first: Vec<usize> = (0..8).map(|_| set.choose(2, &facts, None).pool).collect();
+    assert!(first.contains(&1) && first.contains(&2), "{first:?}");
+    // One session key, one way, every time.
+    let way = set.choose(2, &facts, Some("session-42")).pool;
+    for _ in 0..50 {
+        assert_eq!(set.choose(2, &facts, Some("session-42")).pool, way);
+    }
+}
+
+#[test]
+fn tenants_compile_with_identity_and_rules() {
+    let text = r#"
+apiVersion: warmpath.dev/v1alpha1
+kind: Tenant
+metadata: {name: team-a}
+spec:
+  identity: {cidrs: [127.0.0.2/32], headerSources: [127.0.0.9/32]}
+  priority: 5
+  weight: 3
+  cacheIsolation: isolated
+  quotas: {promptTokens: 1200/min, concurrentStreams: 4}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: Tenant
+metadata: {name: k8s-only}
+spec:
+  identity: {namespaces: [ml]}
+"#;
+    let resources = documents::parse("t.yaml", text).unwrap();
+    let identity = TenantPolicy::default();
+    let mut tokenizers = |_: &str| -> Result<TokenSource, String> { Err("none".into()) };
+    let set = compile(
+        CompileInput {
+            pools: &pools(),
+            identity: &identity,
+            tokenizers: &mut tokenizers,
+            builtin: &|| TokenSource::Approximate,
+        },
+        &resources,
+        1,
+    );
+    let a = set.tenant(&Arc::from("team-a"));
+    assert_eq!((a.priority, a.weight, a.isolated), (5, 3, true));
+    let q = a.quotas.expect("quota");
+    assert_eq!(q.prompt_tokens_per_s, Some(20.0));
+    assert_eq!(q.concurrent_streams, Some(4));
+    let unlisted = set.tenant(&Arc::from("someone"));
+    assert_eq!(
+        (unlisted.priority, unlisted.weight, unlisted.isolated),
+        (0, 1, false)
+    );
+    assert!(unlisted.quotas.is_none());
+    // Identity: the CIDR names team-a; the header is believed only from its source.
+    let none = Headers::default();
+    let (t, _) = set
+        .identity
+        .resolve(Some("127.0.0.2".parse().unwrap()), &none);
+    assert_eq!(&*t, "team-a");
+    let mut h = http::HeaderMap::new();
+    h.insert(crate::tenant::DEFAULT_HEADER, "team-a".parse().unwrap());
+    let h = Headers::Map(h);
+    assert_eq!(
+        &*set
+            .identity
+            .resolve(Some("127.0.0.9".parse().unwrap()), &h)
+            .0,
+        "team-a"
+    );
+    assert_eq!(
+        &*set
+            .identity
+            .resolve(Some("127.0.0.8".parse().unwrap()), &h)
+            .0,
+        "default"
+    );
+    let k8s = set
+        .resolved
+        .iter()
+        .find(|(_, k, _)| k == "k8s-only")
+        .unwrap();
+    assert_eq!(k8s.2.reason, "WorkloadSelectorsInactive");
+}
