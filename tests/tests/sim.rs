@@ -347,3 +347,104 @@ async fn a_stalled_stream_stops_mid_way_and_a_disconnect_aborts_it() {
     })
     .await;
 }
+
+/// A tokenizer directory for the simulator: the built-in vocabulary with a real model's chat
+/// template (tokenizer/tests/data), removed on drop.
+struct TemplateDir(std::path::PathBuf);
+
+impl TemplateDir {
+    fn new(name: &str, template_file: &str, specials: serde_json::Value) -> Self {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let dir = std::env::temp_dir().join(format!("warmpath-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(
+            format!("{root}/tokenizer/assets/default-tokenizer/tokenizer.json"),
+            dir.join("tokenizer.json"),
+        )
+        .unwrap();
+        let template = std::fs::read_to_string(format!(
+            "{root}/tokenizer/tests/data/templates/{template_file}"
+        ))
+        .unwrap();
+        let mut config = specials;
+        config["chat_template"] = template.into();
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TemplateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_chat_templates_render_or_refuse_as_vllm_does() {
+    // Llama 3.2 calls strftime_now("%d %b %Y"): the simulator answered 400 (`unknown
+    // function: strftime_now`) before it rendered templates as transformers does.
+    let dir = TemplateDir::new(
+        "llama-3.2",
+        "meta-llama-Llama-3.2-3B-Instruct.jinja",
+        json!({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
+    );
+    let path = dir.0.display().to_string();
+    let fleet = Fleet::start(&["--port", "0", "--profile", "tiny", "--tokenizer", &path]).await;
+    let messages = json!([{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What day is it?"}]);
+    // The prompt vLLM would tokenize: today's date in it (read before and after the request,
+    // in case it ran over midnight).
+    let tok = warmpath_tokenizer::Tokenizer::from_dir(&dir.0).unwrap();
+    let chat = warmpath_tokenizer::Chat::from_json(
+        warmpath_tokenizer::ChatJson {
+            messages: &messages.to_string(),
+            ..Default::default()
+        },
+        true,
+    )
+    .unwrap();
+    let count = || {
+        tok.encode(&tok.render_chat(&chat).unwrap(), false)
+            .unwrap()
+            .len()
+    };
+    let before = count();
+    let client = reqwest::Client::new();
+    let post = |body: serde_json::Value| {
+        let r = client
+            .post(format!("{}/v1/chat/completions", fleet.url(0)))
+            .json(&body)
+            .send();
+        async move {
+            let r = r.await.unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<serde_json::Value>().await.unwrap(),
+            )
+        }
+    };
+    let (status, v) = post(json!({"messages": messages, "max_tokens": 2})).await;
+    assert_eq!(status, 200, "{v}");
+    let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert!(
+        prompt_tokens == before || prompt_tokens == count(),
+        "{prompt_tokens} prompt tokens, the local render has {before}"
+    );
+    // A template's raise_exception is 400 with its message, as vLLM answers.
+    let call = |id: &str| {
+        json!({"id": id, "type": "function",
+        "function": {"name": "f", "arguments": "{}"}})
+    };
+    let (status, v) = post(json!({"messages": [{"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call("a"), call("b")]}],
+        "tools": [{"type": "function", "function": {"name": "f"}}]}))
+    .await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(
+        (v["error"]["type"].as_str(), v["error"]["message"].as_str()),
+        (
+            Some("BadRequestError"),
+            Some("This model only supports single tool-calls at once!")
+        )
+    );
+}

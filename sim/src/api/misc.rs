@@ -38,7 +38,10 @@ pub async fn health(State(s): State<Arc<ServedModel>>) -> StatusCode {
 struct TokenizeBody {
     model: Option<String>,
     prompt: Option<String>,
-    messages: Option<Vec<warmpath_tokenizer::ChatMessage>>,
+    messages: Option<Box<serde_json::value::RawValue>>,
+    tools: Option<Box<serde_json::value::RawValue>>,
+    chat_template_kwargs: Option<Box<serde_json::value::RawValue>>,
+    continue_final_message: Option<bool>,
     add_special_tokens: Option<bool>,
     add_generation_prompt: Option<bool>,
 }
@@ -52,12 +55,24 @@ pub async fn tokenize(State(s): State<Arc<ServedModel>>, body: Bytes) -> Respons
         }
         let (text, default_special) = match (&body.prompt, &body.messages) {
             (Some(p), _) => (p.clone(), true),
-            (None, Some(messages)) => (
-                s.tokenizer()
-                    .apply_chat_template(messages, body.add_generation_prompt.unwrap_or(true))
-                    .map_err(|e| ApiError::bad_param("messages", e.to_string()))?,
-                false,
-            ),
+            (None, Some(messages)) => {
+                let json = warmpath_tokenizer::ChatJson {
+                    messages: messages.get(),
+                    tools: body.tools.as_deref().map(|t| t.get()),
+                    documents: None,
+                    chat_template_kwargs: body.chat_template_kwargs.as_deref().map(|k| k.get()),
+                };
+                let rendered = warmpath_tokenizer::Chat::from_json(
+                    json,
+                    body.add_generation_prompt.unwrap_or(true),
+                )
+                .and_then(|mut chat| {
+                    chat.continue_final_message = body.continue_final_message.unwrap_or(false);
+                    s.tokenizer().render_chat(&chat)
+                })
+                .map_err(|e| super::request::template_error(&e))?;
+                (rendered, false)
+            }
             (None, None) => {
                 return Err(ApiError::bad_request(
                     "Either 'prompt' or 'messages' is required.",

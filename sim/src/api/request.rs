@@ -1,9 +1,10 @@
 //! Parsing and validating completion and chat requests into what the engine needs.
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use super::{ApiError, ServedModel};
-use warmpath_tokenizer::ChatMessage;
+use warmpath_tokenizer::{Chat, ChatJson};
 
 use crate::engine::kv_cache::ExtraKeys;
 
@@ -35,33 +36,19 @@ struct StreamOptions {
     include_usage: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Debug, Deserialize)]
-struct ContentPart {
-    #[serde(rename = "type")]
-    kind: String,
-    text: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Message {
-    role: String,
-    content: Option<Content>,
-}
-
 /// The fields of both request kinds that the simulator honours; others are accepted and
 /// ignored, as vLLM does.
 #[derive(Debug, Deserialize)]
 struct Body {
     model: Option<String>,
     prompt: Option<Prompt>,
-    messages: Option<Vec<Message>>,
+    /// Chat members handed to the template as JSON (`warmpath_tokenizer::Chat` reads them as
+    /// vLLM does).
+    messages: Option<Box<RawValue>>,
+    tools: Option<Box<RawValue>>,
+    documents: Option<Box<RawValue>>,
+    chat_template_kwargs: Option<Box<RawValue>>,
+    continue_final_message: Option<bool>,
     max_tokens: Option<i64>,
     max_completion_tokens: Option<i64>,
     #[serde(default)]
@@ -204,28 +191,35 @@ fn chat_prompt(body: &Body, served: &ServedModel) -> Result<Vec<u32>, ApiError> 
             "Field 'messages' is required.",
         ));
     };
-    let messages: Vec<ChatMessage> = messages
-        .iter()
-        .map(|m| ChatMessage {
-            role: m.role.clone(),
-            content: match &m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => parts
-                    .iter()
-                    .filter(|p| p.kind == "text")
-                    .filter_map(|p| p.text.as_deref())
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-            },
-        })
-        .collect();
+    let json = ChatJson {
+        messages: messages.get(),
+        tools: body.tools.as_deref().map(RawValue::get),
+        documents: body
+            .documents
+            .as_deref()
+            .map(RawValue::get)
+            .filter(|d| *d != "null"),
+        chat_template_kwargs: body.chat_template_kwargs.as_deref().map(RawValue::get),
+    };
+    let mut chat = Chat::from_json(json, body.add_generation_prompt.unwrap_or(true))
+        .map_err(|e| template_error(&e))?;
+    chat.continue_final_message = body.continue_final_message.unwrap_or(false);
     let text = served
         .tokenizer()
-        .apply_chat_template(&messages, body.add_generation_prompt.unwrap_or(true))
-        .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+        .render_chat(&chat)
+        .map_err(|e| template_error(&e))?;
     served
         .encoder
         .encode(&text, body.add_special_tokens.unwrap_or(false))
         .map_err(|e| ApiError::bad_param("messages", e.to_string()))
+}
+
+/// vLLM answers a chat template that raises, or messages it cannot give the template, with
+/// 400 and the exception's own message (a template's `raise_exception` text as written).
+pub(super) fn template_error(e: &warmpath_tokenizer::Error) -> ApiError {
+    use warmpath_tokenizer::Error as E;
+    match e {
+        E::Template(message) | E::Request(message) => ApiError::bad_request(message.clone()),
+        other => ApiError::bad_param("messages", other.to_string()),
+    }
 }
