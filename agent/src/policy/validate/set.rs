@@ -12,9 +12,9 @@ use crate::policy::resources::{FieldError, Resource, RoutePolicy, Tenant};
 ///    the first takes part in the other checks.
 /// 2. Two `RoutePolicy`s of one namespace (references resolve in the policy's namespace)
 ///    with the same `targetRef` (models in any order) and the same set of matches (entries
-///    and their conditions in any order): they would apply to exactly the same requests, so
-///    precedence could only fall back to names. Every one but the first by name is
-///    rejected (`spec.matches`).
+///    and their conditions in any order; no matches is one entry without conditions): they
+///    would apply to exactly the same requests, so precedence could only fall back to
+///    names. Every one but the first by name is rejected (`spec.matches`).
 /// 3. Two `Tenant`s claiming the same CIDR (the same network, however written), namespace
 ///    or service account: the source would belong to both. Tenants are taken in name
 ///    order; a tenant claiming what an accepted one claims is rejected at that entry
@@ -79,7 +79,12 @@ fn route_conflicts(policies: &[(usize, &RoutePolicy)], out: &mut Vec<(usize, Fie
             .clone()
             .unwrap_or_else(|| "default".into());
         let target = NormalTarget::of(&p.spec.target_ref);
-        let matches = p.spec.matches.iter().map(NormalMatch::of).collect();
+        // No matches holds for every request, as one entry without conditions does.
+        let mut matches: BTreeSet<NormalMatch> =
+            p.spec.matches.iter().map(NormalMatch::of).collect();
+        if matches.is_empty() {
+            matches.insert(NormalMatch::of(&Default::default()));
+        }
         let name = p.metadata.name.clone().unwrap_or_default();
         groups
             .entry((ns, target, matches))

@@ -104,6 +104,14 @@ fn policies_with_one_target_and_the_same_matches_conflict() {
     let bare = "{targetRef: {service: {name: s, port: 80}}}";
     let text = [named_policy("ml", "b", bare), named_policy("ml", "a", bare)].concat();
     expect_set(&text, &[("ml/b", "spec.matches", "ml/a")]);
+    // One entry without conditions is the same as no matches.
+    let empty_entry = "{targetRef: {service: {name: s, port: 80}}, matches: [{}]}";
+    let text = [
+        named_policy("ml", "b", empty_entry),
+        named_policy("ml", "a", bare),
+    ]
+    .concat();
+    expect_set(&text, &[("ml/b", "spec.matches", "ml/a")]);
     // Other namespace, other target models, one more match, other pool: no conflict.
     for other in [
         named_policy("team", "zeta", b),
