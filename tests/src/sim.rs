@@ -182,3 +182,42 @@ pub async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value 
         .await
         .unwrap_or_else(|e| panic!("GET {url}: not JSON: {e}"))
 }
+
+/// A tokenizer directory (for `--tokenizer`): the built-in vocabulary with a real model's chat
+/// template from `tokenizer/tests/data/templates/` and `specials` (bos/eos tokens) as its
+/// `tokenizer_config.json`; removed on drop.
+#[derive(Debug)]
+pub struct TemplateDir(pub std::path::PathBuf);
+
+impl TemplateDir {
+    pub fn new(name: &str, template_file: &str, specials: serde_json::Value) -> Self {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let dir = std::env::temp_dir().join(format!("warmpath-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        std::fs::copy(
+            format!("{root}/tokenizer/assets/default-tokenizer/tokenizer.json"),
+            dir.join("tokenizer.json"),
+        )
+        .expect("the built-in tokenizer.json is committed");
+        let template = std::fs::read_to_string(format!(
+            "{root}/tokenizer/tests/data/templates/{template_file}"
+        ))
+        .expect("the template is committed");
+        let mut config = specials;
+        config["chat_template"] = template.into();
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string())
+            .expect("tokenizer_config.json written");
+        Self(dir)
+    }
+
+    /// The directory as a flag value.
+    pub fn path(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for TemplateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

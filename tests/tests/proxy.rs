@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use warmpath_e2e::{
     agent::proxy,
-    sim::{Fleet, get_json, metric, stream_completion, wait_for},
+    sim::{Fleet, TemplateDir, get_json, metric, stream_completion, wait_for},
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -645,4 +645,55 @@ async fn the_http1_server_answers_odd_and_malformed_requests_clearly() {
     .await;
     assert!(got.starts_with("HTTP/1.1 200 OK"), "{got}");
     assert!(got.ends_with("\r\n\r\n"), "{got}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_prefix_keys_are_counted_by_reason_in_status() {
+    // Mistral Nemo's template raises on two user turns in a row: the engine answers 400, the
+    // agent routes the request without keys and says why in /status.
+    let dir = TemplateDir::new(
+        "mistral-nemo-unkeyed",
+        "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+        json!({"bos_token": "<s>", "eos_token": "</s>"}),
+    );
+    let fleet = Fleet::tiny(2, &["--tokenizer", &dir.path()]).await;
+    let local = proxy(&fleet, &["--tokenizer", &dir.path()]).await;
+    let engine = proxy(&fleet, &["--tokens", "engine"]).await;
+    let client = reqwest::Client::new();
+    let chat = |routing: &warmpath_agent::agent::Routing, messages: serde_json::Value| {
+        let r = client
+            .post(format!("http://{}/v1/chat/completions", routing.listen))
+            .json(&json!({"model": "sim-llama", "messages": messages, "max_tokens": 2}))
+            .send();
+        async move { r.await.unwrap().status().as_u16() }
+    };
+    let twice = json!([{"role": "user", "content": "one"}, {"role": "user", "content": "two"}]);
+    let fine = json!([{"role": "user", "content": "one"}]);
+    for routing in [&local, &engine] {
+        assert_eq!(chat(routing, fine.clone()).await, 200);
+        assert_eq!(chat(routing, twice.clone()).await, 400);
+        assert_eq!(chat(routing, twice.clone()).await, 400);
+    }
+    let pool = |routing: &warmpath_agent::agent::Routing| {
+        let url = format!("http://{}/status", routing.admin);
+        let client = client.clone();
+        async move { get_json(&client, &url).await["pools"][0].clone() }
+    };
+    let local = pool(&local).await;
+    assert_eq!(local["unkeyed"], json!({"template": 2}), "{local}");
+    assert_eq!(
+        local["unkeyed_first_error"]["template"],
+        "chat template: After the optional system message, conversation roles must alternate \
+         user/assistant/user/assistant/..."
+    );
+    // The engine token source: the engine's /tokenize refuses the same prompt.
+    let engine = pool(&engine).await;
+    assert_eq!(engine["unkeyed"], json!({"engine_tokenize": 2}), "{engine}");
+    let first = engine["unkeyed_first_error"]["engine_tokenize"]
+        .as_str()
+        .unwrap();
+    assert!(
+        first.ends_with("/tokenize answered 400 Bad Request"),
+        "{first}"
+    );
 }

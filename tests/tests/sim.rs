@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use warmpath_e2e::sim::{Fleet, get_json, metric, stream_completion, wait_for};
+use warmpath_e2e::sim::{Fleet, TemplateDir, get_json, metric, stream_completion, wait_for};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -346,37 +346,6 @@ async fn a_stalled_stream_stops_mid_way_and_a_disconnect_aborts_it() {
         async move { (metric(&client, &base, "vllm:request_aborted_total").await == 1.0).then_some(()) }
     })
     .await;
-}
-
-/// A tokenizer directory for the simulator: the built-in vocabulary with a real model's chat
-/// template (tokenizer/tests/data), removed on drop.
-struct TemplateDir(std::path::PathBuf);
-
-impl TemplateDir {
-    fn new(name: &str, template_file: &str, specials: serde_json::Value) -> Self {
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-        let dir = std::env::temp_dir().join(format!("warmpath-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(
-            format!("{root}/tokenizer/assets/default-tokenizer/tokenizer.json"),
-            dir.join("tokenizer.json"),
-        )
-        .unwrap();
-        let template = std::fs::read_to_string(format!(
-            "{root}/tokenizer/tests/data/templates/{template_file}"
-        ))
-        .unwrap();
-        let mut config = specials;
-        config["chat_template"] = template.into();
-        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TemplateDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
