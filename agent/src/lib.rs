@@ -24,3 +24,4 @@ pub mod routing;
 pub mod status;
 pub mod telemetry;
 pub mod tenant;
+pub mod usage;

@@ -28,7 +28,7 @@ enum Command {
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Print the CustomResourceDefinitions of RoutePolicy and Tenant (docs/policy.md).
-    Crds(warmpath_agent::policy::crds::CrdsArgs),
+    Crds(warmpath_agent::policy::crds_command::CrdsArgs),
     /// Policy files: `validate` (docs/policy.md).
     #[command(subcommand)]
     Policy(warmpath_agent::policy::cli::PolicyCommand),
@@ -46,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Sim(args) => run_sim(*args).await?,
         Command::Bench(cmd) => warmpath_bench::run(cmd).await?,
         Command::Status(args) => warmpath_agent::status::run(&args).await?,
-        Command::Crds(args) => warmpath_agent::policy::crds::run(&args)?,
+        Command::Crds(args) => warmpath_agent::policy::crds_command::run(&args)?,
         Command::Policy(cmd) => warmpath_agent::policy::cli::run(&cmd)?,
     }
     Ok(())

@@ -149,7 +149,7 @@ async fn isolated_tenants_never_share_cached_prefixes_and_shared_ones_do() {
 /// Version `n` of the policy under reload: valid for even `n` (weights that change with
 /// `n`), invalid for odd `n` (a scorer that does not exist).
 fn version(n: usize) -> String {
-    let weight = if n % 2 == 0 {
+    let weight = if n.is_multiple_of(2) {
         format!("queue: {}", 1 + n)
     } else {
         format!("warp-drive: {n}")
@@ -267,7 +267,7 @@ async fn policies_swapped_under_load_drop_no_request_and_take_effect_within_a_se
         dir.write("policy.yaml", &version(n));
         let started = Instant::now();
         let generation = n as i64 + 1;
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             let want = format!("ml/swapped@{generation}");
             loop {
                 if policy_header(&client, &base).await == want {

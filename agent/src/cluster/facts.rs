@@ -138,7 +138,7 @@ pub struct Rate(u64);
 impl UsageFact {
     /// From a demand measured as floats: NaN and negative rates count as 0, rates above
     /// [`MAX_RATE_PER_SEC`] as that.
-    pub fn from_demand(d: &crate::policy::usage::Demand) -> Self {
+    pub fn from_demand(d: &crate::usage::Demand) -> Self {
         Self {
             requests: Rate::from_per_sec(d.requests),
             prompt_tokens: Rate::from_per_sec(d.prompt_tokens),
@@ -146,8 +146,8 @@ impl UsageFact {
         }
     }
 
-    pub fn demand(&self) -> crate::policy::usage::Demand {
-        crate::policy::usage::Demand {
+    pub fn demand(&self) -> crate::usage::Demand {
+        crate::usage::Demand {
             requests: self.requests.per_sec(),
             prompt_tokens: self.prompt_tokens.per_sec(),
             output_tokens: self.output_tokens.per_sec(),

@@ -30,7 +30,7 @@ use super::{
     facts::{Fact, UsageFact, check_tenant},
     membership::{Membership, View},
 };
-use crate::policy::usage::{Demand, UsageExchange};
+use crate::usage::{Demand, UsageExchange};
 
 /// The most tenants one agent publishes (the most demanding): 256 facts of at most 57 bytes
 /// of value and 70 of key, 32 KiB of state at most.

@@ -14,11 +14,11 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::Mutex;
 
 use super::{
-    compiled::{CompileInput, PolicySet, PoolBase, compile},
+    compiled::{CompileInput, PolicySet, PoolBase, Tokens, compile},
     resources::{Condition, Resource},
     store::Accepted,
 };
-use crate::{proxy::TokenSource, tenant::TenantPolicy};
+use crate::tenant::TenantPolicy;
 
 /// The current policy set and how it was made.
 #[derive(Debug)]
@@ -38,16 +38,16 @@ struct Inputs {
     identity: TenantPolicy,
     resources: Vec<Resource>,
     /// Tokenizers loaded for `huggingface` token sources, by directory.
-    tokenizers: HashMap<String, TokenSource>,
+    tokenizers: HashMap<String, Tokens>,
 }
 
 /// The built-in tokenizer, loaded on first use.
-fn builtin() -> TokenSource {
-    static BUILTIN: OnceLock<TokenSource> = OnceLock::new();
+fn builtin() -> Tokens {
+    static BUILTIN: OnceLock<Tokens> = OnceLock::new();
     BUILTIN
         .get_or_init(|| {
             use warmpath_tokenizer::{Tokenizer, segments::SegmentTokenizer};
-            TokenSource::Local(Arc::new(SegmentTokenizer::new(Arc::new(
+            Tokens::Local(Arc::new(SegmentTokenizer::new(Arc::new(
                 Tokenizer::builtin(),
             ))))
         })
@@ -182,13 +182,13 @@ fn build(inputs: &mut Inputs, generation: u64) -> PolicySet {
         resources,
         tokenizers,
     } = inputs;
-    let mut load = |dir: &str| -> Result<TokenSource, String> {
+    let mut load = |dir: &str| -> Result<Tokens, String> {
         if let Some(t) = tokenizers.get(dir) {
             return Ok(t.clone());
         }
         use warmpath_tokenizer::{Tokenizer, segments::SegmentTokenizer};
         let tok = Tokenizer::from_dir(std::path::Path::new(dir)).map_err(|e| e.to_string())?;
-        let source = TokenSource::Local(Arc::new(SegmentTokenizer::new(Arc::new(tok))));
+        let source = Tokens::Local(Arc::new(SegmentTokenizer::new(Arc::new(tok))));
         tokenizers.insert(dir.to_string(), source.clone());
         Ok(source)
     };

@@ -29,13 +29,23 @@ use super::resources::{
 };
 use crate::{
     http::Headers,
-    proxy::TokenSource,
     routing::{self, Policy, SessionSource},
     tenant::{CidrTable, TenantPolicy},
 };
 
 /// Ways of a split at most.
 pub const MAX_SPLIT_WAYS: usize = 16;
+
+/// A token source a policy chose (the proxy makes its own token source from it).
+#[derive(Debug, Clone)]
+pub enum Tokens {
+    /// An in-process tokenizer (the built-in one, or a HuggingFace directory's).
+    Local(Arc<warmpath_tokenizer::segments::SegmentTokenizer>),
+    /// The engine's `POST /tokenize`.
+    Engine,
+    /// Character chunks (the approximate preset's history only).
+    Approximate,
+}
 
 /// What the agent's configuration says about one pool: what policies are matched against
 /// and refine.
@@ -59,7 +69,7 @@ pub struct Action {
     /// `pool/<name>` for the pool's own configuration.
     pub source: Arc<str>,
     pub policy: Option<routing::RoutePolicy>,
-    pub tokens: Option<TokenSource>,
+    pub tokens: Option<Tokens>,
     pub session: Option<SessionSource>,
     pub retries: Option<usize>,
     pub head_timeout: Option<Duration>,
@@ -379,9 +389,9 @@ pub struct CompileInput<'a> {
     /// The configuration's tenant identity (CIDRs, trusted header sources, default).
     pub identity: &'a TenantPolicy,
     /// Token sources for `huggingface` directories, loaded once per directory.
-    pub tokenizers: &'a mut dyn FnMut(&str) -> Result<TokenSource, String>,
+    pub tokenizers: &'a mut dyn FnMut(&str) -> Result<Tokens, String>,
     /// The built-in tokenizer (loaded only when a policy asks for it).
-    pub builtin: &'a dyn Fn() -> TokenSource,
+    pub builtin: &'a dyn Fn() -> Tokens,
 }
 
 fn condition(
@@ -489,8 +499,8 @@ fn compile_policy(
     pools: &[PoolBase],
     p: &RoutePolicy,
     key: &str,
-    tokenizers: &mut dyn FnMut(&str) -> Result<TokenSource, String>,
-    builtin: &dyn Fn() -> TokenSource,
+    tokenizers: &mut dyn FnMut(&str) -> Result<Tokens, String>,
+    builtin: &dyn Fn() -> Tokens,
 ) -> Result<Compiled, (&'static str, String)> {
     let t = &p.spec.target_ref;
     let (targets, target_rank): (Vec<usize>, u8) = match (&t.pool, &t.service, &t.selector) {
@@ -592,8 +602,8 @@ fn refine(
     pool: usize,
     a: &resources::Action,
     key: &str,
-    tokenizers: &mut dyn FnMut(&str) -> Result<TokenSource, String>,
-    builtin: &dyn Fn() -> TokenSource,
+    tokenizers: &mut dyn FnMut(&str) -> Result<Tokens, String>,
+    builtin: &dyn Fn() -> Tokens,
 ) -> Result<Action, (&'static str, String)> {
     let mut out = Action::base(&pools[pool].name);
     out.source = Arc::from(key);
@@ -613,8 +623,8 @@ fn refine(
     if let Some(t) = &a.tokens {
         out.tokens = Some(match t.source {
             resources::TokenSourceKind::Builtin => builtin(),
-            resources::TokenSourceKind::Engine => TokenSource::Engine,
-            resources::TokenSourceKind::Approximate => TokenSource::Approximate,
+            resources::TokenSourceKind::Engine => Tokens::Engine,
+            resources::TokenSourceKind::Approximate => Tokens::Approximate,
             resources::TokenSourceKind::Huggingface => {
                 let dir = t.dir.as_deref().ok_or((
                     "Invalid",

@@ -13,13 +13,13 @@ pub mod cli;
 pub mod compiled;
 pub mod convert;
 pub mod crds;
+pub mod crds_command;
 pub mod documents;
 pub mod quota;
 pub mod resources;
 pub mod salt;
 pub mod schema_docs;
 pub mod store;
-pub mod usage;
 pub mod validate;
 
 use std::{path::Path, sync::Arc};

@@ -49,7 +49,7 @@ pub use self::{
     limits::{DEFAULT_BURST, Dimension, LimitError, QuotaLimits},
     share::water_fill,
 };
-use super::usage::{Demand, UsageExchange};
+use crate::usage::{Demand, UsageExchange};
 
 /// Tenants with quota state at most (a fixed bound on memory: well under 1 KiB each).
 pub const MAX_TENANTS: usize = 4096;

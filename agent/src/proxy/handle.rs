@@ -198,7 +198,8 @@ async fn route(
                 edited
             };
             let block_size = pool.pool.block_size;
-            let tokens = chosen.action.tokens.as_ref().unwrap_or(&pool.tokens);
+            let chosen_tokens = chosen.action.tokens.as_ref().map(super::TokenSource::from);
+            let tokens = chosen_tokens.as_ref().unwrap_or(&pool.tokens);
             let keys = match tokens.keys_now(&req, lora.as_deref(), block_size, &pool.unkeyed) {
                 Some(keys) => keys,
                 // A round trip to the engine: boxed, so that the common path's future (moved

@@ -40,6 +40,17 @@ pub enum TokenSource {
     Approximate,
 }
 
+impl From<&crate::policy::compiled::Tokens> for TokenSource {
+    fn from(t: &crate::policy::compiled::Tokens) -> Self {
+        use crate::policy::compiled::Tokens;
+        match t {
+            Tokens::Local(tok) => TokenSource::Local(tok.clone()),
+            Tokens::Engine => TokenSource::Engine,
+            Tokens::Approximate => TokenSource::Approximate,
+        }
+    }
+}
+
 impl TokenSource {
     /// Its name in `/status`.
     pub fn name(&self) -> &'static str {

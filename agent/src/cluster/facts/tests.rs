@@ -192,7 +192,7 @@ fn a_usage_fact_reads_back_with_three_decimals() {
 
 #[test]
 fn demands_convert_clamped_and_rounded() {
-    use crate::policy::usage::Demand;
+    use crate::usage::Demand;
     let d = Demand {
         requests: 2.0004,
         prompt_tokens: f64::NAN,

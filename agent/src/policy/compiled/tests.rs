@@ -98,13 +98,13 @@ spec:
 fn set() -> PolicySet {
     let resources = documents::parse("test.yaml", POLICIES).unwrap();
     let identity = TenantPolicy::default();
-    let mut tokenizers = |_: &str| -> Result<TokenSource, String> { Err("none here".into()) };
+    let mut tokenizers = |_: &str| -> Result<Tokens, String> { Err("none here".into()) };
     compile(
         CompileInput {
             pools: &pools(),
             identity: &identity,
             tokenizers: &mut tokenizers,
-            builtin: &|| TokenSource::Approximate,
+            builtin: &|| Tokens::Approximate,
         },
         &resources,
         7,
@@ -119,7 +119,15 @@ fn the_most_specific_policy_wins() {
     let premium = Headers::Map(premium);
     let none = Headers::default();
     // (pool, model, path, headers, tenant) -> winning source
-    let rows: &[(usize, Option<&str>, &str, &Headers, &str, &str)] = &[
+    type Row<'a> = (
+        usize,
+        Option<&'a str>,
+        &'a str,
+        &'a Headers,
+        &'a str,
+        &'a str,
+    );
+    let rows: &[Row<'_>] = &[
         // Pool and Service references tie on target kind and specificity: the name decides
         // (aaa-same-as-pool-default < pool-default).
         (
@@ -307,13 +315,13 @@ spec:
 "#;
     let resources = documents::parse("t.yaml", text).unwrap();
     let identity = TenantPolicy::default();
-    let mut tokenizers = |_: &str| -> Result<TokenSource, String> { Err("none".into()) };
+    let mut tokenizers = |_: &str| -> Result<Tokens, String> { Err("none".into()) };
     let set = compile(
         CompileInput {
             pools: &pools(),
             identity: &identity,
             tokenizers: &mut tokenizers,
-            builtin: &|| TokenSource::Approximate,
+            builtin: &|| Tokens::Approximate,
         },
         &resources,
         1,

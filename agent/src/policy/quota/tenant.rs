@@ -8,7 +8,7 @@ use super::{
     bucket::{Bucket, Ewma},
     share,
 };
-use crate::policy::usage::Demand;
+use crate::usage::Demand;
 
 /// Guarded by its tenant's lock.
 #[derive(Debug)]

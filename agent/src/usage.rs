@@ -1,6 +1,7 @@
 //! What agents exchange for cluster-wide quotas: each agent's offered demand per tenant
-//! (docs/policy.md, "Quotas across agents"). The quota engine ([`super::quota`]) measures
-//! it and shares limits by it; the cluster gossips it ([`crate::cluster`]).
+//! (docs/policy.md, "Quotas across agents"). The quota engine ([`crate::policy::quota`])
+//! measures it and shares limits by it; the cluster gossips it ([`crate::cluster`]). Its own
+//! module, below both, so that neither depends on the other.
 
 use std::{collections::HashMap, sync::Arc};
 
