@@ -1,0 +1,465 @@
+//! Tenant quotas end to end (docs/policy.md, "Quotas and fairness"): a prompt-token quota
+//! holds to within 5 % at one agent and within 10 % across four agent processes sharing it
+//! over real UDP gossip, measured by the prompt tokens the simulator engines report as
+//! served (`usage.prompt_tokens` of every 200), while clients offer several times the limit.
+//! A tenant without a quota on the same agent is never refused.
+#![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
+
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+use warmpath_e2e::{
+    agent::{start, urls},
+    agent_process::AgentProcess,
+    sim::{Fleet, metrics_text, wait_for},
+};
+
+#[test]
+#[ignore = "entry point of the agent child process (agent_process.rs)"]
+fn agent_process() {
+    warmpath_e2e::agent_process::child_main();
+}
+
+/// The `limited` tenant's cluster-wide prompt-token quota, tokens per second.
+const LIMIT: f64 = 2000.0;
+/// Its `burstSeconds`: the bucket holds `LIMIT x BURST` tokens at most.
+const BURST: f64 = 0.5;
+/// Length of the measured window.
+const WINDOW: Duration = Duration::from_secs(30);
+/// Load after the window, so that demand does not drop at its end.
+const TAIL: Duration = Duration::from_millis(500);
+/// A refused client tries again after this (no Retry-After wait: demand stays above the
+/// limit).
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+/// Attempts per client loop at most (at most about 50 a second over a 40 s run).
+const MAX_ATTEMPTS: usize = 5_000;
+/// Longest any load runs, whatever happens (the loops' hard stop).
+const HARD_STOP: Duration = Duration::from_secs(120);
+
+const LIMITED: &str = "127.0.0.2";
+const FREE: &str = "127.0.0.3";
+
+fn tenants() -> String {
+    format!(
+        r#"apiVersion: warmpath.dev/v1alpha1
+kind: Tenant
+metadata: {{name: limited}}
+spec:
+  identity: {{cidrs: [{LIMITED}/32]}}
+  quotas: {{promptTokens: {LIMIT}/s, burstSeconds: {BURST}}}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: Tenant
+metadata: {{name: free}}
+spec:
+  identity: {{cidrs: [{FREE}/32]}}
+"#
+    )
+}
+
+/// A temporary directory (the policy, the cluster key), removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("warmpath-quota-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+
+    fn write(&self, file: &str, text: &str) -> PathBuf {
+        let path = self.0.join(file);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One request as its client saw it.
+#[derive(Debug, Clone, Copy)]
+struct Attempt {
+    sent: Instant,
+    status: u16,
+    /// The engine's `usage.prompt_tokens` (200s only).
+    prompt_tokens: u64,
+}
+
+/// A prompt of about 200 tokens, different for every request.
+fn prompt(loop_name: &str, i: usize) -> String {
+    format!(
+        "{loop_name} request {i}: {}",
+        "the quarterly report covers revenue, costs and the outlook for next year. ".repeat(7)
+    )
+}
+
+/// Checks a quota refusal: `Retry-After` of at least a second and the OpenAI error shape.
+async fn check_refusal(resp: reqwest::Response, loop_name: &str) {
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(
+        retry_after.is_some_and(|s| s >= 1),
+        "{loop_name}: a 429 with Retry-After >= 1, got {:?}",
+        resp.headers().get("retry-after")
+    );
+    let v: serde_json::Value = resp.json().await.unwrap();
+    let e = &v["error"];
+    let message = e["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("`limited`") && message.contains("prompt tokens"),
+        "{loop_name}: the refusal names the tenant and the quota: {v}"
+    );
+    assert_eq!(e["type"], "RateLimitError", "{v}");
+    assert_eq!(e["code"], 429, "{v}");
+}
+
+/// A closed-loop client from `source`: a request as soon as the last one ended (after
+/// `pause` for a 200, [`RETRY_PAUSE`] for a 429), until `stop` is set, [`HARD_STOP`] has
+/// passed or [`MAX_ATTEMPTS`] were made. Any status but 200 and a quota 429 fails the test.
+async fn closed_loop(
+    source: &'static str,
+    url: String,
+    name: String,
+    pause: Duration,
+    stop: Arc<AtomicBool>,
+) -> Vec<Attempt> {
+    let client = reqwest::Client::builder()
+        .local_address(source.parse::<IpAddr>().unwrap())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let hard_stop = Instant::now() + HARD_STOP;
+    let mut attempts = Vec::new();
+    for i in 0..MAX_ATTEMPTS {
+        if stop.load(Ordering::Relaxed) || Instant::now() >= hard_stop {
+            break;
+        }
+        let body = json!({"model": "sim-llama", "prompt": prompt(&name, i), "max_tokens": 1});
+        let sent = Instant::now();
+        let resp = client
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{name}: request {i}: {e}"));
+        let status = resp.status().as_u16();
+        let mut prompt_tokens = 0;
+        match status {
+            200 => {
+                let v: serde_json::Value = resp.json().await.unwrap();
+                prompt_tokens = v["usage"]["prompt_tokens"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("{name}: a 200 with usage: {v}"));
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            429 => {
+                check_refusal(resp, &name).await;
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            other => panic!("{name}: status {other}: {}", resp.text().await.unwrap()),
+        }
+        attempts.push(Attempt {
+            sent,
+            status,
+            prompt_tokens,
+        });
+    }
+    attempts
+}
+
+/// What the attempts sent in `[from, to)` got: (prompt tokens served, 200s, 429s).
+fn served(attempts: &[Attempt], from: Instant, to: Instant) -> (u64, usize, usize) {
+    let inside = attempts.iter().filter(|a| a.sent >= from && a.sent < to);
+    inside.fold((0, 0, 0), |(tokens, ok, refused), a| match a.status {
+        200 => (tokens + a.prompt_tokens, ok + 1, refused),
+        _ => (tokens, ok, refused + 1),
+    })
+}
+
+/// The value of the first series of `name` whose line contains every one of `labels`.
+fn series(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .find(|l| {
+            l.starts_with(name)
+                && l[name.len()..].starts_with('{')
+                && labels.iter().all(|want| l.contains(want))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+const LIMITED_PROMPT: [&str; 2] = ["tenant=\"limited\"", "dimension=\"prompt_tokens\""];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_agent_holds_a_prompt_token_quota_within_5_percent_and_never_refuses_a_free_tenant() {
+    let fleet = Fleet::tiny(2, &[]).await;
+    let dir = Dir::new("one");
+    dir.write("tenants.yaml", &tenants());
+    let mut flags = vec!["--policy-dir".to_string(), dir.path().display().to_string()];
+    for i in 0..2 {
+        flags.extend(["--endpoint".into(), fleet.url(i)]);
+        flags.extend(["--kv-events".into(), fleet.events(i)]);
+    }
+    let routing = start(flags).await;
+    let (base, admin) = urls(&routing);
+    let url = format!("{base}/v1/completions");
+
+    // `limited`: 8 loops, each retrying 20 ms after a refusal, offer about 8 x 40 x 200 =
+    // 64,000 prompt tokens/s, 30 times the limit. `free`: 2 loops, 20 ms apart, a steady
+    // few hundred requests over the run.
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let limited: Vec<_> = (0..8)
+        .map(|l| {
+            let url = url.clone();
+            tokio::spawn(closed_loop(
+                LIMITED,
+                url,
+                format!("limited-{l}"),
+                Duration::ZERO,
+                stop.clone(),
+            ))
+        })
+        .collect();
+    let free: Vec<_> = (0..2)
+        .map(|l| {
+            let url = url.clone();
+            tokio::spawn(closed_loop(
+                FREE,
+                url,
+                format!("free-{l}"),
+                Duration::from_millis(20),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    // Warm-up: the bucket starts full (LIMIT x BURST = 1,000 tokens) and the demand is 30
+    // times the rate, so it is empty long before 2 s. From then on what is admitted over a
+    // window T is the refill LIMIT x T plus the level at its start minus the level at its end,
+    // each under one prompt (about 200 tokens; the admission charges whole blocks, the
+    // engine's usage settles the rest): expected = LIMIT x T = 60,000 tokens, +/- 0.4 %.
+    let from = started + Duration::from_secs(2);
+    let to = from + WINDOW;
+    tokio::time::sleep_until((to + TAIL).into()).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut limited_attempts = Vec::new();
+    for l in limited {
+        limited_attempts.extend(l.await.unwrap());
+    }
+    let mut free_attempts = Vec::new();
+    for l in free {
+        free_attempts.extend(l.await.unwrap());
+    }
+
+    let (tokens, ok, refused) = served(&limited_attempts, from, to);
+    let expected = LIMIT * WINDOW.as_secs_f64();
+    let ratio = tokens as f64 / expected;
+    eprintln!(
+        "one agent: `limited` served {tokens} prompt tokens in {WINDOW:?} ({ok} requests, {refused} refused); expected {expected}; ratio {ratio:.4}"
+    );
+    assert!(
+        refused > 4 * ok,
+        "the demand was well above the limit ({ok} served, {refused} refused)"
+    );
+    assert!(
+        (ratio - 1.0).abs() <= 0.05,
+        "served {tokens} prompt tokens, expected {expected} +/- 5 % (ratio {ratio:.4})"
+    );
+
+    // `free` shares the agent and was never refused.
+    let free_ok = free_attempts.iter().filter(|a| a.status == 200).count();
+    assert_eq!(
+        free_ok,
+        free_attempts.len(),
+        "every request of `free` succeeded"
+    );
+    assert!(free_ok >= 200, "`free` ran throughout ({free_ok} requests)");
+
+    // The agent counted every refusal the clients saw, all on prompt tokens of `limited`.
+    let text = metrics_text(&reqwest::Client::new(), &admin).await;
+    let counted = series(&text, "warmpath_quota_refused_total", &LIMITED_PROMPT);
+    let seen = limited_attempts.iter().filter(|a| a.status == 429).count();
+    assert_eq!(counted, Some(seen as f64), "refusals counted by the agent");
+    assert_eq!(
+        series(&text, "warmpath_quota_refused_total", &["tenant=\"free\""]),
+        None,
+        "`free` has no quota state"
+    );
+}
+
+const AGENTS: usize = 4;
+
+/// A loopback UDP port free now (gossip needs its advertised port before it binds).
+fn free_udp_port() -> u16 {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.local_addr().unwrap().port()
+}
+
+/// A loopback TCP port free now.
+fn free_tcp_port() -> u16 {
+    let s = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    s.local_addr().unwrap().port()
+}
+
+/// Agent `k` of the cluster, in front of engine `k` only, gossiping every 100 ms.
+fn agent_args(
+    fleet: &Fleet,
+    k: usize,
+    ports: &[(u16, u16)],
+    key: &Path,
+    policy: &Path,
+) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--cluster-id",
+        "e2e-quota",
+        "--gossip-interval-ms",
+        "100",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(["--node-id".into(), format!("agent-{k}")]);
+    args.extend([
+        "--gossip-listen".into(),
+        format!("127.0.0.1:{}", ports[k].0),
+    ]);
+    args.extend(["--seed".into(), format!("127.0.0.1:{}", ports[0].0)]);
+    args.extend(["--grpc-listen".into(), format!("127.0.0.1:{}", ports[k].1)]);
+    args.extend(["--cluster-key-file".into(), key.display().to_string()]);
+    args.extend(["--policy-dir".into(), policy.display().to_string()]);
+    args.extend(["--endpoint".into(), fleet.url(k)]);
+    args.extend(["--kv-events".into(), fleet.events(k)]);
+    args
+}
+
+/// Every agent's `warmpath_quota_local_limit` for `limited`'s prompt tokens (None for an
+/// agent without it yet).
+async fn local_limits(client: &reqwest::Client, agents: &[AgentProcess]) -> Vec<Option<f64>> {
+    let mut out = Vec::new();
+    for a in agents {
+        let text = metrics_text(client, &format!("http://{}", a.admin)).await;
+        out.push(series(&text, "warmpath_quota_local_limit", &LIMITED_PROMPT));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_agents_hold_a_cluster_wide_prompt_token_quota_within_10_percent() {
+    let fleet = Fleet::tiny(AGENTS as u16, &[]).await;
+    let dir = Dir::new("cluster");
+    let policy = Dir::new("cluster-policy");
+    policy.write("tenants.yaml", &tenants());
+    let key = dir.write("key", "e2e-quota-cluster-key-of-at-least-32-bytes\n");
+    let ports: Vec<(u16, u16)> = (0..AGENTS)
+        .map(|_| (free_udp_port(), free_tcp_port()))
+        .collect();
+    let agents: Vec<AgentProcess> = (0..AGENTS)
+        .map(|k| {
+            let args = agent_args(&fleet, k, &ports, &key, policy.path());
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            AgentProcess::start(&args, &[])
+                .unwrap_or_else(|e| panic!("agent {k} did not start: {e:?}"))
+        })
+        .collect();
+
+    // `limited`'s loops spread unevenly: 1, 2, 3 and 4 of 10 at agents 0-3 (10/20/30/40 %).
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loops = Vec::new();
+    for (k, agent) in agents.iter().enumerate() {
+        for l in 0..=k {
+            loops.push((
+                k,
+                tokio::spawn(closed_loop(
+                    LIMITED,
+                    format!("http://{}/v1/completions", agent.listen),
+                    format!("limited-agent{k}-{l}"),
+                    Duration::ZERO,
+                    stop.clone(),
+                )),
+            ));
+        }
+    }
+
+    // Warm-up: until every agent has heard the others' demand over the gossip, which the
+    // shares show: each agent's share is below the whole limit and the four add up to it
+    // (within 1 %; every agent is far above the water level, so each gets a quarter). Then
+    // one more second, so that every bucket (a share x 0.5 s) has been emptied by the
+    // demand. From then the expected total is the sum of the refills, LIMIT x T = 60,000
+    // tokens over 30 s (each bucket's level at either end is under one prompt).
+    let client = reqwest::Client::new();
+    let warm = Instant::now();
+    let shares = wait_for(
+        "the four agents' shares of `limited` to add up to the limit",
+        Duration::from_secs(30),
+        || async {
+            let shares = local_limits(&client, &agents).await;
+            let all: Option<Vec<f64>> = shares.into_iter().collect();
+            all.filter(|s| {
+                let sum: f64 = s.iter().sum();
+                s.iter().all(|&x| x < LIMIT) && (sum - LIMIT).abs() <= 0.01 * LIMIT
+            })
+        },
+    )
+    .await;
+    eprintln!(
+        "four agents: shares {shares:?} agreed {:?} after the load started",
+        warm.elapsed()
+    );
+    let from = Instant::now() + Duration::from_secs(1);
+    let to = from + WINDOW;
+    tokio::time::sleep_until((to + TAIL).into()).await;
+    stop.store(true, Ordering::Relaxed);
+    let shares = local_limits(&client, &agents).await;
+
+    let mut per_agent = [(0u64, 0usize, 0usize); AGENTS];
+    for (k, l) in loops {
+        let (tokens, ok, refused) = served(&l.await.unwrap(), from, to);
+        per_agent[k].0 += tokens;
+        per_agent[k].1 += ok;
+        per_agent[k].2 += refused;
+    }
+    let tokens: u64 = per_agent.iter().map(|a| a.0).sum();
+    let expected = LIMIT * WINDOW.as_secs_f64();
+    let ratio = tokens as f64 / expected;
+    eprintln!(
+        "four agents: `limited` served {tokens} prompt tokens in {WINDOW:?}; expected {expected}; ratio {ratio:.4}; per agent (tokens, served, refused) {per_agent:?}; shares at the end {shares:?}"
+    );
+    for (k, (_, ok, refused)) in per_agent.iter().enumerate() {
+        assert!(
+            *ok > 0 && refused > ok,
+            "agent {k} served the tenant and refused more than it served ({ok}, {refused})"
+        );
+    }
+    assert!(
+        (ratio - 1.0).abs() <= 0.10,
+        "served {tokens} prompt tokens across four agents, expected {expected} +/- 10 % (ratio {ratio:.4})"
+    );
+    drop(agents);
+}
