@@ -149,7 +149,112 @@ pub fn render(status: &serde_json::Value) -> String {
         );
     }
     unkeyed(&mut out, status);
+    policies(&mut out, status);
     out
+}
+
+/// The declarative policy objects and their conditions, the files that could not be used,
+/// and the declared tenants (only when a policy directory or tenants are in use).
+fn policies(out: &mut String, status: &serde_json::Value) {
+    let p = &status["policies"];
+    let objects = p["objects"].as_array().map_or(&[][..], Vec::as_slice);
+    let tenants = p["tenants"].as_array().map_or(&[][..], Vec::as_slice);
+    let files = p["file_errors"].as_array().map_or(&[][..], Vec::as_slice);
+    if objects.is_empty() && tenants.is_empty() && files.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nPOLICIES (set {}, directory load {})",
+        p["generation"], p["directory_generation"]
+    );
+    let _ = writeln!(
+        out,
+        "{:<12} {:<32} {:>4} {:<26} {:<10} {:<10}",
+        "KIND", "NAME", "GEN", "SERVING", "ACCEPTED", "RESOLVED"
+    );
+    let condition = |o: &serde_json::Value, t: &str| {
+        o["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == t)
+            .map_or("-".to_string(), |c| {
+                if c["status"] == "True" {
+                    "True".to_string()
+                } else {
+                    c["reason"].as_str().unwrap_or("False").to_string()
+                }
+            })
+    };
+    for o in objects {
+        let _ = writeln!(
+            out,
+            "{:<12} {:<32} {:>4} {:<26} {:<10} {:<10}",
+            o["kind"].as_str().unwrap_or("?"),
+            o["name"].as_str().unwrap_or("?"),
+            o["observed_generation"],
+            o["serving"].as_str().unwrap_or("?"),
+            condition(o, "Accepted"),
+            condition(o, "ResolvedRefs"),
+        );
+        for c in o["conditions"].as_array().into_iter().flatten() {
+            if c["status"] != "True" {
+                let _ = writeln!(
+                    out,
+                    "    {}: {}",
+                    c["type"].as_str().unwrap_or("?"),
+                    c["message"].as_str().unwrap_or("")
+                );
+            }
+        }
+    }
+    for f in files {
+        let _ = writeln!(
+            out,
+            "file {}: {}",
+            f["file"].as_str().unwrap_or("?"),
+            f["error"].as_str().unwrap_or("?")
+        );
+    }
+    if !tenants.is_empty() {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>8} {:>6} {:<9} {}",
+            "TENANT", "PRIORITY", "WEIGHT", "CACHE", "QUOTAS (this agent's share)"
+        );
+    }
+    for t in tenants {
+        let q = &t["quotas"];
+        let share = &t["local_share"];
+        let mut quotas = Vec::new();
+        for (key, unit) in [
+            ("requests_per_s", "req/s"),
+            ("prompt_tokens_per_s", "prompt tok/s"),
+            ("output_tokens_per_s", "output tok/s"),
+            ("concurrent_streams", "streams"),
+        ] {
+            if let Some(limit) = q[key].as_f64() {
+                let mine = share[key]
+                    .as_f64()
+                    .map_or("-".to_string(), |v| format!("{v:.0}"));
+                quotas.push(format!("{limit:.0} {unit} ({mine})"));
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{:<20} {:>8} {:>6} {:<9} {}",
+            t["name"].as_str().unwrap_or("?"),
+            t["priority"],
+            t["weight"],
+            t["cache_isolation"].as_str().unwrap_or("?"),
+            if quotas.is_empty() {
+                "-".to_string()
+            } else {
+                quotas.join(", ")
+            }
+        );
+    }
 }
 
 /// Requests each pool routed without prefix keys, by reason, with the first failure's
@@ -190,6 +295,45 @@ fn unkeyed(out: &mut String, status: &serde_json::Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renders_policy_objects_and_tenants() {
+        let status = serde_json::json!({
+            "policies": {"generation": 4, "directory_generation": 2,
+                "objects": [{"kind": "RoutePolicy", "name": "ml/canary", "observed_generation": 3,
+                    "serving": "last good (generation 2)",
+                    "conditions": [{"type": "Accepted", "status": "False", "reason": "Invalid",
+                        "message": "spec.action.retries: `99`: must be 0 to 16"},
+                        {"type": "ResolvedRefs", "status": "True", "reason": "ResolvedRefs", "message": "ok"}]}],
+                "file_errors": [{"file": "/p/bad.yaml", "error": "document 1: not YAML"}],
+                "tenants": [{"name": "team-a", "priority": 5, "weight": 3, "cache_isolation": "isolated",
+                    "quotas": {"prompt_tokens_per_s": 5000.0, "requests_per_s": null},
+                    "local_share": {"prompt_tokens_per_s": 1250.0}}]}
+        });
+        let text = render(&status);
+        let row = text.lines().find(|l| l.starts_with("RoutePolicy")).unwrap();
+        assert!(
+            row.contains("ml/canary")
+                && row.contains("last good (generation 2)")
+                && row.contains("Invalid")
+                && row.contains("True"),
+            "{row}"
+        );
+        assert!(
+            text.contains("    Accepted: spec.action.retries: `99`: must be 0 to 16"),
+            "{text}"
+        );
+        assert!(
+            text.contains("file /p/bad.yaml: document 1: not YAML"),
+            "{text}"
+        );
+        let t = text.lines().find(|l| l.starts_with("team-a")).unwrap();
+        assert!(
+            t.contains("isolated") && t.contains("5000 prompt tok/s (1250)"),
+            "{t}"
+        );
+        assert!(!render(&serde_json::json!({})).contains("POLICIES"));
+    }
 
     #[test]
     fn renders_tenants_and_pods() {
