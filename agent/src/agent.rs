@@ -239,7 +239,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     proxy.salt = Arc::new(cache_salt(config)?);
     proxy.quotas.observe(proxy.telemetry.meter());
     if proxy.salt.origin == crate::policy::salt::SaltOrigin::Random {
-        tracing::debug!(
+        tracing::info!(
             "cache salts keyed per process (no --cache-salt-key-file or cluster key): isolated tenants' prefixes are not shared across agents"
         );
     }
