@@ -200,7 +200,7 @@ async fn a_non_streaming_run_counts_whole_answers() {
 }
 
 /// `warmpath bench compare` end to end on a small shared-prefix workload: two policies, each
-/// in front of its own fresh fleet, through two agents; the JSON rows.
+/// in front of its own fresh fleet, through two agent processes; the JSON rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_comparison_runs_every_policy_through_every_agent() {
     let dir = std::env::temp_dir().join(format!("warmpath-bench-compare-{}", std::process::id()));
@@ -243,14 +243,26 @@ async fn a_comparison_runs_every_policy_through_every_agent() {
         "60",
         "--json",
         json.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
     ];
-    let Bench {
-        command: BenchCommand::Compare(args),
-    } = Bench::try_parse_from(argv).unwrap()
-    else {
-        unreachable!()
-    };
-    warmpath_bench::compare::run(*args).await.unwrap();
+    // A process of its own, as a user runs it: compare starts its agents as `warmpath
+    // agent` processes of the binary it runs in.
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-roles"))
+        .args(argv)
+        .kill_on_drop(true)
+        .stdin(std::process::Stdio::null())
+        .output();
+    let output = tokio::time::timeout(std::time::Duration::from_secs(240), run)
+        .await
+        .expect("bench compare finished in time")
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     let rows: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
