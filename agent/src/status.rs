@@ -1,5 +1,5 @@
-//! `warmpath status`: the admin port's `/status` as terminal tables (tenants, pods, then
-//! requests routed without prefix keys).
+//! `warmpath status`: the admin port's `/status` as terminal tables (tenants, their route
+//! receipts, pods, then requests routed without prefix keys).
 
 use std::fmt::Write as _;
 
@@ -118,6 +118,7 @@ pub fn render(status: &serde_json::Value) -> String {
     if tenants.is_empty() {
         let _ = writeln!(out, "(no requests yet)");
     }
+    receipts(&mut out, &tenants);
     let _ = writeln!(
         out,
         "\nPODS (policy {}, model {})",
@@ -151,6 +152,43 @@ pub fn render(status: &serde_json::Value) -> String {
     unkeyed(&mut out, status);
     policies(&mut out, status);
     out
+}
+
+/// Each tenant's route receipts over the window (printed when any request has one): prompt
+/// tokens available on some pod, captured by the chosen pod, delivered by the engine.
+fn receipts(out: &mut String, tenants: &[LiveSummary]) {
+    if tenants.iter().all(|t| t.receipts.requests == 0) {
+        return;
+    }
+    let _ = writeln!(out, "\nROUTE RECEIPTS (prompt tokens, same window)");
+    let _ = writeln!(
+        out,
+        "{:<20} {:>9} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9}",
+        "TENANT",
+        "REQUESTS",
+        "AVAILABLE",
+        "CAPTURED",
+        "DELIVERED",
+        "CAPTURE%",
+        "DELIVER%",
+        "SHORTFALL"
+    );
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}%"));
+    for t in tenants.iter().filter(|t| t.receipts.requests > 0) {
+        let r = &t.receipts;
+        let _ = writeln!(
+            out,
+            "{:<20} {:>9} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9}",
+            t.tenant,
+            r.requests,
+            r.available_tokens,
+            r.captured_tokens,
+            r.delivered_tokens,
+            pct(r.capture_pct),
+            pct(r.delivery_pct),
+            r.shortfall_requests
+        );
+    }
 }
 
 /// The declarative policy objects and their conditions, the files that could not be used,
@@ -220,8 +258,8 @@ fn policies(out: &mut String, status: &serde_json::Value) {
     if !tenants.is_empty() {
         let _ = writeln!(
             out,
-            "{:<20} {:>8} {:>6} {:<9} {}",
-            "TENANT", "PRIORITY", "WEIGHT", "CACHE", "QUOTAS (this agent's share)"
+            "{:<20} {:>8} {:>6} {:<9} QUOTAS (this agent's share)",
+            "TENANT", "PRIORITY", "WEIGHT", "CACHE"
         );
     }
     for t in tenants {
@@ -341,7 +379,10 @@ mod tests {
             "policy": "Precise", "model": "m",
             "tenants": [{"tenant": "team-a", "window_s": 60.0, "requests": 120, "errors": 2,
                 "requests_per_s": 2.0, "prompt_tokens_per_s": 900.0, "output_tokens_per_s": 64.0,
-                "cache_hit_pct": 81.25, "ttft_ms_p50": 12.5, "ttft_ms_p90": 40.0, "ttft_ms_p99": null}],
+                "cache_hit_pct": 81.25, "ttft_ms_p50": 12.5, "ttft_ms_p90": 40.0, "ttft_ms_p99": null,
+                "receipts": {"requests": 100, "available_tokens": 8000, "captured_tokens": 6400,
+                    "delivered_tokens": 4800, "shortfall_requests": 7, "capture_pct": 80.0,
+                    "delivery_pct": 75.0}}],
             "pods": [{"load": {"endpoint": "127.0.0.1:8100", "in_flight": 3, "requests": 50,
                 "engine": {"waiting": 1, "kv_cache_usage": 0.5}},
                 "index": {"entries": 1234, "state": "healthy"}}],
@@ -357,6 +398,19 @@ mod tests {
                 && row.contains("12.5ms")
                 && row.ends_with('-'),
             "{row}"
+        );
+        assert!(text.contains("ROUTE RECEIPTS"), "{text}");
+        let receipt = text
+            .lines()
+            .filter(|l| l.starts_with("team-a"))
+            .nth(1)
+            .unwrap();
+        assert_eq!(
+            receipt.split_whitespace().collect::<Vec<_>>(),
+            [
+                "team-a", "100", "8000", "6400", "4800", "80.0%", "75.0%", "7"
+            ],
+            "{receipt}"
         );
         let pod = text
             .lines()
@@ -378,5 +432,15 @@ mod tests {
     fn no_unkeyed_section_without_unkeyed_requests() {
         let status = serde_json::json!({"pools": [{"name": "p", "unkeyed": {}}]});
         assert!(!render(&status).contains("WITHOUT PREFIX KEYS"));
+        // A status from an agent without receipts (older, or no usage yet): no table.
+        let status = serde_json::json!({"tenants": [{"tenant": "a", "window_s": 60.0,
+            "requests": 1, "errors": 0, "requests_per_s": 0.1, "prompt_tokens_per_s": 1.0,
+            "output_tokens_per_s": 1.0, "cache_hit_pct": 0.0, "ttft_ms_p50": null,
+            "ttft_ms_p90": null, "ttft_ms_p99": null}]});
+        let text = render(&status);
+        assert!(
+            text.contains("TENANTS") && !text.contains("ROUTE RECEIPTS"),
+            "{text}"
+        );
     }
 }
