@@ -86,6 +86,7 @@ fn record(c: &mut Criterion) {
                             cached: 640,
                             completion: 64,
                         }),
+                        receipt: None,
                         retries: 0,
                         queue: Some(Duration::from_micros(40)),
                         ttft: Some(Duration::from_millis(35)),

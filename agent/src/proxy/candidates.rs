@@ -1,6 +1,7 @@
 //! Step 4 of a request: its candidates, the scorers' input. Each endpoint of the pool with
 //! what the KV index (or, for the approximate policy, the routing history) says it holds of
 //! the request's prefix, and its live load; scoring and the pick are [`crate::routing::rank`]'s.
+//! The route receipt's `available` figure is read from them too ([`available_blocks`]).
 
 use smallvec::SmallVec;
 
@@ -59,4 +60,16 @@ pub fn candidates(
             }
         })
         .collect()
+}
+
+/// The longest prefix, in blocks, that any live candidate with a trusted index (or history)
+/// holds, at most the request's `blocks`: the route receipt's `available` figure, counted as
+/// [`crate::routing::rank`] counts the chosen pod's (`Decision::prefix_blocks`).
+pub fn available_blocks(candidates: &[Candidate], blocks: usize) -> usize {
+    candidates
+        .iter()
+        .filter(|c| !c.excluded && c.prefix_trusted)
+        .map(|c| c.matched_blocks.min(blocks))
+        .max()
+        .unwrap_or(0)
 }

@@ -4,6 +4,8 @@
 //! the upstream head timeout: nothing has reached the client yet). The first pick notes the
 //! prefill it brings and the routing decision, every pick its speculative index entry and
 //! history; the answer carries the engine's response through its tap ([`super::tracked`]).
+//! The request's route receipt is noted here: the prefix available on any live pod before the
+//! first pick, and the prefix the pod that answered held at its pick (a retry's own decision).
 //! When every attempt failed, the last failure is the answer (502, 503, or 504 after a head
 //! timeout).
 
@@ -14,7 +16,7 @@ use http::StatusCode;
 
 use super::{
     Proxy, ProxyError,
-    candidates::candidates,
+    candidates::{available_blocks, candidates},
     pools::PoolRuntime,
     record::Attempt,
     tap::Tap,
@@ -26,7 +28,7 @@ use crate::{
     policy::{compiled::Action, resources::FailureMode},
     pool::{Endpoint, InFlight},
     routing::{Candidate, Decision, Policy, RequestCtx, rank},
-    telemetry::DecisionReason,
+    telemetry::{DecisionReason, Receipt},
 };
 
 /// Ranks, then tries endpoints best first until one answers.
@@ -57,6 +59,9 @@ pub async fn forward(
             ),
         ));
     }
+    // Before any attempt excludes a pod: what the pool as a whole held.
+    let available = available_blocks(&candidates, ctx.keys.len());
+    let tokens = |blocks: usize| (blocks as u64).saturating_mul(pool.block_size as u64);
     // Built only when an attempt fails (an error's message is a heap string).
     let mut last_error = None;
     for n in 0..=retries {
@@ -121,6 +126,10 @@ pub async fn forward(
         };
         match sent {
             Ok(resp) if resp.status != StatusCode::SERVICE_UNAVAILABLE => {
+                attempt.receipt = Some(Receipt {
+                    available: tokens(available),
+                    captured: tokens(decision.prefix_blocks),
+                });
                 let answered = Answered {
                     endpoint,
                     index: chosen.0 as u16,
@@ -181,6 +190,10 @@ fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<
             a.decision.prefix_blocks.to_string(),
         );
         set("x-warmpath-score", format!("{:.3}", a.decision.score));
+        if let Some(r) = attempt.receipt {
+            set("x-warmpath-available-tokens", r.available.to_string());
+            set("x-warmpath-captured-tokens", r.captured.to_string());
+        }
         set("x-warmpath-policy", a.action.source.to_string());
     }
     let tap = Tap::for_response(resp.status, &resp.headers, a.strip_usage);

@@ -69,6 +69,7 @@ pub(super) async fn respond(
         tenant: proxy.telemetry.tenant(&tenant),
         queue: None,
         retries: 0,
+        receipt: None,
         quota: None,
     };
     tracing::trace!(tenant = %tenant, ?via, "tenant");

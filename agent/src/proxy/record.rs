@@ -10,7 +10,7 @@ use std::{
 
 use crate::{
     policy::quota::QuotaPermit,
-    telemetry::{Outcome, PoolId, RequestRecord, Telemetry, Tenant, TokenUsage},
+    telemetry::{Outcome, PoolId, Receipt, RequestRecord, Telemetry, Tenant, TokenUsage},
 };
 
 /// One request's bookkeeping.
@@ -24,6 +24,9 @@ pub struct Attempt {
     /// Body complete -> first upstream request.
     pub queue: Option<Duration>,
     pub retries: u32,
+    /// The prefix available and captured when the pod that answered was picked ([`Receipt`];
+    /// set by [`super::forward`], none for the proxy's own answers).
+    pub receipt: Option<Receipt>,
     /// The tenant's quota permit (a stream slot, charges settled from the engine's usage
     /// when the request ends); shared by the clones an answer's body carries.
     pub quota: Option<Arc<parking_lot::Mutex<QuotaPermit>>>,
@@ -58,6 +61,7 @@ impl Attempt {
                 pod: end.pod,
                 outcome: end.outcome,
                 usage: end.usage,
+                receipt: self.receipt,
                 retries: self.retries,
                 queue: self.queue,
                 ttft: end.ttft,

@@ -40,9 +40,9 @@ use parking_lot::{Mutex, RwLock};
 use cells::{Labels, SeriesKey};
 use series::PoolNames;
 
-pub use live::LiveSummary;
+pub use live::{LiveReceipts, LiveSummary};
 pub use logging::init_tracing;
-pub use usage::TokenUsage;
+pub use usage::{Receipt, TokenUsage};
 
 /// Tenants beyond the cap are counted here.
 pub const OTHER_TENANT: &str = "other";
@@ -170,6 +170,8 @@ pub struct RequestRecord<'a> {
     pub pod: Option<(u16, &'a str)>,
     pub outcome: Outcome,
     pub usage: Option<TokenUsage>,
+    /// What the router saw of the prompt's prefix when it picked the pod (routed requests).
+    pub receipt: Option<Receipt>,
     pub retries: u32,
     /// Time inside warmpath from the complete request body to the upstream request.
     pub queue: Option<Duration>,
@@ -387,10 +389,13 @@ impl Telemetry {
         self.sources
             .cells
             .with(key, &series::REQUEST_LAYOUT, labels, |c| apply(c, rec));
-        tenant
-            .live
-            .lock()
-            .record(rec.at, rec.outcome == Outcome::Ok, rec.usage, rec.ttft);
+        tenant.live.lock().record(
+            rec.at,
+            rec.outcome == Outcome::Ok,
+            rec.usage,
+            receipt(rec),
+            rec.ttft,
+        );
     }
 
     /// Live per-tenant figures over the last minute, busiest first.
@@ -445,6 +450,13 @@ fn apply(c: &cells::Cells, rec: &RequestRecord<'_>) {
         c.counters[CACHED_TOKENS].add(u.cached);
         c.counters[COMPLETION_TOKENS].add(u.completion);
     }
+    if let Some((r, delivered)) = receipt(rec) {
+        c.counters[RECEIPTS].add(1);
+        c.counters[AVAILABLE_TOKENS].add(r.available);
+        c.counters[CAPTURED_TOKENS].add(r.captured);
+        c.counters[DELIVERED_TOKENS].add(delivered);
+        c.counters[SHORTFALL].add(u64::from(r.captured > delivered));
+    }
     if rec.retries > 0 {
         c.counters[RETRIES].add(u64::from(rec.retries));
     }
@@ -459,6 +471,13 @@ fn apply(c: &cells::Cells, rec: &RequestRecord<'_>) {
             c.histograms[TPOT].record(decode / (u.completion - 1) as f64);
         }
     }
+}
+
+/// A routed request's receipt with its delivered tokens (the engine's `cached_tokens`):
+/// only requests whose usage was reported, so the three figures compare.
+#[inline]
+fn receipt(rec: &RequestRecord<'_>) -> Option<(Receipt, u64)> {
+    Some((rec.receipt?, rec.usage?.cached))
 }
 
 #[cfg(test)]
@@ -490,6 +509,10 @@ mod tests {
                 prompt: 100,
                 cached: 60,
                 completion: 8,
+            }),
+            receipt: Some(Receipt {
+                available: 80,
+                captured: 64,
             }),
             retries: 0,
             queue: Some(Duration::from_micros(20)),
@@ -556,6 +579,20 @@ mod tests {
         line(r#"warmpath_decisions_total{model="m",pool="chat",reason="prefix"} 1"#);
         line(r#"warmpath_prefix_blocks_bucket{model="m",pool="chat",le="0"} 3"#);
         line(r#"warmpath_prefix_blocks_sum{model="m",pool="chat"} 5"#);
+        // Route receipts: 80 available, 64 captured and 60 delivered (cached) six times.
+        line(&format!("warmpath_receipt_requests_total{{{labels_b}}} 6"));
+        line(&format!(
+            "warmpath_receipt_available_tokens_total{{{labels_b}}} 480"
+        ));
+        line(&format!(
+            "warmpath_receipt_captured_tokens_total{{{labels_b}}} 384"
+        ));
+        line(&format!(
+            "warmpath_receipt_delivered_tokens_total{{{labels_b}}} 360"
+        ));
+        line(&format!(
+            "warmpath_receipt_shortfall_requests_total{{{labels_b}}} 6"
+        ));
         // Not streamed: no time per output token, but the series is there, empty.
         line(&format!("warmpath_tpot_seconds_count{{{labels_b}}} 0"));
     }

@@ -571,6 +571,7 @@ mod tests {
                     cached: 4,
                     completion: 3,
                 }),
+                receipt: None,
                 retries: 1,
                 queue: Some(Duration::from_micros(30)),
                 ttft: Some(Duration::from_millis(20)),

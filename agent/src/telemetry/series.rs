@@ -33,15 +33,23 @@ pub const PROMPT_TOKENS: usize = 5;
 pub const CACHED_TOKENS: usize = 6;
 pub const COMPLETION_TOKENS: usize = 7;
 pub const RETRIES: usize = 8;
+// Route receipts (requests whose usage was reported): their count, the three figures in
+// tokens, and how many delivered less than was captured.
+pub const RECEIPTS: usize = 9;
+pub const AVAILABLE_TOKENS: usize = 10;
+pub const CAPTURED_TOKENS: usize = 11;
+pub const DELIVERED_TOKENS: usize = 12;
+pub const SHORTFALL: usize = 13;
 // Its histograms.
 pub const TTFT: usize = 0;
 pub const TPOT: usize = 1;
 pub const DURATION: usize = 2;
 pub const QUEUE: usize = 3;
 
-/// A tenant's requests in a pool: counters by outcome, token and retry counters, latencies.
+/// A tenant's requests in a pool: counters by outcome, token, retry and receipt counters,
+/// latencies.
 pub const REQUEST_LAYOUT: Layout = Layout {
-    counters: 9,
+    counters: 14,
     histograms: &[LATENCY_BOUNDS, TPOT_BOUNDS, LATENCY_BOUNDS, QUEUE_BOUNDS],
 };
 /// A pool's routing decisions: a counter per reason, the chosen pod's prefix blocks.
@@ -143,6 +151,36 @@ pub const FAMILIES: &[Family] = &[
         "{retry}",
         "Upstream attempts retried on another pod before the first byte",
         RETRIES,
+    ),
+    counter(
+        "warmpath.receipt.requests",
+        "{request}",
+        "Routed requests with a route receipt (the engine reported usage)",
+        RECEIPTS,
+    ),
+    counter(
+        "warmpath.receipt.available_tokens",
+        "{token}",
+        "Route receipts: prompt tokens of the longest prefix any live pod with a trusted index held",
+        AVAILABLE_TOKENS,
+    ),
+    counter(
+        "warmpath.receipt.captured_tokens",
+        "{token}",
+        "Route receipts: prompt tokens of the prefix the chosen pod held at decision",
+        CAPTURED_TOKENS,
+    ),
+    counter(
+        "warmpath.receipt.delivered_tokens",
+        "{token}",
+        "Route receipts: prompt tokens the engine served from its prefix cache (cached_tokens)",
+        DELIVERED_TOKENS,
+    ),
+    counter(
+        "warmpath.receipt.shortfall_requests",
+        "{request}",
+        "Route receipts whose engine delivered fewer cached tokens than the chosen pod held",
+        SHORTFALL,
     ),
     seconds(
         "warmpath.ttft",
@@ -276,7 +314,7 @@ mod tests {
         for r in DecisionReason::ALL {
             assert_eq!(REASONS[r as usize], r.as_str());
         }
-        assert_eq!(REQUEST_LAYOUT.counters, OUTCOMES.len() + 4);
+        assert_eq!(REQUEST_LAYOUT.counters, OUTCOMES.len() + 9);
         assert_eq!(POOL_LAYOUT.counters, REASONS.len());
     }
 }
