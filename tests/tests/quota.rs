@@ -391,6 +391,7 @@ async fn four_agents_hold_a_cluster_wide_prompt_token_quota_within_10_percent() 
 
     // `limited`'s loops spread unevenly: 1, 2, 3 and 4 of 10 at agents 0-3 (10/20/30/40 %).
     let stop = Arc::new(AtomicBool::new(false));
+    let load_started = Instant::now();
     let mut loops = Vec::new();
     for (k, agent) in agents.iter().enumerate() {
         for l in 0..=k {
@@ -439,8 +440,11 @@ async fn four_agents_hold_a_cluster_wide_prompt_token_quota_within_10_percent() 
     let shares = local_limits(&client, &agents).await;
 
     let mut per_agent = [(0u64, 0usize, 0usize); AGENTS];
+    let mut warm_up_tokens = 0;
     for (k, l) in loops {
-        let (tokens, ok, refused) = served(&l.await.unwrap(), from, to);
+        let attempts = l.await.unwrap();
+        warm_up_tokens += served(&attempts, load_started, from).0;
+        let (tokens, ok, refused) = served(&attempts, from, to);
         per_agent[k].0 += tokens;
         per_agent[k].1 += ok;
         per_agent[k].2 += refused;
@@ -448,6 +452,10 @@ async fn four_agents_hold_a_cluster_wide_prompt_token_quota_within_10_percent() 
     let tokens: u64 = per_agent.iter().map(|a| a.0).sum();
     let expected = LIMIT * WINDOW.as_secs_f64();
     let ratio = tokens as f64 / expected;
+    eprintln!(
+        "four agents: warm-up {:?}, {warm_up_tokens} prompt tokens served in it",
+        from - load_started
+    );
     eprintln!(
         "four agents: `limited` served {tokens} prompt tokens in {WINDOW:?}; expected {expected}; ratio {ratio:.4}; per agent (tokens, served, refused) {per_agent:?}; shares at the end {shares:?}"
     );
