@@ -197,3 +197,101 @@ fn malformed_requests_are_request_errors() {
     let image = r#"[{"role": "user", "content": [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]"#;
     assert_eq!(read(image, None).unwrap().non_text_parts(), 1);
 }
+
+/// Any JSON at all where a request's messages, tools and kwargs go: an error or a render,
+/// never a panic (these members are untrusted client input).
+mod untrusted {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn json() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_map(serde_json::Value::from),
+            prop_oneof![
+                Just("user".to_string()),
+                Just("assistant".to_string()),
+                Just("tool".to_string()),
+                Just("text".to_string()),
+                Just("{\"a\": [1, {}]}".to_string()),
+                ".{0,8}",
+            ]
+            .prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 5, |inner| {
+            let keys = prop_oneof![
+                Just("role".to_string()),
+                Just("content".to_string()),
+                Just("type".to_string()),
+                Just("text".to_string()),
+                Just("tool_calls".to_string()),
+                Just("function".to_string()),
+                Just("arguments".to_string()),
+                Just("name".to_string()),
+                "[a-z]{1,3}",
+            ];
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                prop::collection::vec((keys, inner), 0..4)
+                    .prop_map(|kv| { serde_json::Value::Object(kv.into_iter().collect()) }),
+            ]
+        })
+    }
+
+    /// Messages mostly shaped like messages (a role, odd contents and members), sometimes not.
+    fn messages() -> impl Strategy<Value = serde_json::Value> {
+        let role = prop_oneof![
+            Just("system"),
+            Just("user"),
+            Just("assistant"),
+            Just("tool")
+        ];
+        let content = prop_oneof![
+            3 => ".{0,12}".prop_map(serde_json::Value::from),
+            1 => json(),
+        ];
+        let message = (role, content, json(), "[a-z_]{1,12}").prop_map(|(role, content, extra, key)| {
+            serde_json::json!({"role": role, "content": content, key: extra})
+        });
+        prop_oneof![
+            4 => prop::collection::vec(message, 0..5).prop_map(serde_json::Value::from),
+            1 => json(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 256,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x6368_6174),
+            ..ProptestConfig::default()
+        })]
+        #[test]
+        fn any_json_is_an_error_or_a_render(
+            messages in messages(),
+            tools in prop_oneof![3 => Just(serde_json::Value::Null), 1 => json()],
+            kwargs in prop_oneof![3 => Just(serde_json::Value::Null), 1 => json()],
+        ) {
+            let f = fixture();
+            let templates = [template(&f, "qwen3"), template(&f, "llama-3.1"), template(&f, "mistral-nemo")];
+            let (m, t, k) = (messages.to_string(), tools.to_string(), kwargs.to_string());
+            let chat = Chat::from_json(
+                ChatJson {
+                    messages: &m,
+                    tools: Some(&t),
+                    documents: Some(&k),
+                    chat_template_kwargs: Some(&k),
+                },
+                true,
+            );
+            if let Ok(chat) = chat {
+                for t in &templates {
+                    let _ = t.render(&chat);
+                }
+                prop_assert!(messages.is_array());
+            }
+        }
+    }
+}
