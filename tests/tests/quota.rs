@@ -290,6 +290,10 @@ async fn one_agent_holds_a_prompt_token_quota_within_5_percent_and_never_refuses
 
     // `free` shares the agent and was never refused.
     let free_ok = free_attempts.iter().filter(|a| a.status == 200).count();
+    eprintln!(
+        "one agent: `free` sent {} requests, {free_ok} served",
+        free_attempts.len()
+    );
     assert_eq!(
         free_ok,
         free_attempts.len(),
