@@ -413,6 +413,8 @@ fn failed() -> Sample {
         prompt_tokens: 0,
         cached_tokens: 0,
         output_tokens: 0,
+        available_tokens: None,
+        captured_tokens: None,
     }
 }
 
@@ -459,8 +461,9 @@ impl Completion<'_> {
     pub(crate) async fn whole(&self) -> Option<(Sample, String)> {
         let t0 = std::time::Instant::now();
         let resp = self.post(self.body()).await?;
-        let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await.ok()?).ok()?;
         let mut s = failed();
+        read_receipt(&mut s, resp.headers());
+        let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await.ok()?).ok()?;
         s.e2e = t0.elapsed().as_secs_f64();
         s.ttft = s.e2e;
         read_usage(&mut s, &v["usage"]);
@@ -476,9 +479,11 @@ impl Completion<'_> {
         let mut body = self.body();
         body["stream"] = true.into();
         body["stream_options"] = serde_json::json!({"include_usage": true});
-        let mut stream = self.post(body).await?.bytes_stream();
-        let mut split = Splitter::new(sse::DEFAULT_MAX_EVENT);
+        let resp = self.post(body).await?;
         let mut s = failed();
+        read_receipt(&mut s, resp.headers());
+        let mut stream = resp.bytes_stream();
+        let mut split = Splitter::new(sse::DEFAULT_MAX_EVENT);
         let mut answer = String::new();
         let mut last: Option<std::time::Instant> = None;
         let mut done = false;
@@ -544,6 +549,14 @@ fn read_usage(s: &mut Sample, u: &serde_json::Value) {
     s.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap_or(0);
+}
+
+/// A warmpath agent's route receipt headers (with `--explain`) into the sample; other
+/// targets send none, and the sample has no receipt.
+fn read_receipt(s: &mut Sample, headers: &reqwest::header::HeaderMap) {
+    let tokens = |name: &str| headers.get(name)?.to_str().ok()?.parse::<u64>().ok();
+    s.available_tokens = tokens("x-warmpath-available-tokens");
+    s.captured_tokens = tokens("x-warmpath-captured-tokens");
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Turning request samples into the report: latency quantiles (TTFT, inter-token, end to
-//! end), rates, prefix-cache hit ratio and errors — overall, per tenant and per ladder step.
+//! end), rates, prefix-cache hit ratio, route receipts and errors — overall, per tenant and
+//! per ladder step.
 //! Pure functions of the samples, so a known synthetic run has known numbers.
 
 use std::{collections::BTreeMap, time::Duration};
@@ -24,6 +25,11 @@ pub struct Sample {
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub output_tokens: u64,
+    /// The route receipt's explain headers (`x-warmpath-available-tokens`,
+    /// `x-warmpath-captured-tokens`), when the target sent them (a warmpath agent with
+    /// `--explain`); `cached_tokens` is the receipt's delivered figure.
+    pub available_tokens: Option<u64>,
+    pub captured_tokens: Option<u64>,
 }
 
 /// p50 / p90 / p99 of latencies (see [`quantile`]); NaN without data.
@@ -104,6 +110,49 @@ pub struct Stats {
     pub output_tokens_per_s: f64,
     /// Prompt tokens served from cache / prompt tokens (engine `usage`).
     pub prefix_hit_ratio: f64,
+    /// Route receipts of the successful requests that carried them (none without).
+    pub receipts: Option<Receipts>,
+}
+
+/// Route receipts summed over requests, as percentages of those requests' prompt tokens
+/// (docs/routing.md, "Route receipts").
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Receipts {
+    pub requests: usize,
+    pub prompt_tokens: u64,
+    /// Prompt tokens any live pod held.
+    pub available_pct: f64,
+    /// Prompt tokens the chosen pod held.
+    pub captured_pct: f64,
+    /// Prompt tokens the engine served from its cache.
+    pub delivered_pct: f64,
+}
+
+impl Receipts {
+    fn of(ok: &[&Sample]) -> Option<Self> {
+        let (mut n, mut prompt, mut available, mut captured, mut delivered) = (0, 0, 0, 0, 0);
+        for s in ok {
+            let (Some(a), Some(c)) = (s.available_tokens, s.captured_tokens) else {
+                continue;
+            };
+            n += 1;
+            prompt += s.prompt_tokens;
+            available += a;
+            captured += c;
+            delivered += s.cached_tokens;
+        }
+        let pct = |v: u64| match prompt {
+            0 => 0.0,
+            p => 100.0 * v as f64 / p as f64,
+        };
+        (n > 0).then(|| Self {
+            requests: n,
+            prompt_tokens: prompt,
+            available_pct: pct(available),
+            captured_pct: pct(captured),
+            delivered_pct: pct(delivered),
+        })
+    }
 }
 
 /// Stats of `samples` over `window_s` seconds (errors count as requests, not in latencies).
@@ -137,6 +186,7 @@ pub fn stats<'a>(samples: impl IntoIterator<Item = &'a Sample>, window_s: f64) -
         } else {
             cached as f64 / prompt as f64
         },
+        receipts: Receipts::of(&ok),
     }
 }
 
@@ -187,7 +237,7 @@ pub fn report(samples: &[Sample], wall_s: f64, steps: &[(f64, f64)]) -> Report {
 pub fn render(r: &Report) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let head = "| | requests | errors | TTFT p50/p90/p99 (s) | ITL p50/p90/p99 (ms) | e2e p50/p90/p99 (s) | req/s | output tok/s | prefix hit % |\n|---|---|---|---|---|---|---|---|---|\n";
+    let head = "| | requests | errors | TTFT p50/p90/p99 (s) | ITL p50/p90/p99 (ms) | e2e p50/p90/p99 (s) | req/s | output tok/s | prefix hit % | available / captured / delivered % |\n|---|---|---|---|---|---|---|---|---|---|\n";
     let row = |name: &str, s: &Stats| {
         // No gaps to measure (non-streaming, or one-token answers): a dash, not NaN.
         let itl = if s.itl_s.p50.is_nan() {
@@ -200,8 +250,15 @@ pub fn render(r: &Report) -> String {
                 s.itl_s.p99 * 1e3
             )
         };
+        // Route receipts only from a target that sends them (a warmpath agent, --explain).
+        let receipts = s.receipts.map_or("-".to_string(), |r| {
+            format!(
+                "{:.1} / {:.1} / {:.1}",
+                r.available_pct, r.captured_pct, r.delivered_pct
+            )
+        });
         format!(
-            "| {name} | {} | {} | {:.3} / {:.3} / {:.3} | {itl} | {:.2} / {:.2} / {:.2} | {:.2} | {:.0} | {:.1} |\n",
+            "| {name} | {} | {} | {:.3} / {:.3} / {:.3} | {itl} | {:.2} / {:.2} / {:.2} | {:.2} | {:.0} | {:.1} | {receipts} |\n",
             s.requests,
             s.errors,
             s.ttft_s.p50,
@@ -254,6 +311,9 @@ mod tests {
             prompt_tokens: 100,
             cached_tokens: 75,
             output_tokens: 10,
+            // Tenant a's requests came with receipts, b's without.
+            available_tokens: (tenant == "a").then_some(90),
+            captured_tokens: (tenant == "a").then_some(80),
         }
     }
 
@@ -297,6 +357,18 @@ mod tests {
         assert!((o.output_tokens_per_s - 100.0).abs() < 1e-12);
         assert!((o.prefix_hit_ratio - 0.75).abs() < 1e-12);
         assert_eq!(r.tenants["a"].requests, 40);
+        // Receipts: tenant a's 40 requests of 100 prompt tokens, 90 available, 80 captured,
+        // 75 delivered each; b's are not counted in them.
+        let receipts = Receipts {
+            requests: 40,
+            prompt_tokens: 4000,
+            available_pct: 90.0,
+            captured_pct: 80.0,
+            delivered_pct: 75.0,
+        };
+        assert_eq!(o.receipts, Some(receipts));
+        assert_eq!(r.tenants["a"].receipts, Some(receipts));
+        assert_eq!(r.tenants["b"].receipts, None);
         assert_eq!(r.tenants["b"].errors, 5);
         // Tenant a's 40: the 40th, 400000 us (steps of 256: 1562 * 256 + 255).
         assert_eq!(r.tenants["a"].ttft_s.p99, 400_127.0 / 1e6);
@@ -309,6 +381,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("| tenant a | 40 |"));
+        assert!(text.contains("| 75.0 | 90.0 / 80.0 / 75.0 |\n"), "{text}");
+        let b = text
+            .lines()
+            .find(|l| l.starts_with("| tenant b |"))
+            .unwrap();
+        assert!(b.ends_with("| 75.0 | - |"), "{b}");
         assert!(text.contains("| offered 8.0 req/s | 55 |"));
     }
 
@@ -332,5 +410,6 @@ mod tests {
         assert_eq!(s.requests, 0);
         assert!(s.ttft_s.p50.is_nan());
         assert_eq!(s.prefix_hit_ratio, 0.0);
+        assert_eq!(s.receipts, None);
     }
 }
