@@ -103,6 +103,34 @@ async fn a_multi_turn_run_reports_every_request_per_tenant() {
             .unwrap_or_else(|| panic!("no series for tenant {t}: {prom}"));
         assert!(line.ends_with(&format!(" {}", s["requests"])), "{line}");
     }
+    // Route receipts: every sample read the agent's explain headers, and the samples' sums
+    // equal the agent's receipt counters (delivered: the engines' cached_tokens).
+    let counter = |name: &str| -> u64 {
+        prom.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let summed = |k: &str| samples.iter().map(|s| s[k].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(
+        summed("available_tokens"),
+        counter("warmpath_receipt_available_tokens_total")
+    );
+    assert_eq!(
+        summed("captured_tokens"),
+        counter("warmpath_receipt_captured_tokens_total")
+    );
+    assert_eq!(
+        summed("cached_tokens"),
+        counter("warmpath_receipt_delivered_tokens_total")
+    );
+    let receipts = &overall["receipts"];
+    assert_eq!(receipts["requests"], 18, "{overall}");
+    assert!(
+        receipts["captured_pct"].as_f64().unwrap() > 0.0
+            && receipts["available_pct"].as_f64() >= receipts["captured_pct"].as_f64(),
+        "{overall}"
+    );
     for ext in ["svg", "png"] {
         assert!(dir.join(format!("run-ttft-cdf.{ext}")).is_file());
     }
