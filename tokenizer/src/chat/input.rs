@@ -177,13 +177,13 @@ fn message(m: &Value, non_text: &mut usize) -> Result<Value, Error> {
     let Some(role_str) = role.as_str() else {
         return Err(Error::Request("role: must be a string".into()));
     };
-    let mut out: Vec<(&str, Value)> = vec![
-        ("role", role.clone()),
-        (
-            "content",
-            Value::from(content(&member(m, "content"), non_text)?),
-        ),
-    ];
+    let raw_content = member(m, "content");
+    // A string is kept as it is (a shared value, not a copy): the common case.
+    let content = match raw_content.kind() {
+        minijinja::value::ValueKind::String => raw_content,
+        _ => Value::from(content(&raw_content, non_text)?),
+    };
+    let mut out: Vec<(&str, Value)> = vec![("role", role.clone()), ("content", content)];
     match role_str {
         "assistant" => {
             let calls = member(m, "tool_calls");
