@@ -262,3 +262,73 @@ async fn a_pod_without_the_prefix_captures_less_than_was_available() {
         (Some(50.0), Some(100.0))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_request_s_receipt_is_the_answering_pod_s() {
+    // Round-robin over two engines and, last, an endpoint nobody listens on: the third
+    // request's turn is the dead one (which holds nothing: it has no index), and its retry
+    // goes to an engine that holds the whole prefix by then.
+    let fleet = Fleet::tiny(2, &["--kv-replay-port", "0"]).await;
+    // Ports bound and released: nothing listens there (its events and replay sockets too,
+    // given only because the flags go per endpoint).
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    let (dead, events, replay) = (
+        format!("http://{}", free()),
+        format!("tcp://{}", free()),
+        format!("tcp://{}", free()),
+    );
+    let routing = proxy(
+        &fleet,
+        &[
+            "--endpoint",
+            &dead,
+            "--kv-events",
+            &events,
+            "--kv-replay",
+            &replay,
+            "--policy",
+            "round-robin",
+        ],
+    )
+    .await;
+    let (base, admin) = urls(&routing);
+    let client = reqwest::Client::new();
+    let mut indexed = Indexed {
+        client: client.clone(),
+        status: format!("{admin}/status"),
+        expected: HashMap::new(),
+    };
+    let a = ids(4, 100);
+    let six = 6 * BLOCK;
+    let first = complete(&client, &base, &a).await;
+    assert_eq!(
+        (first.available, first.captured, first.delivered),
+        (0, 0, 0)
+    );
+    indexed.wait(&first.pod, 100 / BLOCK).await;
+    let second = complete(&client, &base, &a).await;
+    assert_ne!(second.pod, first.pod, "round-robin takes turns");
+    assert_eq!(
+        (second.available, second.captured, second.delivered),
+        (six, 0, 0)
+    );
+    indexed.wait(&second.pod, 100 / BLOCK).await;
+    let retried = complete(&client, &base, &a).await;
+    assert_eq!(
+        (retried.available, retried.captured, retried.delivered),
+        (six, six, six),
+        "captured by the engine that answered, not by the dead first pick"
+    );
+    let got = counters(&client, &admin, 3).await;
+    assert_eq!(
+        metric(&client, &admin, "warmpath_retries_total").await as u64,
+        1,
+        "the third request was retried once"
+    );
+    assert_eq!(got, [3, 2 * six, six, six, 0]);
+}
