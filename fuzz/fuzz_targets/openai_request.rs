@@ -28,6 +28,9 @@ use warmpath_tokenizer::{Tokenizer, segments::SegmentTokenizer};
 
 static TOKENIZER: LazyLock<Arc<Tokenizer>> = LazyLock::new(|| Arc::new(Tokenizer::builtin()));
 /// Shared across inputs, as in the agent: its caches must stay transparent (and bounded).
+/// Where requests routed without keys are counted (the proxy keeps one per pool).
+static UNKEYED: LazyLock<warmpath_agent::proxy::unkeyed::UnkeyedCounts> =
+    LazyLock::new(|| warmpath_agent::proxy::unkeyed::UnkeyedCounts::new("fuzz"));
 static SEGMENTS: LazyLock<Arc<SegmentTokenizer>> =
     LazyLock::new(|| Arc::new(SegmentTokenizer::new(TOKENIZER.clone())));
 
@@ -66,7 +69,10 @@ fuzz_target!(|data: &[u8]| {
         keys[..half],
         "a prefix's chain is a prefix of the chain"
     );
-    assert_eq!(local.keys_now(&req, None, block_size), Some(keys.clone()));
+    assert_eq!(
+        local.keys_now(&req, None, block_size, &UNKEYED),
+        Some(keys.clone())
+    );
 
     let parsed = parse(kind, body, "default-model", &TOKENIZER, block_size)
         .expect("parse accepts what Request::read accepts");
@@ -78,7 +84,7 @@ fuzz_target!(|data: &[u8]| {
         (req.stream, req.include_usage)
     );
 
-    let approx = TokenSource::Approximate.keys_now(&req, None, block_size);
+    let approx = TokenSource::Approximate.keys_now(&req, None, block_size, &UNKEYED);
     let text = req.text();
     let pseudo = text.as_deref().map(pseudo_tokens).unwrap_or_default();
     if let Some(text) = &text {
