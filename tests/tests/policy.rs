@@ -331,3 +331,73 @@ async fn policies_swapped_under_load_drop_no_request_and_take_effect_within_a_se
         "no request failed during 100 reloads: {reports:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_sends_its_share_to_the_other_pool_with_that_pools_model() {
+    let a = Fleet::start(&["--port", "0", "--profile", "tiny", "--model", "sim-a"]).await;
+    let b = Fleet::start(&["--port", "0", "--profile", "tiny", "--model", "sim-b"]).await;
+    let dir = Dir::new("split");
+    dir.write(
+        "split.yaml",
+        r#"apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: half-to-b, namespace: ml}
+spec:
+  targetRef: {pool: {name: a}}
+  action:
+    explain: true
+    split:
+    - {pool: a, weight: 1}
+    - {pool: b, weight: 1}
+"#,
+    );
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: 1\nlisten: 127.0.0.1:0\nadmin: 127.0.0.1:0\npolicyDir: {}\npools:\n- {{name: a, model: sim-a, endpoints: [{{url: '{}'}}]}}\n- {{name: b, model: sim-b, endpoints: [{{url: '{}'}}]}}\n",
+            dir.path().display(),
+            a.url(0),
+            b.url(0)
+        ),
+    )
+    .unwrap();
+    let args = <warmpath_agent::args::AgentArgs as clap::Parser>::try_parse_from([
+        "agent".to_string(),
+        "--config".into(),
+        config.display().to_string(),
+    ])
+    .unwrap();
+    let routing = warmpath_agent::agent::start_routing(&args).await.unwrap();
+    let (base, _) = urls(&routing);
+    let client = reqwest::Client::new();
+    let b_pod = b.engines[0].http.to_string();
+    let mut to_b = 0;
+    for _ in 0..8 {
+        let resp = client
+            .post(format!("{base}/v1/completions"))
+            .json(&json!({"model": "sim-a", "prompt": "hello there", "max_tokens": 1}))
+            .send()
+            .await
+            .unwrap();
+        // The engines of pool b serve only sim-b: a 200 from them means the model was
+        // rewritten.
+        assert_eq!(resp.status(), 200);
+        let pod = resp.headers()["x-warmpath-pod"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let policy = resp.headers()["x-warmpath-policy"].to_str().unwrap().to_string();
+        let v: serde_json::Value = resp.json().await.unwrap();
+        if pod == b_pod {
+            to_b += 1;
+            assert_eq!(v["model"], "sim-b", "{v}");
+            // Split by half-to-b, then decided by pool b's configuration.
+            assert_eq!(policy, "ml/half-to-b@1 > pool/b");
+        } else {
+            assert_eq!(v["model"], "sim-a", "{v}");
+            assert_eq!(policy, "ml/half-to-b@1");
+        }
+    }
+    assert_eq!(to_b, 4, "weights 1:1, exactly per cycle of 2");
+}

@@ -328,7 +328,8 @@ pub struct Chosen {
 impl PolicySet {
     /// The action for a request to pool `pool`: the first rule that holds (precedence
     /// order), else the pool's configuration; a split of the winner is applied once and the
-    /// target pool's own rules (without their splits) then decide.
+    /// target pool's own rules (without their splits) then decide, the action then named
+    /// `split-source > target-source`.
     pub fn choose(&self, pool: usize, facts: &RequestFacts<'_>, session: Option<&str>) -> Chosen {
         let action = self.action(pool, facts);
         let Some(split) = action.split.clone() else {
@@ -344,12 +345,16 @@ impl PolicySet {
             model: model.as_deref().or(facts.model),
             ..*facts
         };
-        let mut action = self.action(way.pool, &facts);
-        if action.split.is_some() {
-            let mut a = (*action).clone();
-            a.split = None;
-            action = Arc::new(a);
+        let target = self.action(way.pool, &facts);
+        // The target's action, without its split, named after both policies (explain
+        // headers: `ns/split > ns/target`), explaining when either says so.
+        let mut a = (*target).clone();
+        a.split = None;
+        if a.source != action.source {
+            a.source = Arc::from(format!("{} > {}", action.source, a.source));
         }
+        a.explain = a.explain.or(action.explain);
+        let action = Arc::new(a);
         Chosen {
             pool: way.pool,
             model,

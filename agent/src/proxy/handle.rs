@@ -180,11 +180,18 @@ async fn route(
             let chosen = policy.choose(first, &facts(Some(&req.model)), session.as_deref());
             let pool = &proxy.pools[chosen.pool];
             attempt.pool = pool.telemetry_id;
-            // What the engine is sent: the split's model, the tenant's cache salt.
+            // What the engine is sent: the split's model (or, sent to a pool that serves
+            // neither the model nor an adapter of that name, that pool's model), the
+            // tenant's cache salt.
             let mut members: Vec<(&str, String)> = Vec::new();
-            if let Some(model) = &chosen.model {
-                lora = (**model != *pool.pool.model).then(|| model.to_string());
-                members.push(("model", model.to_string()));
+            let served =
+                |m: &str| *pool.pool.model == *m || pool.pool.endpoints.iter().any(|e| e.serves(m));
+            let model = chosen.model.as_deref().map(str::to_string).or_else(|| {
+                (chosen.pool != first && !served(&req.model)).then(|| pool.pool.model.clone())
+            });
+            if let Some(model) = model {
+                lora = (model != pool.pool.model).then(|| model.clone());
+                members.push(("model", model));
             }
             if tenant.isolated {
                 let salt = proxy.salt.isolated(&tenant.name, req.cache_salt.as_deref());

@@ -275,7 +275,7 @@ fn splits_give_each_way_its_share_and_keep_sessions_together() {
         if c.pool == 1 {
             assert_eq!(c.model.as_deref(), Some("llama-v2"));
             // The target pool's own policies decide: the selector policy applies there.
-            assert_eq!(&*c.action.source, "ml/by-selector");
+            assert_eq!(&*c.action.source, "ml/canary > ml/by-selector");
             to_v2 += 1;
         } else {
             assert_eq!(c.pool, 2);
