@@ -387,7 +387,10 @@ spec:
             .to_str()
             .unwrap()
             .to_string();
-        let policy = resp.headers()["x-warmpath-policy"].to_str().unwrap().to_string();
+        let policy = resp.headers()["x-warmpath-policy"]
+            .to_str()
+            .unwrap()
+            .to_string();
         let v: serde_json::Value = resp.json().await.unwrap();
         if pod == b_pod {
             to_b += 1;
