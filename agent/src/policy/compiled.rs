@@ -329,8 +329,13 @@ impl PolicySet {
     /// The action for a request to pool `pool`: the first rule that holds (precedence
     /// order), else the pool's configuration; a split of the winner is applied once and the
     /// target pool's own rules (without their splits) then decide, the action then named
-    /// `split-source > target-source`.
-    pub fn choose(&self, pool: usize, facts: &RequestFacts<'_>, session: Option<&str>) -> Chosen {
+    /// `split-source > target-source`. `session` gives the request's session key, asked only when a split needs it.
+    pub fn choose(
+        &self,
+        pool: usize,
+        facts: &RequestFacts<'_>,
+        session: impl FnOnce() -> Option<String>,
+    ) -> Chosen {
         let action = self.action(pool, facts);
         let Some(split) = action.split.clone() else {
             return Chosen {
@@ -339,7 +344,7 @@ impl PolicySet {
                 action,
             };
         };
-        let way = split.pick(session);
+        let way = split.pick(session().as_deref());
         let model = way.model.clone();
         let facts = RequestFacts {
             model: model.as_deref().or(facts.model),

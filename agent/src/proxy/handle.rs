@@ -176,8 +176,9 @@ async fn route(
             let (first, mut lora) = proxy
                 .pool_for(&req.model)
                 .ok_or_else(|| ProxyError::model_not_found(&req.model))?;
-            let session = proxy.pools[first].session.key(&parts.headers);
-            let chosen = policy.choose(first, &facts(Some(&req.model)), session.as_deref());
+            let chosen = policy.choose(first, &facts(Some(&req.model)), || {
+                proxy.pools[first].session.key(&parts.headers)
+            });
             let pool = &proxy.pools[chosen.pool];
             attempt.pool = pool.telemetry_id;
             // What the engine is sent: the split's model (or, sent to a pool that serves
@@ -231,7 +232,7 @@ async fn route(
                 let permit = proxy
                     .quotas
                     .admit(&tenant.name, limits, estimate, std::time::Instant::now())
-                    .map_err(quota_error)?;
+                    .map_err(crate::policy::quota::QuotaRefusal::into_error)?;
                 attempt.quota = Some(Arc::new(parking_lot::Mutex::new(permit)));
             }
             let session_rule = chosen.action.session.as_ref().unwrap_or(&pool.session);
@@ -245,8 +246,9 @@ async fn route(
         // Other paths pass through to the first pool's least-loaded endpoint, without prefix
         // information.
         None => {
-            let session = proxy.pools[0].session.key(&parts.headers);
-            let chosen = policy.choose(0, &facts(None), session.as_deref());
+            let chosen = policy.choose(0, &facts(None), || {
+                proxy.pools[0].session.key(&parts.headers)
+            });
             let pool = &proxy.pools[chosen.pool];
             let session_rule = chosen.action.session.as_ref().unwrap_or(&pool.session);
             let ctx = RequestCtx {
@@ -268,13 +270,4 @@ async fn route(
         strip_usage,
     )
     .await
-}
-
-/// A quota refusal as the client sees it: 429, an OpenAI error body naming the limit, and
-/// `Retry-After`.
-fn quota_error(r: crate::policy::quota::QuotaRefusal) -> ProxyError {
-    ProxyError {
-        retry_after: Some(r.retry_after_secs()),
-        ..ProxyError::new(StatusCode::TOO_MANY_REQUESTS, r.message)
-    }
 }

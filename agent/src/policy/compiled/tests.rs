@@ -271,7 +271,7 @@ fn splits_give_each_way_its_share_and_keep_sessions_together() {
     };
     let mut to_v2 = 0;
     for _ in 0..400 {
-        let c = set.choose(2, &facts, None);
+        let c = set.choose(2, &facts, || None);
         if c.pool == 1 {
             assert_eq!(c.model.as_deref(), Some("llama-v2"));
             // The target pool's own policies decide: the selector policy applies there.
@@ -285,12 +285,17 @@ fn splits_give_each_way_its_share_and_keep_sessions_together() {
     // Weights 3:1, exactly per cycle of 4.
     assert_eq!(to_v2, 100);
     // Interleaved, not 300 then 100: within the first 8 requests both ways appear.
-    let first: Vec<usize> = (0..8).map(|_| set.choose(2, &facts, None).pool).collect();
+    let first: Vec<usize> = (0..8)
+        .map(|_| set.choose(2, &facts, || None).pool)
+        .collect();
     assert!(first.contains(&1) && first.contains(&2), "{first:?}");
     // One session key, one way, every time.
-    let way = set.choose(2, &facts, Some("session-42")).pool;
+    let way = set.choose(2, &facts, || Some("session-42".into())).pool;
     for _ in 0..50 {
-        assert_eq!(set.choose(2, &facts, Some("session-42")).pool, way);
+        assert_eq!(
+            set.choose(2, &facts, || Some("session-42".into())).pool,
+            way
+        );
     }
 }
 
