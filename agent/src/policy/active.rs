@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use super::{
     compiled::{CompileInput, PolicySet, PoolBase, Tokens, compile},
-    resources::{Condition, Resource},
+    resources::Resource,
     store::Accepted,
 };
 use crate::tenant::TenantPolicy;
@@ -25,9 +25,8 @@ use crate::tenant::TenantPolicy;
 pub struct ActivePolicy {
     current: ArcSwap<PolicySet>,
     inputs: Mutex<Inputs>,
-    generation: AtomicU64,
     /// Sets published (each reload that changed something, plus pool additions).
-    published: AtomicU64,
+    generation: AtomicU64,
     /// The latest load of the policy directory (statuses), when there is one.
     accepted: ArcSwapOption<Accepted>,
 }
@@ -68,7 +67,6 @@ impl ActivePolicy {
             current: ArcSwap::from_pointee(set),
             inputs: Mutex::new(inputs),
             generation: AtomicU64::new(0),
-            published: AtomicU64::new(0),
             accepted: ArcSwapOption::empty(),
         }
     }
@@ -82,13 +80,6 @@ impl ActivePolicy {
     pub fn add_pool(&self, pool: PoolBase) {
         let mut inputs = self.inputs.lock();
         inputs.pools.push(pool);
-        self.publish(&mut inputs);
-    }
-
-    /// Replaces the configuration's tenant identity.
-    pub fn set_identity(&self, identity: TenantPolicy) {
-        let mut inputs = self.inputs.lock();
-        inputs.identity = identity;
         self.publish(&mut inputs);
     }
 
@@ -156,22 +147,11 @@ impl ActivePolicy {
         self.publish(&mut inputs);
     }
 
-    /// Sets published so far.
-    pub fn published(&self) -> u64 {
-        self.published.load(Ordering::Relaxed)
-    }
-
     fn publish(&self, inputs: &mut Inputs) -> Arc<PolicySet> {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let set = Arc::new(build(inputs, generation));
         self.current.store(set.clone());
-        self.published.fetch_add(1, Ordering::Relaxed);
         set
-    }
-
-    /// The ResolvedRefs conditions of the objects in effect, by (kind, key).
-    pub fn resolved(&self) -> Vec<(&'static str, String, Condition)> {
-        self.current.load().resolved.clone()
     }
 }
 
