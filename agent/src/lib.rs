@@ -12,10 +12,12 @@ pub mod agent;
 pub mod args;
 pub mod cluster;
 pub mod config;
+pub mod discovery;
 pub mod ebpf;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
+pub mod k8s;
 pub mod kv_index;
 pub mod policy;
 pub mod pool;

@@ -1,0 +1,1 @@
+//! (being written: see agent/src/k8s.rs)
