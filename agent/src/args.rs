@@ -512,6 +512,7 @@ impl AgentArgs {
                 },
                 upstream: self.upstream_protocol,
                 endpoints,
+                members: None,
                 labels: Default::default(),
                 services: Vec::new(),
             }],
@@ -525,6 +526,7 @@ impl AgentArgs {
             cluster,
             policy_dir: self.policy_dir.clone(),
             cache_salt_key_file: self.cache_salt_key_file.clone(),
+            kubernetes: None,
         };
         config.validate(FLAGS)?;
         Ok(config)

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use super::{
     Config, ConfigError, DEFAULT_MAX_BODY, DEFAULT_RETRIES, EndpointConfig, Limits, PoolConfig,
     TokenSourceConfig, authority_of, default_workers,
+    kubernetes::{self, Environment, InferencePoolFile, KubernetesFile, SelectorFile},
 };
 use crate::{
     pool::UpstreamProtocol,
@@ -40,6 +41,8 @@ struct File {
     policy_dir: Option<std::path::PathBuf>,
     /// The cache-salt key file (isolated tenants).
     cache_salt_key_file: Option<std::path::PathBuf>,
+    /// Pods, Services and policies from the cluster (docs/config.md, "Kubernetes").
+    kubernetes: Option<KubernetesFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -126,7 +129,12 @@ struct PoolFile {
     /// `http1` (default) or `h2` (h2c, prior knowledge) to the engines.
     #[serde(default)]
     upstream_protocol: UpstreamProtocol,
-    endpoints: Vec<EndpointFile>,
+    /// Exactly one of `endpoints`, `inference_pool` and `selector`.
+    endpoints: Option<Vec<EndpointFile>>,
+    /// The pods of a Gateway API Inference Extension `InferencePool`.
+    inference_pool: Option<InferencePoolFile>,
+    /// The pods a label selector picks.
+    selector: Option<SelectorFile>,
     /// Labels `RoutePolicy` selectors match.
     #[serde(default)]
     labels: BTreeMap<String, String>,
@@ -299,8 +307,14 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     parse(&text, &path.display().to_string())
 }
 
-/// Parses and validates configuration text; `file` names it in errors.
+/// Parses and validates configuration text; `file` names it in errors. `kubernetes.enabled:
+/// auto` is resolved from this process's environment.
 pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+    parse_in(text, file, &Environment::process())
+}
+
+/// [`parse`] in the environment `env`.
+pub fn parse_in(text: &str, file: &str, env: &Environment<'_>) -> Result<Config, ConfigError> {
     let de = serde_norway::Deserializer::from_str(text);
     let raw: File = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -319,12 +333,12 @@ pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
             message,
         )
     })?;
-    let config = convert(raw, file)?;
+    let config = convert(raw, file, env)?;
     config.validate(file)?;
     Ok(config)
 }
 
-fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
+fn convert(f: File, file: &str, env: &Environment<'_>) -> Result<Config, ConfigError> {
     let err = |field: String, msg: String| ConfigError::field(file, field, msg);
     if f.version != 1 {
         return Err(err(
@@ -367,8 +381,21 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
                 .map_err(|_| err(at("session.header"), format!("`{h}` is not a header name")))?;
         }
         session.cookie = p.session.cookie;
+        let members = kubernetes::members(p.inference_pool, p.selector, file, &at)?;
+        if let Some(m) = &members
+            && p.endpoints.is_some()
+        {
+            let other = match m {
+                super::PoolMembers::InferencePool { .. } => "inferencePool",
+                super::PoolMembers::Selector { .. } => "selector",
+            };
+            return Err(err(
+                at("endpoints"),
+                format!("give one of `endpoints` and `{other}`, not both"),
+            ));
+        }
         let mut endpoints = Vec::new();
-        for (j, e) in p.endpoints.into_iter().enumerate() {
+        for (j, e) in p.endpoints.into_iter().flatten().enumerate() {
             let at = |field: &str| format!("pools[{i}].endpoints[{j}].{field}");
             let authority = authority_of(&e.url)
                 .ok_or_else(|| err(at("url"), format!("`{}`: expected http://host:port", e.url)))?;
@@ -412,6 +439,7 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
             session,
             upstream: p.upstream_protocol,
             endpoints,
+            members,
             labels: p.labels,
             services: p.services.into_iter().map(|s| (s.name, s.port)).collect(),
         });
@@ -497,6 +525,7 @@ fn convert(f: File, file: &str) -> Result<Config, ConfigError> {
         cluster: None,
         policy_dir: f.policy_dir,
         cache_salt_key_file: f.cache_salt_key_file,
+        kubernetes: kubernetes::convert(f.kubernetes, file, env)?,
         tenants,
         telemetry: TelemetryConfig {
             max_tenants: t.max_tenants,

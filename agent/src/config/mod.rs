@@ -5,12 +5,18 @@
 mod admin;
 mod cluster;
 mod file;
+mod kubernetes;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
 pub use admin::{AdminToken, MIN_TOKEN_LEN, read_token_file};
 pub use cluster::{ClusterConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_GRPC_LISTEN};
-pub use file::load;
+pub use file::{load, parse, parse_in};
+pub use kubernetes::{
+    Environment, IdentityScope, InterceptConfig, KubernetesConfig, MAX_SELECTOR_LABELS,
+    NODE_NAME_VAR, PoolMembers, SERVICE_ACCOUNT_TOKEN, check_label_key, check_label_name,
+    check_label_value, check_match_labels, check_subdomain,
+};
 
 use crate::{
     http::worker::MAX_WORKERS,
@@ -125,7 +131,12 @@ pub struct PoolConfig {
     pub session: SessionSource,
     /// HTTP/1.1 or h2c to the engines.
     pub upstream: UpstreamProtocol,
+    /// The configured endpoints; empty when `members` is set (the pool starts with none and
+    /// the Kubernetes watchers fill it).
     pub endpoints: Vec<EndpointConfig>,
+    /// Where the cluster finds its endpoints (`inferencePool` or `selector`); `None`: the
+    /// endpoints listed.
+    pub members: Option<PoolMembers>,
     /// Labels a `RoutePolicy` selector target matches (docs/policy.md).
     pub labels: std::collections::BTreeMap<String, String>,
     /// Services (name, port) a `RoutePolicy` service target matches.
@@ -158,6 +169,9 @@ pub struct Config {
     /// The key isolated tenants' cache salts derive from; `None`: the cluster key, else a
     /// key of this process.
     pub cache_salt_key_file: Option<PathBuf>,
+    /// The `kubernetes:` section (`enabled` resolved); `None`: the file has none (the flags
+    /// never set it).
+    pub kubernetes: Option<KubernetesConfig>,
 }
 
 /// A configuration that cannot run, with the field it is about.
@@ -297,8 +311,12 @@ impl Config {
                     "must be > 0 (and match vLLM --block-size)".into(),
                 );
             }
-            if p.endpoints.is_empty() {
-                return err(at("endpoints"), "at least one endpoint is needed".into());
+            if p.members.is_none() && p.endpoints.is_empty() {
+                return err(
+                    at("endpoints"),
+                    "at least one endpoint is needed (or, in a cluster, `inferencePool` or `selector`)"
+                        .into(),
+                );
             }
             if p.tokens == TokenSourceConfig::Approximate
                 && p.policy.kind != crate::routing::Policy::Approximate
@@ -325,7 +343,12 @@ impl Config {
                 }
             }
         }
-        Ok(())
+        kubernetes::validate(self, file)
+    }
+
+    /// The `kubernetes:` section when the agent is to watch the cluster.
+    pub fn kubernetes_enabled(&self) -> Option<&KubernetesConfig> {
+        self.kubernetes.as_ref().filter(|k| k.enabled)
     }
 
     /// The tenant policy shared by every pool (one per agent for now).
