@@ -29,6 +29,8 @@ pub struct ActivePolicy {
     generation: AtomicU64,
     /// The latest load of the policy directory (statuses), when there is one.
     accepted: ArcSwapOption<Accepted>,
+    /// The generation of each set published, for whoever follows changes (status writers).
+    published: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Debug)]
@@ -68,7 +70,14 @@ impl ActivePolicy {
             inputs: Mutex::new(inputs),
             generation: AtomicU64::new(0),
             accepted: ArcSwapOption::empty(),
+            published: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Changes whenever a set is published (a reload, a pool added or retargeted); the value
+    /// is the set's generation.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.published.subscribe()
     }
 
     /// The set in effect now (hold it for one request; a reload publishes a new one).
@@ -151,6 +160,7 @@ impl ActivePolicy {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let set = Arc::new(build(inputs, generation));
         self.current.store(set.clone());
+        self.published.send_replace(generation);
         set
     }
 }

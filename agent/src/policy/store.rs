@@ -1,6 +1,8 @@
-//! Off-cluster policy: reads the `--policy-dir` directory into what serves ([`Accepted`]),
-//! keeping the last good version of every object whose update is invalid; [`watch`]
-//! reloads it when the directory changes (docs/policy.md, "Reload").
+//! What serves ([`Accepted`]) from the policy objects of a source, keeping the last good
+//! version of every object whose update is invalid: off-cluster the `--policy-dir`
+//! directory ([`load`]; [`watch`] reloads it when the directory changes), on Kubernetes the
+//! objects of the API ([`accept`], called by `k8s::policies`); docs/policy.md, "Reload".
+//! Both take the same path from step 3 on.
 //!
 //! One [`load`]:
 //! 1. List the directory (not recursively): every `*.yaml`, `*.yml` and `*.json` file, by
@@ -33,13 +35,16 @@ use super::{
 
 mod dir;
 mod load;
+mod reloads;
 #[cfg(test)]
 mod tests;
 mod watch;
 
 pub use dir::{MAX_FILES, MAX_OBJECTS};
+pub use load::accept_at;
 use load::load_at;
-pub use watch::{DEBOUNCE, Error, MAX_DELAY, ReloadCounts, WatchHandle, watch};
+pub use reloads::{ReloadCounts, Reloads};
+pub use watch::{DEBOUNCE, Error, MAX_DELAY, WatchHandle, quiet, watch};
 
 /// The checks a load applies: one object at a time, then the set that would serve.
 #[derive(Debug, Clone, Copy)]
@@ -84,7 +89,7 @@ pub struct ObjectStatus {
     pub kind: &'static str,
     /// [`Resource::key`].
     pub key: String,
-    /// The file that defines it.
+    /// Where it is defined: its file, or `kubernetes:<key>` for an object of the API.
     pub file: PathBuf,
     /// The generation of the latest version read: `metadata.generation` when set, else a
     /// counter that increments whenever the spec changes.
@@ -173,6 +178,18 @@ impl ObjectStatus {
 /// times). Never fails: every problem is reported in the result.
 pub fn load(dir: &Path, v: &Validator, previous: Option<&Accepted>) -> Accepted {
     load_at(dir, v, previous, SystemTime::now())
+}
+
+/// Settles `objects` — every object of a source other than a directory, each with where it
+/// comes from (`kubernetes:<key>`) — into what serves, exactly as a [`load`] settles a
+/// directory's: each validated, an invalid update keeping its last good version, the set
+/// checked, an object absent from `objects` deleted. Never fails.
+pub fn accept(
+    objects: Vec<(PathBuf, Resource)>,
+    v: &Validator,
+    previous: Option<&Accepted>,
+) -> Accepted {
+    accept_at(objects, v, previous, SystemTime::now())
 }
 
 /// RFC 3339 in UTC, to the second (`2026-12-01T12:25:00Z`), as Kubernetes writes times.

@@ -1,5 +1,7 @@
-//! One load of the policy directory: each object's candidate versions (its latest when
-//! valid, its last good one, none), settled against the set check, then the result.
+//! Settling objects into what serves — each object's candidate versions (its latest when
+//! valid, its last good one, none), settled against the set check, then the result — for
+//! both sources: the policy directory ([`load_at`]) and objects given whole, such as the
+//! Kubernetes API's ([`accept_at`]).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -20,13 +22,10 @@ pub(super) fn load_at(
     previous: Option<&Accepted>,
     now: SystemTime,
 ) -> Accepted {
-    let empty = Accepted::default();
-    let prev = previous.unwrap_or(&empty);
     let listing = match dir::read(dir) {
         Ok(listing) => listing,
         Err(error) => return unreadable(dir, previous, error),
     };
-    let mut load = Load::new(prev, now);
     let mut files = Vec::new();
     if let Some(error) = &listing.error {
         files.push(FileStatus {
@@ -36,13 +35,12 @@ pub(super) fn load_at(
     }
     let mut failed: HashMap<PathBuf, String> = HashMap::new();
     let mut read = HashSet::new();
+    let mut objects = Vec::new();
     for file in listing.files {
         read.insert(file.path.clone());
         let error = match file.outcome {
             Ok(resources) => {
-                for r in resources {
-                    load.define(&file.path, r, v);
-                }
+                objects.extend(resources.into_iter().map(|r| (file.path.clone(), r)));
                 None
             }
             Err(error) => {
@@ -56,15 +54,47 @@ pub(super) fn load_at(
         });
     }
     // Objects of files that could not be used, and of files beyond MAX_FILES that exist.
+    let kept = |k: &Known| match failed.get(&k.file) {
+        Some(e) => Some(e.clone()),
+        None if listing.truncated && !read.contains(&k.file) && k.file.is_file() => Some(format!(
+            "not read: more than {MAX_FILES} policy files in the directory"
+        )),
+        None => None,
+    };
+    settle(objects, kept, files, v, previous, now)
+}
+
+/// [`super::accept`] at a given time (the conditions' `lastTransitionTime`).
+pub fn accept_at(
+    objects: Vec<(PathBuf, Resource)>,
+    v: &Validator,
+    previous: Option<&Accepted>,
+    now: SystemTime,
+) -> Accepted {
+    settle(objects, |_| None, Vec::new(), v, previous, now)
+}
+
+/// The one path of both sources: `objects` defined (in order: a second definition of an
+/// object is `Conflicted`), the previous objects `kept` names (with why) kept as they were,
+/// the set check settled, the result.
+fn settle(
+    objects: Vec<(PathBuf, Resource)>,
+    kept: impl Fn(&Known) -> Option<String>,
+    files: Vec<FileStatus>,
+    v: &Validator,
+    previous: Option<&Accepted>,
+    now: SystemTime,
+) -> Accepted {
+    let empty = Accepted::default();
+    let prev = previous.unwrap_or(&empty);
+    let mut load = Load::new(prev, now);
+    for (source, r) in objects {
+        load.define(&source, r, v);
+    }
     for (id, k) in &prev.known {
-        let error = match failed.get(&k.file) {
-            Some(e) => e.clone(),
-            None if listing.truncated && !read.contains(&k.file) && k.file.is_file() => {
-                format!("not read: more than {MAX_FILES} policy files in the directory")
-            }
-            None => continue,
-        };
-        load.keep(id, k, error);
+        if let Some(error) = kept(k) {
+            load.keep(id, k, error);
+        }
     }
     load.resolve_conflicts(v);
     load.finish(previous.is_none(), files)

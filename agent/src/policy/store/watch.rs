@@ -8,11 +8,10 @@
 //! keeps serving; it is looked for again every [`RETRY`] and watched anew when it is back.
 
 use std::{
-    collections::HashMap,
     path::{Path, PathBuf},
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     time::Duration,
 };
@@ -21,13 +20,13 @@ use notify::{
     EventKind, RecursiveMode, Watcher as _,
     event::{AccessKind, AccessMode, ModifyKind},
 };
-use opentelemetry::{KeyValue, metrics::Meter};
+use opentelemetry::metrics::Meter;
 use tokio::{
     sync::{Notify, watch::Sender},
     time::Instant,
 };
 
-use super::{Accepted, Serving, Validator, load};
+use super::{Accepted, ReloadCounts, Reloads, Validator, load};
 
 /// Changes are coalesced until the directory has been quiet this long: a tool writing
 /// several files is one reload, and reloads are at least this far apart.
@@ -57,28 +56,7 @@ pub enum Error {
 #[derive(Debug)]
 pub struct WatchHandle {
     task: tokio::task::JoinHandle<()>,
-    counts: Arc<Counts>,
-}
-
-/// Reloads so far, by result, and objects rejected by the latest one.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ReloadCounts {
-    /// What serves changed, and nothing was rejected.
-    pub applied: u64,
-    /// Nothing changed, and nothing was rejected.
-    pub unchanged: u64,
-    /// At least one object or file could not be used (it keeps its previous state).
-    pub rejected: u64,
-    /// Objects not serving their latest version after the latest reload.
-    pub rejected_objects: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counts {
-    applied: AtomicU64,
-    unchanged: AtomicU64,
-    rejected: AtomicU64,
-    rejected_objects: AtomicU64,
+    counts: Arc<Reloads>,
 }
 
 /// Loads `dir`, publishes the result on `tx` (always, even when it equals the channel's
@@ -123,8 +101,8 @@ pub fn watch(dir: PathBuf, v: Validator, tx: Sender<Arc<Accepted>>) -> Result<Wa
             source,
         })?;
     let first = Arc::new(load(&dir, &v, None));
-    let counts = Arc::new(Counts::default());
-    report(None, &first, &counts);
+    let counts = Arc::new(Reloads::default());
+    counts.report(&dir.display().to_string(), None, &first);
     tx.send_replace(first.clone());
     let watched = dir_id(&dir);
     let task = runtime.spawn(run(Run {
@@ -159,46 +137,13 @@ fn changes_nothing(kind: &EventKind) -> bool {
 impl WatchHandle {
     /// Reloads so far.
     pub fn counts(&self) -> ReloadCounts {
-        let c = &self.counts;
-        ReloadCounts {
-            applied: c.applied.load(Ordering::Relaxed),
-            unchanged: c.unchanged.load(Ordering::Relaxed),
-            rejected: c.rejected.load(Ordering::Relaxed),
-            rejected_objects: c.rejected_objects.load(Ordering::Relaxed),
-        }
+        self.counts.counts()
     }
 
     /// Registers `warmpath.policy.reloads{result}` and `warmpath.policy.rejected` on
     /// `meter`; the callbacks live as long as the provider.
     pub fn observe(&self, meter: &Meter) {
-        let c = self.counts.clone();
-        meter
-            .u64_observable_counter("warmpath.policy.reloads")
-            .with_unit("{reload}")
-            .with_description(
-                "Policy directory reloads by result: applied, unchanged, rejected (at least \
-                 one object or file kept its previous state)",
-            )
-            .with_callback(move |o| {
-                for (result, n) in [
-                    ("applied", &c.applied),
-                    ("unchanged", &c.unchanged),
-                    ("rejected", &c.rejected),
-                ] {
-                    o.observe(
-                        n.load(Ordering::Relaxed),
-                        &[KeyValue::new("result", result)],
-                    );
-                }
-            })
-            .build();
-        let c = self.counts.clone();
-        meter
-            .u64_observable_gauge("warmpath.policy.rejected")
-            .with_unit("{object}")
-            .with_description("Policy objects not serving their latest version")
-            .with_callback(move |o| o.observe(c.rejected_objects.load(Ordering::Relaxed), &[]))
-            .build();
+        self.counts.observe(meter);
     }
 }
 
@@ -220,7 +165,7 @@ struct Run {
     /// The directory being watched (`None`: it is gone, looked for every RETRY).
     watched: Option<DirId>,
     current: Arc<Accepted>,
-    counts: Arc<Counts>,
+    counts: Arc<Reloads>,
 }
 
 async fn run(mut r: Run) {
@@ -247,7 +192,8 @@ async fn run(mut r: Run) {
                 continue;
             }
         };
-        report(Some(&r.current), &next, &r.counts);
+        r.counts
+            .report(&r.dir.display().to_string(), Some(&r.current), &next);
         r.current = next.clone();
         r.tx.send_if_modified(|cur| {
             // Statuses too: a rejected update changes nothing that serves, but it must be
@@ -262,7 +208,7 @@ async fn run(mut r: Run) {
 }
 
 /// Waits until no change came for [`DEBOUNCE`], or [`MAX_DELAY`] passed.
-async fn quiet(wake: &Notify) {
+pub async fn quiet(wake: &Notify) {
     let deadline = Instant::now() + MAX_DELAY;
     loop {
         let until = (Instant::now() + DEBOUNCE).min(deadline);
@@ -310,63 +256,6 @@ fn dir_id(dir: &Path) -> Option<DirId> {
         .ok()
         .filter(|m| m.is_dir())
         .map(|m| (m.dev(), m.ino()))
-}
-
-/// Counts a reload and logs it: at info always, each rejection at warn when it is new.
-fn report(prev: Option<&Accepted>, next: &Accepted, counts: &Counts) {
-    let rejected = next.rejected();
-    let file_errors = next.file_errors().count();
-    let result = if rejected + file_errors > 0 {
-        &counts.rejected
-    } else if prev.is_none_or(|p| p.generation != next.generation) {
-        &counts.applied
-    } else {
-        &counts.unchanged
-    };
-    result.fetch_add(1, Ordering::Relaxed);
-    counts
-        .rejected_objects
-        .store(rejected as u64, Ordering::Relaxed);
-    tracing::info!(
-        generation = next.generation,
-        serving = next.resources.len(),
-        rejected,
-        file_errors,
-        "policy directory loaded"
-    );
-    for f in next.file_errors() {
-        let seen = prev.is_some_and(|p| p.files.contains(f));
-        if !seen {
-            tracing::warn!(file = %f.file.display(), "policy file rejected: {}", f.error.as_deref().unwrap_or(""));
-        }
-    }
-    let before: HashMap<_, _> = prev
-        .map(|p| &p.objects[..])
-        .unwrap_or_default()
-        .iter()
-        .filter(|o| o.is_rejected())
-        .map(|o| ((o.kind, o.key.as_str(), o.file.as_path()), o))
-        .collect();
-    for o in next.objects.iter().filter(|o| o.is_rejected()) {
-        let Some(c) = o.accepted() else { continue };
-        let seen = before
-            .get(&(o.kind, o.key.as_str(), o.file.as_path()))
-            .and_then(|p| p.accepted())
-            .is_some_and(|p| {
-                p.reason == c.reason
-                    && p.message == c.message
-                    && p.observed_generation == c.observed_generation
-            });
-        if seen {
-            continue;
-        }
-        let serving = match o.serving {
-            Serving::Current => "its latest version".to_string(),
-            Serving::LastGood { generation } => format!("generation {generation} keeps serving"),
-            Serving::None => "not serving".to_string(),
-        };
-        tracing::warn!(kind = o.kind, key = %o.key, file = %o.file.display(), generation = o.observed_generation, reason = %c.reason, "policy object rejected ({serving}): {}", c.message);
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,1 @@
+//! Condition diffing and the Lease election.
