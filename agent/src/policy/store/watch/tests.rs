@@ -6,7 +6,7 @@ use std::{path::Path, sync::Arc, time::Duration};
 
 use tokio::sync::watch::{Receiver, channel};
 
-use super::{super::tests::*, *};
+use super::{super::Serving, super::tests::*, *};
 
 /// Longest wait for one change to be published.
 const WAIT: Duration = Duration::from_secs(10);
