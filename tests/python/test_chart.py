@@ -338,6 +338,42 @@ def test_the_agent_reads_its_config_from_the_configmap(helm):
     assert mounts["/etc/warmpath/cluster"] == "cluster-key"
 
 
+def agent_reads_config(helm, values, tmp_path, *flags):
+    """The rendered configuration file through the agent's own parser (`warmpath policy
+    convert` loads and validates a whole file), as in a pod: in-cluster detection on (a
+    KUBECONFIG variable stands for the service account), the admin token file present."""
+    assert os.path.exists(BIN), f"{BIN}: build it first (cargo build -p warmpath)"
+    text = one(render(helm, values, *flags), "ConfigMap", f"{RELEASE}-config")["data"]["config.yaml"]
+    token = tmp_path / "token"
+    token.write_text("0123456789abcdef-admin-token\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(text.replace("/etc/warmpath/admin/token", str(token)))
+    env = {"PATH": os.environ.get("PATH", ""), "KUBECONFIG": str(tmp_path / "kubeconfig"),
+           "NODE_NAME": "gpu-node-1", "RUST_BACKTRACE": "0"}
+    return subprocess.run([BIN, "policy", "convert", str(config)], capture_output=True, text=True, env=env,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("values", VALUES[1:], ids=values_id)
+def test_the_agent_accepts_the_rendered_config(helm, values, tmp_path):
+    p = agent_reads_config(helm, values, tmp_path)
+    assert p.returncode == 0, p.stderr
+    # One RoutePolicy per pool, named by the pool's InferencePool-style target.
+    assert p.stdout.count("kind: RoutePolicy") == 2, p.stdout
+
+
+def test_default_values_need_a_pool(helm, tmp_path):
+    # What NOTES.txt warns about: the defaults render, but the agent wants a pool.
+    p = agent_reads_config(helm, None, tmp_path)
+    assert p.returncode != 0
+    assert "pools: at least one pool is needed" in p.stderr
+    p = agent_reads_config(helm, None, tmp_path, "--set-json",
+                           'pools=[{"name":"a","model":"m","selector":{"namespace":"ml","matchLabels":{"app":"a"},"port":8000}}]')
+    assert p.returncode == 0, p.stderr
+    notes = run([helm, "install", RELEASE, CHART, "--dry-run=client", "-n", NAMESPACE])
+    assert "WARNING: no pools are configured" in notes
+
+
 def test_cluster_flags_name_the_mounted_key_and_the_gossip_service(helm):
     docs = render(helm, VALUES[-1])
     args = agent_container(docs)["args"]
@@ -351,6 +387,20 @@ def test_cluster_flags_name_the_mounted_key_and_the_gossip_service(helm):
     (key,) = [v for v in pod["volumes"] if v["name"] == "cluster-key"]
     assert key["secret"]["secretName"] == f"{RELEASE}-cluster-key"
     assert key["secret"]["items"] == [{"key": "key", "path": "key"}]
+
+
+def test_every_flag_the_chart_passes_is_one_the_agent_has(helm):
+    assert os.path.exists(BIN), f"{BIN}: build it first (cargo build -p warmpath)"
+    known = set()
+    for cmd in (["agent", "--help"],):
+        out = subprocess.run([BIN, *cmd], capture_output=True, text=True, timeout=60).stdout
+        known |= {w.rstrip(",") for line in out.splitlines() for w in line.split() if w.startswith("--")}
+    docs = render(helm, VALUES[-1], "--set", "cleanupOnStop=true")
+    c = agent_container(docs)
+    passed = {a for a in c["args"] if a.startswith("--")}
+    passed |= {a for a in c["lifecycle"]["preStop"]["exec"]["command"] if a.startswith("--")}
+    assert passed - known == set(), f"flags `warmpath agent --help` does not list: {passed - known}"
+    assert {"--config", "--cgroup", "--cluster-id", "--cluster-key-file", "--seed", "--cleanup"} <= passed
 
 
 def test_generated_secrets_are_long_enough_and_existing_ones_are_used(helm):
