@@ -362,6 +362,30 @@ def test_the_agent_accepts_the_rendered_config(helm, values, tmp_path):
     assert p.stdout.count("kind: RoutePolicy") == 2, p.stdout
 
 
+def test_ipv6_nodes_listen_on_any_and_advertise_brackets(helm, tmp_path):
+    docs = render(helm, VALUES[-1], "--set", "ipFamily=IPv6")
+    config = yaml.safe_load(one(docs, "ConfigMap", f"{RELEASE}-config")["data"]["config.yaml"])
+    assert config["listen"] == ["[::]:8080"] and config["admin"] == "[::]:9090"
+    args = agent_container(docs)["args"]
+    assert args[args.index("--gossip-advertise") + 1] == "[$(POD_IP)]:7400"
+    assert args[args.index("--grpc-listen") + 1] == "[::]:7401"
+    p = agent_reads_config(helm, VALUES[-1], tmp_path, "--set", "ipFamily=IPv6")
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("flag, error", [
+    ("pool=x", "additional properties 'pool' not allowed"),
+    ("kubernetes.identity=pod", "/kubernetes/identity"),
+    ("ports.proxy=0", "/ports/proxy"),
+    ("ipFamily=ipv6", "/ipFamily"),
+    ("otlp.protocol=http", "/otlp/protocol"),
+])
+def test_values_schema_refuses_mistakes_before_anything_renders(helm, flag, error):
+    p = run([helm, "template", RELEASE, CHART, "--set", flag], check=False)
+    assert p.returncode != 0
+    assert "values don't meet the specifications of the schema" in p.stderr and error in p.stderr, p.stderr
+
+
 def test_default_values_need_a_pool(helm, tmp_path):
     # What NOTES.txt warns about: the defaults render, but the agent wants a pool.
     p = agent_reads_config(helm, None, tmp_path)

@@ -64,6 +64,14 @@ random one. `helm template` has no cluster, so it always generates.
 {{- end -}}
 {{- end -}}
 
+{{/* A listen address on every interface, and this pod's advertised address, for a port. */}}
+{{- define "warmpath.any" -}}
+{{- if eq .root.Values.ipFamily "IPv6" }}[::]:{{ .port }}{{ else }}0.0.0.0:{{ .port }}{{ end -}}
+{{- end -}}
+{{- define "warmpath.advertise" -}}
+{{- if eq .root.Values.ipFamily "IPv6" }}[$(POD_IP)]:{{ .port }}{{ else }}$(POD_IP):{{ .port }}{{ end -}}
+{{- end -}}
+
 {{/* Paths inside the container. */}}
 {{- define "warmpath.configDir" -}}/etc/warmpath/config{{- end -}}
 {{- define "warmpath.adminTokenFile" -}}/etc/warmpath/admin/token{{- end -}}
@@ -73,8 +81,11 @@ random one. `helm template` has no cluster, so it always generates.
 {{/* The agent's configuration file (docs/config.md, version 1). */}}
 {{- define "warmpath.config" -}}
 {{- $c := dict "version" 1 -}}
-{{- $_ := set $c "listen" (list (printf "0.0.0.0:%d" (int .Values.ports.proxy))) -}}
-{{- $_ := set $c "admin" (printf "0.0.0.0:%d" (int .Values.ports.admin)) -}}
+{{- if not (has .Values.ipFamily (list "IPv4" "IPv6")) -}}
+{{- fail (printf "ipFamily: %v: must be IPv4 or IPv6" .Values.ipFamily) -}}
+{{- end -}}
+{{- $_ := set $c "listen" (list (include "warmpath.any" (dict "root" . "port" (int .Values.ports.proxy)))) -}}
+{{- $_ := set $c "admin" (include "warmpath.any" (dict "root" . "port" (int .Values.ports.admin))) -}}
 {{- $_ := set $c "adminTokenFile" (include "warmpath.adminTokenFile" .) -}}
 {{- with .Values.config.proxy }}{{ $_ := set $c "proxy" . }}{{ end -}}
 {{- $_ := set $c "pools" .Values.pools -}}
