@@ -78,7 +78,7 @@ fn vips_of(port: u16, spec: Option<&ServiceSpec>) -> (Vec<SocketAddr>, Option<St
         Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
         _ => spec.cluster_ip.as_deref().into_iter().collect(),
     };
-    if ips.iter().any(|ip| *ip == "None") {
+    if ips.contains(&"None") {
         return (
             Vec::new(),
             Some(

@@ -289,7 +289,7 @@ fn errors_name_the_field_and_say_why() {
             format!(
                 "{POOL}  endpoints: [{{url: http://127.0.0.1:1}}]\nkubernetes: {{intercept: [{{namespace: ml, name: llama, port: 80, pool: llama, vip: x}}]}}\n"
             ),
-            "kubernetes.intercept[0]",
+            "kubernetes.intercept[0].vip",
             "unknown field `vip`",
         ),
     ] {
