@@ -47,6 +47,10 @@ pub enum Error {
     },
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
+    #[error(transparent)]
+    KubeClient(#[from] crate::k8s::client::ClientError),
+    #[error(transparent)]
+    Kubernetes(#[from] crate::k8s::Error),
 }
 
 /// Runs the agent until a termination signal.
@@ -62,12 +66,19 @@ pub async fn run(args: AgentArgs) -> Result<(), Error> {
     } else {
         Some(start_routing(&args).await?)
     };
-    let _redirector = match (args.redirects.is_empty(), &_routing) {
-        (true, _) => None,
-        (false, None) => Some(start_intercept(&args)?),
+    // Services the Kubernetes watchers resolve into VIPs to intercept (`kubernetes.intercept`).
+    let k8s_services = _routing
+        .as_ref()
+        .and_then(|r| r.kubernetes.as_ref())
+        .filter(|k| k.intercepts)
+        .map(|k| k.watchers.services.clone());
+    let wants_intercept = !args.redirects.is_empty() || k8s_services.is_some();
+    let _redirector = match (wants_intercept, &_routing) {
+        (false, _) => None,
+        (true, None) => Some(start_intercept(&args)?),
         // With a routing proxy to fall back on, missing kernel features are not fatal: the
         // agent serves as an explicit proxy and says so once (docs/ebpf.md).
-        (false, Some(routing)) => match start_intercept(&args) {
+        (true, Some(routing)) => match start_intercept(&args) {
             Ok(r) => Some(r),
             Err(err @ (Error::Unavailable(_) | Error::Ebpf(_))) => {
                 tracing::warn!(listen = ?routing.listens, "interception off: {err}; serving as an explicit proxy");
@@ -75,6 +86,17 @@ pub async fn run(args: AgentArgs) -> Result<(), Error> {
             }
             Err(err) => return Err(err),
         },
+    };
+    let _redirector = _redirector.map(|r| std::sync::Arc::new(parking_lot::Mutex::new(r)));
+    let _service_sync = match (&_redirector, k8s_services, &_routing) {
+        (Some(redirector), Some(services), Some(routing)) => {
+            Some(AbortOnDrop(tokio::spawn(sync_intercepts(
+                redirector.clone(),
+                services,
+                intercept_target(routing.listen)?,
+            ))))
+        }
+        _ => None,
     };
     let mut term = signal(SignalKind::terminate()).map_err(Error::Signal)?;
     tokio::select! {
@@ -98,8 +120,25 @@ pub struct Routing {
     pub cluster: Option<crate::cluster::ClusterNode>,
     /// The watched `--policy-dir`, if any.
     pub policy: Option<crate::policy::PolicyWatch>,
+    /// The Kubernetes watchers (`kubernetes.enabled`).
+    pub kubernetes: Option<Kubernetes>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
+
+/// The agent's Kubernetes side: pods, InferencePools and Services watched into pool
+/// membership and intercepted VIPs; RoutePolicy and Tenant objects into the active policy,
+/// with their status written by the holder of the status Lease.
+#[derive(Debug)]
+pub struct Kubernetes {
+    pub watchers: crate::k8s::Watchers,
+    pub policies: crate::k8s::policies::PoliciesHandle,
+    /// Whether `kubernetes.intercept` names Services (interception follows them).
+    pub intercepts: bool,
+}
+
+/// How long the agent waits for its first complete lists before serving anyway (watchers
+/// keep retrying with backoff; pools stay empty until their pods are listed).
+pub const KUBERNETES_SYNC_BOUND: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Drop for Routing {
     fn drop(&mut self) {
@@ -252,6 +291,10 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         None => None,
     };
     let proxy = Arc::new(proxy);
+    let kubernetes = match &config.kubernetes {
+        Some(k) if k.enabled => Some(start_kubernetes(k, config, &proxy, &mut tasks).await?),
+        _ => None,
+    };
     let listen = |addr| async move {
         tokio::net::TcpListener::bind(addr)
             .await
@@ -317,7 +360,69 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         proxy,
         cluster,
         policy: policy_watch,
+        kubernetes,
         tasks,
+    })
+}
+
+/// Starts the Kubernetes watchers, applies what they find to the proxy's pools and policy,
+/// and waits (at most [`KUBERNETES_SYNC_BOUND`]) for their first complete lists.
+async fn start_kubernetes(
+    k: &crate::config::KubernetesConfig,
+    config: &Config,
+    proxy: &std::sync::Arc<crate::proxy::Proxy>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Result<Kubernetes, Error> {
+    if config.policy_dir.is_some() {
+        return Err(Error::Config(
+            "policyDir and kubernetes are exclusive: on Kubernetes, RoutePolicy and Tenant objects come from the API".into(),
+        ));
+    }
+    let client = crate::k8s::client::client().await?;
+    let watchers = crate::k8s::start(client.clone(), k, &config.pools).await?;
+    // Alone (no cluster) the agent subscribes to every pod's KV events; in a cluster, to its
+    // own node's.
+    tasks.push(crate::discovery::spawn(
+        proxy.clone(),
+        watchers.members.clone(),
+        config.cluster.is_none(),
+    ));
+    let status = match (k.status_writes, &k.node_name) {
+        (true, Some(node)) => Some(crate::k8s::status::Settings {
+            holder: node.clone(),
+            namespace: std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into()),
+            timing: Default::default(),
+        }),
+        (true, None) => {
+            tracing::warn!(
+                "kubernetes.statusWrites without a node name (nodeName or $NODE_NAME): this agent writes no status"
+            );
+            None
+        }
+        (false, _) => None,
+    };
+    let policies = crate::k8s::policies::spawn(
+        client,
+        proxy.policy.clone(),
+        k.namespaces.clone(),
+        status,
+        proxy.telemetry.meter(),
+    );
+    let synced = async {
+        watchers.synced().await;
+        policies.synced().await;
+    };
+    match tokio::time::timeout(KUBERNETES_SYNC_BOUND, synced).await {
+        Ok(()) => tracing::info!(node = ?k.node_name, "kubernetes: first lists complete"),
+        Err(_) => tracing::warn!(
+            pending = watchers.pending(),
+            "kubernetes: not every watcher has listed within {KUBERNETES_SYNC_BOUND:?}; serving, they keep retrying"
+        ),
+    }
+    Ok(Kubernetes {
+        watchers,
+        policies,
+        intercepts: !k.intercept.is_empty(),
     })
 }
 
@@ -350,6 +455,80 @@ fn cache_salt(config: &Config) -> Result<crate::policy::salt::CacheSalt, Error> 
     let mut material = b"warmpath cache salt\0".to_vec();
     material.extend_from_slice(key);
     Ok(CacheSalt::new(&material))
+}
+
+/// Aborts a task when dropped.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Where intercepted connects are sent: the first proxy listener, which pods must be able to
+/// reach — so when it listens on every address, the node's own (`$POD_IP` of a hostNetwork
+/// agent, docs/install.md).
+fn intercept_target(listen: std::net::SocketAddr) -> Result<std::net::SocketAddr, Error> {
+    if !listen.ip().is_unspecified() {
+        return Ok(listen);
+    }
+    let ip = std::env::var("POD_IP").map_err(|_| {
+        Error::Config(format!(
+            "kubernetes.intercept: the proxy listens on {listen}; set POD_IP (the node address pods reach) or listen on that address"
+        ))
+    })?;
+    let ip: std::net::IpAddr = ip
+        .parse()
+        .map_err(|e| Error::Config(format!("POD_IP `{ip}`: {e}")))?;
+    Ok(std::net::SocketAddr::new(ip, listen.port()))
+}
+
+/// Keeps the kernel's redirect table equal to the Services' VIPs (each redirected to
+/// `target`), as the Service watcher reports them; VIPs of another family than `target`
+/// are skipped (one family per rule) and said once.
+async fn sync_intercepts(
+    redirector: std::sync::Arc<parking_lot::Mutex<ebpf::Redirector>>,
+    mut services: tokio::sync::watch::Receiver<Vec<crate::k8s::services::InterceptedService>>,
+    target: std::net::SocketAddr,
+) {
+    let mut installed: std::collections::BTreeSet<std::net::SocketAddr> = Default::default();
+    loop {
+        let want: std::collections::BTreeSet<std::net::SocketAddr> = services
+            .borrow_and_update()
+            .iter()
+            .flat_map(|s| s.vips.iter().copied())
+            .filter(|vip| {
+                let same = vip.is_ipv4() == target.is_ipv4();
+                if !same {
+                    tracing::warn!(%vip, %target, "not intercepted: the listener is of the other address family");
+                }
+                same
+            })
+            .collect();
+        {
+            let mut r = redirector.lock();
+            for vip in installed.difference(&want) {
+                match r.remove_redirect(*vip) {
+                    Ok(()) => {
+                        tracing::info!(%vip, "no longer intercepting (Service gone or changed)")
+                    }
+                    Err(err) => tracing::warn!(%vip, %err, "removing an intercepted VIP failed"),
+                }
+            }
+            for vip in want.difference(&installed) {
+                match r.set_redirect(*vip, target) {
+                    Ok(()) => tracing::info!(%vip, %target, "intercepting (Service)"),
+                    Err(err) => tracing::warn!(%vip, %err, "intercepting a Service VIP failed"),
+                }
+            }
+        }
+        installed = want;
+        if services.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Loads and attaches the interception programs with the `--redirect` rules, excludes the

@@ -5,7 +5,21 @@
 //! Watchers publish the whole desired state (level-triggered: a missed notification loses
 //! nothing, the next one carries everything) on a [`tokio::sync::watch`] channel.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+};
+
+use tokio::{sync::watch, task::JoinHandle};
+
+use crate::{
+    kv_index::{
+        KvIndex, SourceInfo,
+        subscriber::{self, SourceConfig},
+    },
+    pool::{Endpoint, EndpointParts, Pool},
+    proxy::Proxy,
+};
 
 /// One endpoint a watcher found for a pool.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -36,3 +50,365 @@ pub struct EndpointSpec {
 /// Every configured pool's endpoints, by pool name. A pool missing from the map keeps its
 /// endpoints; a pool present with an empty list has none.
 pub type Desired = BTreeMap<String, Vec<EndpointSpec>>;
+
+/// Applies each desired state the watcher publishes to the proxy's pools until `desired`
+/// closes. `alone`: this agent is in no cluster, so it subscribes to every endpoint's KV
+/// events (in a cluster, only to its own node's).
+pub fn spawn(
+    proxy: Arc<Proxy>,
+    mut desired: watch::Receiver<Desired>,
+    alone: bool,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut sync = MemberSync::new(proxy, alone);
+        loop {
+            let now = desired.borrow_and_update().clone();
+            sync.apply(&now).await;
+            if desired.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// An endpoint's identity across desired states.
+type Key = (String, Option<u32>);
+
+/// The running side of membership: which endpoint each spec became, and its subscription.
+#[derive(Debug)]
+pub struct MemberSync {
+    proxy: Arc<Proxy>,
+    alone: bool,
+    /// Per pool: spec -> (endpoint, its KV subscription task).
+    members: HashMap<String, HashMap<Key, Member>>,
+    /// Pools the watcher named that the configuration has not (reported once).
+    unknown: HashSet<String>,
+}
+
+#[derive(Debug)]
+struct Member {
+    spec: EndpointSpec,
+    endpoint: Arc<Endpoint>,
+    subscription: Option<JoinHandle<()>>,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if let Some(task) = self.subscription.take() {
+            task.abort();
+        }
+    }
+}
+
+/// What one [`MemberSync::apply`] changed, for logs and tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    pub added: usize,
+    pub removed: usize,
+    /// Kept endpoints whose routable verdict changed.
+    pub changed: usize,
+}
+
+impl MemberSync {
+    pub fn new(proxy: Arc<Proxy>, alone: bool) -> Self {
+        Self {
+            proxy,
+            alone,
+            members: HashMap::new(),
+            unknown: Default::default(),
+        }
+    }
+
+    fn index(&self) -> &Arc<KvIndex> {
+        &self.proxy.index
+    }
+
+    /// Makes every pool named in `desired` hold exactly its specs.
+    pub async fn apply(&mut self, desired: &Desired) -> Applied {
+        let mut total = Applied::default();
+        for (name, specs) in desired {
+            let Some(runtime) = self.proxy.pools.iter().find(|p| &p.name == name) else {
+                if self.unknown.insert(name.clone()) {
+                    tracing::warn!(pool = %name, "membership for a pool the configuration does not have; ignored");
+                }
+                continue;
+            };
+            let pool = &runtime.pool;
+            let mut old = self.members.remove(name).unwrap_or_default();
+            let mut next: HashMap<Key, Member> = HashMap::new();
+            let mut order: Vec<Key> = Vec::new();
+            let mut applied = Applied::default();
+            for spec in specs {
+                let key = (spec.authority.clone(), spec.dp_rank);
+                if next.contains_key(&key) {
+                    continue;
+                }
+                let member = match old.remove(&key) {
+                    // Same endpoint, same sources: kept (its counters and history with it).
+                    Some(m) if same_sources(&m.spec, spec) => {
+                        if m.spec.routable != spec.routable {
+                            applied.changed += 1;
+                            m.endpoint.set_wanted(spec.routable);
+                        }
+                        Member {
+                            spec: spec.clone(),
+                            endpoint: m.endpoint.clone(),
+                            subscription: take_subscription(m),
+                        }
+                    }
+                    replaced => {
+                        if let Some(m) = replaced {
+                            self.forget(pool, m);
+                        }
+                        applied.added += 1;
+                        self.start(pool, spec).await
+                    }
+                };
+                order.push(key.clone());
+                next.insert(key, member);
+            }
+            applied.removed = old.len();
+            for (_, m) in old.drain() {
+                tracing::info!(pool = %name, endpoint = %m.spec.authority, origin = %m.spec.origin, "endpoint left the pool");
+                self.forget(pool, m);
+            }
+            // Kept endpoints first, in their old order; new ones after.
+            let current = pool.endpoints();
+            let mut endpoints: Vec<Arc<Endpoint>> = current
+                .iter()
+                .filter(|e| next.values().any(|m| Arc::ptr_eq(&m.endpoint, e)))
+                .cloned()
+                .collect();
+            for key in &order {
+                let e = &next[key].endpoint;
+                if !endpoints.iter().any(|x| Arc::ptr_eq(x, e)) {
+                    endpoints.push(e.clone());
+                }
+            }
+            pool.set_endpoints(endpoints);
+            if applied != Applied::default() {
+                tracing::info!(pool = %name, endpoints = next.len(), added = applied.added, removed = applied.removed, changed = applied.changed, "pool membership changed");
+            }
+            total.added += applied.added;
+            total.removed += applied.removed;
+            total.changed += applied.changed;
+            self.members.insert(name.clone(), next);
+        }
+        total
+    }
+
+    /// A new member: its KV source and subscription (when it publishes events and this
+    /// agent is the one to subscribe), and its endpoint.
+    async fn start(&self, pool: &Pool, spec: &EndpointSpec) -> Member {
+        let mut source = None;
+        let mut subscription = None;
+        if let Some(events) = &spec.kv_events
+            && (self.alone || spec.local)
+        {
+            let id = self.index().add_source(SourceInfo {
+                pod: spec.authority.clone(),
+                rank: spec.dp_rank,
+            });
+            let cfg = SourceConfig {
+                pod: spec.authority.clone(),
+                rank: spec.dp_rank,
+                endpoint: events.clone(),
+                bind: false,
+                replay: spec.kv_replay.clone(),
+                topic: spec.kv_topic.clone(),
+            };
+            match subscriber::spawn(self.index().clone(), id, cfg).await {
+                Ok(task) => {
+                    source = Some(id);
+                    subscription = Some(task);
+                }
+                Err(err) => {
+                    self.index().remove_source(id);
+                    tracing::warn!(endpoint = %spec.authority, origin = %spec.origin, %err, "KV events unavailable; routing this endpoint without them");
+                }
+            }
+        }
+        tracing::info!(endpoint = %spec.authority, origin = %spec.origin, kv_events = ?spec.kv_events, subscribed = source.is_some(), routable = spec.routable, "endpoint joined the pool");
+        let endpoint = pool.endpoint(EndpointParts {
+            authority: spec.authority.clone(),
+            metrics_url: Some(spec.metrics_url.clone()),
+            source,
+            origin: spec.origin.clone(),
+            local: spec.local,
+            discovered: true,
+            wanted: spec.routable,
+        });
+        Member {
+            spec: spec.clone(),
+            endpoint,
+            subscription,
+        }
+    }
+
+    /// Stops a member's subscription and drops what the index and history hold of it.
+    fn forget(&self, pool: &Pool, mut m: Member) {
+        m.endpoint.set_wanted(false);
+        if let Some(task) = m.subscription.take() {
+            task.abort();
+        }
+        if let Some(source) = m.endpoint.source {
+            self.index().remove_source(source);
+        }
+        pool.forget(&m.endpoint);
+    }
+}
+
+fn take_subscription(mut m: Member) -> Option<JoinHandle<()>> {
+    m.subscription.take()
+}
+
+/// Whether two specs of one endpoint use the same event and metrics sources (otherwise the
+/// endpoint is rebuilt).
+fn same_sources(a: &EndpointSpec, b: &EndpointSpec) -> bool {
+    a.metrics_url == b.metrics_url
+        && a.kv_events == b.kv_events
+        && a.kv_replay == b.kv_replay
+        && a.kv_topic == b.kv_topic
+        && a.local == b.local
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        kv_index::IndexConfig,
+        proxy::TokenSource,
+        routing::{Policy, SessionSource},
+        telemetry::{Telemetry, TelemetryConfig},
+    };
+
+    fn proxy() -> Arc<Proxy> {
+        let index = Arc::new(KvIndex::new(IndexConfig::default()));
+        let telemetry = Arc::new(Telemetry::new(&TelemetryConfig::default()).expect("telemetry"));
+        let mut proxy = Proxy::new(index, telemetry, Default::default());
+        let pool = Pool::new("m".into(), 16, Policy::Precise, Vec::new());
+        proxy.add_pool(
+            "p",
+            pool,
+            TokenSource::Approximate,
+            SessionSource::default(),
+        );
+        Arc::new(proxy)
+    }
+
+    fn spec(authority: &str, routable: bool) -> EndpointSpec {
+        EndpointSpec {
+            authority: authority.into(),
+            metrics_url: format!("http://{authority}/metrics"),
+            kv_events: None,
+            kv_replay: None,
+            kv_topic: String::new(),
+            dp_rank: None,
+            local: true,
+            routable,
+            origin: format!("ns/{authority}"),
+        }
+    }
+
+    fn desired(specs: Vec<EndpointSpec>) -> Desired {
+        [("p".to_string(), specs)].into_iter().collect()
+    }
+
+    fn members(proxy: &Proxy) -> Vec<(String, &'static str)> {
+        proxy.pools[0]
+            .pool
+            .endpoints()
+            .iter()
+            .map(|e| (e.authority.clone(), e.state()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn endpoints_join_drain_and_leave_as_the_watcher_says() {
+        let proxy = proxy();
+        let mut sync = MemberSync::new(proxy.clone(), true);
+        let a = spec("127.0.0.1:1", false);
+        let b = spec("127.0.0.1:2", true);
+        let applied = sync.apply(&desired(vec![a.clone(), b.clone()])).await;
+        assert_eq!(
+            applied,
+            Applied {
+                added: 2,
+                removed: 0,
+                changed: 0
+            }
+        );
+        // Discovered: routable only once the metrics answered, and only when Ready.
+        assert_eq!(
+            members(&proxy),
+            vec![
+                ("127.0.0.1:1".to_string(), "draining"),
+                ("127.0.0.1:2".to_string(), "pending")
+            ]
+        );
+        let held_b = proxy.pools[0].pool.endpoints()[1].clone();
+        held_b.set_engine_load(0, 0, 0.0);
+        assert_eq!(held_b.state(), "serving");
+        // `a` becomes Ready: the same endpoint, now wanted.
+        let a_ready = spec("127.0.0.1:1", true);
+        let applied = sync.apply(&desired(vec![a_ready, b.clone()])).await;
+        assert_eq!(applied.changed, 1);
+        assert_eq!(applied.added, 0);
+        let e = proxy.pools[0].pool.endpoints()[0].clone();
+        e.set_engine_load(0, 0, 0.0);
+        assert!(e.routable());
+        // `b` terminates: drained, then deleted; a request in flight keeps its endpoint.
+        let guard = held_b.start(3);
+        sync.apply(&desired(vec![
+            spec("127.0.0.1:1", true),
+            spec("127.0.0.1:2", false),
+        ]))
+        .await;
+        assert!(!held_b.routable());
+        let applied = sync.apply(&desired(vec![spec("127.0.0.1:1", true)])).await;
+        assert_eq!(applied.removed, 1);
+        assert_eq!(
+            members(&proxy),
+            vec![("127.0.0.1:1".to_string(), "serving")]
+        );
+        assert_eq!(
+            held_b.in_flight(),
+            1,
+            "the request in flight still holds it"
+        );
+        drop(guard);
+        assert_eq!(held_b.in_flight(), 0);
+        // A pool that lost every pod has none; a pool the watcher does not name is kept.
+        sync.apply(&desired(Vec::new())).await;
+        assert!(members(&proxy).is_empty());
+        sync.apply(&Desired::new()).await;
+        assert!(members(&proxy).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_changed_event_source_rebuilds_the_endpoint_and_its_subscription() {
+        let proxy = proxy();
+        let mut sync = MemberSync::new(proxy.clone(), true);
+        let mut a = spec("127.0.0.1:1", true);
+        a.kv_events = Some("tcp://127.0.0.1:1".into());
+        sync.apply(&desired(vec![a.clone()])).await;
+        let first = proxy.pools[0].pool.endpoints()[0].clone();
+        let source = first.source.expect("subscribed (alone: every endpoint)");
+        assert!(proxy.index.status().iter().any(|(id, _)| *id == source));
+        a.kv_events = Some("tcp://127.0.0.1:2".into());
+        let applied = sync.apply(&desired(vec![a])).await;
+        assert_eq!((applied.added, applied.removed), (1, 0));
+        let second = proxy.pools[0].pool.endpoints()[0].clone();
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert!(!first.routable(), "the old endpoint is drained");
+        // In a cluster a remote pod's events are its own agent's to subscribe to.
+        let mut sync = MemberSync::new(proxy.clone(), false);
+        let mut remote = spec("127.0.0.1:3", true);
+        remote.local = false;
+        remote.kv_events = Some("tcp://127.0.0.1:3".into());
+        sync.apply(&desired(vec![remote])).await;
+        let e = proxy.pools[0].pool.endpoints()[0].clone();
+        assert_eq!(e.authority, "127.0.0.1:3");
+        assert_eq!(e.source, None);
+    }
+}

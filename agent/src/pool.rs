@@ -1,4 +1,10 @@
 //! A pool: the endpoints (vLLM pods) serving one model, with the proxy's own live counters.
+//!
+//! The endpoint set is swapped whole when membership changes ([`crate::discovery`]): a
+//! request reads one snapshot ([`Pool::endpoints`]) and keeps it to the end, so an
+//! [`EndpointId`](crate::routing::EndpointId) (a position in that snapshot) means the same endpoint throughout. An
+//! endpoint that leaves is dropped from the next snapshot; requests in flight to it hold it
+//! and finish.
 
 use std::sync::{
     Arc,
@@ -7,9 +13,11 @@ use std::sync::{
 
 use serde::Serialize;
 
+use arc_swap::ArcSwap;
+
 use crate::{
     kv_index::SourceId,
-    routing::{EndpointId, RoutePolicy},
+    routing::{History, RoutePolicy},
 };
 
 /// How a pool talks to its engines.
@@ -37,7 +45,6 @@ impl UpstreamProtocol {
 /// One vLLM endpoint.
 #[derive(Debug)]
 pub struct Endpoint {
-    pub id: EndpointId,
     /// `host:port` of its HTTP server.
     pub authority: String,
     /// Its Prometheus page.
@@ -46,6 +53,20 @@ pub struct Endpoint {
     pub label: Arc<str>,
     /// Its KV event source in the index, when it publishes events.
     pub source: Option<SourceId>,
+    /// Its source in the pool's routing history.
+    pub history: SourceId,
+    /// Its number in the pool, unique among the pool's last 65,536 endpoints (telemetry's
+    /// per-pod series key; the position in a snapshot changes with membership).
+    pub serial: u16,
+    /// Where it came from (`namespace/pod` when discovered; empty when configured).
+    pub origin: String,
+    /// On this agent's node (discovered endpoints).
+    pub local: bool,
+    /// Found by a watcher: routable only once its metrics have answered (configured
+    /// endpoints are routable from the start).
+    discovered: bool,
+    /// The watcher's verdict: Ready and not terminating. Cleared to drain.
+    wanted: AtomicBool,
     in_flight: AtomicU32,
     queued_prefill_blocks: AtomicU64,
     requests: AtomicU64,
@@ -77,60 +98,117 @@ pub struct Pool {
     /// Tokens per KV block; must match vLLM --block-size.
     pub block_size: usize,
     pub policy: RoutePolicy,
-    pub endpoints: Vec<Arc<Endpoint>>,
+    endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
+    /// Where requests were routed (the approximate prefix signal), per endpoint.
+    pub history: History,
     pub rotation: AtomicUsize,
     /// Moving average of uncached prefill blocks per routed request, x16 (fixed point).
     mean_prefill_x16: AtomicU64,
+    next_serial: AtomicU32,
+}
+
+/// What an endpoint is made from.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointParts {
+    pub authority: String,
+    /// Default: `http://{authority}/metrics`.
+    pub metrics_url: Option<String>,
+    pub source: Option<SourceId>,
+    pub origin: String,
+    pub local: bool,
+    /// Found by a watcher (see [`Endpoint::routable`]).
+    pub discovered: bool,
+    pub wanted: bool,
 }
 
 impl Pool {
     /// Sets each endpoint's metrics URL (same order as the endpoints), before the pool is
     /// shared.
-    pub fn with_metrics_urls(mut self, urls: Vec<String>) -> Self {
-        for (e, url) in self.endpoints.iter_mut().zip(urls) {
+    pub fn with_metrics_urls(self, urls: Vec<String>) -> Self {
+        let mut endpoints: Vec<Arc<Endpoint>> = self.endpoints.load().to_vec();
+        for (e, url) in endpoints.iter_mut().zip(urls) {
             if let Some(e) = Arc::get_mut(e) {
                 e.metrics_url = url;
             }
         }
+        self.endpoints.store(Arc::new(endpoints));
         self
     }
 
+    /// A pool of configured endpoints (`(authority, KV source)`, routable at once).
     pub fn new(
         model: String,
         block_size: usize,
         policy: impl Into<RoutePolicy>,
         endpoints: Vec<(String, Option<SourceId>)>,
     ) -> Self {
-        let endpoints = endpoints
-            .into_iter()
-            .enumerate()
-            .map(|(i, (authority, source))| {
-                Arc::new(Endpoint {
-                    id: EndpointId(i),
-                    label: Arc::from(authority.as_str()),
-                    metrics_url: format!("http://{authority}/metrics"),
-                    authority,
-                    source,
-                    in_flight: AtomicU32::new(0),
-                    queued_prefill_blocks: AtomicU64::new(0),
-                    requests: AtomicU64::new(0),
-                    failures: AtomicU64::new(0),
-                    engine_waiting: AtomicU32::new(0),
-                    engine_running: AtomicU32::new(0),
-                    engine_kv_permille: AtomicU32::new(0),
-                    scraped: AtomicBool::new(false),
-                    lora: parking_lot::RwLock::new(LoraInfo::default()),
-                })
-            })
-            .collect();
-        Self {
+        let pool = Self {
             model,
             block_size,
             policy: policy.into(),
-            endpoints,
+            endpoints: ArcSwap::from_pointee(Vec::new()),
+            history: History::new(),
             rotation: AtomicUsize::new(0),
             mean_prefill_x16: AtomicU64::new(0),
-        }
+            next_serial: AtomicU32::new(0),
+        };
+        let endpoints = endpoints
+            .into_iter()
+            .map(|(authority, source)| {
+                pool.endpoint(EndpointParts {
+                    authority,
+                    source,
+                    wanted: true,
+                    ..Default::default()
+                })
+            })
+            .collect();
+        pool.endpoints.store(Arc::new(endpoints));
+        pool
+    }
+
+    /// A new endpoint of this pool (not yet a member: see [`Pool::set_endpoints`]).
+    pub fn endpoint(&self, parts: EndpointParts) -> Arc<Endpoint> {
+        let authority = parts.authority;
+        Arc::new(Endpoint {
+            label: Arc::from(authority.as_str()),
+            metrics_url: parts
+                .metrics_url
+                .unwrap_or_else(|| format!("http://{authority}/metrics")),
+            history: self.history.add(&authority),
+            serial: self.next_serial.fetch_add(1, Ordering::Relaxed) as u16,
+            authority,
+            source: parts.source,
+            origin: parts.origin,
+            local: parts.local,
+            discovered: parts.discovered,
+            wanted: AtomicBool::new(parts.wanted),
+            in_flight: AtomicU32::new(0),
+            queued_prefill_blocks: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            engine_waiting: AtomicU32::new(0),
+            engine_running: AtomicU32::new(0),
+            engine_kv_permille: AtomicU32::new(0),
+            scraped: AtomicBool::new(false),
+            lora: parking_lot::RwLock::new(LoraInfo::default()),
+        })
+    }
+
+    /// The members now: one snapshot, for one request (or one scrape round) to the end.
+    pub fn endpoints(&self) -> Arc<Vec<Arc<Endpoint>>> {
+        self.endpoints.load_full()
+    }
+
+    /// Replaces the members. Endpoints left out are gone for new requests; the caller
+    /// forgets their routing history ([`Pool::forget`]) and KV source.
+    pub fn set_endpoints(&self, endpoints: Vec<Arc<Endpoint>>) {
+        self.endpoints.store(Arc::new(endpoints));
+    }
+
+    /// Drops what the pool remembers of an endpoint that left.
+    pub fn forget(&self, e: &Endpoint) {
+        self.history.remove(e.history);
     }
 
     /// Folds a routed request's uncached prefill blocks into the moving average (1/8 weight).
@@ -154,6 +232,31 @@ impl Pool {
 }
 
 impl Endpoint {
+    /// Whether new requests may go here: the watcher wants it (Ready, not terminating) and,
+    /// for a discovered endpoint, its metrics have answered once.
+    pub fn routable(&self) -> bool {
+        self.wanted.load(Ordering::Relaxed) && (!self.discovered || self.scraped())
+    }
+
+    /// Sets the watcher's verdict (`false`: drain).
+    pub fn set_wanted(&self, wanted: bool) {
+        self.wanted.store(wanted, Ordering::Relaxed);
+    }
+
+    /// Whether its metrics have answered at least once.
+    pub fn scraped(&self) -> bool {
+        self.scraped.load(Ordering::Relaxed)
+    }
+
+    /// `serving`, `draining`, or `pending` (discovered, metrics not answered yet).
+    pub fn state(&self) -> &'static str {
+        match (self.wanted.load(Ordering::Relaxed), self.routable()) {
+            (_, true) => "serving",
+            (false, _) => "draining",
+            (true, false) => "pending",
+        }
+    }
+
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
     }
@@ -236,6 +339,8 @@ impl Endpoint {
     pub fn snapshot(&self) -> EndpointStatus {
         EndpointStatus {
             endpoint: self.authority.clone(),
+            state: self.state(),
+            origin: self.origin.clone(),
             in_flight: self.in_flight(),
             queued_prefill_blocks: self.queued_prefill_blocks(),
             requests: self.requests.load(Ordering::Relaxed),
@@ -253,6 +358,11 @@ impl Endpoint {
 #[derive(Debug, Clone, Serialize)]
 pub struct EndpointStatus {
     pub endpoint: String,
+    /// `serving`, `draining` or `pending`.
+    pub state: &'static str,
+    /// `namespace/pod` for a discovered endpoint.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub origin: String,
     pub in_flight: u32,
     pub queued_prefill_blocks: u64,
     pub requests: u64,
@@ -305,7 +415,7 @@ mod tests {
             crate::routing::Policy::Precise,
             vec![("a:1".into(), None)],
         );
-        let e = pool.endpoints[0].clone();
+        let e = pool.endpoints()[0].clone();
         for _ in 0..64 {
             pool.note_prefill(10);
         }

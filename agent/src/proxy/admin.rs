@@ -161,7 +161,8 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
     let mut pods = Vec::new();
     let mut pools = Vec::new();
     for p in &proxy.pools {
-        for e in &p.pool.endpoints {
+        let endpoints = p.pool.endpoints();
+        for e in endpoints.iter() {
             let index = e
                 .source
                 .and_then(|s| sources.iter().find(|(id, _)| *id == s))
@@ -175,7 +176,7 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
         pools.push(serde_json::json!({"name": p.name, "model": p.pool.model,
             "policy": format!("{:?}", p.pool.policy.kind), "weights": p.pool.policy.weights,
             "block_size": p.pool.block_size, "tokens": p.tokens.name(), "upstream": p.protocol.as_str(),
-            "endpoints": p.pool.endpoints.len(), "unkeyed": p.unkeyed.counts(),
+            "endpoints": endpoints.len(), "unkeyed": p.unkeyed.counts(),
             "unkeyed_first_error": p.unkeyed.first_errors()}));
     }
     let first = &proxy.pools[0].pool;
@@ -243,7 +244,7 @@ fn policies(proxy: &Proxy) -> serde_json::Value {
 fn metrics(proxy: &Proxy) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# TYPE warmpath_endpoint_requests_total counter");
-    for e in proxy.pools.iter().flat_map(|p| &p.pool.endpoints) {
+    for e in proxy.pools.iter().flat_map(|p| p.pool.endpoints().to_vec()) {
         let s = e.snapshot();
         let _ = writeln!(
             out,
@@ -252,7 +253,7 @@ fn metrics(proxy: &Proxy) -> String {
         );
     }
     let _ = writeln!(out, "# TYPE warmpath_endpoint_in_flight gauge");
-    for e in proxy.pools.iter().flat_map(|p| &p.pool.endpoints) {
+    for e in proxy.pools.iter().flat_map(|p| p.pool.endpoints().to_vec()) {
         let _ = writeln!(
             out,
             "warmpath_endpoint_in_flight{{endpoint=\"{}\"}} {}",

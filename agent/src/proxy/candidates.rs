@@ -3,39 +3,45 @@
 //! the request's prefix, and its live load; scoring and the pick are [`crate::routing::rank`]'s.
 //! The route receipt's `available` figure is read from them too ([`available_blocks`]).
 
+use std::sync::Arc;
+
 use smallvec::SmallVec;
 
 use super::pools::PoolRuntime;
 use crate::{
     kv_index::KvIndex,
-    routing::{self, Candidate, Policy, RequestCtx},
+    pool::Endpoint,
+    routing::{self, Candidate, EndpointId, Policy, RequestCtx},
 };
 
 /// The candidates, on the stack for pools of up to `routing::INLINE` endpoints.
 pub type Candidates = SmallVec<[Candidate; routing::INLINE]>;
 
-/// The pool's endpoints as candidates for `ctx` under `policy` (whose preset picks the
-/// prefix source).
+/// The pool's `endpoints` (one snapshot of its members: candidate `i` is `endpoints[i]`) as
+/// candidates for `ctx` under `policy` (whose preset picks the prefix source). An endpoint
+/// that is not routable (pending its first metrics answer, or draining) is excluded.
 pub fn candidates(
     index: &KvIndex,
     runtime: &PoolRuntime,
+    endpoints: &[Arc<Endpoint>],
     ctx: &RequestCtx,
     policy: Policy,
 ) -> Candidates {
     let pool = &runtime.pool;
-    let history = runtime.history.as_ref().map(|h| h.lookup(&ctx.keys));
+    let history = pool.history.lookup(&ctx.keys);
     let approximate = policy == Policy::Approximate;
     let mut matches = Vec::new();
     if !approximate {
         index.lookup(&ctx.keys, &mut matches);
     }
-    pool.endpoints
+    endpoints
         .iter()
-        .map(|e| {
+        .enumerate()
+        .map(|(i, e)| {
             let source = e.source;
             let history_blocks = history
-                .as_ref()
-                .and_then(|h| h.iter().find(|(id, _)| *id == e.id))
+                .iter()
+                .find(|(s, _)| *s == e.history)
                 .map_or(0, |(_, b)| *b);
             let (matched_blocks, prefix_trusted) = match approximate {
                 true => (history_blocks, true),
@@ -47,7 +53,7 @@ pub fn candidates(
                 ),
             };
             Candidate {
-                id: e.id,
+                id: EndpointId(i),
                 matched_blocks,
                 prefix_trusted,
                 in_flight: e.in_flight(),
@@ -55,8 +61,9 @@ pub fn candidates(
                 kv_usage: e.kv_usage(),
                 history_blocks,
                 lora: e.lora_state(ctx.lora.as_deref()),
-                // A LoRA request only goes where the adapter is served.
-                excluded: ctx.lora.as_deref().is_some_and(|l| !e.serves(l)),
+                // A LoRA request only goes where the adapter is served; nothing goes where
+                // membership says not to.
+                excluded: !e.routable() || ctx.lora.as_deref().is_some_and(|l| !e.serves(l)),
             }
         })
         .collect()

@@ -49,7 +49,9 @@ pub async fn forward(
     let head_timeout = action
         .head_timeout
         .unwrap_or(proxy.admission.limits().upstream_head_timeout);
-    let mut candidates = candidates(&proxy.index, runtime, ctx, policy.kind);
+    // One snapshot of the members for every attempt: candidate `i` is `endpoints[i]`.
+    let endpoints = pool.endpoints();
+    let mut candidates = candidates(&proxy.index, runtime, &endpoints, ctx, policy.kind);
     if action.failure == FailureMode::FailClosed && !scorable(policy.kind, &candidates) {
         return Err(ProxyError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -69,7 +71,7 @@ pub async fn forward(
             break;
         };
         let chosen = decision.ranked[0];
-        let endpoint = &pool.endpoints[chosen.0];
+        let endpoint = &endpoints[chosen.0];
         let uncached = ctx.keys.len().saturating_sub(decision.prefix_blocks) as u64;
         attempt.retries = n as u32;
         if n == 0 {
@@ -85,9 +87,7 @@ pub async fn forward(
         if let Some(source) = endpoint.source {
             proxy.index.speculate(source, &ctx.keys, now);
         }
-        if let Some(history) = &runtime.history {
-            history.record(chosen, &ctx.keys, now);
-        }
+        pool.history.record(endpoint.history, &ctx.keys, now);
         tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), first_key = ctx.keys.first().map_or(0, |k| k.0), "routing decision");
         let guard = endpoint.start(uncached);
         if n == 0 {
@@ -132,7 +132,6 @@ pub async fn forward(
                 });
                 let answered = Answered {
                     endpoint,
-                    index: chosen.0 as u16,
                     decision: &decision,
                     guard,
                     strip_usage,
@@ -166,8 +165,6 @@ pub async fn forward(
 /// The attempt an engine answered.
 struct Answered<'a> {
     endpoint: &'a Endpoint,
-    /// Its index in the pool.
-    index: u16,
     decision: &'a Decision,
     guard: InFlight,
     strip_usage: bool,
@@ -201,7 +198,7 @@ fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<
         telemetry: proxy.telemetry.clone(),
         // The request's pool is known by now (set when its model was read).
         attempt: attempt.clone(),
-        pod: (a.index, a.endpoint.label.clone()),
+        pod: (a.endpoint.serial, a.endpoint.label.clone()),
         status: resp.status,
         tap,
         admission: proxy.admission.clone(),

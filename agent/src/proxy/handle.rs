@@ -134,7 +134,7 @@ fn models(proxy: &Proxy) -> http::Response<Body> {
         );
         let mut adapters: Vec<String> = p
             .pool
-            .endpoints
+            .endpoints()
             .iter()
             .flat_map(|e| e.lora_info().served)
             .collect();
@@ -185,8 +185,9 @@ async fn route(
             // neither the model nor an adapter of that name, that pool's model), the
             // tenant's cache salt.
             let mut members: Vec<(&str, String)> = Vec::new();
-            let served =
-                |m: &str| *pool.pool.model == *m || pool.pool.endpoints.iter().any(|e| e.serves(m));
+            let served = |m: &str| {
+                *pool.pool.model == *m || pool.pool.endpoints().iter().any(|e| e.serves(m))
+            };
             let model = chosen.model.as_deref().map(str::to_string).or_else(|| {
                 (chosen.pool != first && !served(&req.model)).then(|| pool.pool.model.clone())
             });

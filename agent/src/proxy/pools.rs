@@ -10,7 +10,7 @@ use super::{Proxy, TokenSource, unkeyed::UnkeyedCounts};
 use crate::{
     policy::compiled::PoolBase,
     pool::{Pool, UpstreamProtocol},
-    routing::{History, SessionSource},
+    routing::SessionSource,
     telemetry::PoolId,
 };
 
@@ -21,8 +21,6 @@ pub struct PoolRuntime {
     pub pool: Pool,
     pub tokens: TokenSource,
     pub session: SessionSource,
-    /// Routing history, for the approximate policy.
-    pub(super) history: Option<History>,
     pub(super) telemetry_id: PoolId,
     /// Spreads `/tokenize` calls (engine token source) over the endpoints.
     tokenize_cursor: AtomicUsize,
@@ -34,10 +32,12 @@ pub struct PoolRuntime {
 
 impl PoolRuntime {
     /// The endpoint asked to tokenize (engine token source): the next one in rotation.
-    pub(super) fn tokenize_target(&self) -> Option<&str> {
-        let n = self.pool.endpoints.len();
+    pub(super) fn tokenize_target(&self) -> Option<String> {
+        let endpoints = self.pool.endpoints();
+        let routable: Vec<_> = endpoints.iter().filter(|e| e.routable()).collect();
+        let n = routable.len();
         let i = self.tokenize_cursor.fetch_add(1, Ordering::Relaxed);
-        (n > 0).then(|| self.pool.endpoints[i % n].authority.as_str())
+        (n > 0).then(|| routable[i % n].authority.clone())
     }
 }
 
@@ -50,8 +50,6 @@ impl Proxy {
         tokens: TokenSource,
         session: SessionSource,
     ) -> &mut PoolRuntime {
-        // Always kept: a policy may switch the pool to the approximate preset at any time.
-        let history = Some(History::new(pool.endpoints.len()));
         let telemetry_id = self.telemetry.register_pool(name, &pool.model);
         self.policy.add_pool(PoolBase {
             name: name.to_string(),
@@ -65,7 +63,6 @@ impl Proxy {
             pool,
             tokens,
             session,
-            history,
             telemetry_id,
             tokenize_cursor: AtomicUsize::new(0),
             protocol: UpstreamProtocol::default(),
@@ -81,7 +78,7 @@ impl Proxy {
         }
         self.pools
             .iter()
-            .position(|p| p.pool.endpoints.iter().any(|e| e.serves(model)))
+            .position(|p| p.pool.endpoints().iter().any(|e| e.serves(model)))
             .map(|i| (i, Some(model.to_string())))
     }
 }

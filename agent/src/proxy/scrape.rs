@@ -30,9 +30,10 @@ pub async fn scrape_loop(proxy: Arc<Proxy>) {
             .iter()
             .flat_map(|p| {
                 p.pool
-                    .endpoints
+                    .endpoints()
                     .iter()
                     .map(|e| (p.pool.model.clone(), e.clone()))
+                    .collect::<Vec<_>>()
             })
             .collect();
         let scrapes = all.into_iter().map(|(model, e)| {

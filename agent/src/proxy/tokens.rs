@@ -87,17 +87,17 @@ impl TokenSource {
     /// The key chain [`TokenSource::keys_now`] could not give: the engine's `/tokenize` at the
     /// endpoint `engine` names (called at most once); empty, and counted in `unkeyed`, when
     /// that fails.
-    pub async fn engine_keys<'a>(
+    pub async fn engine_keys(
         &self,
         req: &Request<'_>,
         lora: Option<&str>,
         block_size: usize,
-        engine: impl FnOnce() -> Option<&'a str>,
+        engine: impl FnOnce() -> Option<String>,
         client: &UpstreamClient,
         unkeyed: &UnkeyedCounts,
     ) -> Vec<RouterKey> {
         let tokens = match engine() {
-            Some(authority) => engine_tokens(req, authority, client).await,
+            Some(authority) => engine_tokens(req, &authority, client).await,
             None => Err(Unkeyed::new(
                 UnkeyedReason::NoEngine,
                 "the pool has no endpoint to ask for /tokenize",

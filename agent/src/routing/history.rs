@@ -12,8 +12,6 @@ use std::{
 
 use crate::kv_index::{IndexConfig, KvIndex, Match, RouterKey, SourceId, SourceInfo};
 
-use super::EndpointId;
-
 /// How long a routed chain is assumed cached.
 pub const HISTORY_TTL: Duration = Duration::from_secs(300);
 /// (block, endpoint) entries remembered at most.
@@ -23,73 +21,75 @@ pub const HISTORY_ENTRIES: usize = 4_000_000;
 /// most this (and a sweep's cost is not paid per request).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// Per-pool routing history.
+/// Per-pool routing history: one source per endpoint (added and removed as the pool's
+/// membership changes).
 #[derive(Debug)]
 pub struct History {
     index: KvIndex,
-    sources: Vec<SourceId>,
     origin: Instant,
     /// Milliseconds after `origin` when the next sweep is due.
     next_sweep: AtomicU64,
 }
 
+impl Default for History {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl History {
-    pub fn new(endpoints: usize) -> Self {
+    pub fn new() -> Self {
         let index = KvIndex::new(IndexConfig {
             max_entries: HISTORY_ENTRIES,
             speculative_ttl: HISTORY_TTL,
             ..Default::default()
         });
-        let sources = (0..endpoints)
-            .map(|i| {
-                index.add_source(SourceInfo {
-                    pod: format!("history-{i}"),
-                    rank: None,
-                })
-            })
-            .collect();
         Self {
             index,
-            sources,
             origin: Instant::now(),
             next_sweep: AtomicU64::new(0),
         }
     }
 
-    /// Consecutive prefix blocks each endpoint was routed, by endpoint.
-    pub fn lookup(&self, keys: &[RouterKey]) -> Vec<(EndpointId, usize)> {
-        let mut out: Vec<Match> = Vec::new();
-        self.index.lookup(keys, &mut out);
-        out.iter()
-            .filter_map(|m| {
-                self.sources
-                    .iter()
-                    .position(|s| s.0 == m.source)
-                    .map(|i| (EndpointId(i), m.blocks))
-            })
-            .collect()
+    /// A new endpoint's history (named for status and logs).
+    pub fn add(&self, endpoint: &str) -> SourceId {
+        self.index.add_source(SourceInfo {
+            pod: format!("history-{endpoint}"),
+            rank: None,
+        })
     }
 
-    /// Remembers that `keys` went to `endpoint`; expires old records.
-    pub fn record(&self, endpoint: EndpointId, keys: &[RouterKey], now: Instant) {
-        if let Some(source) = self.sources.get(endpoint.0) {
-            let at = now.saturating_duration_since(self.origin).as_millis() as u64;
-            let due = self.next_sweep.load(Ordering::Relaxed);
-            if at >= due
-                && self
-                    .next_sweep
-                    .compare_exchange(
-                        due,
-                        at + SWEEP_EVERY.as_millis() as u64,
-                        Ordering::Relaxed,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok()
-            {
-                self.index.sweep(now);
-            }
-            self.index.speculate(*source, keys, now);
+    /// Forgets an endpoint that left the pool, and everything routed to it.
+    pub fn remove(&self, source: SourceId) {
+        self.index.remove_source(source);
+    }
+
+    /// Consecutive prefix blocks each endpoint was routed, by the endpoint's history source.
+    pub fn lookup(&self, keys: &[RouterKey]) -> Vec<(SourceId, usize)> {
+        let mut out: Vec<Match> = Vec::new();
+        self.index.lookup(keys, &mut out);
+        out.iter().map(|m| (SourceId(m.source), m.blocks)).collect()
+    }
+
+    /// Remembers that `keys` went to the endpoint whose history is `source`; expires old
+    /// records.
+    pub fn record(&self, source: SourceId, keys: &[RouterKey], now: Instant) {
+        let at = now.saturating_duration_since(self.origin).as_millis() as u64;
+        let due = self.next_sweep.load(Ordering::Relaxed);
+        if at >= due
+            && self
+                .next_sweep
+                .compare_exchange(
+                    due,
+                    at + SWEEP_EVERY.as_millis() as u64,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            self.index.sweep(now);
         }
+        self.index.speculate(source, keys, now);
     }
 }
 
@@ -99,12 +99,17 @@ mod tests {
 
     #[test]
     fn remembers_routed_chains_until_they_expire() {
-        let h = History::new(2);
+        let h = History::new();
+        let (a, b) = (h.add("a:1"), h.add("b:1"));
         let keys: Vec<RouterKey> = (1..=4).map(RouterKey).collect();
         let t0 = Instant::now();
-        h.record(EndpointId(1), &keys, t0);
-        assert_eq!(h.lookup(&keys[..3]), vec![(EndpointId(1), 3)]);
-        h.record(EndpointId(0), &keys[..1], t0 + HISTORY_TTL * 2);
-        assert_eq!(h.lookup(&keys), vec![(EndpointId(0), 1)]);
+        h.record(b, &keys, t0);
+        assert_eq!(h.lookup(&keys[..3]), vec![(b, 3)]);
+        h.record(a, &keys[..1], t0 + HISTORY_TTL * 2);
+        assert_eq!(h.lookup(&keys), vec![(a, 1)]);
+        // An endpoint that leaves takes its history with it.
+        h.record(b, &keys, t0 + HISTORY_TTL * 2);
+        h.remove(b);
+        assert_eq!(h.lookup(&keys), vec![(a, 1)]);
     }
 }
