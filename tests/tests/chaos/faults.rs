@@ -379,7 +379,7 @@ async fn an_engine_that_stalls_mid_stream_is_given_up_at_the_idle_timeout() {
     assert_eq!(outcomes(&client, &admin, "ok").await, 0.0);
     // The agent dropped the engine's request: its slots are free.
     wait_for("in-flight released", WAIT, || async {
-        (routing.proxy.pools[0].pool.endpoints[0].in_flight() == 0
+        (routing.proxy.pools[0].pool.endpoints()[0].in_flight() == 0
             && routing.proxy.admission.active() == 0)
             .then_some(())
     })
@@ -452,7 +452,7 @@ async fn an_engine_that_never_answers_gets_a_504_at_the_head_timeout() {
         2.0
     );
     wait_outcomes(&client, &admin, "upstream_error", 2.0, "both recorded").await;
-    assert_eq!(routing.proxy.pools[0].pool.endpoints[0].in_flight(), 0);
+    assert_eq!(routing.proxy.pools[0].pool.endpoints()[0].in_flight(), 0);
     assert_eq!(routing.proxy.admission.active(), 0);
 }
 
