@@ -15,6 +15,7 @@ import importlib.metadata
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -585,13 +586,31 @@ def kernel(start_sim):
     started = []
     sim = start_sim()
 
-    def agent(caps, log):
+    def agent(caps, log, pod=False):
+        """The agent with only `caps`. `pod`: as in the chart's container, in a cgroup
+        namespace of its own cgroup (`agent/`), with a cgroup2 mount rooted there where the
+        runtime puts it, and the host's hierarchy bound elsewhere (the chart's
+        /run/warmpath/cgroup); clients then run in `client/`."""
         listen, admin = free_port(), free_port()
         vip = "127.77.23.1:8000"
         bounding = ",".join(["-all"] + [f"+{c.lower()}" for c in caps])
-        cmd = ["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", "--", BIN, "agent",
-               "--listen", f"127.0.0.1:{listen}", "--admin", f"127.0.0.1:{admin}", "--endpoint", sim.url(),
-               "--redirect", f"{vip}=127.0.0.1:{listen}", "--cgroup", cgroup, "--pin-dir", pins]
+        target = cgroup
+        prefix = []
+        if pod:
+            for child in ("agent", "client"):
+                os.makedirs(os.path.join(cgroup, child), exist_ok=True)
+            hostview = log.parent / f"host-cgroup-{log.stem}"
+            hostview.mkdir()
+            target = os.path.join(hostview, os.path.relpath(cgroup, root))
+            # The runtime's cgroup2 mount goes over a tmpfs (a cgroup2 mount straight over the
+            # host's is refused: same superblock on its own mount point).
+            inner = (f'mount --bind {root} {hostview} && mount -t tmpfs tmpfs {root} && '
+                     f'mount -t cgroup2 cgroup2 {root} && exec "$@"')
+            prefix = ["sh", "-c", f"echo $$ > {cgroup}/agent/cgroup.procs && exec unshare -C -m "
+                      f"--propagation private -- sh -c '{inner}' sh \"$@\"", "sh"]
+        cmd = prefix + ["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", "--", BIN, "agent",
+                        "--listen", f"127.0.0.1:{listen}", "--admin", f"127.0.0.1:{admin}", "--endpoint",
+                        sim.url(), "--redirect", f"{vip}=127.0.0.1:{listen}", "--cgroup", target, "--pin-dir", pins]
         out = open(log, "w")
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
         started.append(proc)
@@ -621,11 +640,12 @@ def kernel(start_sim):
                 proc.wait()
         if os.path.exists(pins):
             subprocess.run([BIN, "agent", "--cleanup", "--pin-dir", pins], capture_output=True, timeout=60)
-        with open(os.path.join(cgroup, "cgroup.procs")) as f:
-            for pid in f.read().split():
-                with open(os.path.join(root, "cgroup.procs"), "w") as parent:
-                    parent.write(pid)
-        os.rmdir(cgroup)
+        for leaf in [os.path.join(cgroup, c) for c in ("agent", "client") if os.path.isdir(os.path.join(cgroup, c))] + [cgroup]:
+            with open(os.path.join(leaf, "cgroup.procs")) as f:
+                for pid in f.read().split():
+                    with open(os.path.join(root, "cgroup.procs"), "w") as parent:
+                        parent.write(pid)
+            os.rmdir(leaf)
 
 
 def free_port():
@@ -667,3 +687,20 @@ def test_the_chart_capabilities_are_enough_and_each_is_needed(helm, kernel, tmp_
         proc, _, outcome = kernel([c for c in caps if c != missing], log)
         assert outcome == "interception off", log.read_text()[-2000:]
         assert "BPF_PROG_LOAD" in log.read_text() and why in log.read_text(), log.read_text()[-3000:]
+
+
+def test_in_the_pods_layout_the_agent_excludes_its_own_cgroup(helm, kernel, tmp_path):
+    """The chart mounts the host's cgroup v2 hierarchy at /run/warmpath/cgroup and leaves the
+    container's own /sys/fs/cgroup in place: in the pod's cgroup namespace, the root of that
+    mount is the agent's own cgroup, which it excludes by id, while the programs attach to the
+    host's hierarchy. Emulated with unshare; the excluded id must be the agent's cgroup's."""
+    caps = agent_container(render(helm))["securityContext"]["capabilities"]["add"]
+    proc, vip, outcome = kernel(caps, tmp_path / "pod.log", pod=True)
+    log = re.sub(r"\x1b\[[0-9;]*m", "", (tmp_path / "pod.log").read_text())
+    assert outcome == "interception attached", log[-2000:]
+    (excluded,) = re.findall(r"interception attached.* excluded_id=(\d+)", log)
+    assert int(excluded) == os.stat(os.path.join(kernel.cgroup, "agent")).st_ino
+    # Not the host's root (what mounting the host hierarchy over /sys/fs/cgroup would give).
+    assert int(excluded) != os.stat(os.path.dirname(kernel.cgroup)).st_ino
+    served = dial_from(os.path.join(kernel.cgroup, "client"), vip)
+    assert served.stdout.strip() == "200", served.stderr
