@@ -1,8 +1,11 @@
 //! Who sent a request: one function over configured identity sources, in order.
 //!
 //! 1. `workload`: the verified source workload. Off-cluster this is a CIDR table (longest
-//!    prefix wins); in Kubernetes a pod directory fills the same [`WorkloadDirectory`] seam.
-//!    Interception keeps the client's real source address, so this cannot be spoofed.
+//!    prefix wins); on Kubernetes a pod directory ([`Workloads`], `k8s::identity`) is asked
+//!    first: the pod at the source address, matched against the `Tenant`s' workload
+//!    selectors ([`WorkloadSelectors`]: service account, then pod labels, then namespace),
+//!    then the CIDR table ([`LayeredDirectory`]). Interception keeps the client's real
+//!    source address, so this cannot be spoofed.
 //! 2. `header`: a request header (`x-warmpath-tenant` by default), believed ONLY when the
 //!    connection comes from a source listed as trusted (a gateway that authenticates users).
 //! 3. the default tenant.
@@ -11,7 +14,11 @@
 //! ignored like an absent one. Cardinality is bounded where series are created
 //! ([`crate::telemetry::Telemetry::tenant`]), not here.
 
-use std::{collections::HashMap, net::IpAddr, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::IpAddr,
+    sync::Arc,
+};
 
 use ipnet::IpNet;
 
@@ -74,6 +81,116 @@ impl WorkloadDirectory for CidrTable {
             .iter()
             .find(|(net, _)| net.contains(&addr))
             .map(|(_, name)| name.clone())
+    }
+}
+
+/// A client workload (on Kubernetes, a pod) as `Tenant` identity selectors see it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Workload {
+    pub namespace: String,
+    pub name: String,
+    /// `spec.serviceAccountName` (`default` when the pod names none).
+    pub service_account: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Which selector claimed a workload, most specific first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Claim {
+    ServiceAccount,
+    PodLabels,
+    Namespace,
+}
+
+/// The `Tenant`s' workload selectors (`spec.identity.serviceAccounts`, `podLabels`,
+/// `namespaces`), compiled. A workload is claimed by the most specific selector that
+/// matches: its service account, else the pod-label selector with the most labels (ties:
+/// the first tenant by name), else its namespace; source CIDRs come after all three.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct WorkloadSelectors {
+    /// `namespace/name` -> tenant.
+    service_accounts: HashMap<String, Arc<str>>,
+    /// Most labels first, then tenant name.
+    labels: Vec<(BTreeMap<String, String>, Arc<str>)>,
+    namespaces: HashMap<String, Arc<str>>,
+}
+
+// === impl WorkloadSelectors ===
+
+impl WorkloadSelectors {
+    /// Adds one tenant's selectors. Of two tenants claiming the same namespace or service
+    /// account (policy validation rejects the second) the one added first keeps it; an
+    /// empty label selector claims nothing.
+    pub fn add(
+        &mut self,
+        tenant: &Arc<str>,
+        namespaces: &[String],
+        service_accounts: &[String],
+        pod_labels: Option<&BTreeMap<String, String>>,
+    ) {
+        for ns in namespaces {
+            self.namespaces
+                .entry(ns.clone())
+                .or_insert_with(|| tenant.clone());
+        }
+        for sa in service_accounts {
+            self.service_accounts
+                .entry(sa.clone())
+                .or_insert_with(|| tenant.clone());
+        }
+        if let Some(labels) = pod_labels.filter(|l| !l.is_empty()) {
+            self.labels.push((labels.clone(), tenant.clone()));
+            self.labels
+                .sort_by(|(a, ta), (b, tb)| b.len().cmp(&a.len()).then_with(|| ta.cmp(tb)));
+        }
+    }
+
+    /// No tenant selects workloads.
+    pub fn is_empty(&self) -> bool {
+        self.service_accounts.is_empty() && self.labels.is_empty() && self.namespaces.is_empty()
+    }
+
+    /// The tenant that claims `w`, and by which selector.
+    pub fn tenant_of(&self, w: &Workload) -> Option<(Arc<str>, Claim)> {
+        if !self.service_accounts.is_empty() {
+            let sa = format!("{}/{}", w.namespace, w.service_account);
+            if let Some(t) = self.service_accounts.get(&sa) {
+                return Some((t.clone(), Claim::ServiceAccount));
+            }
+        }
+        let by_labels = self
+            .labels
+            .iter()
+            .find(|(sel, _)| sel.iter().all(|(k, v)| w.labels.get(k) == Some(v)));
+        if let Some((_, t)) = by_labels {
+            return Some((t.clone(), Claim::PodLabels));
+        }
+        self.namespaces
+            .get(&w.namespace)
+            .map(|t| (t.clone(), Claim::Namespace))
+    }
+}
+
+/// Client workloads by address (on Kubernetes, `k8s::identity`'s pod directory): answers
+/// [`WorkloadDirectory::tenant_of`] from a map of address -> tenant recomputed whenever its
+/// pods or its selectors change, so a request costs one hash lookup.
+pub trait Workloads: WorkloadDirectory {
+    /// Matches workloads against `selectors` from now on (a policy set was compiled).
+    fn select(&self, selectors: Arc<WorkloadSelectors>);
+}
+
+/// The workload directory first, then the CIDR table.
+#[derive(Debug)]
+pub struct LayeredDirectory {
+    pub workloads: Arc<dyn WorkloadDirectory>,
+    pub cidrs: CidrTable,
+}
+
+impl WorkloadDirectory for LayeredDirectory {
+    fn tenant_of(&self, addr: IpAddr) -> Option<Arc<str>> {
+        self.workloads
+            .tenant_of(addr)
+            .or_else(|| self.cidrs.tenant_of(addr))
     }
 }
 

@@ -1,1 +1,349 @@
-//! (being written: see agent/src/k8s.rs)
+//! Client identity from pods: the pod at a request's source address, with its namespace,
+//! service account and labels, so `Tenant` workload selectors match workloads rather than
+//! headers (docs/policy.md, "Client identity on Kubernetes").
+//!
+//! A [`PodDirectory`] follows pods with kube's watcher (backoff, resume, relist on `410
+//! Gone`): with [`Scope::Node`] only the pods of this node (`fieldSelector
+//! spec.nodeName=NODE`: intercepted clients run on the agent's node), with
+//! [`Scope::Cluster`] every pod (clients reaching the agent from other nodes). Of each pod
+//! it keeps only what identity needs — its addresses (`status.podIPs`, IPv4 and IPv6),
+//! namespace, name, service account, labels and UID — never the whole object. Pods on the
+//! host network are left out (their address is the node's, shared by every such pod), and
+//! so are pods that have finished (`Succeeded`, `Failed`: their address may already be
+//! another pod's).
+//!
+//! Every batch of watch events, and every new set of selectors from the policy
+//! ([`Workloads::select`]), recomputes one map of address -> tenant, swapped whole
+//! (arc-swap): a request costs one hash lookup, and a recomputation is linear in the pods
+//! kept. Two pods with one address (a pod replaced while the old one is still listed): a
+//! running one wins, else the first by namespace/name.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::IpAddr,
+    sync::Arc,
+};
+
+use arc_swap::ArcSwap;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt as _, watcher},
+};
+use parking_lot::Mutex;
+use tokio::{sync::watch, task::JoinHandle};
+
+use crate::tenant::{Workload, WorkloadDirectory, WorkloadSelectors, Workloads};
+
+/// Most pods kept: above the 150,000 pods Kubernetes supports in one cluster. Pods beyond
+/// are left out (their clients fall back to CIDRs and headers) with a warning.
+pub const MAX_PODS: usize = 200_000;
+/// Most watch events applied before the address map is recomputed (a relist of many pods
+/// is applied in batches of this size at most).
+const BATCH: usize = 512;
+
+/// Which pods are followed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// The pods of this node (by `spec.nodeName`).
+    Node(String),
+    /// Every pod of the cluster.
+    Cluster,
+}
+
+/// One pod, as identity keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    uid: Option<String>,
+    ips: Vec<IpAddr>,
+    running: bool,
+    workload: Arc<Workload>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// By `namespace/name`.
+    pods: BTreeMap<String, Entry>,
+    /// A relist in progress: the pods listed so far, swapped in at its end.
+    relist: Option<BTreeMap<String, Entry>>,
+    selectors: Arc<WorkloadSelectors>,
+    /// A warning about [`MAX_PODS`] was logged.
+    warned: bool,
+}
+
+/// What requests read: recomputed after every change.
+#[derive(Debug, Default)]
+struct View {
+    tenants: HashMap<IpAddr, Arc<str>>,
+    workloads: HashMap<IpAddr, Arc<Workload>>,
+    by_uid: HashMap<String, Arc<Workload>>,
+}
+
+/// Client pods by address; a [`Workloads`] directory for the policy (see the module docs).
+#[derive(Debug, Default)]
+pub struct PodDirectory {
+    state: Mutex<State>,
+    view: ArcSwap<View>,
+}
+
+/// The running pod watcher; dropping it stops watching (the directory keeps its pods).
+#[derive(Debug)]
+pub struct IdentityHandle {
+    synced: watch::Receiver<bool>,
+    task: JoinHandle<()>,
+}
+
+/// Follows the pods of `scope` into a new directory; give it to the policy with
+/// `ActivePolicy::set_workloads`. Must be called within a Tokio runtime.
+pub fn spawn(client: Client, scope: Scope) -> (Arc<PodDirectory>, IdentityHandle) {
+    let directory = Arc::new(PodDirectory::default());
+    let config = match &scope {
+        Scope::Node(node) => watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+        Scope::Cluster => watcher::Config::default(),
+    };
+    let api: Api<Pod> = Api::all(client);
+    let (tx, synced) = watch::channel(false);
+    let dir = directory.clone();
+    let task = tokio::spawn(async move {
+        let stream = watcher(api, config).default_backoff().ready_chunks(BATCH);
+        let mut stream = std::pin::pin!(stream);
+        while let Some(events) = stream.next().await {
+            let mut state = dir.state.lock();
+            for event in events {
+                match event {
+                    Ok(e) => {
+                        if matches!(e, watcher::Event::InitDone) {
+                            tx.send_replace(true);
+                        }
+                        state.apply(e);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying with backoff"),
+                }
+            }
+            dir.recompute(&state);
+        }
+    });
+    (directory, IdentityHandle { synced, task })
+}
+
+// === impl IdentityHandle ===
+
+impl IdentityHandle {
+    /// Resolves once the pods have been listed.
+    pub async fn synced(&self) {
+        let mut rx = self.synced.clone();
+        // The sender lives as long as the task.
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+impl Drop for IdentityHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// === impl PodDirectory ===
+
+impl PodDirectory {
+    /// The pod at `addr`.
+    pub fn workload_of(&self, addr: IpAddr) -> Option<Arc<Workload>> {
+        self.view.load().workloads.get(&addr).cloned()
+    }
+
+    /// The pod with this UID (what a cgroup path names).
+    pub fn workload_by_uid(&self, uid: &str) -> Option<Arc<Workload>> {
+        self.view.load().by_uid.get(uid).cloned()
+    }
+
+    /// Pods kept.
+    pub fn len(&self) -> usize {
+        self.state.lock().pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Replaces every pod with `pods` (a list), as a relist does.
+    pub fn replace_pods(&self, pods: impl IntoIterator<Item = Pod>) {
+        let mut state = self.state.lock();
+        state.apply(watcher::Event::Init);
+        for p in pods {
+            state.apply(watcher::Event::InitApply(p));
+        }
+        state.apply(watcher::Event::InitDone);
+        self.recompute(&state);
+    }
+
+    /// A pod added or changed.
+    pub fn apply_pod(&self, pod: Pod) {
+        let mut state = self.state.lock();
+        state.apply(watcher::Event::Apply(pod));
+        self.recompute(&state);
+    }
+
+    /// A pod deleted.
+    pub fn delete_pod(&self, pod: Pod) {
+        let mut state = self.state.lock();
+        state.apply(watcher::Event::Delete(pod));
+        self.recompute(&state);
+    }
+
+    fn recompute(&self, state: &State) {
+        let mut view = View::default();
+        let mut running: HashMap<IpAddr, bool> = HashMap::new();
+        for e in state.pods.values() {
+            for ip in &e.ips {
+                // Sorted by key: the first keeps an address unless a running pod claims it.
+                let taken = running.get(ip).copied();
+                if taken.is_some_and(|r| r || !e.running) {
+                    continue;
+                }
+                running.insert(*ip, e.running);
+                view.workloads.insert(*ip, e.workload.clone());
+                match state.selectors.tenant_of(&e.workload) {
+                    Some((tenant, _)) => view.tenants.insert(*ip, tenant),
+                    None => view.tenants.remove(ip),
+                };
+            }
+            if let Some(uid) = &e.uid {
+                view.by_uid.insert(uid.clone(), e.workload.clone());
+            }
+        }
+        self.view.store(Arc::new(view));
+    }
+}
+
+impl WorkloadDirectory for PodDirectory {
+    fn tenant_of(&self, addr: IpAddr) -> Option<Arc<str>> {
+        self.view.load().tenants.get(&addr).cloned()
+    }
+}
+
+impl Workloads for PodDirectory {
+    fn select(&self, selectors: Arc<WorkloadSelectors>) {
+        let mut state = self.state.lock();
+        if *state.selectors == *selectors {
+            return;
+        }
+        state.selectors = selectors;
+        self.recompute(&state);
+    }
+}
+
+// === impl State ===
+
+impl State {
+    fn apply(&mut self, event: watcher::Event<Pod>) {
+        match event {
+            watcher::Event::Init => self.relist = Some(BTreeMap::new()),
+            watcher::Event::InitApply(p) => {
+                let Some(key) = key(&p) else { return };
+                let entry = entry(&p);
+                let relist = self.relist.get_or_insert_with(BTreeMap::new);
+                match entry {
+                    Some(e) if relist.len() < MAX_PODS => {
+                        relist.insert(key, e);
+                    }
+                    Some(_) => self.warn_full(),
+                    None => {}
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(pods) = self.relist.take() {
+                    self.pods = pods;
+                }
+            }
+            watcher::Event::Apply(p) => {
+                let Some(key) = key(&p) else { return };
+                match entry(&p) {
+                    Some(e) if self.pods.len() < MAX_PODS || self.pods.contains_key(&key) => {
+                        self.pods.insert(key, e);
+                    }
+                    Some(_) => self.warn_full(),
+                    None => {
+                        self.pods.remove(&key);
+                    }
+                }
+            }
+            watcher::Event::Delete(p) => {
+                if let Some(key) = key(&p) {
+                    self.pods.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn warn_full(&mut self) {
+        if !self.warned {
+            self.warned = true;
+            tracing::warn!(
+                "more than {MAX_PODS} pods: the others are not identified (their clients fall back to CIDRs and headers)"
+            );
+        }
+    }
+}
+
+fn key(p: &Pod) -> Option<String> {
+    let name = p.metadata.name.as_deref()?;
+    let ns = p.metadata.namespace.as_deref().unwrap_or("default");
+    Some(format!("{ns}/{name}"))
+}
+
+/// What identity keeps of a pod; `None` for a pod that identifies no client.
+fn entry(p: &Pod) -> Option<Entry> {
+    let spec = p.spec.as_ref();
+    if spec.and_then(|s| s.host_network).unwrap_or(false) {
+        return None;
+    }
+    let status = p.status.as_ref()?;
+    let phase = status.phase.as_deref().unwrap_or("");
+    if matches!(phase, "Succeeded" | "Failed") {
+        return None;
+    }
+    let mut ips: Vec<IpAddr> = status
+        .pod_ips
+        .iter()
+        .flatten()
+        .filter_map(|ip| ip.ip.parse().ok())
+        .chain(status.pod_ip.as_deref().and_then(|ip| ip.parse().ok()))
+        .map(canonical)
+        .collect();
+    ips.sort();
+    ips.dedup();
+    if ips.is_empty() {
+        return None;
+    }
+    let service_account = spec
+        .and_then(|s| s.service_account_name.clone())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "default".into());
+    Some(Entry {
+        uid: p.metadata.uid.clone(),
+        ips,
+        running: phase == "Running",
+        workload: Arc::new(Workload {
+            namespace: p
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: p.metadata.name.clone().unwrap_or_default(),
+            service_account,
+            labels: p.metadata.labels.clone().unwrap_or_default(),
+        }),
+    })
+}
+
+/// IPv4-mapped IPv6 as IPv4 (how tenant resolution looks addresses up).
+fn canonical(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -18,7 +18,7 @@ use super::{
     resources::Resource,
     store::Accepted,
 };
-use crate::tenant::TenantPolicy;
+use crate::tenant::{TenantPolicy, Workloads};
 
 /// The current policy set and how it was made.
 #[derive(Debug)]
@@ -40,6 +40,8 @@ struct Inputs {
     resources: Vec<Resource>,
     /// Tokenizers loaded for `huggingface` token sources, by directory.
     tokenizers: HashMap<String, Tokens>,
+    /// On Kubernetes, client pods by address (tenants' workload selectors match through it).
+    workloads: Option<Arc<dyn Workloads>>,
 }
 
 /// The built-in tokenizer, loaded on first use.
@@ -63,6 +65,7 @@ impl ActivePolicy {
             identity,
             resources: Vec::new(),
             tokenizers: HashMap::new(),
+            workloads: None,
         };
         let set = build(&mut inputs, 0);
         Self {
@@ -140,6 +143,14 @@ impl ActivePolicy {
         self.accepted.load_full()
     }
 
+    /// Matches the tenants' workload selectors through `workloads` (on Kubernetes, the
+    /// pod directory), before CIDRs, from the next set on — published now.
+    pub fn set_workloads(&self, workloads: Arc<dyn Workloads>) {
+        let mut inputs = self.inputs.lock();
+        inputs.workloads = Some(workloads);
+        self.publish(&mut inputs);
+    }
+
     /// Sets the labels and Services of the configured pool `name` (what `selector` and
     /// `service` targets match).
     pub fn set_pool_targets(
@@ -159,6 +170,9 @@ impl ActivePolicy {
     fn publish(&self, inputs: &mut Inputs) -> Arc<PolicySet> {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let set = Arc::new(build(inputs, generation));
+        if let Some(w) = &inputs.workloads {
+            w.select(set.workload_selectors.clone());
+        }
         self.current.store(set.clone());
         self.published.send_replace(generation);
         set
@@ -171,6 +185,7 @@ fn build(inputs: &mut Inputs, generation: u64) -> PolicySet {
         identity,
         resources,
         tokenizers,
+        workloads,
     } = inputs;
     let mut load = |dir: &str| -> Result<Tokens, String> {
         if let Some(t) = tokenizers.get(dir) {
@@ -188,6 +203,7 @@ fn build(inputs: &mut Inputs, generation: u64) -> PolicySet {
             identity,
             tokenizers: &mut load,
             builtin: &builtin,
+            workloads: workloads.as_ref(),
         },
         resources,
         generation,

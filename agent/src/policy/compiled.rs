@@ -30,7 +30,7 @@ use super::resources::{
 use crate::{
     http::Headers,
     routing::{self, Policy, SessionSource},
-    tenant::{CidrTable, TenantPolicy},
+    tenant::{CidrTable, LayeredDirectory, TenantPolicy, WorkloadSelectors, Workloads},
 };
 
 /// Ways of a split at most.
@@ -314,6 +314,8 @@ pub struct PolicySet {
     tenants: HashMap<Arc<str>, Arc<TenantRule>>,
     /// Per object: the conditions compiling added (ResolvedRefs), by (kind, key).
     pub resolved: Vec<(&'static str, String, Condition)>,
+    /// The tenants' workload selectors (what a [`Workloads`] directory is to match).
+    pub workload_selectors: Arc<WorkloadSelectors>,
 }
 
 /// One request's action, and its pool after a split.
@@ -402,6 +404,9 @@ pub struct CompileInput<'a> {
     pub tokenizers: &'a mut dyn FnMut(&str) -> Result<Tokens, String>,
     /// The built-in tokenizer (loaded only when a policy asks for it).
     pub builtin: &'a dyn Fn() -> Tokens,
+    /// On Kubernetes, client pods by address: the tenants' workload selectors are matched
+    /// through it, before CIDRs. `None` off-cluster (workload selectors then name nobody).
+    pub workloads: Option<&'a Arc<dyn Workloads>>,
 }
 
 fn condition(
@@ -433,6 +438,7 @@ pub fn compile(input: CompileInput<'_>, resources: &[Resource], generation: u64)
         identity,
         tokenizers,
         builtin,
+        workloads,
     } = input;
     for r in resources {
         match r {
@@ -485,13 +491,15 @@ pub fn compile(input: CompileInput<'_>, resources: &[Resource], generation: u64)
             }
         })
         .collect();
-    let (identity, tenants) = compile_tenants(identity, &tenant_resources, &mut resolved);
+    let (identity, tenants, selectors) =
+        compile_tenants(identity, &tenant_resources, workloads, &mut resolved);
     PolicySet {
         generation,
         pools: pools_rules,
         identity,
         tenants,
         resolved,
+        workload_selectors: Arc::new(selectors),
     }
 }
 
@@ -705,15 +713,26 @@ fn preset_policy(p: Preset) -> Policy {
 }
 
 /// The tenants' identity (the configuration's CIDRs and trusted sources, then each
-/// tenant's) and their rules.
+/// tenant's; on Kubernetes their workload selectors, matched through `workloads` before
+/// CIDRs), their rules and their workload selectors.
 fn compile_tenants(
     base: &TenantPolicy,
     tenants: &[&Tenant],
+    workloads: Option<&Arc<dyn Workloads>>,
     resolved: &mut Vec<(&'static str, String, Condition)>,
-) -> (TenantPolicy, HashMap<Arc<str>, Arc<TenantRule>>) {
+) -> (
+    TenantPolicy,
+    HashMap<Arc<str>, Arc<TenantRule>>,
+    WorkloadSelectors,
+) {
     let mut identity = base.clone();
     let mut cidrs: Vec<(IpNet, String)> = base.cidrs.clone();
     let mut rules = HashMap::new();
+    let mut selectors = WorkloadSelectors::default();
+    // In name order: of two tenants claiming one namespace or service account, the first
+    // by name keeps it (as validation decides).
+    let mut tenants = tenants.to_vec();
+    tenants.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     for t in tenants {
         let name = t.metadata.name.clone().unwrap_or_default();
         let mut problems = Vec::new();
@@ -734,7 +753,15 @@ fn compile_tenants(
         if !sources.is_empty() {
             identity.header_sources.insert(name_arc.clone(), sources);
         }
-        let k8s_only = t.spec.identity.cidrs.is_empty()
+        let id = &t.spec.identity;
+        selectors.add(
+            &name_arc,
+            &id.namespaces,
+            &id.service_accounts,
+            id.pod_labels.as_ref().map(|l| &l.match_labels),
+        );
+        let k8s_only = workloads.is_none()
+            && t.spec.identity.cidrs.is_empty()
             && t.spec.identity.header_sources.is_empty()
             && (!t.spec.identity.namespaces.is_empty()
                 || !t.spec.identity.service_accounts.is_empty()
@@ -784,10 +811,18 @@ fn compile_tenants(
         );
     }
     match CidrTable::new(cidrs) {
-        Ok(table) => identity.directory = Arc::new(table),
+        Ok(table) => {
+            identity.directory = match workloads {
+                Some(w) => Arc::new(LayeredDirectory {
+                    workloads: w.clone(),
+                    cidrs: table,
+                }),
+                None => Arc::new(table),
+            }
+        }
         Err(e) => tracing::warn!("tenant CIDRs: {e}; keeping the configuration's"),
     }
-    (identity, rules)
+    (identity, rules, selectors)
 }
 
 #[cfg(test)]
