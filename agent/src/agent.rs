@@ -121,7 +121,7 @@ pub struct Routing {
     /// The watched `--policy-dir`, if any.
     pub policy: Option<crate::policy::PolicyWatch>,
     /// The Kubernetes watchers (`kubernetes.enabled`).
-    pub kubernetes: Option<Kubernetes>,
+    pub kubernetes: Option<std::sync::Arc<Kubernetes>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -372,7 +372,7 @@ async fn start_kubernetes(
     config: &Config,
     proxy: &std::sync::Arc<crate::proxy::Proxy>,
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
-) -> Result<Kubernetes, Error> {
+) -> Result<std::sync::Arc<Kubernetes>, Error> {
     if config.policy_dir.is_some() {
         return Err(Error::Config(
             "policyDir and kubernetes are exclusive: on Kubernetes, RoutePolicy and Tenant objects come from the API".into(),
@@ -419,11 +419,43 @@ async fn start_kubernetes(
             "kubernetes: not every watcher has listed within {KUBERNETES_SYNC_BOUND:?}; serving, they keep retrying"
         ),
     }
-    Ok(Kubernetes {
+    let kubernetes = std::sync::Arc::new(Kubernetes {
         watchers,
         policies,
         intercepts: !k.intercept.is_empty(),
-    })
+    });
+    let shown = kubernetes.clone();
+    proxy
+        .sections
+        .set("kubernetes", std::sync::Arc::new(move || shown.status()));
+    Ok(kubernetes)
+}
+
+impl Kubernetes {
+    /// The `kubernetes` section of `/status`: the watchers' counters, the policy reloads,
+    /// and whether this agent writes statuses.
+    pub fn status(&self) -> serde_json::Value {
+        let w = self.watchers.snapshot();
+        let kind = |k: crate::k8s::KindSnapshot| serde_json::json!({"lists": k.lists, "restarts": k.restarts, "errors": k.errors});
+        let r = self.policies.counts();
+        let status = self
+            .policies
+            .status()
+            .map(|s| serde_json::json!({"leader": s.is_leader(), "writes": s.writes()}));
+        serde_json::json!({
+            "pending": self.watchers.pending(),
+            "pods": kind(w.pods), "inference_pools": kind(w.inference_pools),
+            "services": kind(w.services), "bad_annotations": w.bad_annotations,
+            "services_without_vip": w.services_without_vip,
+            "services_intercepted": self.watchers.services.borrow().iter().map(|s| serde_json::json!({
+                "service": format!("{}/{}", s.namespace, s.name), "port": s.port, "pool": s.pool,
+                "vips": s.vips.iter().map(|v| v.to_string()).collect::<Vec<_>>(), "note": s.note,
+            })).collect::<Vec<_>>(),
+            "policy_reloads": {"applied": r.applied, "unchanged": r.unchanged, "rejected": r.rejected,
+                "rejected_objects": r.rejected_objects},
+            "status_writer": status,
+        })
+    }
 }
 
 /// The cache-salt key: `--cache-salt-key-file`, else the cluster key file, else a key of

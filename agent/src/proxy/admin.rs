@@ -180,10 +180,14 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
             "unkeyed_first_error": p.unkeyed.first_errors()}));
     }
     let first = &proxy.pools[0].pool;
-    serde_json::json!({"model": first.model, "policy": format!("{:?}", first.policy.kind),
+    let mut v = serde_json::json!({"model": first.model, "policy": format!("{:?}", first.policy.kind),
         "block_size": first.block_size, "pools": pools, "index_entries": proxy.index.len(),
         "index_bytes": proxy.index.bytes(), "pods": pods, "tenants": proxy.telemetry.live(),
-        "policies": policies(proxy)})
+        "policies": policies(proxy)});
+    for (name, value) in proxy.sections.values() {
+        v[name] = value;
+    }
+    v
 }
 
 /// The declarative policy in effect: each object's conditions (`Accepted` from the policy

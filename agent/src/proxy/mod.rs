@@ -81,7 +81,37 @@ pub struct Proxy {
     pub quotas: Arc<Quotas>,
     /// Capacity, queue and size bounds ([`admission`]).
     pub admission: Arc<admission::Admission>,
+    /// Sections other parts of the agent add to `/status` (e.g. `kubernetes`).
+    pub sections: StatusSections,
     upstreams: upstream::Upstreams,
+}
+
+/// A `/status` section: its value, computed when asked.
+pub type StatusSection = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+/// Named `/status` sections, added at start by the parts that own them.
+#[derive(Default)]
+pub struct StatusSections(parking_lot::RwLock<Vec<(&'static str, StatusSection)>>);
+
+impl std::fmt::Debug for StatusSections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.0.read().iter().map(|(n, _)| *n).collect();
+        f.debug_tuple("StatusSections").field(&names).finish()
+    }
+}
+
+impl StatusSections {
+    /// Adds (or replaces) the section `name`.
+    pub fn set(&self, name: &'static str, section: StatusSection) {
+        let mut sections = self.0.write();
+        sections.retain(|(n, _)| *n != name);
+        sections.push((name, section));
+    }
+
+    /// Every section's value now.
+    pub fn values(&self) -> Vec<(&'static str, serde_json::Value)> {
+        self.0.read().iter().map(|(n, f)| (*n, f())).collect()
+    }
 }
 
 impl Proxy {
@@ -99,6 +129,7 @@ impl Proxy {
             salt: Arc::new(CacheSalt::random()),
             quotas: Quotas::new(),
             admission: admission::Admission::new(crate::config::Limits::default()),
+            sections: StatusSections::default(),
             upstreams: upstream::Upstreams::new(),
         }
     }
