@@ -242,9 +242,9 @@ def test_rbac_is_least_privilege(helm, values):
     role = one(docs, "ClusterRole")
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]}
     assert rules == {
-        (("",), ("pods", "services"), ("get", "list", "watch")),
-        (("inference.networking.k8s.io",), ("inferencepools",), ("get", "list", "watch")),
-        (("warmpath.dev",), ("routepolicies", "tenants"), ("get", "list", "watch")),
+        (("",), ("pods", "services"), ("list", "watch")),
+        (("inference.networking.k8s.io",), ("inferencepools",), ("list", "watch")),
+        (("warmpath.dev",), ("routepolicies", "tenants"), ("list", "watch")),
         (("warmpath.dev",), ("routepolicies/status", "tenants/status"), ("patch", "update")),
     }
     roles = [role] + [d for d in docs if d["kind"] == "Role"]
