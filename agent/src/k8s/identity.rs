@@ -81,10 +81,22 @@ struct View {
 }
 
 /// Client pods by address; a [`Workloads`] directory for the policy (see the module docs).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PodDirectory {
     state: Mutex<State>,
     view: ArcSwap<View>,
+    /// Counts recomputations, for whoever awaits a change.
+    version: watch::Sender<u64>,
+}
+
+impl Default for PodDirectory {
+    fn default() -> Self {
+        Self {
+            state: Mutex::default(),
+            view: ArcSwap::default(),
+            version: watch::Sender::new(0),
+        }
+    }
 }
 
 /// The running pod watcher; dropping it stops watching (the directory keeps its pods).
@@ -157,6 +169,11 @@ impl PodDirectory {
         self.view.load().by_uid.get(uid).cloned()
     }
 
+    /// Changes after every recomputation of the address map (its value counts them).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
     /// Pods kept.
     pub fn len(&self) -> usize {
         self.state.lock().pods.len()
@@ -213,6 +230,7 @@ impl PodDirectory {
             }
         }
         self.view.store(Arc::new(view));
+        self.version.send_modify(|n| *n += 1);
     }
 }
 

@@ -49,6 +49,7 @@ pub const SOURCE_PREFIX: &str = "kubernetes:";
 #[derive(Debug)]
 pub struct PoliciesHandle {
     synced: watch::Receiver<bool>,
+    rounds: watch::Receiver<u64>,
     reloads: Arc<Reloads>,
     status: Option<status::StatusHandle>,
     tasks: Vec<JoinHandle<()>>,
@@ -91,6 +92,7 @@ pub fn spawn(
     let reloads = Arc::new(Reloads::default());
     reloads.observe(meter);
     let (synced_tx, synced) = watch::channel(false);
+    let (rounds_tx, rounds) = watch::channel(0);
     let (targets_tx, targets_rx) = watch::channel(Arc::new(Vec::new()));
     let status = status.map(|s| status::spawn(client, s, targets_rx));
     tasks.push(tokio::spawn(run(Run {
@@ -99,10 +101,12 @@ pub fn spawn(
         wake,
         reloads: reloads.clone(),
         synced: synced_tx,
+        rounds: rounds_tx,
         targets: targets_tx,
     })));
     PoliciesHandle {
         synced,
+        rounds,
         reloads,
         status,
         tasks,
@@ -149,6 +153,12 @@ impl PoliciesHandle {
         let _ = rx.wait_for(|s| *s).await;
     }
 
+    /// How many times the objects have been settled (after each batch of changes), to
+    /// await one.
+    pub fn rounds(&self) -> watch::Receiver<u64> {
+        self.rounds.clone()
+    }
+
     /// Reloads so far (each that changed what serves or a status).
     pub fn counts(&self) -> ReloadCounts {
         self.reloads.counts()
@@ -175,6 +185,7 @@ struct Run {
     wake: Arc<Notify>,
     reloads: Arc<Reloads>,
     synced: watch::Sender<bool>,
+    rounds: watch::Sender<u64>,
     targets: watch::Sender<Arc<Vec<Target>>>,
 }
 
@@ -207,6 +218,7 @@ async fn run(r: Run) {
         published.mark_unchanged();
         r.targets
             .send_replace(Arc::new(targets(&r.stores, &next, &r.active)));
+        r.rounds.send_modify(|n| *n += 1);
         tokio::select! {
             () = r.wake.notified() => store::quiet(&r.wake).await,
             // A pool added or retargeted changes what references resolve to.

@@ -137,6 +137,7 @@ fn by_type(s: &ResourceStatus) -> Vec<&Condition> {
 pub struct StatusHandle {
     leading: watch::Receiver<Option<Instant>>,
     writes: Arc<AtomicU64>,
+    rounds: watch::Receiver<u64>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -151,6 +152,12 @@ impl StatusHandle {
     /// Status writes made so far.
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::Relaxed)
+    }
+
+    /// How many times the writer has gone over the objects (after each change of the
+    /// desired statuses or of the election), to await one.
+    pub fn rounds(&self) -> watch::Receiver<u64> {
+        self.rounds.clone()
     }
 }
 
@@ -188,15 +195,24 @@ pub fn spawn_with<L: LeaseApi, S: StatusApi>(
     targets: watch::Receiver<Arc<Vec<Target>>>,
 ) -> StatusHandle {
     let (tx, leading) = watch::channel(None);
+    let (rounds_tx, rounds) = watch::channel(0);
     let writes = Arc::new(AtomicU64::new(0));
     let elector = Elector::new(lease, settings.holder, settings.timing);
+    let writer = Writer {
+        api: status,
+        targets,
+        leading: leading.clone(),
+        writes: writes.clone(),
+        rounds: rounds_tx,
+    };
     let tasks = vec![
         tokio::spawn(elect(elector, settings.timing, tx)),
-        tokio::spawn(write(status, targets, leading.clone(), writes.clone())),
+        tokio::spawn(write(writer)),
     ];
     StatusHandle {
         leading,
         writes,
+        rounds,
         tasks,
     }
 }
@@ -218,12 +234,23 @@ async fn elect<L: LeaseApi>(
 /// Identity of an object across its versions.
 type ObjectKey = (Kind, Option<String>, String);
 
-async fn write<S: StatusApi>(
+/// What the writing task owns.
+struct Writer<S> {
     api: S,
-    mut targets: watch::Receiver<Arc<Vec<Target>>>,
-    mut leading: watch::Receiver<Option<Instant>>,
+    targets: watch::Receiver<Arc<Vec<Target>>>,
+    leading: watch::Receiver<Option<Instant>>,
     writes: Arc<AtomicU64>,
-) {
+    rounds: watch::Sender<u64>,
+}
+
+async fn write<S: StatusApi>(w: Writer<S>) {
+    let Writer {
+        api,
+        mut targets,
+        mut leading,
+        writes,
+        rounds,
+    } = w;
     // What was written, per object: the resourceVersion it was written over and the status
     // desired then; until the object comes back changed, the same wish is not written again.
     let mut written: HashMap<ObjectKey, (Option<String>, ResourceStatus)> = HashMap::new();
@@ -258,6 +285,7 @@ async fn write<S: StatusApi>(
                 }
             }
         }
+        rounds.send_modify(|n| *n += 1);
         tokio::select! {
             r = targets.changed() => if r.is_err() { return },
             r = leading.changed() => if r.is_err() { return },
