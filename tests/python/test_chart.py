@@ -192,7 +192,7 @@ def test_default_values_render_no_optional_objects(helm):
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted([
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "DaemonSet", "Role",
-        "RoleBinding", "Secret", "ServiceAccount",
+        "RoleBinding", "Secret", "Secret", "ServiceAccount",
     ]), kinds
     assert not [d for d in docs if d["kind"] in ("ServiceMonitor", "Service", "RoutePolicy")]
 
@@ -341,6 +341,8 @@ def test_the_agent_reads_its_config_from_the_configmap(helm):
     assert config["version"] == 1
     assert config["listen"] == ["0.0.0.0:8080"] and config["admin"] == "0.0.0.0:9090"
     assert config["adminTokenFile"] == "/etc/warmpath/admin/token"
+    # The shared key salts isolated tenants alike on every agent, clustered or not.
+    assert config["cacheSaltKeyFile"] == "/etc/warmpath/cluster/key"
     assert config["kubernetes"]["intercept"] == [
         {"namespace": "ml", "name": "llama", "port": 8000, "pool": "llama"},
         {"namespace": "ml", "name": "qwen", "port": 8000, "pool": "qwen"},
@@ -360,8 +362,10 @@ def agent_reads_config(helm, values, tmp_path, *flags):
     text = one(render(helm, values, *flags), "ConfigMap", f"{RELEASE}-config")["data"]["config.yaml"]
     token = tmp_path / "token"
     token.write_text("0123456789abcdef-admin-token\n")
+    key = tmp_path / "key"
+    key.write_text("k" * 64)
     config = tmp_path / "config.yaml"
-    config.write_text(text.replace("/etc/warmpath/admin/token", str(token)))
+    config.write_text(text.replace("/etc/warmpath/admin/token", str(token)).replace("/etc/warmpath/cluster/key", str(key)))
     env = {"PATH": os.environ.get("PATH", ""), "KUBECONFIG": str(tmp_path / "kubeconfig"),
            "NODE_NAME": "gpu-node-1", "RUST_BACKTRACE": "0"}
     return subprocess.run([BIN, "policy", "convert", str(config)], capture_output=True, text=True, env=env,
@@ -412,6 +416,14 @@ def test_default_values_need_a_pool(helm, tmp_path):
     assert p.returncode == 0, p.stderr
     notes = run([helm, "install", RELEASE, CHART, "--dry-run=client", "-n", NAMESPACE])
     assert "WARNING: no pools are configured" in notes
+
+
+def test_the_shared_key_is_mounted_without_the_cluster_too(helm):
+    docs = render(helm)
+    one(docs, "Secret", f"{RELEASE}-cluster-key")
+    mounts = {m["mountPath"]: m["name"] for m in agent_container(docs)["volumeMounts"]}
+    assert mounts["/etc/warmpath/cluster"] == "cluster-key"
+    assert not [a for a in agent_container(docs)["args"] if a.startswith("--cluster")]
 
 
 def test_cluster_flags_name_the_mounted_key_and_the_gossip_service(helm):

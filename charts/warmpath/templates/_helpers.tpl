@@ -87,6 +87,7 @@ random one. `helm template` has no cluster, so it always generates.
 {{- $_ := set $c "listen" (list (include "warmpath.any" (dict "root" . "port" (int .Values.ports.proxy)))) -}}
 {{- $_ := set $c "admin" (include "warmpath.any" (dict "root" . "port" (int .Values.ports.admin))) -}}
 {{- $_ := set $c "adminTokenFile" (include "warmpath.adminTokenFile" .) -}}
+{{- $_ := set $c "cacheSaltKeyFile" (include "warmpath.clusterKeyFile" .) -}}
 {{- with .Values.config.proxy }}{{ $_ := set $c "proxy" . }}{{ end -}}
 {{- $_ := set $c "pools" .Values.pools -}}
 {{- with .Values.config.tenants }}{{ $_ := set $c "tenants" . }}{{ end -}}
