@@ -66,38 +66,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Error> {
     } else {
         Some(start_routing(&args).await?)
     };
-    // Services the Kubernetes watchers resolve into VIPs to intercept (`kubernetes.intercept`).
-    let k8s_services = _routing
-        .as_ref()
-        .and_then(|r| r.kubernetes.as_ref())
-        .filter(|k| k.intercepts)
-        .map(|k| k.watchers.services.clone());
-    let wants_intercept = !args.redirects.is_empty() || k8s_services.is_some();
-    let _redirector = match (wants_intercept, &_routing) {
-        (false, _) => None,
-        (true, None) => Some(start_intercept(&args)?),
-        // With a routing proxy to fall back on, missing kernel features are not fatal: the
-        // agent serves as an explicit proxy and says so once (docs/ebpf.md).
-        (true, Some(routing)) => match start_intercept(&args) {
-            Ok(r) => Some(r),
-            Err(err @ (Error::Unavailable(_) | Error::Ebpf(_))) => {
-                tracing::warn!(listen = ?routing.listens, "interception off: {err}; serving as an explicit proxy");
-                None
-            }
-            Err(err) => return Err(err),
-        },
-    };
-    let _redirector = _redirector.map(|r| std::sync::Arc::new(parking_lot::Mutex::new(r)));
-    let _service_sync = match (&_redirector, k8s_services, &_routing) {
-        (Some(redirector), Some(services), Some(routing)) => {
-            Some(AbortOnDrop(tokio::spawn(sync_intercepts(
-                redirector.clone(),
-                services,
-                intercept_target(routing.listen)?,
-            ))))
-        }
-        _ => None,
-    };
+    let _interception = start_interception(&args, _routing.as_ref())?;
     let mut term = signal(SignalKind::terminate()).map_err(Error::Signal)?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
@@ -105,6 +74,52 @@ pub async fn run(args: AgentArgs) -> Result<(), Error> {
     }
     tracing::info!("shutting down");
     Ok(())
+}
+
+/// Transparent interception while it runs: the attached programs and, on Kubernetes, the
+/// task that keeps the intercepted VIPs equal to the watched Services'.
+#[derive(Debug)]
+pub struct Interception {
+    pub redirector: std::sync::Arc<parking_lot::Mutex<ebpf::Redirector>>,
+    _services: Option<AbortOnDrop>,
+}
+
+/// Starts interception when there is anything to intercept: `--redirect` rules, or Services
+/// named in `kubernetes.intercept` (followed as they change). With a routing proxy to fall
+/// back on, missing kernel features are not fatal: the agent serves as an explicit proxy and
+/// says so once (docs/ebpf.md).
+pub fn start_interception(
+    args: &AgentArgs,
+    routing: Option<&Routing>,
+) -> Result<Option<Interception>, Error> {
+    let services = routing
+        .and_then(|r| r.kubernetes.as_ref())
+        .filter(|k| k.intercepts)
+        .map(|k| k.watchers.services.clone());
+    if args.redirects.is_empty() && services.is_none() {
+        return Ok(None);
+    }
+    let redirector = match (start_intercept(args), routing) {
+        (Ok(r), _) => r,
+        (Err(err @ (Error::Unavailable(_) | Error::Ebpf(_))), Some(routing)) => {
+            tracing::warn!(listen = ?routing.listens, "interception off: {err}; serving as an explicit proxy");
+            return Ok(None);
+        }
+        (Err(err), _) => return Err(err),
+    };
+    let redirector = std::sync::Arc::new(parking_lot::Mutex::new(redirector));
+    let services = match (services, routing) {
+        (Some(services), Some(routing)) => Some(AbortOnDrop(tokio::spawn(sync_intercepts(
+            redirector.clone(),
+            services,
+            intercept_target(routing.listen)?,
+        )))),
+        _ => None,
+    };
+    Ok(Some(Interception {
+        redirector,
+        _services: services,
+    }))
 }
 
 /// A running routing proxy: its bound addresses, state and tasks (aborted on drop).

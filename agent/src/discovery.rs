@@ -342,7 +342,7 @@ mod tests {
         assert_eq!(
             members(&proxy),
             vec![
-                ("127.0.0.1:1".to_string(), "draining"),
+                ("127.0.0.1:1".to_string(), "unready"),
                 ("127.0.0.1:2".to_string(), "pending")
             ]
         );

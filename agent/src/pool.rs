@@ -248,11 +248,12 @@ impl Endpoint {
         self.scraped.load(Ordering::Relaxed)
     }
 
-    /// `serving`, `draining`, or `pending` (discovered, metrics not answered yet).
+    /// `serving`; `unready` (not Ready, or terminating: no new requests, those in flight
+    /// finish); or `pending` (Ready, its metrics not answered yet).
     pub fn state(&self) -> &'static str {
         match (self.wanted.load(Ordering::Relaxed), self.routable()) {
             (_, true) => "serving",
-            (false, _) => "draining",
+            (false, _) => "unready",
             (true, false) => "pending",
         }
     }
@@ -358,7 +359,7 @@ impl Endpoint {
 #[derive(Debug, Clone, Serialize)]
 pub struct EndpointStatus {
     pub endpoint: String,
-    /// `serving`, `draining` or `pending`.
+    /// `serving`, `unready` or `pending` ([`Endpoint::state`]).
     pub state: &'static str,
     /// `namespace/pod` for a discovered endpoint.
     #[serde(skip_serializing_if = "String::is_empty")]

@@ -46,14 +46,19 @@ pub fn child_main() {
         let parsed = warmpath_agent::args::AgentArgs::try_parse_from(
             std::iter::once("agent".to_string()).chain(args),
         );
+        // Interception too when the flags or the configuration ask for it (as `warmpath
+        // agent` does).
         let started = match parsed {
-            Ok(a) => warmpath_agent::agent::start_routing(&a)
-                .await
-                .map_err(|e| e.to_string()),
+            Ok(a) => match warmpath_agent::agent::start_routing(&a).await {
+                Ok(routing) => warmpath_agent::agent::start_interception(&a, Some(&routing))
+                    .map(|interception| (routing, interception))
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
             Err(e) => Err(e.to_string()),
         };
         match started {
-            Ok(routing) => {
+            Ok((routing, _interception)) => {
                 println!(
                     "{READY}{}",
                     serde_json::json!({"admin": routing.admin, "listen": routing.listen})

@@ -454,14 +454,8 @@ async fn agent(args: Vec<String>) {
     let _routing = warmpath_agent::agent::start_routing(&args)
         .await
         .unwrap_or_else(|e| panic!("routing: {e}"));
-    let _intercept = if args.redirects.is_empty() {
-        None
-    } else {
-        Some(
-            warmpath_agent::agent::start_intercept(&args)
-                .unwrap_or_else(|e| panic!("interception: {e}")),
-        )
-    };
+    let _intercept = warmpath_agent::agent::start_interception(&args, Some(&_routing))
+        .unwrap_or_else(|e| panic!("interception: {e}"));
     println!("{READY}");
     std::future::pending::<()>().await;
 }
