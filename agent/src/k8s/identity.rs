@@ -169,6 +169,26 @@ impl PodDirectory {
         self.view.load().by_uid.get(uid).cloned()
     }
 
+    /// The pod whose cgroup has this id (the eBPF path's client cgroup), through `cgroups`.
+    pub fn workload_of_cgroup(
+        &self,
+        cgroups: &cgroup::CgroupIndex,
+        cgroup_id: u64,
+    ) -> Option<Arc<Workload>> {
+        self.workload_by_uid(cgroups.pod_uid(cgroup_id)?)
+    }
+
+    /// The tenant the selectors in effect give the pod whose cgroup has this id.
+    pub fn tenant_of_cgroup(
+        &self,
+        cgroups: &cgroup::CgroupIndex,
+        cgroup_id: u64,
+    ) -> Option<Arc<str>> {
+        let w = self.workload_of_cgroup(cgroups, cgroup_id)?;
+        let selectors = self.state.lock().selectors.clone();
+        selectors.tenant_of(&w).map(|(t, _)| t)
+    }
+
     /// Changes after every recomputation of the address map (its value counts them).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
@@ -363,5 +383,6 @@ fn canonical(addr: IpAddr) -> IpAddr {
     }
 }
 
+pub mod cgroup;
 #[cfg(test)]
 mod tests;
