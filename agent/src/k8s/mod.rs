@@ -6,6 +6,7 @@
 //! - [`pods`] and [`inference_pool`]: each configured pool's endpoints
 //!   ([`crate::discovery::EndpointSpec`]), from the pods its `InferencePool` or selector
 //!   picks, with where each publishes KV events and serves metrics (pod annotations);
+//!   [`members`] follows each pool, [`watch`] is the one list-and-watch loop they all use;
 //! - [`services`]: the Service VIPs the eBPF programs intercept;
 //! - [`policies`]: `RoutePolicy` and `Tenant` objects, validated into the active policy, with
 //!   [`status`] conditions written by exactly one agent per object;
@@ -20,6 +21,7 @@
 pub mod client;
 pub mod identity;
 pub mod inference_pool;
+pub mod members;
 pub mod pods;
 pub mod policies;
 pub mod services;
@@ -154,7 +156,7 @@ pub async fn start(
     let (services_tx, services) = channel::channel(Vec::new());
     let mut tasks = JoinSet::new();
     for (pool, m) in followed {
-        tasks.spawn(pods::follow_pool(
+        tasks.spawn(members::follow_pool(
             shared.clone(),
             pool,
             m,

@@ -21,6 +21,7 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
+    time::Duration,
 };
 
 use futures::{FutureExt, StreamExt};
@@ -78,6 +79,7 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
 {
+    let mut restart_delay = MIN_RESTART_DELAY;
     loop {
         let (store, writer): (Store<K>, _) = reflector::store();
         let stream = watcher::watcher(api.clone(), config.clone())
@@ -96,7 +98,10 @@ where
                         listed = true;
                         changed = true;
                     }
-                    Ok(Event::Apply(_) | Event::Delete(_)) => changed |= listed,
+                    Ok(Event::Apply(_) | Event::Delete(_)) => {
+                        changed |= listed;
+                        restart_delay = MIN_RESTART_DELAY;
+                    }
                     Ok(Event::Init | Event::InitApply(_)) => {}
                     Err(e) => {
                         counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -114,8 +119,17 @@ where
                 on_state(&store.state());
             }
         }
+        // A server that refuses every watch of a fresh list would otherwise be listed in a
+        // loop: wait longer each time until a watch delivers a change.
+        tokio::time::sleep(restart_delay).await;
+        restart_delay = (restart_delay * 2).min(MAX_RESTART_DELAY);
     }
 }
+
+/// The wait before the first restart in a row, doubled on each up to [`MAX_RESTART_DELAY`].
+const MIN_RESTART_DELAY: Duration = Duration::from_millis(100);
+/// As kube's default watcher backoff at its longest.
+const MAX_RESTART_DELAY: Duration = Duration::from_secs(30);
 
 /// A watch request the server refused because its version is gone (HTTP 410).
 fn refused_gone(e: &watcher::Error) -> bool {
