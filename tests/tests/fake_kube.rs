@@ -6,12 +6,12 @@
 use std::{fmt::Debug, hash::Hash, time::Duration};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Resource, ResourceExt,
     api::{
-        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-        PostParams, WatchEvent, WatchParams,
+        ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+        WatchEvent, WatchParams,
     },
     runtime::{WatchStreamExt, reflector, watcher},
 };
@@ -21,6 +21,9 @@ use warmpath_e2e::{
     fake_kube::{Counters, Expiry, FakeKube, PODS, ROUTE_POLICIES},
     sim::wait_for,
 };
+
+#[path = "fake_kube/errors.rs"]
+mod errors;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -471,6 +474,16 @@ async fn status_writes_are_recorded_with_their_field_manager() {
         json!(1),
         "status writes keep the generation"
     );
+}
+
+#[tokio::test]
+async fn generation_counts_spec_changes_and_no_op_writes_change_nothing() {
+    let (fake, client) = start().await;
+    let mut rp = route_policy("ns", "rp");
+    rp["status"] = json!({"conditions": [{"type": "Accepted", "status": "True"}]});
+    let stored = fake.apply(rp).expect("apply");
+    assert_eq!(stored["metadata"]["generation"], json!(1));
+    let api = route_policy_api(client, "ns");
 
     // A spec change bumps the generation; a status sent with it is ignored.
     let spec = json!({"spec": {"preset": "session"}, "status": {"conditions": []}});
@@ -489,7 +502,32 @@ async fn status_writes_are_recorded_with_their_field_manager() {
         .await
         .expect("same patch");
     assert_eq!(again.resource_version(), updated.resource_version());
-    assert_eq!(fake.writes().len(), 4);
+    assert_eq!(fake.resource_version(), 2);
+
+    // A status replace from a stale resourceVersion is refused; from the current one it
+    // lands without touching the generation.
+    let mut stale = serde_json::to_value(&updated).expect("serialize");
+    stale["metadata"]["resourceVersion"] = json!("1");
+    stale["status"] = json!({"conditions": []});
+    let body: DynamicObject = serde_json::from_value(stale.clone()).expect("an object");
+    let err = api
+        .replace_status("rp", &PostParams::default(), &body)
+        .await
+        .expect_err("stale");
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 409),
+        "{err:?}"
+    );
+    stale["metadata"]["resourceVersion"] = json!("2");
+    let body: DynamicObject = serde_json::from_value(stale).expect("an object");
+    let replaced = api
+        .replace_status("rp", &PostParams::default(), &body)
+        .await
+        .expect("current");
+    assert_eq!(replaced.data["status"], json!({"conditions": []}));
+    assert_eq!(replaced.metadata.generation, Some(2));
+    let codes: Vec<u16> = fake.writes().iter().map(|w| w.code).collect();
+    assert_eq!(codes, [200, 200, 409, 200]);
 }
 
 #[tokio::test]
@@ -549,101 +587,6 @@ async fn watcher_pages_and_streaming_lists_converge() {
         fake.counters(&PODS).lists,
         3,
         "a streaming list lists nothing"
-    );
-}
-
-#[tokio::test]
-async fn errors_answer_status_objects_and_failures_can_be_injected() {
-    let (fake, client) = start().await;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "ns");
-    let lease: Lease = serde_json::from_value(json!({
-        "metadata": {"name": "owner"}, "spec": {"holderIdentity": "agent-a"},
-    }))
-    .expect("a lease");
-    let created = leases
-        .create(&PostParams::default(), &lease)
-        .await
-        .expect("create");
-    assert_eq!(created.metadata.namespace.as_deref(), Some("ns"));
-    let err = leases
-        .create(&PostParams::default(), &lease)
-        .await
-        .expect_err("exists");
-    assert!(
-        matches!(&err, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists"),
-        "{err:?}"
-    );
-
-    let mut mine = created.clone();
-    mine.spec.get_or_insert_default().holder_identity = Some("agent-b".into());
-    let won = leases
-        .replace("owner", &PostParams::default(), &mine)
-        .await
-        .expect("replace");
-    let mut stale = created;
-    stale.spec.get_or_insert_default().holder_identity = Some("agent-c".into());
-    let err = leases
-        .replace("owner", &PostParams::default(), &stale)
-        .await
-        .expect_err("stale rv");
-    assert!(
-        matches!(&err, kube::Error::Api(s) if s.code == 409 && s.reason == "Conflict"),
-        "{err:?}"
-    );
-    let now = leases.get("owner").await.expect("get");
-    assert_eq!(now.resource_version(), won.resource_version());
-    assert_eq!(
-        now.spec.and_then(|s| s.holder_identity).as_deref(),
-        Some("agent-b")
-    );
-
-    let err = leases.get("missing").await.expect_err("missing");
-    assert!(
-        matches!(&err, kube::Error::Api(s) if s.code == 404),
-        "{err:?}"
-    );
-    leases
-        .delete("owner", &DeleteParams::default())
-        .await
-        .expect("delete");
-
-    let pods: Api<Pod> = Api::all(client);
-    fake.fail_next(2, 500);
-    for _ in 0..2 {
-        let err = pods
-            .list(&ListParams::default())
-            .await
-            .expect_err("injected");
-        assert!(
-            matches!(&err, kube::Error::Api(s) if s.code == 500),
-            "{err:?}"
-        );
-    }
-    pods.list(&ListParams::default())
-        .await
-        .expect("served again");
-    // kube's client retries a 429 itself (its default retry policy).
-    fake.fail_next(1, 429);
-    pods.list(&ListParams::default())
-        .await
-        .expect("retried after Retry-After");
-    assert_eq!(fake.counters(&PODS).injected_failures, 3);
-
-    // A watcher through injected failures backs off and still converges.
-    fake.apply(pod("ns", "a", "vllm", "n1")).expect("apply");
-    fake.fail_next(3, 500);
-    let r = reflect(pods, watcher::Config::default());
-    converged(&fake, &r.store, "the state after three failed requests").await;
-
-    let anonymous = kube::Client::try_from(kube::Config::new(fake.url().parse().expect("url")))
-        .expect("client");
-    let err = Api::<Pod>::all(anonymous)
-        .list(&ListParams::default())
-        .await
-        .expect_err("no token");
-    assert!(
-        matches!(&err, kube::Error::Api(s) if s.code == 401),
-        "{err:?}"
     );
 }
 

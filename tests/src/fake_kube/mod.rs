@@ -40,23 +40,24 @@
 //! [`FakeKube::writes`]. The test drives the cluster with [`FakeKube::apply`] and
 //! [`FakeKube::delete`], which bypass HTTP.
 
+mod discovery;
+mod reads;
 mod resources;
 mod selector;
 mod server;
+mod state;
 mod status;
 mod store;
 mod watch;
 mod writes;
 
 use std::{
-    collections::{BTreeMap, VecDeque},
     net::SocketAddr,
     path::Path,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -64,8 +65,11 @@ pub use resources::{
     DEFAULT_RESOURCES, INFERENCE_POOLS, LEASES, PODS, ROUTE_POLICIES, ResourceType, SERVICES,
     TENANTS,
 };
+pub use state::{Counters, Expiry, RecordedWrite};
 pub use status::ApiError;
 pub use store::{EventType, Limits};
+
+use state::Shared;
 
 use store::{Key, Store};
 
@@ -73,22 +77,10 @@ use store::{Key, Store};
 const DEFAULT_HISTORY: usize = 1_000;
 /// Objects kept across all kinds; far above any test's cluster.
 const DEFAULT_MAX_OBJECTS: usize = 10_000;
-/// HTTP writes recorded; older ones are dropped first.
-const MAX_RECORDED_WRITES: usize = 10_000;
 /// Short, so a test sees bookmarks within its deadline; a real server sends one a minute.
 const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
 /// The bearer token of every fake's kubeconfig.
 const TOKEN: &str = "fake-kube-token";
-
-/// How a watch from a resourceVersion older than the history learns it is too old.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expiry {
-    /// HTTP 200, then one `ERROR` event whose object is a 410 `Expired` `Status` (what
-    /// kube-apiserver's watch cache sends).
-    ErrorEvent,
-    /// HTTP 410 with the `Status` as the response body.
-    Http410,
-}
 
 /// Why [`FakeKube::client`] could not build a client.
 #[derive(Debug, thiserror::Error)]
@@ -97,86 +89,6 @@ pub enum ClientError {
     Kubeconfig(#[from] kube::config::KubeconfigError),
     #[error("the kube client: {0}")]
     Client(#[from] kube::Error),
-}
-
-/// Requests served per kind, for asserting relists and re-watches.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub lists: u64,
-    /// Watch requests answered 200.
-    pub watches: u64,
-    pub open_watches: u64,
-    pub gets: u64,
-    pub writes: u64,
-    /// Watches refused or ended as expired (410, either form).
-    pub expired: u64,
-    /// Requests answered by [`FakeKube::fail_next`].
-    pub injected_failures: u64,
-}
-
-/// One HTTP write as the client sent it.
-#[derive(Debug, Clone)]
-pub struct RecordedWrite {
-    pub method: String,
-    /// The kind's plural (`routepolicies`).
-    pub plural: &'static str,
-    pub namespace: Option<String>,
-    pub name: String,
-    /// `Some("status")` for the status subresource.
-    pub subresource: Option<String>,
-    /// The `fieldManager` query parameter.
-    pub field_manager: Option<String>,
-    pub user_agent: Option<String>,
-    pub content_type: Option<String>,
-    pub body: Value,
-    /// The HTTP status it was answered with.
-    pub code: u16,
-}
-
-/// Test knobs the server consults on every request.
-#[derive(Debug)]
-pub(crate) struct Knobs {
-    pub expiry: Expiry,
-    /// (remaining, code) of injected failures.
-    pub failures: (usize, u16),
-}
-
-/// What open watch streams follow: a change of `dropped` closes them abruptly, of
-/// `expired` ends them with a 410 `ERROR` event; `paused` holds their events back.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Control {
-    pub dropped: u64,
-    pub expired: u64,
-    pub paused: bool,
-    pub shutdown: bool,
-}
-
-/// State shared by the handle, the server and every watch task.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub store: Mutex<Store>,
-    pub knobs: Mutex<Knobs>,
-    pub control: tokio::sync::watch::Sender<Control>,
-    counters: Mutex<BTreeMap<usize, Counters>>,
-    counters_changed: tokio::sync::watch::Sender<u64>,
-    writes: Mutex<VecDeque<RecordedWrite>>,
-    pub bookmark_interval: Duration,
-    pub token: String,
-}
-
-impl Shared {
-    pub fn count(&self, kind: usize, f: impl FnOnce(&mut Counters)) {
-        f(self.counters.lock().entry(kind).or_default());
-        self.counters_changed.send_modify(|n| *n += 1);
-    }
-
-    pub fn record_write(&self, write: RecordedWrite) {
-        let mut writes = self.writes.lock();
-        if writes.len() >= MAX_RECORDED_WRITES {
-            writes.pop_front();
-        }
-        writes.push_back(write);
-    }
 }
 
 /// Settings of a fake before it starts.
@@ -234,19 +146,13 @@ impl Builder {
 
     /// Binds `127.0.0.1:0` and starts serving on the current tokio runtime.
     pub async fn start(self) -> std::io::Result<FakeKube> {
-        let shared = Arc::new(Shared {
-            store: Mutex::new(Store::new(self.resources, self.limits)),
-            knobs: Mutex::new(Knobs {
-                expiry: self.expiry,
-                failures: (0, 500),
-            }),
-            control: tokio::sync::watch::Sender::new(Control::default()),
-            counters: Mutex::new(BTreeMap::new()),
-            counters_changed: tokio::sync::watch::Sender::new(0),
-            writes: Mutex::new(VecDeque::new()),
-            bookmark_interval: self.bookmark_interval,
-            token: TOKEN.to_string(),
-        });
+        let store = Store::new(self.resources, self.limits);
+        let shared = Arc::new(Shared::new(
+            store,
+            self.expiry,
+            self.bookmark_interval,
+            TOKEN,
+        ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let server = tokio::spawn(server::serve(listener, shared.clone()));
@@ -465,12 +371,7 @@ impl FakeKube {
         let Ok(k) = self.kind_index(kind) else {
             return Counters::default();
         };
-        self.shared
-            .counters
-            .lock()
-            .get(&k)
-            .copied()
-            .unwrap_or_default()
+        self.shared.counters(k)
     }
 
     /// Waits until `kind`'s counters satisfy `pred`; Err with the last counters after
@@ -482,7 +383,7 @@ impl FakeKube {
         mut pred: impl FnMut(&Counters) -> bool,
     ) -> Result<Counters, Counters> {
         let deadline = Instant::now() + timeout;
-        let mut changed = self.shared.counters_changed.subscribe();
+        let mut changed = self.shared.counters_changed();
         loop {
             let now = self.counters(kind);
             if pred(&now) {
@@ -498,7 +399,7 @@ impl FakeKube {
 
     /// Every HTTP write recorded, oldest first (at most the latest 10,000).
     pub fn writes(&self) -> Vec<RecordedWrite> {
-        self.shared.writes.lock().iter().cloned().collect()
+        self.shared.writes()
     }
 
     /// The writes to one object's `/status` subresource.

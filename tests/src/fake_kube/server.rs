@@ -1,31 +1,28 @@
 //! The HTTP side: accepting connections, the bearer token, injected failures, discovery,
-//! GET (object, list, watch) and the dispatch of writes to `writes.rs`.
+//! and the dispatch to reads (`reads.rs`), writes (`writes.rs`) and discovery.
 
 use std::{collections::HashMap, convert::Infallible, sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use futures::StreamExt;
 use http::{Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
-use hyper::body::{Frame, Incoming};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::{
-    Shared,
-    resources::{PathKind, ResourceType, Target, parse_path},
-    selector::{FieldSelector, LabelSelector, Selectors},
+    discovery,
+    reads::{get, list, watch},
+    resources::{PathKind, Target, parse_path},
+    state::Shared,
     status::ApiError,
-    watch::{self, WatchRequest},
     writes,
 };
 
 pub(crate) type Body = BoxBody<Bytes, std::io::Error>;
 
-/// The server's default watch length when a request names none (kube always does).
-const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
-/// Longest watch a request may ask for.
-const MAX_WATCH_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Connections served at once; more are closed on accept (no test opens this many).
+const MAX_CONNECTIONS: usize = 1_024;
 
 /// Accepts until the task is aborted; connections live in a `JoinSet` owned by this task,
 /// so aborting it closes them all.
@@ -40,6 +37,10 @@ pub(crate) async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>
                 continue;
             }
         };
+        while connections.try_join_next().is_some() {}
+        if connections.len() >= MAX_CONNECTIONS {
+            continue;
+        }
         let shared = shared.clone();
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |req| {
@@ -53,7 +54,6 @@ pub(crate) async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
-        while connections.try_join_next().is_some() {}
     }
 }
 
@@ -112,13 +112,14 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response
     }
     let path = req.uri().path().to_string();
     if path == "/version" {
-        return Ok(json_response(StatusCode::OK, &version()));
+        return Ok(json_response(StatusCode::OK, &discovery::version()));
     }
     let parsed = parse_path(&path).ok_or_else(|| ApiError::not_found(&format!("path {path}")))?;
     let target = match parsed {
         PathKind::Discovery { group, version } => {
             inject_failure(shared, None)?;
-            return discovery(shared, group, version).map(|v| json_response(StatusCode::OK, &v));
+            let body = discovery::discovery(&shared.store.lock().kinds, group, version)?;
+            return Ok(json_response(StatusCode::OK, &body));
         }
         PathKind::Resource {
             group,
@@ -218,248 +219,4 @@ pub(crate) fn key_of_target(target: &Target) -> (usize, String, String) {
         target.namespace.clone().unwrap_or_default(),
         target.name.clone().unwrap_or_default(),
     )
-}
-
-fn get(shared: &Shared, target: &Target) -> Result<Response<Body>, ApiError> {
-    shared.count(target.kind, |c| c.gets += 1);
-    let store = shared.store.lock();
-    let name = target.name.as_deref().unwrap_or_default();
-    let obj = store.get(&key_of_target(target)).ok_or_else(|| {
-        ApiError::not_found(&format!("{} {name:?}", store.kinds[target.kind].plural))
-    })?;
-    Ok(json_response(StatusCode::OK, obj))
-}
-
-fn selectors(rt: &ResourceType, params: &HashMap<String, String>) -> Result<Selectors, ApiError> {
-    Ok(Selectors {
-        labels: LabelSelector::parse(params.get("labelSelector").map_or("", String::as_str))?,
-        fields: FieldSelector::parse(params.get("fieldSelector").map_or("", String::as_str), rt)?,
-    })
-}
-
-fn parse_rv(s: &str) -> Result<u64, ApiError> {
-    s.parse()
-        .map_err(|_| ApiError::bad_request(format!("invalid resource version {s:?}")))
-}
-
-/// `continue` tokens: `{resourceVersion of the first page}/{namespace}/{name}` of the last
-/// item returned (names and namespaces hold no `/`).
-fn parse_continue(token: &str, kind: usize) -> Result<(u64, (usize, String, String)), ApiError> {
-    let bad = || ApiError::bad_request(format!("invalid continue token {token:?}"));
-    let mut parts = token.splitn(3, '/');
-    let (Some(rv), Some(ns), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
-        return Err(bad());
-    };
-    let rv = rv.parse().map_err(|_| bad())?;
-    Ok((rv, (kind, ns.to_string(), name.to_string())))
-}
-
-fn list(
-    shared: &Shared,
-    target: &Target,
-    params: &HashMap<String, String>,
-) -> Result<Response<Body>, ApiError> {
-    let rt = shared.store.lock().kinds[target.kind].clone();
-    let sel = selectors(&rt, params)?;
-    let limit = match params.get("limit").map(String::as_str) {
-        None | Some("" | "0") => None,
-        Some(l) => Some(
-            l.parse::<usize>()
-                .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
-        ),
-    };
-    let rv = params.get("resourceVersion").filter(|s| !s.is_empty());
-    let rv_match = params.get("resourceVersionMatch").filter(|s| !s.is_empty());
-    let token = params.get("continue").filter(|s| !s.is_empty());
-    if token.is_some() && rv.is_some() {
-        return Err(ApiError::bad_request(
-            "specifying resource version is not allowed when using continue",
-        ));
-    }
-    if rv_match.is_some() && rv.is_none() {
-        return Err(ApiError::bad_request(
-            "resourceVersionMatch is forbidden unless resourceVersion is provided",
-        ));
-    }
-    let store = shared.store.lock();
-    let current = store.resource_version();
-    let wanted = rv.map(|s| parse_rv(s)).transpose()?;
-    match (rv_match.map(String::as_str), wanted) {
-        (Some("Exact"), Some(w)) if w < current => {
-            return Err(ApiError::expired(format!(
-                "too old resource version: {w} ({current})"
-            )));
-        }
-        (Some("Exact" | "NotOlderThan") | None, Some(w)) if w > current => {
-            return Err(ApiError::new(
-                504,
-                "Timeout",
-                format!("Too large resource version: {w}, current: {current}"),
-            ));
-        }
-        (Some("Exact" | "NotOlderThan") | None, _) => {}
-        (Some(other), _) => {
-            return Err(ApiError::bad_request(format!(
-                "unsupported resourceVersionMatch {other:?}"
-            )));
-        }
-    }
-    let (page_rv, after) = match token {
-        Some(t) => {
-            let (rv, after) = parse_continue(t, target.kind)?;
-            if store.is_expired(rv) {
-                return Err(ApiError::expired(
-                    "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
-                ));
-            }
-            (rv, Some(after))
-        }
-        None => (current, None),
-    };
-    let page = store.list(target.kind, target.namespace.as_deref(), &sel, limit, after);
-    drop(store);
-    shared.count(target.kind, |c| c.lists += 1);
-    let mut metadata = json!({"resourceVersion": page_rv.to_string()});
-    if let Some((_, ns, name)) = &page.next {
-        metadata["continue"] = json!(format!("{page_rv}/{ns}/{name}"));
-        metadata["remainingItemCount"] = json!(page.remaining);
-    }
-    let body = json!({
-        "kind": format!("{}List", rt.kind),
-        "apiVersion": rt.api_version(),
-        "metadata": metadata,
-        "items": page.items,
-    });
-    Ok(json_response(StatusCode::OK, &body))
-}
-
-fn watch(
-    shared: &Arc<Shared>,
-    target: &Target,
-    params: &HashMap<String, String>,
-) -> Result<Response<Body>, ApiError> {
-    let rt = shared.store.lock().kinds[target.kind].clone();
-    let flag = |k: &str| matches!(params.get(k).map(String::as_str), Some("true" | "1"));
-    let initial_events = flag("sendInitialEvents");
-    if initial_events
-        && params.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan")
-    {
-        return Err(ApiError::bad_request(
-            "sendInitialEvents requires resourceVersionMatch=NotOlderThan",
-        ));
-    }
-    let timeout = match params.get("timeoutSeconds") {
-        None => DEFAULT_WATCH_TIMEOUT,
-        Some(t) => Duration::from_secs(
-            t.parse()
-                .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?,
-        ),
-    };
-    let req = WatchRequest {
-        kind: target.kind,
-        namespace: target.namespace.clone(),
-        selectors: selectors(&rt, params)?,
-        from: params
-            .get("resourceVersion")
-            .filter(|s| !s.is_empty())
-            .map(|s| parse_rv(s))
-            .transpose()?,
-        bookmarks: flag("allowWatchBookmarks"),
-        timeout: timeout.min(MAX_WATCH_TIMEOUT),
-        initial_events,
-    };
-    let http_410 = shared.knobs.lock().expiry == super::Expiry::Http410;
-    let chunks = watch::open(shared.clone(), req, http_410)?;
-    let body = StreamBody::new(
-        tokio_stream::wrappers::ReceiverStream::new(chunks).map(|r| r.map(Frame::data)),
-    );
-    let mut resp = Response::new(BodyExt::boxed(body));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    Ok(resp)
-}
-
-fn version() -> Value {
-    json!({
-        "major": "1", "minor": "33", "gitVersion": "v1.33.0-warmpath-fake",
-        "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
-        "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24.0", "compiler": "gc",
-        "platform": "linux/amd64",
-    })
-}
-
-fn discovery(
-    shared: &Shared,
-    group: Option<&str>,
-    version: Option<&str>,
-) -> Result<Value, ApiError> {
-    let store = shared.store.lock();
-    let kinds = &store.kinds;
-    let group_of = |g: &str| -> Value {
-        let versions: Vec<Value> = kinds
-            .iter()
-            .filter(|k| k.group == g)
-            .map(|k| k.version)
-            .fold(Vec::new(), |mut v, x| {
-                if !v.contains(&x) {
-                    v.push(x);
-                }
-                v
-            })
-            .into_iter()
-            .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
-            .collect();
-        json!({"name": g, "versions": versions, "preferredVersion": versions.first()})
-    };
-    match (group, version) {
-        (Some(""), None) => Ok(json!({"kind": "APIVersions", "versions": ["v1"],
-            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})),
-        (None, _) => {
-            let mut names: Vec<&str> = kinds
-                .iter()
-                .map(|k| k.group)
-                .filter(|g| !g.is_empty())
-                .collect();
-            names.dedup();
-            names.sort_unstable();
-            names.dedup();
-            let groups: Vec<Value> = names.into_iter().map(group_of).collect();
-            Ok(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
-        }
-        (Some(g), None) if kinds.iter().any(|k| k.group == g) => {
-            let mut v = group_of(g);
-            v["kind"] = json!("APIGroup");
-            v["apiVersion"] = json!("v1");
-            Ok(v)
-        }
-        (Some(g), Some(ver)) if kinds.iter().any(|k| k.group == g && k.version == ver) => {
-            let resources: Vec<Value> = kinds
-                .iter()
-                .filter(|k| k.group == g && k.version == ver)
-                .flat_map(|k| {
-                    let main = json!({"name": k.plural, "singularName": k.kind.to_lowercase(),
-                        "namespaced": k.namespaced, "kind": k.kind,
-                        "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]});
-                    let status = k.status_subresource.then(|| {
-                        json!({"name": format!("{}/status", k.plural),
-                        "singularName": "", "namespaced": k.namespaced, "kind": k.kind,
-                        "verbs": ["get", "patch", "update"]})
-                    });
-                    std::iter::once(main).chain(status)
-                })
-                .collect();
-            let group_version = if g.is_empty() {
-                ver.to_string()
-            } else {
-                format!("{g}/{ver}")
-            };
-            Ok(json!({"kind": "APIResourceList", "apiVersion": "v1",
-                "groupVersion": group_version, "resources": resources}))
-        }
-        (Some(g), v) => Err(ApiError::not_found(&format!(
-            "API group {g:?} version {v:?}"
-        ))),
-    }
 }

@@ -84,6 +84,15 @@ pub struct Limits {
     pub objects: usize,
 }
 
+/// A watch's start: what to replay, then the live events.
+#[derive(Debug)]
+pub(crate) struct Subscription {
+    pub replay: Vec<Arc<Event>>,
+    pub live: broadcast::Receiver<Arc<Event>>,
+    /// The resourceVersion when it subscribed.
+    pub current: u64,
+}
+
 /// A page of a list.
 #[derive(Debug)]
 pub(crate) struct Page {
@@ -367,11 +376,7 @@ impl Store {
     /// The events of `kind` a watch from `from` must replay, and the subscription to those
     /// after: synthetic ADDED events for every object when `from` is None or 0 (as the
     /// server's "start at most recent"), else the history after `from`.
-    pub fn subscribe(
-        &self,
-        kind: usize,
-        from: Option<u64>,
-    ) -> Result<(Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>), ApiError> {
+    pub fn subscribe(&self, kind: usize, from: Option<u64>) -> Result<Subscription, ApiError> {
         let replay = match from {
             None | Some(0) => self
                 .objects
@@ -400,6 +405,10 @@ impl Store {
                 .cloned()
                 .collect(),
         };
-        Ok((replay, self.live.subscribe()))
+        Ok(Subscription {
+            replay,
+            live: self.live.subscribe(),
+            current: self.rv,
+        })
     }
 }

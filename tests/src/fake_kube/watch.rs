@@ -10,7 +10,12 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
-use super::{Control, Shared, selector::Selectors, status::ApiError, store::Event};
+use super::{
+    selector::Selectors,
+    state::{Control, Shared},
+    status::ApiError,
+    store::Event,
+};
 
 /// Lines buffered towards a slow client before the task waits for it.
 const STREAM_BUFFER: usize = 64;
@@ -44,11 +49,9 @@ pub(crate) fn open(
     let subscribed = {
         let store = shared.store.lock();
         let kind_name = store.kinds[req.kind].clone();
-        store
-            .subscribe(req.kind, from)
-            .map(|(replay, live)| (replay, live, store.resource_version(), kind_name))
+        store.subscribe(req.kind, from).map(|s| (s, kind_name))
     };
-    let (replay, live, current, rt) = match subscribed {
+    let (sub, rt) = match subscribed {
         Ok(s) => s,
         Err(e) if e.code == 410 => {
             shared.count(req.kind, |c| c.expired += 1);
@@ -74,11 +77,11 @@ pub(crate) fn open(
         namespace: req.namespace,
         kind: req.kind,
         bookmark_kind: (rt.kind, rt.api_version()),
-        last_rv: from.filter(|rv| *rv > 0).unwrap_or(current),
-        pending: replay.into(),
+        last_rv: from.filter(|rv| *rv > 0).unwrap_or(sub.current),
+        pending: sub.replay.into(),
         initial_end: req.initial_events,
     };
-    tokio::spawn(stream.run(live, req.bookmarks, req.timeout));
+    tokio::spawn(stream.run(sub.live, req.bookmarks, req.timeout));
     Ok(rx)
 }
 
@@ -162,16 +165,18 @@ impl Stream {
                 }
             }
         };
+        self.finish(end).await;
+    }
+
+    async fn finish(&mut self, end: End) {
         match end {
             End::Graceful | End::Gone => {}
             End::Abort => {
-                let _ = self
-                    .tx
-                    .send(Err(std::io::Error::new(
-                        std::io::ErrorKind::ConnectionAborted,
-                        "watch dropped by the test",
-                    )))
-                    .await;
+                let aborted = std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "watch dropped by the test",
+                );
+                let _ = self.tx.send(Err(aborted)).await;
             }
             End::Expired => {
                 self.shared.count(self.kind, |c| c.expired += 1);
@@ -190,15 +195,13 @@ impl Stream {
         while let Some(event) = self.pending.pop_front() {
             if let Some((event_type, object)) =
                 event.filtered(self.namespace.as_deref(), &self.selectors)
-            {
-                if self
+                && self
                     .tx
                     .send(Ok(event_line(event_type.as_str(), object)))
                     .await
                     .is_err()
-                {
-                    return false;
-                }
+            {
+                return false;
             }
             self.last_rv = self.last_rv.max(event.rv);
         }

@@ -11,9 +11,9 @@ use hyper::body::Incoming;
 use serde_json::Value;
 
 use super::{
-    RecordedWrite, Shared,
     resources::{ResourceType, Target},
     server::{Body, json_response, key_of_target},
+    state::{RecordedWrite, Shared},
     status::ApiError,
     store::Store,
 };
@@ -59,6 +59,45 @@ fn parse_body(bytes: &Bytes, yaml: bool) -> Result<Value, ApiError> {
     })
 }
 
+/// Reads the body whole (at most [`MAX_BODY`]) and parses it as JSON (or YAML for an
+/// apply); an empty body is `null`.
+async fn read_body(body: Incoming, yaml: bool) -> Result<Value, ApiError> {
+    let bytes = http_body_util::Limited::new(body, MAX_BODY)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .map_err(|e| ApiError::new(413, "RequestEntityTooLarge", format!("request body: {e}")))?;
+    parse_body(&bytes, yaml)
+}
+
+/// Performs one write on the store.
+fn dispatch(
+    store: &mut Store,
+    method: &Method,
+    target: &Target,
+    content_type: Option<&str>,
+    has_field_manager: bool,
+    body: Value,
+) -> Result<(StatusCode, Value), ApiError> {
+    match (method, target.name.is_some()) {
+        (&Method::POST, false) => create(store, target, body),
+        (&Method::PUT, true) => replace(store, target, body),
+        (&Method::PATCH, true) => {
+            let kind = patch_kind(content_type.unwrap_or_default())?;
+            if kind == PatchKind::Apply && !has_field_manager {
+                return Err(ApiError::bad_request(
+                    "fieldManager is required for apply requests",
+                ));
+            }
+            patch(store, target, kind, body)
+        }
+        (&Method::DELETE, true) => delete(store, target, &body).map(|obj| (StatusCode::OK, obj)),
+        _ => Err(ApiError::method_not_allowed(method.as_str(), "this path")),
+    }
+}
+
+/// Serves a POST, PUT, PATCH or DELETE and records it. The record is made before the
+/// written object can be read back, so a test that saw the change finds the write.
 pub(crate) async fn handle(
     shared: &Shared,
     target: Target,
@@ -75,56 +114,38 @@ pub(crate) async fn handle(
     let content_type = text(header::CONTENT_TYPE);
     let user_agent = text(header::USER_AGENT);
     let field_manager = params.get("fieldManager").cloned();
-    let bytes = http_body_util::Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .map_err(|e| ApiError::new(413, "RequestEntityTooLarge", format!("request body: {e}")));
     let yaml = content_type.as_deref().is_some_and(|c| c.contains("yaml"));
-    let body = bytes.and_then(|b| parse_body(&b, yaml));
-    let result = body.clone().and_then(|body| {
-        let mut store = shared.store.lock();
-        match (&method, target.name.is_some()) {
-            (&Method::POST, false) => create(&mut store, &target, body),
-            (&Method::PUT, true) => replace(&mut store, &target, body),
-            (&Method::PATCH, true) => {
-                let kind = patch_kind(content_type.as_deref().unwrap_or_default())?;
-                if kind == PatchKind::Apply && field_manager.is_none() {
-                    return Err(ApiError::bad_request(
-                        "fieldManager is required for apply requests",
-                    ));
-                }
-                patch(&mut store, &target, kind, body)
-            }
-            (&Method::DELETE, true) => {
-                delete(&mut store, &target, &body).map(|obj| (StatusCode::OK, obj))
-            }
-            _ => Err(ApiError::method_not_allowed(method.as_str(), "this path")),
-        }
+    let body = read_body(req.into_body(), yaml).await;
+    let result = shared.write(|store| {
+        let result = body.clone().and_then(|b| {
+            dispatch(
+                store,
+                &method,
+                &target,
+                content_type.as_deref(),
+                field_manager.is_some(),
+                b,
+            )
+        });
+        let name = target.name.clone().or_else(|| {
+            let b = body.as_ref().ok()?;
+            b["metadata"]["name"].as_str().map(str::to_string)
+        });
+        let record = RecordedWrite {
+            method: method.to_string(),
+            plural: store.kinds[target.kind].plural,
+            namespace: target.namespace.clone(),
+            name: name.unwrap_or_default(),
+            subresource: target.status.then(|| "status".to_string()),
+            field_manager,
+            user_agent,
+            content_type,
+            body: body.unwrap_or(Value::Null),
+            code: result.as_ref().map_or_else(|e| e.code, |(c, _)| c.as_u16()),
+        };
+        (result, record)
     });
-    let code = result.as_ref().map_or_else(|e| e.code, |(c, _)| c.as_u16());
-    let plural = shared.store.lock().kinds[target.kind].plural;
     shared.count(target.kind, |c| c.writes += 1);
-    shared.record_write(RecordedWrite {
-        method: method.to_string(),
-        plural,
-        namespace: target.namespace.clone(),
-        name: target
-            .name
-            .clone()
-            .or_else(|| {
-                body.as_ref()
-                    .ok()
-                    .and_then(|b| b["metadata"]["name"].as_str().map(str::to_string))
-            })
-            .unwrap_or_default(),
-        subresource: target.status.then(|| "status".to_string()),
-        field_manager,
-        user_agent,
-        content_type,
-        body: body.unwrap_or(Value::Null),
-        code,
-    });
     result.map(|(code, obj)| json_response(code, &obj))
 }
 
