@@ -263,6 +263,16 @@ const WATERMARK: &str = "wm:";
 const LOAD: &str = "load:";
 const USAGE: &str = "usage:";
 
+/// The keys an agent publishes for one of its pods (`pod:`, `wm:`, `load:`): what it
+/// retracts when the pod stops being its.
+pub fn pod_keys(pod: &str) -> [String; 3] {
+    [
+        format!("{POD}{pod}"),
+        format!("{WATERMARK}{pod}"),
+        format!("{LOAD}{pod}"),
+    ]
+}
+
 // === impl Fact ===
 
 impl Fact {

@@ -6,37 +6,40 @@
 //! -> remote (owners of the pods we route to, and their health, in the `KvIndex`); usage
 //! (tenants' demand for cluster-wide quotas, [`spawn_usage_exchange`]); auth (the shared key:
 //! sealed datagrams, the gRPC token). [`ClusterNode`] runs them for one agent
-//! over any chitchat transport: sealed UDP in production, channels in tests.
+//! over any chitchat transport: sealed UDP in production, channels in tests; its pods
+//! (local and remote) change at run time with [`ClusterNode::set_pods`] (pods).
 
 pub mod auth;
 pub mod facts;
 pub mod join;
 pub mod membership;
+mod pods;
 pub mod remote;
 pub mod sync;
 pub mod usage;
 
+pub use pods::{PodsChanged, Refused};
 pub use usage::spawn_usage_exchange;
 
 use std::{
     collections::{BTreeMap, HashMap},
     net::SocketAddr,
-    sync::Arc,
+    sync::{Arc, atomic::AtomicU64},
     time::Duration,
 };
 
 use chitchat::transport::Transport;
 use parking_lot::Mutex;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc, watch};
 
 use crate::kv_index::{KvIndex, PlacementSink, RouterKey, SourceId};
 use auth::{AuthCounters, ClusterKey};
-use facts::{AgentFact, Fact, PodFact, PodHealth};
-use membership::{Membership, MembershipConfig, View, diff};
+use facts::AgentFact;
+use membership::{Membership, MembershipConfig, View};
 use remote::RemotePods;
 use sync::{
     PLACEMENT_QUEUE,
-    client::{Upstream, replicate},
+    client::{Upstream, replicate_changing},
     proto::Placement,
     server::SyncServer,
 };
@@ -90,8 +93,10 @@ pub enum StartError {
 /// A running replication stream from one peer.
 #[derive(Debug)]
 struct Client {
-    upstream: Upstream,
+    grpc: SocketAddr,
     incarnation: u64,
+    /// The pods it replicates (a change reopens the stream with the new set).
+    pods: watch::Sender<Vec<(String, SourceId)>>,
     placements: mpsc::Sender<Placement>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -108,7 +113,7 @@ type Clients = Arc<Mutex<HashMap<String, Client>>>;
 /// serving its pods' index state and replicating theirs.
 pub struct ClusterNode {
     membership: Arc<Membership>,
-    remote: Arc<Mutex<RemotePods>>,
+    shared: Arc<Shared>,
     grpc: SocketAddr,
     gossip_interval: Duration,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -137,21 +142,31 @@ fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
 }
 
-/// Everything the background tasks share.
+/// Everything the background tasks share. Locks are never held across an await; when
+/// nested, `local` before `remote` and `clients` before `remote`.
 struct Shared {
     index: Arc<KvIndex>,
-    remote: Arc<Mutex<RemotePods>>,
+    remote: Mutex<RemotePods>,
     clients: Clients,
     server: Arc<SyncServer>,
-    local: Vec<LocalPod>,
+    /// This agent's pods now ([`ClusterNode::set_pods`]).
+    local: Mutex<Vec<LocalPod>>,
     token: Option<String>,
+    /// This agent's incarnation, and how many journals it started: each local pod's
+    /// journal gets an incarnation of its own ([`pods`]).
+    incarnation: u64,
+    journals: AtomicU64,
+    /// Wakes the publisher when the local pods changed.
+    republish: Notify,
 }
 
 // === impl ClusterNode ===
 
 impl ClusterNode {
     /// Joins the cluster: `local` pods are published and served as this agent's, `remote`
-    /// ones (id and their remote source in `index`) are replicated from their owners.
+    /// ones (id and their remote source in `index`) are replicated from their owners. The
+    /// same as starting with none and calling [`ClusterNode::set_pods`] (the sets are
+    /// checked the same way; refusals are logged).
     pub async fn start(
         settings: NodeSettings,
         index: Arc<KvIndex>,
@@ -171,37 +186,32 @@ impl ClusterNode {
             grpc: settings.grpc_advertise.unwrap_or(bound),
             proxy: settings.proxy,
         };
-        for pod in &local {
-            index.enable_journal(pod.source, settings.membership.incarnation << 16);
-        }
-        let known: HashMap<String, SourceId> = local
-            .iter()
-            .map(|p| (p.id.clone(), p.source))
-            .chain(remote.iter().cloned())
-            .collect();
         let server = Arc::new(SyncServer::new(
             index.clone(),
-            local.iter().map(|p| (p.id.clone(), p.source)).collect(),
-            known,
+            HashMap::new(),
+            HashMap::new(),
             settings.key.clone(),
             settings.counters.clone(),
         ));
-        let facts = own_facts(&index, &agent, &local);
-        let membership =
-            Arc::new(Membership::start(&settings.membership, &facts, transport).await?);
-        let remote = Arc::new(Mutex::new(RemotePods::new(
-            index.clone(),
-            remote,
-            settings.remote_grace,
-        )));
         let shared = Arc::new(Shared {
             index: index.clone(),
-            remote: remote.clone(),
+            remote: Mutex::new(RemotePods::new(
+                index.clone(),
+                Vec::new(),
+                settings.remote_grace,
+            )),
             clients: Clients::default(),
             server: server.clone(),
-            local: local.clone(),
+            local: Mutex::new(Vec::new()),
             token: settings.key.as_ref().map(|k| k.grpc_token().to_string()),
+            incarnation: settings.membership.incarnation,
+            journals: AtomicU64::new(0),
+            republish: Notify::new(),
         });
+        pods::log_refused(&shared.set_pods(local, remote));
+        let facts = pods::own_facts(&index, &agent, &shared.local.lock());
+        let membership =
+            Arc::new(Membership::start(&settings.membership, &facts, transport).await?);
         let (placed, placed_rx) = mpsc::channel(PLACEMENT_QUEUE);
         // One sink per index: a second node on the same index (tests only) shares none.
         index.set_placement_sink(PlacementSink::new(move |id, keys| {
@@ -214,18 +224,17 @@ impl ClusterNode {
                 shared.clone(),
                 settings.remote_grace,
             )),
-            tokio::spawn(publish(
+            tokio::spawn(pods::publish(
                 membership.clone(),
-                index,
+                shared.clone(),
                 agent,
-                local,
                 settings.publish_every,
             )),
-            tokio::spawn(dispatch_placements(shared, placed_rx)),
+            tokio::spawn(dispatch_placements(shared.clone(), placed_rx)),
         ];
         Ok(Self {
             membership,
-            remote,
+            shared,
             grpc: bound,
             gossip_interval: settings.membership.gossip_interval,
             tasks,
@@ -253,7 +262,20 @@ impl ClusterNode {
 
     /// The owner of a remote pod, when one claims it and is alive.
     pub fn owner(&self, pod: &str) -> Option<String> {
-        self.remote.lock().owner(pod).map(str::to_string)
+        self.shared.remote.lock().owner(pod).map(str::to_string)
+    }
+
+    /// Makes `local` and `remote` this agent's pods, the full sets each time (pods as in
+    /// [`ClusterNode::start`]); callable at any time from any task, it returns at once
+    /// (no await, no lock held beyond it). A new local pod is journaled, served and
+    /// published in this agent's next facts; a local pod gone is retracted and no longer
+    /// served; a new remote pod is replicated from whichever live peer claims it; a remote
+    /// pod gone stops replicating and its copy is emptied. Nothing of a removed pod is kept
+    /// here, but its source stays in the index: the caller removes it, **after** this call
+    /// (source ids are reused; a stream still writing to a removed id could reach the pod
+    /// that reuses it). See docs/cluster.md, "Pods that come and go".
+    pub fn set_pods(&self, local: Vec<LocalPod>, remote: Vec<(String, SourceId)>) -> PodsChanged {
+        self.shared.set_pods(local, remote)
     }
 
     /// Stops gossiping and streaming (peers declare this agent dead when their detectors
@@ -263,13 +285,12 @@ impl ClusterNode {
     }
 }
 
-/// Starts, restarts or stops replication streams so that there is one per live owner of
-/// pods this agent replicates, with that owner's current pods and address.
-fn reconcile_clients(shared: &Shared, view: &View) {
-    let owners = shared.remote.lock().by_owner();
-    let mut clients = shared.clients.lock();
-    let mut wanted: BTreeMap<String, (Upstream, u64)> = BTreeMap::new();
-    for ((node, incarnation), pods) in owners {
+/// The replication streams wanted: per live owner of pods this agent replicates, its
+/// address, incarnation and those pods.
+fn wanted_clients(remote: &RemotePods) -> BTreeMap<String, (Upstream, u64)> {
+    let view: &View = remote.view();
+    let mut wanted = BTreeMap::new();
+    for ((node, incarnation), pods) in remote.by_owner() {
         let Some(grpc) = view
             .peers
             .get(&node)
@@ -285,18 +306,37 @@ fn reconcile_clients(shared: &Shared, view: &View) {
         };
         wanted.insert(node, (upstream, incarnation));
     }
+    wanted
+}
+
+/// Starts, restarts or stops replication streams so that there is one per live owner of
+/// pods this agent replicates, with that owner's current pods and address. A kept owner
+/// whose pods changed gets the new set on its running stream.
+fn reconcile_clients(shared: &Shared) {
+    let mut clients = shared.clients.lock();
+    let wanted = wanted_clients(&shared.remote.lock());
     clients.retain(|node, c| {
         wanted
             .get(node)
-            .is_some_and(|(u, inc)| *u == c.upstream && *inc == c.incarnation)
+            .is_some_and(|(u, inc)| u.grpc == c.grpc && *inc == c.incarnation)
     });
     for (node, (upstream, incarnation)) in wanted {
-        if clients.contains_key(&node) {
+        if let Some(c) = clients.get(&node) {
+            c.pods.send_if_modified(|pods| {
+                let changed = *pods != upstream.pods;
+                if changed {
+                    pods.clone_from(&upstream.pods);
+                }
+                changed
+            });
             continue;
         }
         let (placements, rx) = mpsc::channel(PLACEMENT_QUEUE);
-        let task = tokio::spawn(replicate(
-            upstream.clone(),
+        let (pods, pods_rx) = watch::channel(upstream.pods.clone());
+        let grpc = upstream.grpc;
+        let task = tokio::spawn(replicate_changing(
+            upstream,
+            pods_rx,
             shared.index.clone(),
             shared.token.clone(),
             rx,
@@ -304,8 +344,9 @@ fn reconcile_clients(shared: &Shared, view: &View) {
         clients.insert(
             node,
             Client {
-                upstream,
+                grpc,
                 incarnation,
+                pods,
                 placements,
                 task,
             },
@@ -322,8 +363,14 @@ async fn dispatch_placements(
     let ttl = shared.index.config().speculative_ttl;
     let ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
     while let Some((source, keys)) = placed.recv().await {
-        if let Some(pod) = shared.local.iter().find(|p| p.source == source) {
-            shared.server.placed_locally(&pod.id, &keys, ttl);
+        let local = shared
+            .local
+            .lock()
+            .iter()
+            .find(|p| p.source == source)
+            .map(|p| p.id.clone());
+        if let Some(pod) = local {
+            shared.server.placed_locally(&pod, &keys, ttl);
             continue;
         }
         let (pod, owner) = {
@@ -346,43 +393,10 @@ async fn dispatch_placements(
     }
 }
 
-/// This agent's facts: where to reach it, its pods with their event health and watermarks.
-fn own_facts(index: &KvIndex, agent: &AgentFact, local: &[LocalPod]) -> Vec<Fact> {
-    let status = index.status();
-    let mut facts = vec![Fact::Agent(*agent)];
-    for pod in local {
-        let health = match status
-            .iter()
-            .find(|(id, _)| *id == pod.source)
-            .map(|(_, s)| s.state)
-        {
-            Some("healthy") => PodHealth::Healthy,
-            Some("unsure") => PodHealth::Unsure,
-            _ => PodHealth::Waiting,
-        };
-        facts.push(Fact::Pod {
-            pod: pod.id.clone(),
-            fact: PodFact {
-                model: pod.model.clone(),
-                addr: pod.id.clone(),
-                health,
-            },
-        });
-        if let Some(at) = index.watermark(pod.source) {
-            facts.push(Fact::Watermark {
-                pod: pod.id.clone(),
-                at,
-            });
-        }
-    }
-    facts
-}
-
 /// Applies every membership change to the remote pods and the replication streams, and
 /// forgets dead owners after the grace period.
 async fn follow(membership: Arc<Membership>, shared: Arc<Shared>, grace: Duration) {
     let mut live = membership.watch().await;
-    let mut seen = View::default();
     let mut sweep = tokio::time::interval((grace / 4).max(Duration::from_millis(10)));
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -392,36 +406,15 @@ async fn follow(membership: Arc<Membership>, shared: Arc<Shared>, grace: Duratio
                     return;
                 }
                 let view = View::from_live(&live.borrow_and_update(), membership.node_id());
-                let changes = diff(&seen, &view);
-                if !changes.is_empty() {
-                    shared.remote.lock().apply(&changes, now());
-                    reconcile_clients(&shared, &view);
+                if shared.remote.lock().update(view, now()) {
+                    reconcile_clients(&shared);
                 }
-                seen = view;
             }
             _ = sweep.tick() => {
                 if shared.remote.lock().sweep(now()) > 0 {
-                    reconcile_clients(&shared, &seen);
+                    reconcile_clients(&shared);
                 }
             }
-        }
-    }
-}
-
-/// Refreshes this agent's facts every `every`.
-async fn publish(
-    membership: Arc<Membership>,
-    index: Arc<KvIndex>,
-    agent: AgentFact,
-    local: Vec<LocalPod>,
-    every: Duration,
-) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        if let Err(e) = membership.publish(&own_facts(&index, &agent, &local)).await {
-            tracing::warn!(error = %e, "cannot publish this agent's cluster facts");
         }
     }
 }

@@ -7,6 +7,9 @@
 //! - An owner declared dead makes its pods unsure at once: entries dropped, prefix weight 0
 //!   (the pods are still routed, by load). After `grace` without the owner returning, the
 //!   ownership is forgotten and the source waits for a new owner.
+//! - The set of remote pods changes at run time ([`RemotePods::set_pods`]): a new pod is
+//!   claimed at once by a live peer already publishing it (the last view is kept for that);
+//!   a removed one is forgotten entirely, its copy emptied (the caller removes its source).
 
 use std::{
     collections::HashMap,
@@ -16,7 +19,7 @@ use std::{
 
 use super::{
     facts::PodHealth,
-    membership::{Change, Peer},
+    membership::{Change, Peer, PeerPod, View, diff},
 };
 use crate::kv_index::{KvIndex, SourceId};
 
@@ -38,6 +41,15 @@ pub struct RemotePods {
     index: Arc<KvIndex>,
     pods: HashMap<String, Tracked>,
     grace: Duration,
+    /// The live peers as last applied with [`RemotePods::update`].
+    view: View,
+}
+
+/// What one [`RemotePods::set_pods`] changed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SetChanged {
+    pub added: usize,
+    pub removed: usize,
 }
 
 impl RemotePods {
@@ -61,7 +73,87 @@ impl RemotePods {
                 )
             })
             .collect();
-        Self { index, pods, grace }
+        Self {
+            index,
+            pods,
+            grace,
+            view: View::default(),
+        }
+    }
+
+    /// The live peers as last applied.
+    pub fn view(&self) -> &View {
+        &self.view
+    }
+
+    /// Moves to a new view of the live peers, applying the changes from the last one; false
+    /// when nothing changed.
+    pub fn update(&mut self, view: View, now: Instant) -> bool {
+        let changes = diff(&self.view, &view);
+        self.view = view;
+        if changes.is_empty() {
+            return false;
+        }
+        self.apply(&changes, now);
+        true
+    }
+
+    /// Makes `pods` the remote pods (the first of two entries for one pod counts). A pod
+    /// kept with the same source keeps its owner and copy; a new one (or a new source for
+    /// a pod) is claimed by the first live peer, in node id order, that publishes it; a
+    /// removed one is forgotten and its copy emptied (its source, the caller's, stays in the
+    /// index until the caller removes it).
+    pub fn set_pods(
+        &mut self,
+        pods: impl IntoIterator<Item = (String, SourceId)>,
+        now: Instant,
+    ) -> SetChanged {
+        let mut old = std::mem::take(&mut self.pods);
+        let mut added = Vec::new();
+        for (pod, source) in pods {
+            if self.pods.contains_key(&pod) {
+                continue;
+            }
+            let tracked = match old.remove(&pod) {
+                Some(t) if t.source == source => t,
+                replaced => {
+                    if let Some(t) = replaced {
+                        old.insert(pod.clone(), t);
+                    }
+                    added.push(pod.clone());
+                    Tracked {
+                        source,
+                        owner: None,
+                        lost_at: None,
+                    }
+                }
+            };
+            self.pods.insert(pod, tracked);
+        }
+        let removed = old.len();
+        let kept: std::collections::HashSet<SourceId> =
+            self.pods.values().map(|t| t.source).collect();
+        for t in old.into_values() {
+            // A source id now another pod's (ids are reused) is not touched.
+            if !kept.contains(&t.source) {
+                self.index.resync_remote(t.source);
+                self.index.set_owner(t.source, None);
+            }
+        }
+        for pod in &added {
+            let claim = self
+                .view
+                .peers
+                .values()
+                .find_map(|peer| Some((peer, peer.pods.get(pod)?)));
+            if let (Some((peer, claim)), Some(t)) = (claim, self.pods.get_mut(pod)) {
+                claim_one(&self.index, t, peer, claim, now);
+            }
+        }
+        SetChanged {
+            added: added.len(),
+            removed,
+        }
     }
 
     /// The source of a remote pod.
@@ -114,7 +206,6 @@ impl RemotePods {
     }
 
     fn claimed(&mut self, peer: &Peer, now: Instant) {
-        let me = (peer.node_id.clone(), peer.incarnation);
         for (pod, t) in &mut self.pods {
             let Some(claim) = peer.pods.get(pod) else {
                 // It stopped claiming a pod it owned: the pod waits for a new owner.
@@ -126,21 +217,7 @@ impl RemotePods {
                 }
                 continue;
             };
-            if t.owner.as_ref() != Some(&me) || t.lost_at.is_some() {
-                t.owner = Some(me.clone());
-                t.lost_at = None;
-                self.index.resync_remote(t.source);
-                self.index.set_owner(t.source, Some(&peer.node_id));
-            }
-            let unsure = match claim.fact.health {
-                PodHealth::Healthy | PodHealth::Waiting => None,
-                PodHealth::Unsure | PodHealth::Stalled => Some(format!(
-                    "owner {}: the pod's KV events are {}",
-                    peer.node_id,
-                    claim.fact.health.as_str()
-                )),
-            };
-            self.index.set_remote_health(t.source, unsure, now);
+            claim_one(&self.index, t, peer, claim, now);
         }
     }
 
@@ -173,6 +250,27 @@ impl RemotePods {
         }
         n
     }
+}
+
+/// `peer` claims the pod `t` tracks: a new owner (or incarnation) starts the copy over; the
+/// owner's word on the pod's events sets its health.
+fn claim_one(index: &KvIndex, t: &mut Tracked, peer: &Peer, claim: &PeerPod, now: Instant) {
+    let me = (peer.node_id.clone(), peer.incarnation);
+    if t.owner.as_ref() != Some(&me) || t.lost_at.is_some() {
+        t.owner = Some(me);
+        t.lost_at = None;
+        index.resync_remote(t.source);
+        index.set_owner(t.source, Some(&peer.node_id));
+    }
+    let unsure = match claim.fact.health {
+        PodHealth::Healthy | PodHealth::Waiting => None,
+        PodHealth::Unsure | PodHealth::Stalled => Some(format!(
+            "owner {}: the pod's KV events are {}",
+            peer.node_id,
+            claim.fact.health.as_str()
+        )),
+    };
+    index.set_remote_health(t.source, unsure, now);
 }
 
 #[cfg(test)]

@@ -4,10 +4,16 @@
 //!
 //! A delta out of order (not the next sequence of the copy's incarnation) means the copy
 //! cannot be trusted: it is dropped, and the stream starts over with a snapshot.
+//!
+//! The pods replicated from one peer change at run time ([`replicate_changing`]): the
+//! stream is then opened again with the new set, the kept copies resuming from their
+//! watermarks, new ones from a snapshot, removed ones forgotten. A message is applied only
+//! while the index still names this peer as its source's owner, so a source the caller
+//! removed (its id reused by another pod) is never written by a stream that outlived it.
 
 use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, transport::Endpoint};
 
@@ -36,6 +42,8 @@ pub(crate) enum StreamEnd {
     Status(#[from] tonic::Status),
     #[error("the owner ended the stream")]
     Closed,
+    #[error("the pods replicated from this peer changed")]
+    Resubscribe,
     #[error("pod {pod}: delta {got:?} does not follow {have:?}; starting over from a snapshot")]
     OutOfOrder {
         pod: String,
@@ -75,23 +83,39 @@ pub async fn replicate(
     upstream: Upstream,
     index: Arc<KvIndex>,
     token: Option<String>,
+    placements: mpsc::Receiver<Placement>,
+) {
+    // The sender lives as long as the stream: the set never changes.
+    let (_fixed, pods) = watch::channel(upstream.pods.clone());
+    replicate_changing(upstream, pods, index, token, placements).await;
+}
+
+/// [`replicate`], with the pods to replicate from `pods` (`upstream.pods` is ignored): each
+/// change opens the stream again with the new set.
+pub async fn replicate_changing(
+    mut upstream: Upstream,
+    mut pods: watch::Receiver<Vec<(String, SourceId)>>,
+    index: Arc<KvIndex>,
+    token: Option<String>,
     mut placements: mpsc::Receiver<Placement>,
 ) {
-    let mut copies: HashMap<String, Copy> = upstream
-        .pods
-        .iter()
-        .map(|(pod, source)| (pod.clone(), Copy::new(*source)))
-        .collect();
+    let mut copies: HashMap<String, Copy> = HashMap::new();
     let mut backoff = BACKOFF_MIN;
     loop {
+        upstream.pods = pods.borrow_and_update().clone();
+        keep_copies(&mut copies, &upstream.pods);
         let end = stream_once(
             &upstream,
             &index,
             token.as_deref(),
             &mut copies,
-            &mut placements,
+            (&mut placements, &mut pods),
         )
         .await;
+        if matches!(end, StreamEnd::Resubscribe) {
+            backoff = BACKOFF_MIN;
+            continue;
+        }
         match &end {
             StreamEnd::OutOfOrder { pod, .. } => {
                 start_over(&index, &mut copies, pod);
@@ -109,12 +133,43 @@ pub async fn replicate(
     }
 }
 
+/// Makes `copies` the copies of `pods`: kept ones keep their watermarks, a pod whose source
+/// changed starts over, removed ones are forgotten.
+fn keep_copies(copies: &mut HashMap<String, Copy>, pods: &[(String, SourceId)]) {
+    copies.retain(|pod, c| pods.iter().any(|(p, s)| p == pod && *s == c.source));
+    for (pod, source) in pods {
+        copies
+            .entry(pod.clone())
+            .or_insert_with(|| Copy::new(*source));
+    }
+}
+
+/// Whether the index still names `peer` as the owner of the source a message is for.
+fn owned_by(
+    index: &KvIndex,
+    copies: &HashMap<String, Copy>,
+    peer: &str,
+    m: &server_msg::Msg,
+) -> bool {
+    let pod = match m {
+        server_msg::Msg::Delta(d) => &d.pod,
+        server_msg::Msg::Snapshot(s) => &s.pod,
+        server_msg::Msg::Placement(p) => &p.pod,
+    };
+    copies
+        .get(pod)
+        .is_some_and(|c| index.owner(c.source).as_deref() == Some(peer))
+}
+
 async fn stream_once(
     upstream: &Upstream,
     index: &KvIndex,
     token: Option<&str>,
     copies: &mut HashMap<String, Copy>,
-    placements: &mut mpsc::Receiver<Placement>,
+    (placements, pods): (
+        &mut mpsc::Receiver<Placement>,
+        &mut watch::Receiver<Vec<(String, SourceId)>>,
+    ),
 ) -> StreamEnd {
     let channel = match Endpoint::from_shared(format!("http://{}", upstream.grpc)) {
         Ok(e) => e.connect_timeout(Duration::from_secs(2)),
@@ -164,6 +219,9 @@ async fn stream_once(
         tokio::select! {
             got = inbound.message() => match got {
                 Ok(Some(ServerMsg { msg: Some(m) })) => {
+                    if !owned_by(index, copies, &upstream.peer, &m) {
+                        continue;
+                    }
                     if let Err(end) = apply(index, copies, m) {
                         return end;
                     }
@@ -176,6 +234,8 @@ async fn stream_once(
                 // A full queue drops the placement: it is a hint, and the engine's events follow.
                 let _ = out.try_send(msg(client_msg::Msg::Placement(p)));
             }
+            // A closed sender (the stream's owner going away) disables the branch.
+            Ok(()) = pods.changed() => return StreamEnd::Resubscribe,
         }
     }
 }

@@ -2,6 +2,10 @@
 //! would) whose one streaming method checks the caller's token, reads its subscription and
 //! streams each subscribed local pod from the client's watermark; placements the client
 //! sends are applied here and relayed to the pod's other subscribers.
+//!
+//! The pods served change at run time ([`SyncServer::set_pods`]): every producer looks its
+//! pods' sources up again on each pass, so a pod no longer local stops streaming at once and
+//! one re-added with a new source (a new journal incarnation) is sent as a snapshot.
 
 use std::{
     collections::HashMap,
@@ -11,6 +15,7 @@ use std::{
     time::Duration,
 };
 
+use parking_lot::RwLock;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{
@@ -34,14 +39,17 @@ const RELAY_QUEUE: usize = 4_096;
 /// sent it: 0 for this agent's own).
 type Relayed = (Arc<str>, Arc<[u64]>, u32, u64);
 
+/// Pods by id and their sources here.
+pub type PodSources = HashMap<String, SourceId>;
+
 /// What the owner serves: its local pods, and every pod it knows (for placements).
 #[derive(Debug)]
 pub struct SyncServer {
     index: Arc<KvIndex>,
     /// Local pods by id: what may be subscribed to.
-    local: HashMap<String, SourceId>,
+    local: RwLock<PodSources>,
     /// Every pod this agent has a source for (placements on any of them apply here).
-    known: HashMap<String, SourceId>,
+    known: RwLock<PodSources>,
     key: Option<Arc<ClusterKey>>,
     counters: Arc<AuthCounters>,
     relay: broadcast::Sender<Relayed>,
@@ -51,20 +59,33 @@ pub struct SyncServer {
 impl SyncServer {
     pub fn new(
         index: Arc<KvIndex>,
-        local: HashMap<String, SourceId>,
-        known: HashMap<String, SourceId>,
+        local: PodSources,
+        known: PodSources,
         key: Option<Arc<ClusterKey>>,
         counters: Arc<AuthCounters>,
     ) -> Self {
         Self {
             index,
-            local,
-            known,
+            local: RwLock::new(local),
+            known: RwLock::new(known),
             key,
             counters,
             relay: broadcast::channel(RELAY_QUEUE).0,
             next_stream: std::sync::atomic::AtomicU64::new(1),
         }
+    }
+
+    /// Replaces the pods served (`local`) and those placements apply to (`known`), and wakes
+    /// every producer to look its pods up again.
+    pub fn set_pods(&self, local: PodSources, known: PodSources) {
+        *self.local.write() = local;
+        *self.known.write() = known;
+        self.index.changes().notify_waiters();
+    }
+
+    /// The source a local pod is served from now.
+    fn local_source(&self, pod: &str) -> Option<SourceId> {
+        self.local.read().get(pod).copied()
     }
 
     /// The owner's own router placed `keys` on its local pod: tell its subscribers.
@@ -89,14 +110,14 @@ impl SyncServer {
 
     /// Applies a subscriber's placement (on a pod this agent knows) and relays it.
     fn apply_placement(&self, p: &Placement, from: u64) {
-        let Some(&source) = self.known.get(&p.pod) else {
+        let Some(source) = self.known.read().get(&p.pod).copied() else {
             return;
         };
         let keys: Vec<RouterKey> = p.keys.iter().map(|&k| RouterKey(k)).collect();
         let ttl = Duration::from_millis(u64::from(p.ttl_ms));
         self.index
             .speculate_remote(source, &keys, ttl, tokio::time::Instant::now().into_std());
-        if self.local.contains_key(&p.pod) {
+        if self.local.read().contains_key(&p.pod) {
             let _ = self.relay.send((
                 Arc::from(p.pod.as_str()),
                 p.keys.clone().into(),
@@ -120,6 +141,13 @@ async fn produce(
         tokio::pin!(changed);
         changed.as_mut().enable();
         for (pod, source, at) in &mut pods {
+            // No longer local: not served (the replica learns it from gossip).
+            let Some(now) = server.local_source(pod) else {
+                continue;
+            };
+            // Re-added with another source: its journal is another incarnation, so `since`
+            // answers with a snapshot.
+            *source = now;
             let Some(since) = server.index.since(*source, *at) else {
                 continue;
             };
@@ -243,7 +271,7 @@ impl tonic::server::StreamingService<ClientMsg> for SyncMethod {
                 .pods
                 .iter()
                 .filter_map(|w| {
-                    let source = *server.local.get(&w.pod)?;
+                    let source = server.local_source(&w.pod)?;
                     let at = Watermark {
                         incarnation: w.incarnation,
                         sequence: w.sequence,
