@@ -328,8 +328,10 @@ impl FakeKube {
 
     // --- knobs ---
 
-    /// Drops the event history: a watch from any earlier resourceVersion is expired, so
-    /// the client must relist. Open watches keep streaming.
+    /// Drops the event history and advances the resourceVersion by one: a watch from any
+    /// resourceVersion handed out before is expired (410), so a client whose watch ends
+    /// (timeout, [`Self::drop_watches`], [`Self::expire_watches`]) must relist, whether or
+    /// not it had received the latest events. Open watches keep streaming.
     pub fn compact(&self) {
         self.shared.store.lock().compact();
     }

@@ -54,6 +54,8 @@ pub struct RecordedWrite {
     /// The `fieldManager` query parameter.
     pub field_manager: Option<String>,
     pub user_agent: Option<String>,
+    /// Every request header but `authorization`, names lowercase.
+    pub headers: Vec<(String, String)>,
     pub content_type: Option<String>,
     pub body: Value,
     /// The HTTP status it was answered with.

@@ -367,9 +367,12 @@ impl Store {
         rv < self.floor
     }
 
-    /// Drops the whole history: a watch from any resourceVersion before now is expired.
+    /// Drops the whole history and moves the resourceVersion on by one (a revision no
+    /// object has, as etcd's revisions skip): every resourceVersion handed out before is
+    /// expired, while a list made after answers one a watch can start from.
     pub fn compact(&mut self) {
         self.history.clear();
+        self.rv += 1;
         self.floor = self.rv;
     }
 

@@ -113,6 +113,15 @@ pub(crate) async fn handle(
     };
     let content_type = text(header::CONTENT_TYPE);
     let user_agent = text(header::USER_AGENT);
+    let headers = req
+        .headers()
+        .iter()
+        .filter(|(name, _)| *name != header::AUTHORIZATION)
+        .map(|(name, value)| {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            (name.as_str().to_string(), value)
+        })
+        .collect();
     let field_manager = params.get("fieldManager").cloned();
     let yaml = content_type.as_deref().is_some_and(|c| c.contains("yaml"));
     let body = read_body(req.into_body(), yaml).await;
@@ -139,6 +148,7 @@ pub(crate) async fn handle(
             subresource: target.status.then(|| "status".to_string()),
             field_manager,
             user_agent,
+            headers,
             content_type,
             body: body.unwrap_or(Value::Null),
             code: result.as_ref().map_or_else(|e| e.code, |(c, _)| c.as_u16()),
