@@ -341,3 +341,45 @@ async fn a_failing_api_server_is_retried_with_backoff() {
     let s = w.snapshot().pods;
     assert_eq!((s.errors, s.lists), (2, 1), "{s:?}");
 }
+
+/// Pods in the large list (two of the watcher's 500-object pages).
+const MANY: usize = 1_000;
+
+#[tokio::test]
+async fn a_large_list_is_published_once_and_an_identical_relist_not_at_all() {
+    let fake = FakeKube::start().await.unwrap();
+    let ip = |i: usize| format!("10.1.{}.{}", i / 250, i % 250 + 1);
+    for i in 0..MANY {
+        fake.apply(pod(&format!("p{i}"), &ip(i), "vllm", true))
+            .unwrap();
+    }
+    let started = std::time::Instant::now();
+    let w = start(&fake, &config(SELECTOR_POOL, "")).await;
+    let synced = started.elapsed();
+    assert_eq!(w.members.borrow()["llama"].len(), MANY);
+    assert_eq!(
+        w.snapshot().members_published,
+        1,
+        "one publication for the whole list"
+    );
+    // A relist that finds the same pods changes nothing.
+    fake.wait_for_counters(&PODS, WAIT, |c| c.open_watches == 1)
+        .await
+        .expect("the agent watches after its list");
+    let lists = fake.counters(&PODS).lists;
+    fake.compact();
+    fake.expire_watches();
+    fake.wait_for_counters(&PODS, WAIT, |c| c.lists > lists && c.open_watches == 1)
+        .await
+        .expect("a relist after the expired watch");
+    // One change after the relist: exactly one more publication.
+    fake.delete(&PODS, Some("ml"), "p0").unwrap();
+    let mut rx = w.members.clone();
+    tokio::time::timeout(WAIT, rx.wait_for(|d| d["llama"].len() == MANY - 1))
+        .await
+        .expect("the deletion after the relist")
+        .unwrap();
+    let s = w.snapshot();
+    assert_eq!((s.members_published, s.pods.lists), (2, 2), "{s:?}");
+    println!("{MANY} pods: synced in {synced:?}; {s:?}");
+}

@@ -188,13 +188,19 @@ impl PoolState {
 
     fn publish(&mut self, endpoints: Vec<EndpointSpec>) {
         let name = &self.name;
-        self.out.send_if_modified(|d| {
+        let changed = self.out.send_if_modified(|d| {
             if d.get(name) == Some(&endpoints) {
                 return false;
             }
             d.insert(name.clone(), endpoints);
             true
         });
+        if changed {
+            self.shared
+                .counters
+                .members_published
+                .fetch_add(1, Ordering::Relaxed);
+        }
         if !self.synced {
             self.synced = true;
             self.shared

@@ -80,6 +80,9 @@ pub(crate) struct Counters {
     /// Intercepted Services found without a VIP (headless, not found, no such port),
     /// once per Service and reason.
     pub(crate) services_without_vip: std::sync::atomic::AtomicU64,
+    /// Changes of a pool's membership published (one per complete list or batch of
+    /// changes that changed it; an identical relist publishes nothing).
+    pub(crate) members_published: std::sync::atomic::AtomicU64,
 }
 
 /// The watchers' counters at one moment (exported as metrics by the agent).
@@ -90,6 +93,7 @@ pub struct Snapshot {
     pub services: KindSnapshot,
     pub bad_annotations: u64,
     pub services_without_vip: u64,
+    pub members_published: u64,
 }
 
 /// The running watchers. Dropping it stops them.
@@ -202,6 +206,7 @@ impl Watchers {
             services: c.services.snapshot(),
             bad_annotations: c.bad_annotations.load(Ordering::Relaxed),
             services_without_vip: c.services_without_vip.load(Ordering::Relaxed),
+            members_published: c.members_published.load(Ordering::Relaxed),
         }
     }
 }
