@@ -40,7 +40,7 @@ pub const MAX_TOPIC_LEN: usize = 255;
 pub struct Problem {
     /// `namespace/pod`.
     pub pod: String,
-    /// The pod's uid: one report per pod (and message).
+    /// The pod's uid (its `namespace/name` without one): one report per pod and message.
     pub uid: String,
     pub message: String,
 }
@@ -77,7 +77,11 @@ pub fn translate<P: Borrow<Pod>>(
         if let Some(message) = problem {
             problems.push(Problem {
                 pod: origin(&pod.metadata),
-                uid: pod.metadata.uid.clone().unwrap_or_default(),
+                uid: pod
+                    .metadata
+                    .uid
+                    .clone()
+                    .unwrap_or_else(|| origin(&pod.metadata)),
                 message,
             });
         }
