@@ -66,13 +66,33 @@ pub async fn run(args: AgentArgs) -> Result<(), Error> {
     } else {
         Some(start_routing(&args).await?)
     };
-    let _interception = start_interception(&args, _routing.as_ref())?;
+    let mut routing = _routing;
+    let mut interception = start_interception(&args, routing.as_ref())?;
     let mut term = signal(SignalKind::terminate()).map_err(Error::Signal)?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-    tracing::info!("shutting down");
+    let drain = std::time::Duration::from_secs(args.drain_timeout);
+    tracing::info!(
+        ?drain,
+        "shutting down: refusing new connections, draining requests in flight"
+    );
+    if let Some(i) = &mut interception
+        && let Err(err) = i.redirector.lock().stand_down()
+    {
+        tracing::warn!(%err, "could not mark the heartbeat stale; connects fail open within a second anyway");
+    }
+    if let Some(r) = &mut routing {
+        let left = r.drain(drain).await;
+        match left {
+            0 => tracing::info!("drained"),
+            n => tracing::warn!(
+                requests = n,
+                "drain timeout: exiting with requests in flight"
+            ),
+        }
+    }
     Ok(())
 }
 
@@ -137,7 +157,40 @@ pub struct Routing {
     pub policy: Option<crate::policy::PolicyWatch>,
     /// The Kubernetes watchers (`kubernetes.enabled`).
     pub kubernetes: Option<std::sync::Arc<Kubernetes>>,
+    /// The proxy listeners' accept loops.
+    listeners: Vec<tokio::task::JoinHandle<()>>,
+    /// The data-path threads serving accepted connections (they outlive the accept loops
+    /// while draining).
+    _workers: std::sync::Arc<crate::proxy::Workers>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Routing {
+    /// Stops accepting connections, answers `/ready` with 503, and waits (at most
+    /// `timeout`) until no request waits for a slot or is at an engine (streams included);
+    /// returns how many still are. Connections already accepted keep being served meanwhile.
+    pub async fn drain(&mut self, timeout: std::time::Duration) -> usize {
+        use std::sync::atomic::Ordering;
+        self.proxy.draining.store(true, Ordering::Relaxed);
+        for l in self.listeners.drain(..) {
+            l.abort();
+        }
+        // Requests waiting for a slot, and those at an engine (their streams included).
+        let busy = |p: &crate::proxy::Proxy| {
+            p.admission.waiting()
+                + p.pools
+                    .iter()
+                    .flat_map(|pool| pool.pool.endpoints().to_vec())
+                    .map(|e| e.in_flight() as usize)
+                    .sum::<usize>()
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
+        while busy(&self.proxy) > 0 && tokio::time::Instant::now() < deadline {
+            tick.tick().await;
+        }
+        busy(&self.proxy)
+    }
 }
 
 /// The agent's Kubernetes side: pods, InferencePools and Services watched into pool
@@ -157,7 +210,7 @@ pub const KUBERNETES_SYNC_BOUND: std::time::Duration = std::time::Duration::from
 
 impl Drop for Routing {
     fn drop(&mut self) {
-        for t in &self.tasks {
+        for t in self.tasks.iter().chain(&self.listeners) {
             t.abort();
         }
     }
@@ -328,10 +381,11 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         ))
     })?);
     let mut listen_addrs = Vec::new();
+    let mut listeners = Vec::new();
     for &asked in &config.listen {
         let l = listen(asked).await?;
         listen_addrs.push(addr(&l, asked)?);
-        tasks.push(tokio::spawn(proxy::serve(
+        listeners.push(tokio::spawn(proxy::serve(
             l,
             proxy.clone(),
             workers.clone(),
@@ -376,6 +430,8 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         cluster,
         policy: policy_watch,
         kubernetes,
+        listeners,
+        _workers: workers,
         tasks,
     })
 }

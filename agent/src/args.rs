@@ -133,6 +133,12 @@ pub struct AgentArgs {
     #[arg(long)]
     pub cleanup: bool,
 
+    /// On SIGTERM/SIGINT: how long requests in flight may take to finish (new connections
+    /// are refused, `/ready` answers 503 and intercepted connects fail open meanwhile)
+    /// before the agent exits anyway. Keep it below the pod's termination grace period.
+    #[arg(long, value_name = "SECONDS", default_value_t = 25)]
+    pub drain_timeout: u64,
+
     /// Do not ask streams for usage on the client's behalf (token counters then miss streams
     /// whose clients did not ask for usage).
     #[arg(long)]

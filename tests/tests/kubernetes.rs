@@ -535,3 +535,70 @@ async fn a_watched_service_is_intercepted_while_it_exists() {
     drop(client);
     drop(agent);
 }
+
+/// What a pod's termination does to the agent (`warmpath agent` on SIGTERM, the chart's
+/// `terminationGracePeriodSeconds`): new connections refused and `/ready` 503 at once, a
+/// stream in flight finishes whole, then the drain ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_finishes_streams_in_flight_and_refuses_new_connections() {
+    use futures::StreamExt as _;
+    // Decode four times slower than real time: 120 tokens stream for seconds.
+    let fleet = Fleet::start(&["--port", "0", "--time-scale", "4"]).await;
+    let mut routing = warmpath_e2e::agent::in_front_of(&[fleet.url(0)], &[]).await;
+    let (base, admin) = warmpath_e2e::agent::urls(&routing);
+    let http = reqwest::Client::new();
+    assert_eq!(
+        http.get(format!("{admin}/ready"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let resp = http
+        .post(format!("{base}/v1/completions"))
+        .json(
+            &json!({"model": MODEL, "prompt": "tell a long story", "max_tokens": 120,
+            "stream": true, "ignore_eos": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    let drained = tokio::spawn(async move {
+        let left = routing.drain(Duration::from_secs(30)).await;
+        (left, routing)
+    });
+    // New connections are refused (the listener is closed) and readiness fails.
+    let refused = wait_for("the listener closed", CONVERGE, || {
+        let base = base.clone();
+        async move {
+            let fresh = reqwest::Client::new();
+            fresh
+                .get(format!("{base}/v1/models"))
+                .send()
+                .await
+                .is_err()
+                .then_some(())
+        }
+    });
+    refused.await;
+    let ready = reqwest::Client::new()
+        .get(format!("{admin}/ready"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    assert!(!drained.is_finished(), "the drain waits for the stream");
+    // The stream in flight finishes whole.
+    let mut text = String::from_utf8_lossy(&first).to_string();
+    while let Some(chunk) = body.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let (left, _routing) = drained.await.unwrap();
+    assert_eq!(left, 0, "nothing left in flight");
+}

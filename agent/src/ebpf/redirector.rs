@@ -89,8 +89,8 @@ pub struct Redirector {
     origins: Arc<Origins>,
     failopen: FailOpen,
     counters: PerCpuArray<MapData, u64>,
-    /// The heartbeat map until `start_heartbeat` moves it into its task.
-    heartbeat: Option<Array<MapData, u64>>,
+    /// The heartbeat map (pinned mode), shared with the heartbeat task.
+    heartbeat: Option<Arc<parking_lot::Mutex<Array<MapData, u64>>>>,
     heartbeat_task: Option<tokio::task::JoinHandle<()>>,
     pin_dir: Option<PathBuf>,
     log_task: Option<tokio::task::JoinHandle<()>>,
@@ -178,7 +178,7 @@ impl Redirector {
             origins,
             failopen,
             counters,
-            heartbeat: Some(heartbeat),
+            heartbeat: Some(Arc::new(parking_lot::Mutex::new(heartbeat))),
             heartbeat_task: None,
             pin_dir: pin_dir.map(Path::to_path_buf),
             log_task: None,
@@ -187,8 +187,8 @@ impl Redirector {
     }
 
     fn write_heartbeat(&mut self, value: u64) -> Result<(), Error> {
-        if let Some(map) = self.heartbeat.as_mut() {
-            map.set(0, value, 0).map_err(|source| Error::Map {
+        if let Some(map) = self.heartbeat.as_ref() {
+            map.lock().set(0, value, 0).map_err(|source| Error::Map {
                 name: HEARTBEAT_MAP,
                 source,
             })?;
@@ -199,7 +199,7 @@ impl Redirector {
     /// Writes the heartbeat every `HEARTBEAT_INTERVAL_NS` on the current tokio runtime until
     /// this value drops (pinned mode; a no-op otherwise).
     pub fn start_heartbeat(&mut self) {
-        let Some(mut map) = self.heartbeat.take() else {
+        let Some(map) = self.heartbeat.clone() else {
             return;
         };
         self.heartbeat_task = Some(tokio::spawn(async move {
@@ -207,11 +207,22 @@ impl Redirector {
                 tokio::time::interval(std::time::Duration::from_nanos(HEARTBEAT_INTERVAL_NS));
             loop {
                 tick.tick().await;
-                if let Err(err) = map.set(0, monotonic_ns(), 0) {
+                if let Err(err) = map.lock().set(0, monotonic_ns(), 0) {
                     tracing::warn!(%err, "writing the eBPF heartbeat failed; connects fail open");
                 }
             }
         }));
+    }
+
+    /// Stops the heartbeat and marks it stale at once (pinned mode): from now on the
+    /// programs send no new connect to this agent — they fail open (affinity table, backend
+    /// set, or the VIP untouched) — while connections already accepted finish. What an agent
+    /// does when told to stop; the next agent writes a fresh heartbeat and takes over.
+    pub fn stand_down(&mut self) -> Result<(), Error> {
+        if let Some(task) = self.heartbeat_task.take() {
+            task.abort();
+        }
+        self.write_heartbeat(0)
     }
 
     /// The fail-open tables (affinity per client cgroup and VIP, backends per VIP).

@@ -142,7 +142,13 @@ fn authorize(
 fn admin(proxy: &Proxy, method: &Method, path: &str) -> http::Response<Body> {
     match (method, path) {
         (&Method::GET, "/live") => full(StatusCode::OK, "text/plain", "live\n"),
-        (&Method::GET, "/ready") => full(StatusCode::OK, "text/plain", "ready\n"),
+        (&Method::GET, "/ready") => {
+            if proxy.draining.load(std::sync::atomic::Ordering::Relaxed) {
+                full(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n")
+            } else {
+                full(StatusCode::OK, "text/plain", "ready\n")
+            }
+        }
         (&Method::GET, "/status") => full(
             StatusCode::OK,
             "application/json",

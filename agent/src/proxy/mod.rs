@@ -83,6 +83,8 @@ pub struct Proxy {
     pub admission: Arc<admission::Admission>,
     /// Sections other parts of the agent add to `/status` (e.g. `kubernetes`).
     pub sections: StatusSections,
+    /// Set when the agent is told to stop: `/ready` answers 503 while requests drain.
+    pub draining: std::sync::atomic::AtomicBool,
     upstreams: upstream::Upstreams,
 }
 
@@ -130,6 +132,7 @@ impl Proxy {
             quotas: Quotas::new(),
             admission: admission::Admission::new(crate::config::Limits::default()),
             sections: StatusSections::default(),
+            draining: std::sync::atomic::AtomicBool::new(false),
             upstreams: upstream::Upstreams::new(),
         }
     }
