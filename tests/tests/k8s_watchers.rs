@@ -383,3 +383,39 @@ async fn a_large_list_is_published_once_and_an_identical_relist_not_at_all() {
     assert_eq!((s.members_published, s.pods.lists), (2, 2), "{s:?}");
     println!("{MANY} pods: synced in {synced:?}; {s:?}");
 }
+
+#[tokio::test]
+async fn a_bad_annotation_is_reported_once_per_pod_and_value() {
+    let fake = FakeKube::start().await.unwrap();
+    let with_events = |value: &str, ready: bool| {
+        let mut p = pod("a", "10.0.0.1", "vllm", ready);
+        p["metadata"]["annotations"]["warmpath.dev/kv-events"] = json!(value);
+        p
+    };
+    fake.apply(with_events("ipc:///tmp/kv", true)).unwrap();
+    let w = start(&fake, &config(SELECTOR_POOL, "")).await;
+    let mut rx = w.members.clone();
+    let d = wait_members(&mut rx, &[("10.0.0.1:8000", true)]).await;
+    // Routed, without events.
+    assert_eq!(d["llama"][0].kv_events, None);
+    assert_eq!(w.snapshot().bad_annotations, 1);
+    // A new version of the pod with the same bad value: not reported again.
+    fake.apply(with_events("ipc:///tmp/kv", false)).unwrap();
+    wait_members(&mut rx, &[("10.0.0.1:8000", false)]).await;
+    assert_eq!(w.snapshot().bad_annotations, 1);
+    // Another bad value: reported.
+    fake.apply(with_events("tcp://127.0.0.1:5557", true))
+        .unwrap();
+    wait_members(&mut rx, &[("10.0.0.1:8000", true)]).await;
+    assert_eq!(w.snapshot().bad_annotations, 2);
+    // Fixed: events, and nothing reported.
+    fake.apply(with_events("tcp://*:5557", true)).unwrap();
+    let fixed = tokio::time::timeout(
+        WAIT,
+        rx.wait_for(|d| d["llama"][0].kv_events.as_deref() == Some("tcp://10.0.0.1:5557")),
+    )
+    .await
+    .is_ok();
+    assert!(fixed, "the fixed annotation: {:?}", rx.borrow());
+    assert_eq!(w.snapshot().bad_annotations, 2);
+}
