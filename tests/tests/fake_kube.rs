@@ -18,7 +18,7 @@ use kube::{
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use warmpath_e2e::{
-    fake_kube::{Counters, Expiry, FakeKube, PODS, ROUTE_POLICIES},
+    fake_kube::{Counters, Expiry, FakeKube, PODS, ROUTE_POLICIES, TENANTS},
     sim::wait_for,
 };
 
@@ -624,4 +624,56 @@ async fn a_kubeconfig_file_reaches_the_fake_over_plain_http() {
         .await
         .expect("list");
     assert_eq!(names(&list), ["a"]);
+}
+
+#[tokio::test]
+async fn cluster_scoped_tenants_list_watch_and_take_status() {
+    let (fake, client) = start().await;
+    let tenant = |name: &str| {
+        json!({"apiVersion": "warmpath.dev/v1alpha1", "kind": "Tenant",
+            "metadata": {"name": name, "namespace": "dropped"}, "spec": {}})
+    };
+    fake.apply(tenant("team-b")).expect("apply");
+    fake.apply(tenant("team-a")).expect("apply");
+    let stored = fake.get(&TENANTS, None, "team-a").expect("stored");
+    assert_eq!(stored["metadata"].get("namespace"), None, "cluster-scoped");
+
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("warmpath.dev", "v1alpha1", "Tenant"),
+        "tenants",
+    );
+    let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    let list = api.list(&ListParams::default()).await.expect("list");
+    let listed: Vec<String> = list.items.iter().map(|t| t.name_any()).collect();
+    assert_eq!(listed, ["team-a", "team-b"]);
+
+    // A watch from "0" starts with every object as ADDED, then follows changes.
+    let wp = WatchParams::default().timeout(10);
+    let mut stream = api.watch(&wp, "0").await.expect("watch").boxed();
+    fake.apply(tenant("team-c")).expect("apply");
+    let mut added = Vec::new();
+    while added.len() < 3 {
+        match tokio::time::timeout(LIMIT, stream.try_next()).await {
+            Ok(Ok(Some(WatchEvent::Added(t)))) => added.push(t.name_any()),
+            Ok(Ok(Some(WatchEvent::Bookmark(_)))) => {}
+            other => panic!("expected ADDED, got {other:?}"),
+        }
+    }
+    assert_eq!(added, ["team-a", "team-b", "team-c"]);
+
+    let status = json!({"apiVersion": "warmpath.dev/v1alpha1", "kind": "Tenant",
+        "metadata": {"name": "team-a"}, "status": {"conditions": []}});
+    api.patch_status(
+        "team-a",
+        &PatchParams::apply("agent-a"),
+        &Patch::Apply(&status),
+    )
+    .await
+    .expect("status");
+    let writes = fake.status_writes(&TENANTS, None, "team-a");
+    let who: Vec<_> = writes
+        .iter()
+        .map(|w| (w.namespace.as_deref(), w.field_manager.as_deref()))
+        .collect();
+    assert_eq!(who, [(None, Some("agent-a"))]);
 }

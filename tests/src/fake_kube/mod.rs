@@ -23,7 +23,10 @@
 //!   subresource; every HTTP write is recorded with its field manager and user agent
 //!   ([`FakeKube::writes`]);
 //! - discovery (`/api`, `/apis`, `/api/v1`, `/apis/{group}/{version}`) and `/version`;
-//! - a bearer token: requests without it get 401.
+//! - a bearer token: requests without it get 401;
+//! - bounds: the event history ([`Builder::history`]), the objects
+//!   ([`Builder::max_objects`]; beyond, 507), request bodies (1 MiB; 413), recorded writes
+//!   and connections. Every refusal is a `Status` with its code; no input panics.
 //!
 //! What it does not: authorization (RBAC), admission, validation against schemas, owner
 //! references and garbage collection, finalizers (DELETE removes at once; tests mark pods

@@ -395,6 +395,13 @@ impl Store {
                     })
                 })
                 .collect(),
+            Some(rv) if rv > self.rv => {
+                return Err(ApiError::new(
+                    504,
+                    "Timeout",
+                    format!("Too large resource version: {rv}, current: {}", self.rv),
+                ));
+            }
             Some(rv) if rv < self.floor => {
                 return Err(ApiError::expired(format!(
                     "too old resource version: {rv} ({})",

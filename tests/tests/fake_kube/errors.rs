@@ -99,217 +99,75 @@ async fn injected_failures_are_retried_or_backed_off() {
     assert!(is_api(&err, 401, "Unauthorized"), "{err:?}");
 }
 
+const MERGE: &str = "application/merge-patch+json";
+const JSON_PATCH: &str = "application/json-patch+json";
+const APPLY: &str = "application/apply-patch+yaml";
+
+/// (method, path, content type, body, the code it must get), against a fake holding pod
+/// `a/p` at resourceVersion 1.
+#[rustfmt::skip]
+const MALFORMED: &[(&str, &str, &str, &str, u16)] = &[
+    ("GET", "/api/v1/pods?limit=many", "", "", 400),
+    ("GET", "/api/v1/pods?labelSelector=app+in+vllm", "", "", 400),
+    ("GET", "/api/v1/pods?labelSelector=a+b%3Dc", "", "", 400),
+    ("GET", "/api/v1/pods?continue=1%2Fa%2Fp&resourceVersion=1", "", "", 400),
+    ("GET", "/api/v1/pods?resourceVersionMatch=Exact", "", "", 400),
+    ("GET", "/api/v1/pods?resourceVersion=99&resourceVersionMatch=Exact", "", "", 504),
+    ("GET", "/api/v1/pods?resourceVersion=x", "", "", 400),
+    ("GET", "/api/v1/pods?continue=garbage", "", "", 400),
+    ("GET", "/api/v1/pods?watch=true&resourceVersion=x", "", "", 400),
+    ("GET", "/api/v1/pods?watch=true&timeoutSeconds=-1", "", "", 400),
+    ("GET", "/api/v1/pods?watch=true&resourceVersion=7", "", "", 504),
+    ("GET", "/api/v1/pods?watch=true&sendInitialEvents=true", "", "", 400),
+    ("GET", "/api/v1/widgets", "", "", 404),
+    ("GET", "/apis/warmpath.dev/v1alpha1/namespaces/a/tenants", "", "", 404),
+    ("GET", "/api/v1/pods/p", "", "", 404),
+    ("GET", "/api/v1/namespaces/a/pods/p/log", "", "", 404),
+    ("GET", "/nowhere", "", "", 404),
+    ("DELETE", "/api/v1/namespaces/a/pods", "", "", 405),
+    ("POST", "/api/v1/namespaces/a/pods", MERGE, "[1, 2]", 400),
+    ("POST", "/api/v1/namespaces/a/pods", MERGE, "{not json", 400),
+    ("POST", "/api/v1/namespaces/a/pods", MERGE, r#"{"metadata": {"name": "Bad_Name"}}"#, 422),
+    ("POST", "/api/v1/namespaces/a/pods", MERGE, r#"{"metadata": {"name": "q", "namespace": "b"}}"#, 400),
+    ("PUT", "/api/v1/namespaces/a/pods/p", MERGE, r#"{"metadata": {"name": "other"}}"#, 400),
+    ("PATCH", "/api/v1/namespaces/a/pods/p", "text/plain", "{}", 415),
+    ("PATCH", "/api/v1/namespaces/a/pods/p", MERGE, "7", 400),
+    ("PATCH", "/api/v1/namespaces/a/pods/p", JSON_PATCH, r#"[{"op": "replace", "path": "", "value": 5}]"#, 400),
+    ("PATCH", "/api/v1/namespaces/a/pods/p", JSON_PATCH, r#"[{"op": "test", "path": "/spec/nodeName", "value": "n9"}]"#, 422),
+    ("PATCH", "/api/v1/namespaces/a/pods/p", JSON_PATCH, r#"{"op": "add"}"#, 400),
+    ("PATCH", "/api/v1/namespaces/a/pods/p", MERGE, r#"{"metadata": {"resourceVersion": "0"}}"#, 409),
+    ("PATCH", "/api/v1/namespaces/a/pods/p", APPLY, "{}", 400),
+    ("PATCH", "/api/v1/namespaces/a/pods/p?fieldManager=t", APPLY, "key: [unclosed", 400),
+];
+
 #[tokio::test]
 async fn malformed_requests_answer_status_objects() {
     let (fake, _) = start().await;
     fake.apply(pod("a", "p", "vllm", "n1")).expect("apply");
     let http = reqwest::Client::new();
     let big = format!("{{\"pad\": \"{}\"}}", "x".repeat(2 << 20));
-    let json_patch = "application/json-patch+json";
-    let merge = "application/merge-patch+json";
-    let cases: Vec<(&str, &str, &str, String, u16)> = vec![
-        ("GET", "/api/v1/pods?limit=many", "", String::new(), 400),
-        (
-            "GET",
-            "/api/v1/pods?labelSelector=app+in+vllm",
-            "",
-            String::new(),
-            400,
-        ),
-        (
-            "GET",
-            "/api/v1/pods?labelSelector=a+b%3Dc",
-            "",
-            String::new(),
-            400,
-        ),
-        (
-            "GET",
-            "/api/v1/pods?continue=1%2Fa%2Fp&resourceVersion=1",
-            "",
-            String::new(),
-            400,
-        ),
-        (
-            "GET",
-            "/api/v1/pods?resourceVersionMatch=Exact",
-            "",
-            String::new(),
-            400,
-        ),
-        (
-            "GET",
-            "/api/v1/pods?resourceVersion=99&resourceVersionMatch=Exact",
-            "",
-            String::new(),
-            504,
-        ),
-        (
-            "GET",
-            "/api/v1/pods?resourceVersion=x",
-            "",
-            String::new(),
-            400,
-        ),
-        (
-            "GET",
-            "/api/v1/pods?continue=garbage",
-            "",
-            String::new(),
-            400,
-        ),
-        (
-            "GET",
-            "/api/v1/pods?watch=true&resourceVersion=x",
-            "",
-            String::new(),
-            400,
-        ),
-        (
-            "GET",
-            "/api/v1/pods?watch=true&timeoutSeconds=-1",
-            "",
-            String::new(),
-            400,
-        ),
-        (
-            "GET",
-            "/api/v1/pods?watch=true&sendInitialEvents=true",
-            "",
-            String::new(),
-            400,
-        ),
-        ("GET", "/api/v1/widgets", "", String::new(), 404),
-        (
-            "GET",
-            "/apis/warmpath.dev/v1alpha1/namespaces/a/tenants",
-            "",
-            String::new(),
-            404,
-        ),
-        ("GET", "/api/v1/pods/p", "", String::new(), 404),
-        (
-            "GET",
-            "/api/v1/namespaces/a/pods/p/log",
-            "",
-            String::new(),
-            404,
-        ),
-        ("GET", "/nowhere", "", String::new(), 404),
-        (
-            "DELETE",
-            "/api/v1/namespaces/a/pods",
-            "",
-            String::new(),
-            405,
-        ),
-        (
-            "POST",
-            "/api/v1/namespaces/a/pods",
-            merge,
-            "[1, 2]".into(),
-            400,
-        ),
-        (
-            "POST",
-            "/api/v1/namespaces/a/pods",
-            merge,
-            "{not json".into(),
-            400,
-        ),
-        (
-            "POST",
-            "/api/v1/namespaces/a/pods",
-            merge,
-            r#"{"metadata": {"name": "Bad_Name"}}"#.into(),
-            422,
-        ),
-        (
-            "POST",
-            "/api/v1/namespaces/a/pods",
-            merge,
-            r#"{"metadata": {"name": "q", "namespace": "b"}}"#.into(),
-            400,
-        ),
-        ("POST", "/api/v1/namespaces/a/pods", merge, big, 413),
-        (
-            "PUT",
-            "/api/v1/namespaces/a/pods/p",
-            merge,
-            r#"{"metadata": {"name": "other"}}"#.into(),
-            400,
-        ),
-        (
-            "PATCH",
-            "/api/v1/namespaces/a/pods/p",
-            "text/plain",
-            "{}".into(),
-            415,
-        ),
-        (
-            "PATCH",
-            "/api/v1/namespaces/a/pods/p",
-            merge,
-            "7".into(),
-            400,
-        ),
-        (
-            "PATCH",
-            "/api/v1/namespaces/a/pods/p",
-            json_patch,
-            r#"[{"op": "replace", "path": "", "value": 5}]"#.into(),
-            400,
-        ),
-        (
-            "PATCH",
-            "/api/v1/namespaces/a/pods/p",
-            json_patch,
-            r#"[{"op": "test", "path": "/spec/nodeName", "value": "n9"}]"#.into(),
-            422,
-        ),
-        (
-            "PATCH",
-            "/api/v1/namespaces/a/pods/p",
-            json_patch,
-            r#"{"op": "add"}"#.into(),
-            400,
-        ),
-        (
-            "PATCH",
-            "/api/v1/namespaces/a/pods/p",
-            merge,
-            r#"{"metadata": {"resourceVersion": "0"}}"#.into(),
-            409,
-        ),
-        (
-            "PATCH",
-            "/api/v1/namespaces/a/pods/p",
-            "application/apply-patch+yaml",
-            "{}".into(),
-            400,
-        ),
-        (
-            "PATCH",
-            "/api/v1/namespaces/a/pods/p?fieldManager=t",
-            "application/apply-patch+yaml",
-            "key: [unclosed".into(),
-            400,
-        ),
-    ];
-    for (method, path, content_type, body, code) in cases {
+    let oversized = (
+        "POST",
+        "/api/v1/namespaces/a/pods",
+        MERGE,
+        big.as_str(),
+        413,
+    );
+    for &(method, path, content_type, body, code) in MALFORMED.iter().chain([&oversized]) {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
         let mut req = http
             .request(method.clone(), format!("{}{path}", fake.url()))
             .bearer_auth(fake.token())
-            .body(body);
+            .body(body.to_string());
         if !content_type.is_empty() {
             req = req.header("content-type", content_type);
         }
         let resp = req.send().await.expect("an answer");
         let got = resp.status().as_u16();
         let status: Value = resp.json().await.expect("a JSON body");
+        let seen = (got, &status["kind"], &status["code"]);
         assert_eq!(
-            (got, &status["kind"], &status["code"]),
+            seen,
             (code, &json!("Status"), &json!(code)),
             "{method} {path}: {status}"
         );
@@ -318,4 +176,27 @@ async fn malformed_requests_answer_status_objects() {
     let stored = fake.get(&PODS, Some("a"), "p").expect("still there");
     assert_eq!(stored["metadata"]["resourceVersion"], json!("1"));
     assert_eq!(fake.objects(&PODS).len(), 1);
+}
+
+#[tokio::test]
+async fn objects_beyond_the_bound_are_refused() {
+    let fake = warmpath_e2e::fake_kube::FakeKube::builder()
+        .max_objects(2)
+        .start()
+        .await
+        .expect("start");
+    fake.apply(pod("a", "p1", "vllm", "n1")).expect("first");
+    fake.apply(pod("a", "p2", "vllm", "n1")).expect("second");
+    let err = fake.apply(pod("a", "p3", "vllm", "n1")).expect_err("third");
+    assert_eq!((err.code, err.reason), (507, "InsufficientStorage"));
+    // Replacing a stored object is no new object.
+    fake.apply(pod("a", "p1", "web", "n1")).expect("replace");
+    let client = fake.client().await.expect("client");
+    let pods: Api<Pod> = Api::namespaced(client, "a");
+    let p3: Pod = serde_json::from_value(pod("a", "p3", "vllm", "n1")).expect("a pod");
+    let err = pods
+        .create(&PostParams::default(), &p3)
+        .await
+        .expect_err("over HTTP too");
+    assert!(is_api(&err, 507, "InsufficientStorage"), "{err:?}");
 }
