@@ -51,6 +51,11 @@ struct Agent {
 }
 
 async fn agent(fake: &FakeKube, node: &str) -> Agent {
+    agent_in(fake, node, Vec::new()).await
+}
+
+/// An agent watching RoutePolicies in `namespaces` (empty: all).
+async fn agent_in(fake: &FakeKube, node: &str, namespaces: Vec<String>) -> Agent {
     let active = Arc::new(ActivePolicy::new(TenantPolicy::default()));
     active.add_pool(PoolBase {
         name: "chat".into(),
@@ -69,7 +74,7 @@ async fn agent(fake: &FakeKube, node: &str) -> Agent {
     let policies = policies::spawn(
         client,
         active.clone(),
-        Vec::new(),
+        namespaces,
         Some(settings),
         telemetry.meter(),
     );
@@ -228,6 +233,52 @@ async fn two_agents_one_status_writer_and_the_last_good_version_serving() {
     .await;
     assert_eq!(status_writes(), before, "{:?}", fake.writes());
     assert!(fake.counters(&ROUTE_POLICIES).expired >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_watched_namespaces_apply_and_a_deletion_stops_applying() {
+    let fake = FakeKube::start().await.expect("fake API server");
+    fake.apply(route_policy(2)).expect("policy");
+    let mut elsewhere = route_policy(5);
+    elsewhere["metadata"]["namespace"] = json!("other");
+    elsewhere["metadata"]["name"] = json!("aaa-chat");
+    fake.apply(elsewhere).expect("policy");
+    let a = agent_in(&fake, "node-a", vec!["ml".into()]).await;
+    wait_until(&[&a], "ml/chat accepted", || {
+        condition(&fake.get(&ROUTE_POLICIES, Some("ml"), "chat"), "Accepted")["status"] == "True"
+    })
+    .await;
+    assert_eq!(a.serving(), "ml/chat@1 retries=Some(2)");
+    let accepted = a.active.accepted().expect("a settled set");
+    assert_eq!(
+        accepted
+            .objects
+            .iter()
+            .map(|o| (o.key.as_str(), o.file.display().to_string()))
+            .collect::<Vec<_>>(),
+        [("ml/chat", "kubernetes:ml/chat".to_string())],
+        "other/aaa-chat is not watched"
+    );
+    let unwatched = fake
+        .get(&ROUTE_POLICIES, Some("other"), "aaa-chat")
+        .unwrap();
+    assert!(
+        unwatched.get("status").is_none_or(|s| s.is_null()),
+        "{unwatched}"
+    );
+    fake.delete(&ROUTE_POLICIES, Some("ml"), "chat")
+        .expect("deleted");
+    wait_until(&[&a], "the deletion settled", || {
+        a.active.accepted().is_some_and(|s| s.objects.is_empty())
+    })
+    .await;
+    assert_eq!(a.serving(), "pool/chat retries=None");
+    assert_eq!(a.policies.counts().rejected, 0);
+    assert!(
+        a.policies.counts().applied >= 2,
+        "{:?}",
+        a.policies.counts()
+    );
 }
 
 fn pod(name: &str, node: &str, ns: &str, sa: &str, ip: &str) -> Value {
