@@ -677,3 +677,35 @@ async fn cluster_scoped_tenants_list_watch_and_take_status() {
         .collect();
     assert_eq!(who, [(None, Some("agent-a"))]);
 }
+
+#[tokio::test]
+async fn start_deletion_marks_a_pod_terminating_once() {
+    let (fake, client) = start().await;
+    fake.apply(pod("ns", "p", "vllm", "n1")).expect("apply");
+    let api: Api<Pod> = Api::namespaced(client, "ns");
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(10), "1")
+        .await
+        .expect("watch")
+        .boxed();
+    let marked = fake.start_deletion(&PODS, Some("ns"), "p").expect("mark");
+    let again = fake
+        .start_deletion(&PODS, Some("ns"), "p")
+        .expect("mark again");
+    assert_eq!(again, marked, "terminating already: nothing changes");
+    assert_eq!(fake.resource_version(), 2);
+    match tokio::time::timeout(LIMIT, stream.try_next()).await {
+        Ok(Ok(Some(WatchEvent::Modified(p)))) => {
+            assert!(p.metadata.deletion_timestamp.is_some());
+            assert_eq!(p.metadata.deletion_grace_period_seconds, Some(30));
+        }
+        other => panic!("expected MODIFIED, got {other:?}"),
+    }
+    fake.delete(&PODS, Some("ns"), "p").expect("delete");
+    match tokio::time::timeout(LIMIT, stream.try_next()).await {
+        Ok(Ok(Some(WatchEvent::Deleted(p)))) => {
+            assert_eq!(p.resource_version().as_deref(), Some("3"));
+        }
+        other => panic!("expected DELETED, got {other:?}"),
+    }
+}

@@ -283,7 +283,8 @@ impl FakeKube {
     }
 
     /// Marks the object terminating, as a graceful delete does before the kubelet finishes:
-    /// sets `metadata.deletionTimestamp` and `deletionGracePeriodSeconds` (a MODIFIED event).
+    /// sets `metadata.deletionTimestamp` and `deletionGracePeriodSeconds` (a MODIFIED event;
+    /// none when it is terminating already).
     pub fn start_deletion(
         &self,
         kind: &ResourceType,
@@ -297,11 +298,10 @@ impl FakeKube {
             .get(&key)
             .cloned()
             .ok_or_else(|| ApiError::not_found(name))?;
-        obj["metadata"]["deletionTimestamp"] = json!(
-            jiff::Timestamp::now()
-                .strftime("%Y-%m-%dT%H:%M:%SZ")
-                .to_string()
-        );
+        if obj["metadata"].get("deletionTimestamp").is_some() {
+            return Ok(obj);
+        }
+        obj["metadata"]["deletionTimestamp"] = json!(store::now_rfc3339());
         obj["metadata"]["deletionGracePeriodSeconds"] = json!(30);
         store.commit(key, obj)
     }

@@ -19,6 +19,8 @@ use super::{resources::ResourceType, selector::Selectors, status::ApiError};
 /// (kind index, namespace or "" when cluster-scoped, name): objects sort in list order.
 pub(crate) type Key = (usize, String, String);
 
+/// Watches open at once, across kinds; no test needs nearly this many.
+const MAX_WATCHES: usize = 1_000;
 /// Longest name the fake accepts (a DNS subdomain).
 const MAX_NAME_LEN: usize = 253;
 
@@ -115,7 +117,8 @@ pub(crate) struct Store {
     live: broadcast::Sender<Arc<Event>>,
 }
 
-fn now_rfc3339() -> String {
+/// Now, as metadata timestamps are written (RFC 3339, seconds, UTC).
+pub(crate) fn now_rfc3339() -> String {
     jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
@@ -380,6 +383,13 @@ impl Store {
     /// after: synthetic ADDED events for every object when `from` is None or 0 (as the
     /// server's "start at most recent"), else the history after `from`.
     pub fn subscribe(&self, kind: usize, from: Option<u64>) -> Result<Subscription, ApiError> {
+        if self.live.receiver_count() >= MAX_WATCHES {
+            return Err(ApiError::new(
+                429,
+                "TooManyRequests",
+                format!("the fake API server serves at most {MAX_WATCHES} watches at once"),
+            ));
+        }
         let replay = match from {
             None | Some(0) => self
                 .objects
