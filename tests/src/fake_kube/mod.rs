@@ -20,8 +20,8 @@
 //!   410 ([`Expiry`]);
 //! - GET, POST, PUT (409 on a stale `metadata.resourceVersion`), PATCH (merge, JSON patch,
 //!   strategic merge and server-side apply) and DELETE of objects and of the `/status`
-//!   subresource; every HTTP write is recorded with its field manager and user agent
-//!   ([`FakeKube::writes`]);
+//!   subresource; every HTTP write is recorded with its field manager and headers
+//!   ([`FakeKube::writes`]) before the change can be read back;
 //! - discovery (`/api`, `/apis`, `/api/v1`, `/apis/{group}/{version}`) and `/version`;
 //! - a bearer token: requests without it get 401;
 //! - bounds: the event history ([`Builder::history`]), the objects
