@@ -4,6 +4,8 @@
 //! membership; an `InferencePool`'s selector change moves it; a Service's VIPs appear;
 //! dropped watches, compaction and both forms of `410 Gone` converge with no lost event.
 
+#![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
+
 use std::time::Duration;
 
 use serde_json::{Value, json};
