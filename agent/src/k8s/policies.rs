@@ -164,6 +164,14 @@ impl PoliciesHandle {
         self.reloads.counts()
     }
 
+    /// Stops writing statuses and hands the status Lease back when this agent holds it
+    /// ([`status::StatusHandle::release`]); for a graceful shutdown. The watchers go on.
+    pub async fn release_status(&mut self) {
+        if let Some(s) = self.status.take() {
+            s.release().await;
+        }
+    }
+
     /// The status writer, when status writes are on.
     pub fn status(&self) -> Option<&status::StatusHandle> {
         self.status.as_ref()

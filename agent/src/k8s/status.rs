@@ -27,7 +27,11 @@ use kube::{
     Api, Client,
     api::{Patch, PatchParams},
 };
-use tokio::{sync::watch, task::JoinHandle, time::Instant};
+use tokio::{
+    sync::{oneshot, watch},
+    task::JoinHandle,
+    time::Instant,
+};
 
 use crate::policy::resources::{Condition, ResourceStatus, RoutePolicy, Tenant};
 
@@ -138,6 +142,8 @@ pub struct StatusHandle {
     leading: watch::Receiver<Option<Instant>>,
     writes: Arc<AtomicU64>,
     rounds: watch::Receiver<u64>,
+    release: Option<oneshot::Sender<()>>,
+    /// The election, then the writer.
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -152,6 +158,23 @@ impl StatusHandle {
     /// Status writes made so far.
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::Relaxed)
+    }
+
+    /// Stops writing and, when this agent holds the Lease, hands it back (holder cleared),
+    /// so that another agent takes over at its next read (within 5 s) instead of after the
+    /// Lease expires. For a graceful shutdown; dropping the handle stops without it.
+    pub async fn release(mut self) {
+        if let Some(writer) = self.tasks.get(1) {
+            writer.abort();
+        }
+        if let Some(tx) = self.release.take() {
+            let _ = tx.send(());
+        }
+        if !self.tasks.is_empty() {
+            let election = self.tasks.remove(0);
+            // The election task bounds its own call; an error here is a cancelled task.
+            let _ = election.await;
+        }
     }
 
     /// How many times the writer has gone over the objects (after each change of the
@@ -205,14 +228,16 @@ pub fn spawn_with<L: LeaseApi, S: StatusApi>(
         writes: writes.clone(),
         rounds: rounds_tx,
     };
+    let (release, released) = oneshot::channel();
     let tasks = vec![
-        tokio::spawn(elect(elector, settings.timing, tx)),
+        tokio::spawn(elect(elector, settings.timing, tx, released)),
         tokio::spawn(write(writer)),
     ];
     StatusHandle {
         leading,
         writes,
         rounds,
+        release: Some(release),
         tasks,
     }
 }
@@ -221,13 +246,27 @@ async fn elect<L: LeaseApi>(
     mut e: Elector<L>,
     timing: LeaseTiming,
     tx: watch::Sender<Option<Instant>>,
+    mut release: oneshot::Receiver<()>,
 ) {
     loop {
-        // A call that hangs counts as a failure: leading ends at its deadline anyway.
-        if let Ok(until) = tokio::time::timeout(timing.retry, e.tick()).await {
-            tx.send_replace(until);
+        let round = async {
+            // A call that hangs counts as a failure: leading ends at its deadline anyway.
+            if let Ok(until) = tokio::time::timeout(timing.retry, e.tick()).await {
+                tx.send_replace(until);
+            }
+            tokio::time::sleep(timing.retry).await;
+        };
+        tokio::select! {
+            biased;
+            r = &mut release => {
+                if r.is_ok() {
+                    tx.send_replace(None);
+                    let _ = tokio::time::timeout(timing.retry, e.release()).await;
+                }
+                return;
+            }
+            () = round => {}
         }
-        tokio::time::sleep(timing.retry).await;
     }
 }
 

@@ -195,6 +195,32 @@ impl<A: LeaseApi> Elector<A> {
         }
     }
 
+    /// Hands the Lease back when this agent holds it: holder cleared, duration 1 s, so the
+    /// next agent to read it takes it at once.
+    pub async fn release(&mut self) {
+        if self.renewed.take().is_none() {
+            return;
+        }
+        let Some((mine, _)) = self.observed.clone() else {
+            return;
+        };
+        if mine.holder.as_deref() != Some(self.holder.as_str()) {
+            return;
+        }
+        let released = LeaseRecord {
+            holder: None,
+            duration_seconds: Some(1),
+            renewed: Some(Timestamp::now()),
+            ..mine
+        };
+        match self.api.replace(&released).await {
+            Ok(_) => tracing::info!(holder = %self.holder, "status Lease released"),
+            Err(e) => {
+                tracing::warn!(holder = %self.holder, error = %e, "status Lease not released; it expires instead")
+            }
+        }
+    }
+
     /// Notes `record`, and `now` as its time when it differs from the one observed.
     fn observe(&mut self, record: LeaseRecord, now: Instant) {
         let same = self

@@ -299,6 +299,25 @@ async fn a_holder_learning_of_a_new_holder_stops_at_once() {
     assert_eq!(a.tick().await, None, "b holds it, renewed just now");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_released_lease_is_taken_at_the_next_read() {
+    let mem = Arc::new(MemLease::default());
+    let (va, vb) = (View::new(&mem), View::new(&mem));
+    let (mut a, mut b) = (elector(&va, "node-a"), elector(&vb, "node-b"));
+    assert!(a.tick().await.is_some());
+    assert_eq!(b.tick().await, None);
+    a.release().await;
+    assert_eq!(mem.holder(), None);
+    assert!(b.tick().await.is_some(), "no holder: taken at once");
+    assert_eq!(
+        (mem.holder().as_deref(), mem.transitions()),
+        (Some("node-b"), 1)
+    );
+    // Releasing what it does not hold changes nothing.
+    a.release().await;
+    assert_eq!(mem.holder().as_deref(), Some("node-b"));
+}
+
 // === the writer ===
 
 /// Records status writes; the object's status becomes what was written.
@@ -388,4 +407,7 @@ async fn only_the_holder_writes_and_only_what_differs() {
     assert!(b.is_leader());
     assert_eq!(b.writes(), 1);
     assert_eq!(sb.written.lock()[0].1.observed_generation, Some(3));
+    // A graceful stop hands the Lease back.
+    b.release().await;
+    assert_eq!(mem.holder(), None);
 }
