@@ -96,7 +96,7 @@ struct Client {
     grpc: SocketAddr,
     incarnation: u64,
     /// The pods it replicates (a change reopens the stream with the new set).
-    pods: watch::Sender<Vec<(String, SourceId)>>,
+    pods: watch::Sender<sync::client::PodSet>,
     placements: mpsc::Sender<Placement>,
     task: tokio::task::JoinHandle<()>,
 }

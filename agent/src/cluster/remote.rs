@@ -374,4 +374,57 @@ mod tests {
         assert_eq!(remote.owner("pod-c1"), None);
         assert_eq!(index.owner(src), None);
     }
+
+    #[test]
+    fn pods_added_are_claimed_from_the_last_view_and_pods_removed_forgotten() {
+        let index = Arc::new(KvIndex::new(IndexConfig::default()));
+        let info = |pod: &str| SourceInfo {
+            pod: pod.into(),
+            rank: None,
+        };
+        let mut remote = RemotePods::new(index.clone(), Vec::new(), DEFAULT_REMOTE_GRACE);
+        let t0 = Instant::now();
+        let c = peer("agent-c", 1, &[("pod-c1", PodHealth::Healthy)]);
+        assert!(remote.update(view(&[&c]), t0), "agent-c joined");
+        assert!(!remote.update(view(&[&c]), t0), "nothing changed");
+        // Named after agent-c published it: claimed at once, no membership change needed.
+        let c1 = index.add_remote_source(info("pod-c1"));
+        let d1 = index.add_remote_source(info("pod-d1"));
+        let set = remote.set_pods([("pod-c1".to_string(), c1), ("pod-d1".to_string(), d1)], t0);
+        assert_eq!((set.added, set.removed), (2, 0));
+        assert_eq!(remote.owner("pod-c1"), Some("agent-c"));
+        assert_eq!(index.owner(c1).as_deref(), Some("agent-c"));
+        assert_eq!(remote.owner("pod-d1"), None, "nobody claims it yet");
+        // Its owner shows up later: claimed by the membership change.
+        let d = peer("agent-d", 1, &[("pod-d1", PodHealth::Healthy)]);
+        remote.update(view(&[&c, &d]), t0);
+        assert_eq!(remote.owner("pod-d1"), Some("agent-d"));
+        index.load_snapshot(c1, &[(RouterKey(9), Tier::Gpu.bit())]);
+        // The same set again changes nothing (the copy is kept).
+        let set = remote.set_pods([("pod-c1".to_string(), c1), ("pod-d1".to_string(), d1)], t0);
+        assert_eq!((set.added, set.removed), (0, 0));
+        assert_eq!(index.holders(RouterKey(9)).len(), 1);
+        // pod-c1 removed: forgotten, its copy emptied, its source left to the caller.
+        let set = remote.set_pods([("pod-d1".to_string(), d1)], t0);
+        assert_eq!((set.added, set.removed), (0, 1));
+        assert_eq!(remote.owner("pod-c1"), None);
+        assert_eq!(remote.source("pod-c1"), None);
+        assert!(index.holders(RouterKey(9)).is_empty());
+        assert_eq!(index.owner(c1), None);
+        assert!(index.status().iter().any(|(id, _)| *id == c1));
+        assert_eq!(
+            remote.by_owner().keys().cloned().collect::<Vec<_>>(),
+            vec![("agent-d".to_string(), 1)]
+        );
+        // A membership change for agent-c touches nothing of the forgotten pod.
+        remote.update(view(&[&d]), t0);
+        assert_eq!(
+            index
+                .status()
+                .iter()
+                .find(|(id, _)| *id == c1)
+                .map(|(_, s)| s.state),
+            Some("waiting")
+        );
+    }
 }

@@ -21,6 +21,8 @@ use super::{
 };
 use crate::kv_index::{IndexConfig, KvIndex, SourceId, SourceInfo};
 
+mod dynamic;
+
 /// Gossip interval under test (production: 1 s).
 const INTERVAL: Duration = Duration::from_millis(50);
 

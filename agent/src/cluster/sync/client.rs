@@ -24,13 +24,16 @@ use super::{
 };
 use crate::kv_index::{KeyDelta, KvIndex, RouterKey, SourceId, Watermark};
 
+/// Pods by id and their sources here, in order.
+pub type PodSet = Vec<(String, SourceId)>;
+
 /// One peer to replicate from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
     pub peer: String,
     pub grpc: SocketAddr,
     /// The pods it owns that this agent replicates, and their sources here.
-    pub pods: Vec<(String, SourceId)>,
+    pub pods: PodSet,
 }
 
 /// Why a stream ended.
@@ -94,7 +97,7 @@ pub async fn replicate(
 /// change opens the stream again with the new set.
 pub async fn replicate_changing(
     mut upstream: Upstream,
-    mut pods: watch::Receiver<Vec<(String, SourceId)>>,
+    mut pods: watch::Receiver<PodSet>,
     index: Arc<KvIndex>,
     token: Option<String>,
     mut placements: mpsc::Receiver<Placement>,
@@ -109,7 +112,8 @@ pub async fn replicate_changing(
             &index,
             token.as_deref(),
             &mut copies,
-            (&mut placements, &mut pods),
+            &mut placements,
+            &mut pods,
         )
         .await;
         if matches!(end, StreamEnd::Resubscribe) {
@@ -166,10 +170,8 @@ async fn stream_once(
     index: &KvIndex,
     token: Option<&str>,
     copies: &mut HashMap<String, Copy>,
-    (placements, pods): (
-        &mut mpsc::Receiver<Placement>,
-        &mut watch::Receiver<Vec<(String, SourceId)>>,
-    ),
+    placements: &mut mpsc::Receiver<Placement>,
+    pods: &mut watch::Receiver<PodSet>,
 ) -> StreamEnd {
     let channel = match Endpoint::from_shared(format!("http://{}", upstream.grpc)) {
         Ok(e) => e.connect_timeout(Duration::from_secs(2)),

@@ -43,4 +43,4 @@ fn bearer(token: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

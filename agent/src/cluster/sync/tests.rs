@@ -99,7 +99,7 @@ async fn start(i: usize, n: usize, transport: &ChannelTransport, port_base: u16)
 }
 
 /// A chain of `n` blocks stored by an engine (hashes from `base`), and its router keys.
-fn stored(n: usize, base: u64) -> (Batch, Vec<RouterKey>) {
+pub(crate) fn stored(n: usize, base: u64) -> (Batch, Vec<RouterKey>) {
     let tokens: Vec<u32> = (0..n as u32 * 16).map(|t| t + base as u32 * 7).collect();
     let mut keys = Vec::new();
     let mut parent = None;
@@ -128,7 +128,7 @@ fn stored(n: usize, base: u64) -> (Batch, Vec<RouterKey>) {
     )
 }
 
-fn blocks(index: &KvIndex, source: SourceId, keys: &[RouterKey]) -> usize {
+pub(crate) fn blocks(index: &KvIndex, source: SourceId, keys: &[RouterKey]) -> usize {
     let mut out: Vec<Match> = Vec::new();
     index.lookup(keys, &mut out);
     out.iter()
