@@ -37,7 +37,7 @@ pub struct Counters {
     pub writes: u64,
     /// Watches refused or ended as expired (410, either form).
     pub expired: u64,
-    /// Requests answered by [`FakeKube::fail_next`].
+    /// Requests answered by [`FakeKube::fail_next`](super::FakeKube::fail_next).
     pub injected_failures: u64,
 }
 
