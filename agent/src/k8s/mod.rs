@@ -210,3 +210,72 @@ impl Watchers {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Environment, parse_in};
+
+    fn config(pools: &str) -> Config {
+        let none = |_: &str| None;
+        let no_file = |_: &str| false;
+        let text = format!(
+            "version: 1\npools:\n{pools}kubernetes: {{enabled: true, intercept: [{{namespace: ml, name: s, port: 80, pool: p}}]}}\n"
+        );
+        let env = Environment {
+            var: &none,
+            file_exists: &no_file,
+        };
+        parse_in(&text, "t.yaml", &env).unwrap()
+    }
+
+    /// A client that is never asked anything (nothing listens on port 1).
+    fn client() -> kube::Client {
+        let url = "http://127.0.0.1:1".parse().unwrap();
+        client::from_config(kube::Config::new(url)).unwrap()
+    }
+
+    const SELECTOR: &str =
+        "- name: p\n  model: m\n  selector: {namespace: ml, matchLabels: {app: a}, port: 80}\n";
+
+    #[tokio::test]
+    async fn start_refuses_what_it_cannot_follow() {
+        let c = config(SELECTOR);
+        let mut k = c.kubernetes.clone().unwrap();
+        k.enabled = false;
+        let e = start(client(), &k, &c.pools).await.unwrap_err();
+        assert!(matches!(e, Error::Disabled), "{e}");
+        let mut k = c.kubernetes.clone().unwrap();
+        k.namespaces = vec!["serving".into()];
+        let e = start(client(), &k, &c.pools).await.unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "pool `p`: its pods are in namespace `ml`, which kubernetes.namespaces does not list"
+        );
+        let mut k = c.kubernetes.clone().unwrap();
+        k.intercept[0].pool = "q".into();
+        let e = start(client(), &k, &c.pools).await.unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "kubernetes.intercept: ml/s names pool `q`, which is not configured"
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_to_follow_is_synced_at_once() {
+        let c = config("- name: p\n  model: m\n  endpoints: [{url: http://127.0.0.1:9}]\n");
+        let mut k = c.kubernetes.clone().unwrap();
+        k.intercept.clear();
+        let w = start(client(), &k, &c.pools).await.unwrap();
+        assert_eq!(w.pending(), 0);
+        w.synced().await;
+        assert!(w.members.borrow().is_empty() && w.services.borrow().is_empty());
+        // With one pool and one Service to follow, two watchers are pending (the server
+        // never answers).
+        let c = config(SELECTOR);
+        let w = start(client(), c.kubernetes.as_ref().unwrap(), &c.pools)
+            .await
+            .unwrap();
+        assert_eq!(w.pending(), 2);
+    }
+}
