@@ -233,6 +233,16 @@ async fn two_agents_one_status_writer_and_the_last_good_version_serving() {
     .await;
     assert_eq!(status_writes(), before, "{:?}", fake.writes());
     assert!(fake.counters(&ROUTE_POLICIES).expired >= 1);
+    // Status writes and the relist changed nothing that serves: two reloads in all, the
+    // first list and the rejected update.
+    for agent in [&a, &b] {
+        let c = agent.policies.counts();
+        assert_eq!(
+            (c.applied, c.unchanged, c.rejected, c.rejected_objects),
+            (1, 0, 1, 1),
+            "{c:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
