@@ -84,6 +84,12 @@ pub async fn run(args: AgentArgs) -> Result<(), Error> {
         tracing::warn!(%err, "could not mark the heartbeat stale; connects fail open within a second anyway");
     }
     if let Some(r) = &mut routing {
+        // The status Lease handed back: the next agent writes statuses without waiting for
+        // it to expire.
+        let policies = r.kubernetes.as_ref().and_then(|k| k.policies.lock().take());
+        if let Some(mut p) = policies {
+            p.release_status().await;
+        }
         let left = r.drain(drain).await;
         match left {
             0 => tracing::info!("drained"),
@@ -152,7 +158,7 @@ pub struct Routing {
     pub admin: std::net::SocketAddr,
     pub proxy: std::sync::Arc<crate::proxy::Proxy>,
     /// This agent's membership in a cluster (`--cluster-id`).
-    pub cluster: Option<crate::cluster::ClusterNode>,
+    pub cluster: Option<std::sync::Arc<crate::cluster::ClusterNode>>,
     /// The watched `--policy-dir`, if any.
     pub policy: Option<crate::policy::PolicyWatch>,
     /// The Kubernetes watchers (`kubernetes.enabled`).
@@ -199,7 +205,8 @@ impl Routing {
 #[derive(Debug)]
 pub struct Kubernetes {
     pub watchers: crate::k8s::Watchers,
-    pub policies: crate::k8s::policies::PoliciesHandle,
+    /// Taken out at shutdown to hand the status Lease back.
+    pub policies: parking_lot::Mutex<Option<crate::k8s::policies::PoliciesHandle>>,
     /// Whether `kubernetes.intercept` names Services (interception follows them).
     pub intercepts: bool,
 }
@@ -289,6 +296,8 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     let mut tasks = Vec::new();
     let mut builtin: Option<Arc<SegmentTokenizer>> = None;
     let mut pods = crate::cluster::join::Pods::default();
+    // The same pods again, for the cluster's sets once discovered pods join them.
+    let (mut static_local, mut static_remote) = (Vec::new(), Vec::new());
     for pc in &config.pools {
         let mut endpoints = Vec::new();
         for e in &pc.endpoints {
@@ -297,7 +306,11 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
                 .as_ref()
                 .is_some_and(|c| c.remote_endpoints.contains(&e.authority));
             let source = match &e.kv_events {
-                None if remote => Some(pods.remote(&index, &e.authority)),
+                None if remote => {
+                    let source = pods.remote(&index, &e.authority);
+                    static_remote.push((e.authority.clone(), source));
+                    Some(source)
+                }
                 Some(events) => {
                     let info = kv_index::SourceInfo {
                         pod: e.authority.clone(),
@@ -314,6 +327,11 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
                     };
                     tasks.push(kv_index::subscriber::spawn(index.clone(), id, cfg).await?);
                     pods.local(&e.authority, &pc.model, id);
+                    static_local.push(crate::cluster::LocalPod {
+                        id: e.authority.clone(),
+                        model: pc.model.clone(),
+                        source: id,
+                    });
                     Some(id)
                 }
                 None => None,
@@ -360,7 +378,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     };
     let proxy = Arc::new(proxy);
     let kubernetes = match &config.kubernetes {
-        Some(k) if k.enabled => Some(start_kubernetes(k, config, &proxy, &mut tasks).await?),
+        Some(k) if k.enabled => Some(start_kubernetes(k, config, &proxy).await?),
         _ => None,
     };
     let listen = |addr| async move {
@@ -402,11 +420,25 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     )));
     tasks.push(tokio::spawn(proxy::scrape_loop(proxy.clone())));
     let cluster = match &config.cluster {
-        Some(c) => Some(
+        Some(c) => Some(Arc::new(
             crate::cluster::join::join(c.join(Some(listen_addrs[0])), index.clone(), pods).await?,
-        ),
+        )),
         None => None,
     };
+    if let Some(k) = &kubernetes {
+        // Alone (no cluster) the agent subscribes to every discovered pod's KV events; in a
+        // cluster, to its own node's, and replicates the others' from their agents.
+        let cluster = cluster.as_ref().map(|node| crate::discovery::ClusterPods {
+            node: node.clone(),
+            local: static_local.clone(),
+            remote: static_remote.clone(),
+        });
+        tasks.push(crate::discovery::spawn(
+            proxy.clone(),
+            k.watchers.members.clone(),
+            cluster,
+        ));
+    }
     if let Some(node) = &cluster {
         // Quotas hold cluster-wide: each agent's share follows the others' demand.
         tasks.push(crate::cluster::spawn_usage_exchange(
@@ -436,13 +468,13 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     })
 }
 
-/// Starts the Kubernetes watchers, applies what they find to the proxy's pools and policy,
-/// and waits (at most [`KUBERNETES_SYNC_BOUND`]) for their first complete lists.
+/// Starts the Kubernetes watchers and policies (membership is applied by [`crate::discovery`]
+/// once the cluster is joined), and waits (at most [`KUBERNETES_SYNC_BOUND`]) for their first
+/// complete lists.
 async fn start_kubernetes(
     k: &crate::config::KubernetesConfig,
     config: &Config,
     proxy: &std::sync::Arc<crate::proxy::Proxy>,
-    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
 ) -> Result<std::sync::Arc<Kubernetes>, Error> {
     if config.policy_dir.is_some() {
         return Err(Error::Config(
@@ -451,13 +483,6 @@ async fn start_kubernetes(
     }
     let client = crate::k8s::client::client().await?;
     let watchers = crate::k8s::start(client.clone(), k, &config.pools).await?;
-    // Alone (no cluster) the agent subscribes to every pod's KV events; in a cluster, to its
-    // own node's.
-    tasks.push(crate::discovery::spawn(
-        proxy.clone(),
-        watchers.members.clone(),
-        config.cluster.is_none(),
-    ));
     let status = match (k.status_writes, &k.node_name) {
         (true, Some(node)) => Some(crate::k8s::status::Settings {
             holder: node.clone(),
@@ -492,7 +517,7 @@ async fn start_kubernetes(
     }
     let kubernetes = std::sync::Arc::new(Kubernetes {
         watchers,
-        policies,
+        policies: parking_lot::Mutex::new(Some(policies)),
         intercepts: !k.intercept.is_empty(),
     });
     let shown = kubernetes.clone();
@@ -508,11 +533,13 @@ impl Kubernetes {
     pub fn status(&self) -> serde_json::Value {
         let w = self.watchers.snapshot();
         let kind = |k: crate::k8s::KindSnapshot| serde_json::json!({"lists": k.lists, "restarts": k.restarts, "errors": k.errors});
-        let r = self.policies.counts();
-        let status = self
-            .policies
-            .status()
+        let policies = self.policies.lock();
+        let r = policies.as_ref().map(|p| p.counts()).unwrap_or_default();
+        let status = policies
+            .as_ref()
+            .and_then(|p| p.status())
             .map(|s| serde_json::json!({"leader": s.is_leader(), "writes": s.writes()}));
+        drop(policies);
         serde_json::json!({
             "pending": self.watchers.pending(),
             "pods": kind(w.pods), "inference_pools": kind(w.inference_pools),

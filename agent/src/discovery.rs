@@ -13,8 +13,9 @@ use std::{
 use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
+    cluster::{ClusterNode, LocalPod},
     kv_index::{
-        KvIndex, SourceInfo,
+        KvIndex, SourceId, SourceInfo,
         subscriber::{self, SourceConfig},
     },
     pool::{Endpoint, EndpointParts, Pool},
@@ -51,16 +52,27 @@ pub struct EndpointSpec {
 /// endpoints; a pool present with an empty list has none.
 pub type Desired = BTreeMap<String, Vec<EndpointSpec>>;
 
+/// The cluster this agent is in, and the pods of its configuration (which stay in the
+/// cluster's sets beside the discovered ones).
+#[derive(Debug, Clone)]
+pub struct ClusterPods {
+    pub node: Arc<ClusterNode>,
+    /// Configured pods this agent subscribes to.
+    pub local: Vec<LocalPod>,
+    /// Configured pods other agents own: `(id, remote source)`.
+    pub remote: Vec<(String, SourceId)>,
+}
+
 /// Applies each desired state the watcher publishes to the proxy's pools until `desired`
-/// closes. `alone`: this agent is in no cluster, so it subscribes to every endpoint's KV
-/// events (in a cluster, only to its own node's).
+/// closes. Alone (no `cluster`) the agent subscribes to every endpoint's KV events; in a
+/// cluster, to its own node's, and replicates the others' from the agents that own them.
 pub fn spawn(
     proxy: Arc<Proxy>,
     mut desired: watch::Receiver<Desired>,
-    alone: bool,
+    cluster: Option<ClusterPods>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut sync = MemberSync::new(proxy, alone);
+        let mut sync = MemberSync::new(proxy, cluster);
         loop {
             let now = desired.borrow_and_update().clone();
             sync.apply(&now).await;
@@ -78,7 +90,7 @@ type Key = (String, Option<u32>);
 #[derive(Debug)]
 pub struct MemberSync {
     proxy: Arc<Proxy>,
-    alone: bool,
+    cluster: Option<ClusterPods>,
     /// Per pool: spec -> (endpoint, its KV subscription task).
     members: HashMap<String, HashMap<Key, Member>>,
     /// Pools the watcher named that the configuration has not (reported once).
@@ -110,10 +122,10 @@ pub struct Applied {
 }
 
 impl MemberSync {
-    pub fn new(proxy: Arc<Proxy>, alone: bool) -> Self {
+    pub fn new(proxy: Arc<Proxy>, cluster: Option<ClusterPods>) -> Self {
         Self {
             proxy,
-            alone,
+            cluster,
             members: HashMap::new(),
             unknown: Default::default(),
         }
@@ -126,6 +138,8 @@ impl MemberSync {
     /// Makes every pool named in `desired` hold exactly its specs.
     pub async fn apply(&mut self, desired: &Desired) -> Applied {
         let mut total = Applied::default();
+        // Sources of members gone: removed from the index once the cluster has let go.
+        let mut dropped: Vec<SourceId> = Vec::new();
         for (name, specs) in desired {
             let Some(runtime) = self.proxy.pools.iter().find(|p| &p.name == name) else {
                 if self.unknown.insert(name.clone()) {
@@ -158,7 +172,7 @@ impl MemberSync {
                     }
                     replaced => {
                         if let Some(m) = replaced {
-                            self.forget(pool, m);
+                            dropped.extend(forget(pool, m));
                         }
                         applied.added += 1;
                         self.start(pool, spec).await
@@ -170,7 +184,7 @@ impl MemberSync {
             applied.removed = old.len();
             for (_, m) in old.drain() {
                 tracing::info!(pool = %name, endpoint = %m.spec.authority, origin = %m.spec.origin, "endpoint left the pool");
-                self.forget(pool, m);
+                dropped.extend(forget(pool, m));
             }
             // Kept endpoints first, in their old order; new ones after.
             let current = pool.endpoints();
@@ -194,7 +208,46 @@ impl MemberSync {
             total.changed += applied.changed;
             self.members.insert(name.clone(), next);
         }
+        if let Some(c) = &self.cluster {
+            let (local, remote) = self.cluster_sets(c);
+            let changed = c.node.set_pods(local, remote);
+            for refused in &changed.refused {
+                tracing::warn!(%refused, "pod not shared with the cluster");
+            }
+        }
+        for source in dropped {
+            self.index().remove_source(source);
+        }
         total
+    }
+
+    /// The cluster's pod sets: the configured ones, then every discovered member with a
+    /// source (subscribed here: local; replicated: remote).
+    fn cluster_sets(&self, c: &ClusterPods) -> (Vec<LocalPod>, Vec<(String, SourceId)>) {
+        let (mut local, mut remote) = (c.local.clone(), c.remote.clone());
+        for (pool, members) in &self.members {
+            let model = self
+                .proxy
+                .pools
+                .iter()
+                .find(|p| &p.name == pool)
+                .map(|p| p.pool.model.clone())
+                .unwrap_or_default();
+            for m in members.values() {
+                let Some(source) = m.endpoint.source else {
+                    continue;
+                };
+                match m.subscription.is_some() {
+                    true => local.push(LocalPod {
+                        id: m.spec.authority.clone(),
+                        model: model.clone(),
+                        source,
+                    }),
+                    false => remote.push((m.spec.authority.clone(), source)),
+                }
+            }
+        }
+        (local, remote)
     }
 
     /// A new member: its KV source and subscription (when it publishes events and this
@@ -202,8 +255,16 @@ impl MemberSync {
     async fn start(&self, pool: &Pool, spec: &EndpointSpec) -> Member {
         let mut source = None;
         let mut subscription = None;
+        let alone = self.cluster.is_none();
+        if spec.kv_events.is_some() && !alone && !spec.local {
+            // Another node's pod: its agent subscribes; this one replicates its index.
+            source = Some(self.index().add_remote_source(SourceInfo {
+                pod: spec.authority.clone(),
+                rank: spec.dp_rank,
+            }));
+        }
         if let Some(events) = &spec.kv_events
-            && (self.alone || spec.local)
+            && (alone || spec.local)
         {
             let id = self.index().add_source(SourceInfo {
                 pod: spec.authority.clone(),
@@ -244,18 +305,17 @@ impl MemberSync {
             subscription,
         }
     }
+}
 
-    /// Stops a member's subscription and drops what the index and history hold of it.
-    fn forget(&self, pool: &Pool, mut m: Member) {
-        m.endpoint.set_wanted(false);
-        if let Some(task) = m.subscription.take() {
-            task.abort();
-        }
-        if let Some(source) = m.endpoint.source {
-            self.index().remove_source(source);
-        }
-        pool.forget(&m.endpoint);
+/// Stops a member's subscription and drops its routing history; returns its KV source,
+/// for the caller to remove from the index (after the cluster has let go of it).
+fn forget(pool: &Pool, mut m: Member) -> Option<SourceId> {
+    m.endpoint.set_wanted(false);
+    if let Some(task) = m.subscription.take() {
+        task.abort();
     }
+    pool.forget(&m.endpoint);
+    m.endpoint.source
 }
 
 fn take_subscription(mut m: Member) -> Option<JoinHandle<()>> {
@@ -326,7 +386,7 @@ mod tests {
     #[tokio::test]
     async fn endpoints_join_drain_and_leave_as_the_watcher_says() {
         let proxy = proxy();
-        let mut sync = MemberSync::new(proxy.clone(), true);
+        let mut sync = MemberSync::new(proxy.clone(), None);
         let a = spec("127.0.0.1:1", false);
         let b = spec("127.0.0.1:2", true);
         let applied = sync.apply(&desired(vec![a.clone(), b.clone()])).await;
@@ -388,7 +448,7 @@ mod tests {
     #[tokio::test]
     async fn a_changed_event_source_rebuilds_the_endpoint_and_its_subscription() {
         let proxy = proxy();
-        let mut sync = MemberSync::new(proxy.clone(), true);
+        let mut sync = MemberSync::new(proxy.clone(), None);
         let mut a = spec("127.0.0.1:1", true);
         a.kv_events = Some("tcp://127.0.0.1:1".into());
         sync.apply(&desired(vec![a.clone()])).await;
@@ -401,14 +461,5 @@ mod tests {
         let second = proxy.pools[0].pool.endpoints()[0].clone();
         assert!(!Arc::ptr_eq(&first, &second));
         assert!(!first.routable(), "the old endpoint is drained");
-        // In a cluster a remote pod's events are its own agent's to subscribe to.
-        let mut sync = MemberSync::new(proxy.clone(), false);
-        let mut remote = spec("127.0.0.1:3", true);
-        remote.local = false;
-        remote.kv_events = Some("tcp://127.0.0.1:3".into());
-        sync.apply(&desired(vec![remote])).await;
-        let e = proxy.pools[0].pool.endpoints()[0].clone();
-        assert_eq!(e.authority, "127.0.0.1:3");
-        assert_eq!(e.source, None);
     }
 }
