@@ -21,7 +21,7 @@ use warmpath_agent::{
     telemetry::{Telemetry, TelemetryConfig},
     tenant::TenantPolicy,
 };
-use warmpath_e2e::fake_kube::{FakeKube, PODS, ROUTE_POLICIES, TENANTS};
+use warmpath_e2e::fake_kube::{Expiry, FakeKube, PODS, ROUTE_POLICIES, TENANTS};
 
 /// Longest wait for one condition.
 const WAIT: Duration = Duration::from_secs(20);
@@ -289,6 +289,38 @@ async fn only_watched_namespaces_apply_and_a_deletion_stops_applying() {
         "{:?}",
         a.policies.counts()
     );
+}
+
+/// A watch refused with HTTP 410 (the history compacted while the watch was down) relists,
+/// and the change made meanwhile applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_refused_with_410_relists() {
+    let fake = FakeKube::builder()
+        .expiry(Expiry::Http410)
+        .start()
+        .await
+        .expect("fake API server");
+    fake.apply(route_policy(2)).expect("policy");
+    let a = agent_in(&fake, "node-a", vec!["ml".into()]).await;
+    fake.wait_for_counters(&ROUTE_POLICIES, WAIT, |c| c.open_watches == 1)
+        .await
+        .expect("watching after the list");
+    fake.pause_watches();
+    let held = fake.counters(&ROUTE_POLICIES);
+    fake.drop_watches();
+    fake.apply(route_policy(3)).expect("update");
+    fake.compact();
+    fake.drop_watches();
+    fake.wait_for_counters(&ROUTE_POLICIES, WAIT, |c| {
+        c.expired > held.expired && c.lists > held.lists
+    })
+    .await
+    .expect("the refused watch makes the agent relist");
+    fake.resume_watches();
+    wait_until(&[&a], "the update made while the watch was down", || {
+        a.serving() == "ml/chat@2 retries=Some(3)"
+    })
+    .await;
 }
 
 fn pod(name: &str, node: &str, ns: &str, sa: &str, ip: &str) -> Value {

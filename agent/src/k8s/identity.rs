@@ -2,8 +2,8 @@
 //! service account and labels, so `Tenant` workload selectors match workloads rather than
 //! headers (docs/policy.md, "Client identity on Kubernetes").
 //!
-//! A [`PodDirectory`] follows pods with kube's watcher (backoff, resume, relist on `410
-//! Gone`): with [`Scope::Node`] only the pods of this node (`fieldSelector
+//! A [`PodDirectory`] follows pods ([`super::watch::follow`]: kube's watcher with backoff,
+//! resumed watches, relists on `410 Gone`): with [`Scope::Node`] only the pods of this node (`fieldSelector
 //! spec.nodeName=NODE`: intercepted clients run on the agent's node), with
 //! [`Scope::Cluster`] every pod (clients reaching the agent from other nodes). Of each pod
 //! it keeps only what identity needs — its addresses (`status.podIPs`, IPv4 and IPv6),
@@ -12,7 +12,8 @@
 //! so are pods that have finished (`Succeeded`, `Failed`: their address may already be
 //! another pod's).
 //!
-//! Every batch of watch events, and every new set of selectors from the policy
+//! Every batch of watch events (the whole list after it), and every new set of selectors
+//! from the policy
 //! ([`Workloads::select`]), recomputes one map of address -> tenant, swapped whole
 //! (arc-swap): a request costs one hash lookup, and a recomputation is linear in the pods
 //! kept. Two pods with one address (a pod replaced while the old one is still listed): a
@@ -25,23 +26,17 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::Pod;
-use kube::{
-    Api, Client,
-    runtime::{WatchStreamExt as _, watcher},
-};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use kube::{Api, Client, runtime::watcher};
 use parking_lot::Mutex;
 use tokio::{sync::watch, task::JoinHandle};
 
+use super::watch::{KindCounters, follow};
 use crate::tenant::{Workload, WorkloadDirectory, WorkloadSelectors, Workloads};
 
 /// Most pods kept: above the 150,000 pods Kubernetes supports in one cluster. Pods beyond
 /// are left out (their clients fall back to CIDRs and headers) with a warning.
 pub const MAX_PODS: usize = 200_000;
-/// Most watch events applied before the address map is recomputed (a relist of many pods
-/// is applied in batches of this size at most).
-const BATCH: usize = 512;
 
 /// Which pods are followed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,8 +60,6 @@ struct Entry {
 struct State {
     /// By `namespace/name`.
     pods: BTreeMap<String, Entry>,
-    /// A relist in progress: the pods listed so far, swapped in at its end.
-    relist: Option<BTreeMap<String, Entry>>,
     selectors: Arc<WorkloadSelectors>,
     /// A warning about [`MAX_PODS`] was logged.
     warned: bool,
@@ -117,24 +110,17 @@ pub fn spawn(client: Client, scope: Scope) -> (Arc<PodDirectory>, IdentityHandle
     let api: Api<Pod> = Api::all(client);
     let (tx, synced) = watch::channel(false);
     let dir = directory.clone();
+    let what = match &scope {
+        Scope::Node(node) => format!("pods on {node} (identity)"),
+        Scope::Cluster => "pods (identity)".to_string(),
+    };
     let task = tokio::spawn(async move {
-        let stream = watcher(api, config).default_backoff().ready_chunks(BATCH);
-        let mut stream = std::pin::pin!(stream);
-        while let Some(events) = stream.next().await {
-            let mut state = dir.state.lock();
-            for event in events {
-                match event {
-                    Ok(e) => {
-                        if matches!(e, watcher::Event::InitDone) {
-                            tx.send_replace(true);
-                        }
-                        state.apply(e);
-                    }
-                    Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying with backoff"),
-                }
-            }
-            dir.recompute(&state);
-        }
+        let counters = KindCounters::default();
+        let on_state = |pods: &[Arc<Pod>]| {
+            dir.replace_pods(pods.iter().map(|p| &**p));
+            tx.send_replace(true);
+        };
+        follow(api, config, &what, &counters, slim, on_state).await;
     });
     (directory, IdentityHandle { synced, task })
 }
@@ -203,28 +189,29 @@ impl PodDirectory {
         self.len() == 0
     }
 
-    /// Replaces every pod with `pods` (a list), as a relist does.
-    pub fn replace_pods(&self, pods: impl IntoIterator<Item = Pod>) {
+    /// Replaces every pod with `pods` (the whole list, after every batch of changes).
+    pub fn replace_pods<'p>(&self, pods: impl IntoIterator<Item = &'p Pod>) {
         let mut state = self.state.lock();
-        state.apply(watcher::Event::Init);
+        state.pods.clear();
         for p in pods {
-            state.apply(watcher::Event::InitApply(p));
+            state.upsert(p);
         }
-        state.apply(watcher::Event::InitDone);
         self.recompute(&state);
     }
 
     /// A pod added or changed.
-    pub fn apply_pod(&self, pod: Pod) {
+    pub fn apply_pod(&self, pod: &Pod) {
         let mut state = self.state.lock();
-        state.apply(watcher::Event::Apply(pod));
+        state.upsert(pod);
         self.recompute(&state);
     }
 
     /// A pod deleted.
-    pub fn delete_pod(&self, pod: Pod) {
+    pub fn delete_pod(&self, pod: &Pod) {
         let mut state = self.state.lock();
-        state.apply(watcher::Event::Delete(pod));
+        if let Some(key) = key(pod) {
+            state.pods.remove(&key);
+        }
         self.recompute(&state);
     }
 
@@ -274,42 +261,17 @@ impl Workloads for PodDirectory {
 // === impl State ===
 
 impl State {
-    fn apply(&mut self, event: watcher::Event<Pod>) {
-        match event {
-            watcher::Event::Init => self.relist = Some(BTreeMap::new()),
-            watcher::Event::InitApply(p) => {
-                let Some(key) = key(&p) else { return };
-                let entry = entry(&p);
-                let relist = self.relist.get_or_insert_with(BTreeMap::new);
-                match entry {
-                    Some(e) if relist.len() < MAX_PODS => {
-                        relist.insert(key, e);
-                    }
-                    Some(_) => self.warn_full(),
-                    None => {}
-                }
+    /// Keeps `p` (replacing its previous version), or forgets it when it identifies no
+    /// client any more.
+    fn upsert(&mut self, p: &Pod) {
+        let Some(key) = key(p) else { return };
+        match entry(p) {
+            Some(e) if self.pods.len() < MAX_PODS || self.pods.contains_key(&key) => {
+                self.pods.insert(key, e);
             }
-            watcher::Event::InitDone => {
-                if let Some(pods) = self.relist.take() {
-                    self.pods = pods;
-                }
-            }
-            watcher::Event::Apply(p) => {
-                let Some(key) = key(&p) else { return };
-                match entry(&p) {
-                    Some(e) if self.pods.len() < MAX_PODS || self.pods.contains_key(&key) => {
-                        self.pods.insert(key, e);
-                    }
-                    Some(_) => self.warn_full(),
-                    None => {
-                        self.pods.remove(&key);
-                    }
-                }
-            }
-            watcher::Event::Delete(p) => {
-                if let Some(key) = key(&p) {
-                    self.pods.remove(&key);
-                }
+            Some(_) => self.warn_full(),
+            None => {
+                self.pods.remove(&key);
             }
         }
     }
@@ -321,6 +283,31 @@ impl State {
                 "more than {MAX_PODS} pods: the others are not identified (their clients fall back to CIDRs and headers)"
             );
         }
+    }
+}
+
+/// Drops what identity never reads (containers, volumes, conditions, ...), bounding the
+/// memory of the followed list.
+fn slim(p: &mut Pod) {
+    let meta = &mut p.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.owner_references = None;
+    if let Some(spec) = &mut p.spec {
+        *spec = PodSpec {
+            host_network: spec.host_network,
+            node_name: spec.node_name.take(),
+            service_account_name: spec.service_account_name.take(),
+            ..PodSpec::default()
+        };
+    }
+    if let Some(status) = &mut p.status {
+        *status = PodStatus {
+            phase: status.phase.take(),
+            pod_ip: status.pod_ip.take(),
+            pod_ips: status.pod_ips.take(),
+            ..PodStatus::default()
+        };
     }
 }
 

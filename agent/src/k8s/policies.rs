@@ -2,9 +2,10 @@
 //! into the active policy, the same way the policy directory's are (docs/policy.md,
 //! "Kubernetes").
 //!
-//! One reflector per kind (per watched namespace for `RoutePolicy`), each with kube's
-//! watcher backoff; a watch that ends or fails resumes from its last resourceVersion, and
-//! on `410 Gone` relists (the reflector swaps the listed set in whole). Every change wakes
+//! One followed list per kind (per watched namespace for `RoutePolicy`: [`super::watch::follow`],
+//! kube's watcher and reflector with backoff); a watch that ends or fails resumes from its
+//! last resourceVersion, and on `410 Gone` (an `ERROR` event or a refused watch) relists,
+//! the listed set replacing the old one whole. Every change wakes
 //! one task that, once changes pause for [`store::DEBOUNCE`] (at most [`store::MAX_DELAY`]
 //! after the first), settles every object of every store with [`store::accept`] — the
 //! directory's path: each object validated, an invalid update keeping its last good
@@ -23,19 +24,19 @@
 
 use std::{path::PathBuf, sync::Arc};
 
-use futures::StreamExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::{
-    Api, Client,
-    runtime::{WatchStreamExt as _, reflector, reflector::Store, watcher},
-};
+use kube::{Api, Client, runtime::watcher};
 use opentelemetry::metrics::Meter;
+use parking_lot::Mutex;
 use tokio::{
     sync::{Notify, watch},
     task::JoinHandle,
 };
 
-use super::status::{self, Target};
+use super::{
+    status::{self, Target},
+    watch::{KindCounters, follow},
+};
 use crate::policy::{
     active::ActivePolicy,
     resources::{Resource, ResourceStatus, RoutePolicy, Tenant},
@@ -55,11 +56,32 @@ pub struct PoliciesHandle {
     tasks: Vec<JoinHandle<()>>,
 }
 
-/// The reflectors' stores.
-#[derive(Clone)]
+/// The latest complete state of one followed list; `None` until it has listed once.
+type Slot<K> = Arc<Mutex<Option<Vec<Arc<K>>>>>;
+
+/// Every followed list.
 struct Stores {
-    policies: Vec<Store<RoutePolicy>>,
-    tenants: Store<Tenant>,
+    policies: Vec<Slot<RoutePolicy>>,
+    tenants: Slot<Tenant>,
+}
+
+// === impl Stores ===
+
+impl Stores {
+    fn listed(&self) -> bool {
+        self.policies.iter().all(|s| s.lock().is_some()) && self.tenants.lock().is_some()
+    }
+
+    fn policies(&self) -> Vec<Arc<RoutePolicy>> {
+        self.policies
+            .iter()
+            .flat_map(|s| s.lock().clone().unwrap_or_default())
+            .collect()
+    }
+
+    fn tenants(&self) -> Vec<Arc<Tenant>> {
+        self.tenants.lock().clone().unwrap_or_default()
+    }
 }
 
 /// Watches `RoutePolicy` objects in `namespaces` (empty: every namespace) and every
@@ -75,19 +97,29 @@ pub fn spawn(
 ) -> PoliciesHandle {
     let wake = Arc::new(Notify::new());
     let mut tasks = Vec::new();
-    let apis: Vec<Api<RoutePolicy>> = if namespaces.is_empty() {
-        vec![Api::all(client.clone())]
+    let apis: Vec<(Api<RoutePolicy>, String)> = if namespaces.is_empty() {
+        vec![(Api::all(client.clone()), "routepolicies".into())]
     } else {
         namespaces
             .iter()
-            .map(|ns| Api::namespaced(client.clone(), ns))
+            .map(|ns| {
+                (
+                    Api::namespaced(client.clone(), ns),
+                    format!("routepolicies {ns}"),
+                )
+            })
             .collect()
     };
     let policies = apis
         .into_iter()
-        .map(|api| reflect(api, &wake, &mut tasks))
+        .map(|(api, what)| reflect(api, what, &wake, &mut tasks))
         .collect();
-    let tenants = reflect(Api::<Tenant>::all(client.clone()), &wake, &mut tasks);
+    let tenants = reflect(
+        Api::<Tenant>::all(client.clone()),
+        "tenants".into(),
+        &wake,
+        &mut tasks,
+    );
     let stores = Stores { policies, tenants };
     let reloads = Arc::new(Reloads::default());
     reloads.observe(meter);
@@ -113,8 +145,14 @@ pub fn spawn(
     }
 }
 
-/// A reflector over `api`, waking `wake` on every event; its task is pushed to `tasks`.
-fn reflect<K>(api: Api<K>, wake: &Arc<Notify>, tasks: &mut Vec<JoinHandle<()>>) -> Store<K>
+/// Follows `api` into a slot, waking `wake` after every batch; its task is pushed to
+/// `tasks`.
+fn reflect<K>(
+    api: Api<K>,
+    what: String,
+    wake: &Arc<Notify>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Slot<K>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -124,23 +162,32 @@ where
         + Sync
         + 'static,
 {
-    let (reader, writer) = reflector::store();
-    let kind = K::kind(&()).into_owned();
-    let stream = reflector(
-        writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
-    );
-    let wake = wake.clone();
+    let slot: Slot<K> = Arc::default();
+    let (into, wake) = (slot.clone(), wake.clone());
     tasks.push(tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(_) => wake.notify_one(),
-                Err(e) => tracing::warn!(kind, error = %e, "watch failed; retrying with backoff"),
-            }
-        }
+        let counters = KindCounters::default();
+        let on_state = |state: &[Arc<K>]| {
+            *into.lock() = Some(state.to_vec());
+            wake.notify_one();
+        };
+        follow(
+            api,
+            watcher::Config::default(),
+            &what,
+            &counters,
+            slim::<K>,
+            on_state,
+        )
+        .await;
     }));
-    reader
+    slot
+}
+
+/// What settling and status writing never read.
+fn slim<K: kube::Resource>(o: &mut K) {
+    let meta = o.meta_mut();
+    meta.managed_fields = None;
+    meta.annotations = None;
 }
 
 // === impl PoliciesHandle ===
@@ -198,13 +245,8 @@ struct Run {
 }
 
 async fn run(r: Run) {
-    for s in &r.stores.policies {
-        if s.wait_until_ready().await.is_err() {
-            return;
-        }
-    }
-    if r.stores.tenants.wait_until_ready().await.is_err() {
-        return;
+    while !r.stores.listed() {
+        r.wake.notified().await;
     }
     let mut published = r.active.subscribe();
     let mut prev: Option<Arc<Accepted>> = None;
@@ -239,17 +281,15 @@ async fn run(r: Run) {
 /// [`MAX_OBJECTS`] (the others are left out with a warning).
 fn objects(stores: &Stores) -> Vec<(PathBuf, Resource)> {
     let mut out: Vec<(PathBuf, Resource)> = Vec::new();
-    for s in &stores.policies {
-        out.extend(s.state().iter().map(|p| {
-            let r = Resource::RoutePolicy(RoutePolicy {
-                metadata: kept_meta(&p.metadata),
-                spec: p.spec.clone(),
-                status: None,
-            });
-            (source(&r), r)
-        }));
-    }
-    out.extend(stores.tenants.state().iter().map(|t| {
+    out.extend(stores.policies().iter().map(|p| {
+        let r = Resource::RoutePolicy(RoutePolicy {
+            metadata: kept_meta(&p.metadata),
+            spec: p.spec.clone(),
+            status: None,
+        });
+        (source(&r), r)
+    }));
+    out.extend(stores.tenants().iter().map(|t| {
         let r = Resource::Tenant(Tenant {
             metadata: kept_meta(&t.metadata),
             spec: t.spec.clone(),
@@ -301,27 +341,25 @@ fn targets(stores: &Stores, accepted: &Accepted, active: &ActivePolicy) -> Vec<T
         Some(s)
     };
     let mut out = Vec::new();
-    for s in &stores.policies {
-        for p in s.state() {
-            let key = format!(
-                "{}/{}",
-                p.metadata.namespace.as_deref().unwrap_or("default"),
-                p.metadata.name.as_deref().unwrap_or("")
-            );
-            let Some(want) = desired("RoutePolicy", &key) else {
-                continue;
-            };
-            out.push(Target {
-                kind: status::Kind::RoutePolicy,
-                namespace: p.metadata.namespace.clone(),
-                name: p.metadata.name.clone().unwrap_or_default(),
-                resource_version: p.metadata.resource_version.clone(),
-                current: p.status.clone(),
-                desired: want,
-            });
-        }
+    for p in stores.policies() {
+        let key = format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or("default"),
+            p.metadata.name.as_deref().unwrap_or("")
+        );
+        let Some(want) = desired("RoutePolicy", &key) else {
+            continue;
+        };
+        out.push(Target {
+            kind: status::Kind::RoutePolicy,
+            namespace: p.metadata.namespace.clone(),
+            name: p.metadata.name.clone().unwrap_or_default(),
+            resource_version: p.metadata.resource_version.clone(),
+            current: p.status.clone(),
+            desired: want,
+        });
     }
-    for t in stores.tenants.state() {
+    for t in stores.tenants() {
         let name = t.metadata.name.clone().unwrap_or_default();
         let Some(want) = desired("Tenant", &name) else {
             continue;

@@ -103,7 +103,7 @@ fn pods() -> Vec<Pod> {
 #[test]
 fn pods_resolve_to_tenants_by_the_most_specific_selector() {
     let dir = Arc::new(PodDirectory::default());
-    dir.replace_pods(pods());
+    dir.replace_pods(&pods());
     dir.select(selectors());
     let layered = TenantPolicy {
         directory: Arc::new(LayeredDirectory {
@@ -162,15 +162,21 @@ fn changes_to_pods_and_selectors_recompute_the_map() {
     let dir = PodDirectory::default();
     let ip: IpAddr = "10.0.0.1".parse().unwrap();
     assert_eq!(dir.tenant_of(ip), None);
-    dir.apply_pod(pod("a", "web", "default", &[], &["10.0.0.1"]));
+    dir.apply_pod(&pod("a", "web", "default", &[], &["10.0.0.1"]));
     assert_eq!(dir.tenant_of(ip), None, "no selectors yet");
     dir.select(selectors());
     assert_eq!(dir.tenant_of(ip).as_deref(), Some("team-a"));
     // Relabelled: now the gpu tenant's.
-    dir.apply_pod(pod("a", "web", "default", &[("gpu", "yes")], &["10.0.0.1"]));
+    dir.apply_pod(&pod(
+        "a",
+        "web",
+        "default",
+        &[("gpu", "yes")],
+        &["10.0.0.1"],
+    ));
     assert_eq!(dir.tenant_of(ip).as_deref(), Some("gpu-users"));
     // Replaced by a pod of another namespace at the same address, the old one finishing.
-    dir.apply_pod(pod_with(
+    dir.apply_pod(&pod_with(
         "a",
         "web",
         "default",
@@ -179,16 +185,16 @@ fn changes_to_pods_and_selectors_recompute_the_map() {
         "Pending",
         false,
     ));
-    dir.apply_pod(pod("b", "new", "default", &[], &["10.0.0.1"]));
+    dir.apply_pod(&pod("b", "new", "default", &[], &["10.0.0.1"]));
     assert_eq!(
         dir.tenant_of(ip),
         None,
         "the running pod (namespace b) wins"
     );
-    dir.delete_pod(pod("b", "new", "default", &[], &["10.0.0.1"]));
+    dir.delete_pod(&pod("b", "new", "default", &[], &["10.0.0.1"]));
     assert_eq!(dir.tenant_of(ip).as_deref(), Some("team-a"));
     // A relist without the pod removes it.
-    dir.replace_pods([pod("a", "other", "default", &[], &["10.0.0.2"])]);
+    dir.replace_pods(&[pod("a", "other", "default", &[], &["10.0.0.2"])]);
     assert_eq!(dir.tenant_of(ip), None);
     assert_eq!(
         dir.tenant_of("10.0.0.2".parse().unwrap()).as_deref(),
@@ -218,7 +224,7 @@ spec:
     let resources = documents::parse("t.yaml", text).unwrap();
     let active = ActivePolicy::new(TenantPolicy::default());
     let dir = Arc::new(PodDirectory::default());
-    dir.replace_pods([
+    dir.replace_pods(&[
         pod("ml", "notebook", "default", &[], &["10.1.0.1"]),
         pod("ml", "job", "batch", &[], &["10.1.0.2"]),
     ]);
@@ -244,6 +250,6 @@ spec:
         ("True", "ResolvedRefs")
     );
     // A pod appearing later is identified without a new policy set.
-    dir.apply_pod(pod("ml", "late", "default", &[], &["10.1.0.3"]));
+    dir.apply_pod(&pod("ml", "late", "default", &[], &["10.1.0.3"]));
     assert_eq!(&*tenant("10.1.0.3"), "ml-team");
 }
