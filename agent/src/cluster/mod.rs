@@ -49,7 +49,7 @@ use sync::{
 pub const DEFAULT_PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 /// One pod this agent subscribes to and owns.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalPod {
     /// The pod's id: its `host:port`, as every agent's pools name it.
     pub id: String,
@@ -263,6 +263,16 @@ impl ClusterNode {
     /// The owner of a remote pod, when one claims it and is alive.
     pub fn owner(&self, pod: &str) -> Option<String> {
         self.shared.remote.lock().owner(pod).map(str::to_string)
+    }
+
+    /// This agent's pods now: the local set and the remote set (pod id order), as the
+    /// last [`ClusterNode::set_pods`] (or `start`) left them after its checks. Every call
+    /// replaces both sets, so a caller that changes only some pods (discovered ones next to
+    /// configured ones) starts from these.
+    pub fn pods(&self) -> (Vec<LocalPod>, Vec<(String, SourceId)>) {
+        let local = self.shared.local.lock().clone();
+        let remote = self.shared.remote.lock().pods();
+        (local, remote)
     }
 
     /// Makes `local` and `remote` this agent's pods, the full sets each time (pods as in

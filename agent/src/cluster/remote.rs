@@ -161,6 +161,17 @@ impl RemotePods {
         self.pods.get(pod).map(|t| t.source)
     }
 
+    /// Every remote pod and its source, in pod id order.
+    pub fn pods(&self) -> Vec<(String, SourceId)> {
+        let mut pods: Vec<_> = self
+            .pods
+            .iter()
+            .map(|(p, t)| (p.clone(), t.source))
+            .collect();
+        pods.sort();
+        pods
+    }
+
     /// The owner of a remote pod, when one claims it and is alive.
     pub fn owner(&self, pod: &str) -> Option<&str> {
         let t = self.pods.get(pod)?;

@@ -203,6 +203,7 @@ async fn a_pod_added_at_run_time_replicates_leaves_and_comes_back() {
     // B drops the pod from its remote set: nothing of it kept, its stream stops; C goes on.
     let changed = b.node.set_pods(Vec::new(), Vec::new());
     assert_eq!((changed.remote_added, changed.remote_removed), (0, 1));
+    assert_eq!(b.node.pods(), (Vec::new(), Vec::new()));
     assert_eq!(b.node.owner(POD), None);
     assert!(held(&b.index, pb).is_empty(), "the copy is emptied at once");
     let (last, last_keys) = stored(3, 600);
@@ -375,6 +376,14 @@ async fn local_pods_unfit_for_facts_or_listed_twice_are_left_out() {
         "{}",
         changed.refused[1]
     );
+    let (kept, remote) = a.node.pods();
+    assert_eq!(
+        kept.iter()
+            .map(|p| (p.id.as_str(), p.source))
+            .collect::<Vec<_>>(),
+        vec![(POD, s1)]
+    );
+    assert!(remote.is_empty());
     assert!(a.index.watermark(s1).is_some());
     assert_eq!(a.index.watermark(s2), None);
     assert_eq!(a.index.watermark(s3), None);
