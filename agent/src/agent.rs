@@ -205,6 +205,9 @@ impl Routing {
 #[derive(Debug)]
 pub struct Kubernetes {
     pub watchers: crate::k8s::Watchers,
+    /// The pods that identify clients (Tenant selectors by namespace, service account,
+    /// labels).
+    _identity: crate::k8s::identity::IdentityHandle,
     /// Taken out at shutdown to hand the status Lease back.
     pub policies: parking_lot::Mutex<Option<crate::k8s::policies::PoliciesHandle>>,
     /// Whether `kubernetes.intercept` names Services (interception follows them).
@@ -483,6 +486,21 @@ async fn start_kubernetes(
     }
     let client = crate::k8s::client::client().await?;
     let watchers = crate::k8s::start(client.clone(), k, &config.pools).await?;
+    // Client identity first, so that Tenant selectors match pods from the first policy set.
+    let scope = match (k.identity, &k.node_name) {
+        (crate::config::IdentityScope::Node, Some(node)) => {
+            crate::k8s::identity::Scope::Node(node.clone())
+        }
+        (crate::config::IdentityScope::Node, None) => {
+            tracing::warn!(
+                "kubernetes.identity is node but there is no node name (nodeName or $NODE_NAME): identifying clients from every pod of the cluster"
+            );
+            crate::k8s::identity::Scope::Cluster
+        }
+        (crate::config::IdentityScope::Cluster, _) => crate::k8s::identity::Scope::Cluster,
+    };
+    let (workloads, identity) = crate::k8s::identity::spawn(client.clone(), scope);
+    proxy.policy.set_workloads(workloads);
     let status = match (k.status_writes, &k.node_name) {
         (true, Some(node)) => Some(crate::k8s::status::Settings {
             holder: node.clone(),
@@ -506,6 +524,7 @@ async fn start_kubernetes(
     );
     let synced = async {
         watchers.synced().await;
+        identity.synced().await;
         policies.synced().await;
     };
     match tokio::time::timeout(KUBERNETES_SYNC_BOUND, synced).await {
@@ -517,6 +536,7 @@ async fn start_kubernetes(
     }
     let kubernetes = std::sync::Arc::new(Kubernetes {
         watchers,
+        _identity: identity,
         policies: parking_lot::Mutex::new(Some(policies)),
         intercepts: !k.intercept.is_empty(),
     });

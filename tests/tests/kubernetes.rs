@@ -602,3 +602,177 @@ async fn draining_finishes_streams_in_flight_and_refuses_new_connections() {
     let (left, _routing) = drained.await.unwrap();
     assert_eq!(left, 0, "nothing left in flight");
 }
+
+/// A loopback port free now (gossip and gRPC need theirs before they bind).
+fn free_port(udp: bool) -> u16 {
+    match udp {
+        true => std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port(),
+        false => std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port(),
+    }
+}
+
+/// `pod`'s KV source in an agent's `/status`.
+fn source_of(status: &Value, pod: &str) -> Value {
+    status["pods"]
+        .as_array()
+        .and_then(|pods| pods.iter().find(|p| p["load"]["endpoint"] == pod))
+        .map_or(Value::Null, |p| p["index"].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_in_a_cluster_share_the_index_of_discovered_pods() {
+    // Pod 0 on node-a, pod 1 on node-b: each agent subscribes to its own node's pod and
+    // replicates the other's index from the other agent (docs/cluster.md).
+    let pods = Pods::start(2).await;
+    let fake = FakeKube::start().await.unwrap();
+    let dir = Dir::new("cluster");
+    fake.apply(inference_pool(pods.port)).unwrap();
+    fake.apply(pods.pod(0, "node-a", true)).unwrap();
+    fake.apply(pods.pod(1, "node-b", true)).unwrap();
+    let seed = free_port(true);
+    let cluster_flags = |node: &str, gossip: u16| -> Vec<String> {
+        [
+            "--cluster-id".to_string(),
+            "k8s".into(),
+            "--node-id".into(),
+            node.into(),
+            "--gossip-interval-ms".into(),
+            "100".into(),
+            "--gossip-listen".into(),
+            format!("127.0.0.1:{gossip}"),
+            "--seed".into(),
+            format!("127.0.0.1:{seed}"),
+            "--grpc-listen".into(),
+            format!("127.0.0.1:{}", free_port(false)),
+        ]
+        .to_vec()
+    };
+    let (flags_a, flags_b) = (
+        cluster_flags("node-a", seed),
+        cluster_flags("node-b", free_port(true)),
+    );
+    let a = agent_with(
+        &fake,
+        &dir,
+        "node-a",
+        "",
+        &flags_a.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let b = agent_with(
+        &fake,
+        &dir,
+        "node-b",
+        "",
+        &flags_b.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let http = reqwest::Client::new();
+    let (p0, p1) = (pods.authority(0), pods.authority(1));
+    for (agent, own, other, owner) in [(&a, &p0, &p1, "node-b"), (&b, &p1, &p0, "node-a")] {
+        wait_for(
+            &format!("{other} replicated from {owner}"),
+            Duration::from_secs(60),
+            || async {
+                let s = get_json(&http, &format!("http://{}/status", agent.admin)).await;
+                let (mine, theirs) = (source_of(&s, own), source_of(&s, other));
+                (mine.is_object() && theirs["owner"] == owner && theirs["state"] == "healthy")
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    // Prompts placed through B are found through A on the same pods: A knows what B's pod
+    // cached from B (it does not subscribe to that pod's events).
+    let mut placed = Vec::new();
+    for i in 0..4 {
+        let prompt = format!("cluster prompt {i}: ").repeat(40);
+        let (status, pod, _) = complete(&http, &b, &prompt).await;
+        assert_eq!(status, 200);
+        placed.push((prompt, pod.unwrap()));
+    }
+    // Both agents' copies of both pods agree (A's of pod 1 came from B, B's of pod 0 from A).
+    let entries = |s: &Value, pod: &str| source_of(s, pod)["entries"].as_u64().unwrap();
+    wait_for("both copies agree", Duration::from_secs(60), || async {
+        let sa = get_json(&http, &format!("http://{}/status", a.admin)).await;
+        let sb = get_json(&http, &format!("http://{}/status", b.admin)).await;
+        let (a0, a1, b0, b1) = (
+            entries(&sa, &p0),
+            entries(&sa, &p1),
+            entries(&sb, &p0),
+            entries(&sb, &p1),
+        );
+        (a0 == b0 && a1 == b1 && a0 + a1 > 0).then_some(())
+    })
+    .await;
+    for (prompt, pod) in &placed {
+        let (status, via_a, _) = complete(&http, &a, prompt).await;
+        assert_eq!(
+            (status, via_a.as_deref()),
+            (200, Some(pod.as_str())),
+            "{prompt}"
+        );
+    }
+}
+
+/// A completion sent from `source` (a client pod's address).
+async fn complete_from(agent: &AgentProcess, source: &str) -> u16 {
+    let client = reqwest::Client::builder()
+        .local_address(source.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let resp = client
+        .post(format!("http://{}/v1/completions", agent.listen))
+        .json(&json!({"model": MODEL, "prompt": "who am i", "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    resp.status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_are_known_by_their_client_pods_namespace() {
+    let pods = Pods::start(1).await;
+    let fake = FakeKube::start().await.unwrap();
+    let dir = Dir::new("identity");
+    fake.apply(inference_pool(pods.port)).unwrap();
+    fake.apply(pods.pod(0, "node-a", true)).unwrap();
+    // A client pod on this node, in namespace `search`, at 127.0.0.9.
+    fake.apply(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "client", "namespace": "search", "labels": {"app": "client"}},
+        "spec": {"nodeName": "node-a", "serviceAccountName": "indexer",
+            "containers": [{"name": "c", "image": "client"}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.9", "podIPs": [{"ip": "127.0.0.9"}]},
+    }))
+    .unwrap();
+    // Its namespace's tenant may send one request a minute.
+    fake.apply(json!({
+        "apiVersion": "warmpath.dev/v1alpha1", "kind": "Tenant",
+        "metadata": {"name": "team-search"},
+        "spec": {"identity": {"namespaces": ["search"]}, "quotas": {"requests": "1/min"}},
+    }))
+    .unwrap();
+    let agent = agent(&fake, &dir, "node-a");
+    let http = reqwest::Client::new();
+    await_members(&http, &agent, &[(pods.authority(0), "serving")], "serving").await;
+    // The first request from the pod is the tenant's one; the next is over its quota. A
+    // client that is no pod of `search` (127.0.0.10) is the default tenant's, unlimited.
+    assert_eq!(complete_from(&agent, "127.0.0.9").await, 200);
+    assert_eq!(complete_from(&agent, "127.0.0.9").await, 429);
+    for _ in 0..3 {
+        assert_eq!(complete_from(&agent, "127.0.0.10").await, 200);
+    }
+    let status = get_json(&http, &format!("http://{}/status", agent.admin)).await;
+    assert!(
+        status["tenants"].to_string().contains("team-search"),
+        "{}",
+        status["tenants"]
+    );
+}
