@@ -8,7 +8,7 @@ use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 
 use super::{
     selector::Selectors,
@@ -66,6 +66,10 @@ pub(crate) fn open(
         }
         Err(e) => return Err(e),
     };
+    // The knobs as of now, before the watch is counted: a test that sees it open and then
+    // drops or pauses watches reaches this stream, however late its task starts.
+    let mut control = shared.control.subscribe();
+    let start: Control = *control.borrow_and_update();
     shared.count(req.kind, |c| {
         c.watches += 1;
         c.open_watches += 1;
@@ -81,7 +85,7 @@ pub(crate) fn open(
         pending: sub.replay.into(),
         initial_end: req.initial_events,
     };
-    tokio::spawn(stream.run(sub.live, req.bookmarks, req.timeout));
+    tokio::spawn(stream.run(sub.live, control, start, req.bookmarks, req.timeout));
     Ok(rx)
 }
 
@@ -122,11 +126,11 @@ impl Stream {
     async fn run(
         mut self,
         mut live: broadcast::Receiver<Arc<Event>>,
+        mut control: watch::Receiver<Control>,
+        start: Control,
         bookmarks: bool,
         timeout: Duration,
     ) {
-        let mut control = self.shared.control.subscribe();
-        let start: Control = *control.borrow_and_update();
         let mut paused = start.paused;
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
