@@ -125,6 +125,11 @@ pub fn start_interception(
     if args.redirects.is_empty() && services.is_none() {
         return Ok(None);
     }
+    // Checked before anything is loaded: a bad target changes no kernel state.
+    let target = match (&services, routing) {
+        (Some(_), Some(routing)) => intercept_target(routing.listen)?,
+        _ => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+    };
     let redirector = match (start_intercept(args), routing) {
         (Ok(r), _) => r,
         (Err(err @ (Error::Unavailable(_) | Error::Ebpf(_))), Some(routing)) => {
@@ -135,10 +140,11 @@ pub fn start_interception(
     };
     let redirector = std::sync::Arc::new(parking_lot::Mutex::new(redirector));
     let services = match (services, routing) {
-        (Some(services), Some(routing)) => Some(AbortOnDrop(tokio::spawn(sync_intercepts(
+        (Some(services), Some(_)) => Some(AbortOnDrop(tokio::spawn(sync_intercepts(
             redirector.clone(),
             services,
-            intercept_target(routing.listen)?,
+            target,
+            args.redirects.iter().map(|r| r.vip).collect(),
         )))),
         _ => None,
     };
@@ -213,6 +219,9 @@ pub struct Kubernetes {
     /// Whether `kubernetes.intercept` names Services (interception follows them).
     pub intercepts: bool,
 }
+
+/// How long the agent waits for the listed pods to become pool members before serving.
+const MEMBERS_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long the agent waits for its first complete lists before serving anyway (watchers
 /// keep retrying with backoff; pools stay empty until their pods are listed).
@@ -436,11 +445,16 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
             local: static_local.clone(),
             remote: static_remote.clone(),
         });
-        tasks.push(crate::discovery::spawn(
-            proxy.clone(),
-            k.watchers.members.clone(),
-            cluster,
-        ));
+        let (task, mut applied) =
+            crate::discovery::spawn(proxy.clone(), k.watchers.members.clone(), cluster);
+        tasks.push(task);
+        // Serving (and intercepting) only once the listed pods are members.
+        if tokio::time::timeout(MEMBERS_BOUND, applied.wait_for(|n| *n > 0))
+            .await
+            .is_err()
+        {
+            tracing::warn!("pool membership not applied within {MEMBERS_BOUND:?}; serving anyway");
+        }
     }
     if let Some(node) = &cluster {
         // Quotas hold cluster-wide: each agent's share follows the others' demand.
@@ -544,10 +558,75 @@ async fn start_kubernetes(
     proxy
         .sections
         .set("kubernetes", std::sync::Arc::new(move || shown.status()));
+    kubernetes.observe(proxy.telemetry.meter());
     Ok(kubernetes)
 }
 
 impl Kubernetes {
+    /// Registers the watchers' counters on `meter`: `warmpath.kubernetes.lists`,
+    /// `.watch_restarts` and `.watch_errors` by `kind`, `.bad_annotations`, and
+    /// `warmpath.kubernetes.status_leader` (1 while this agent writes statuses).
+    pub fn observe(self: &std::sync::Arc<Self>, meter: &opentelemetry::metrics::Meter) {
+        use opentelemetry::KeyValue;
+        type Pick = fn(&crate::k8s::KindSnapshot) -> u64;
+        let per_kind: [(&'static str, &'static str, Pick); 3] = [
+            (
+                "warmpath.kubernetes.lists",
+                "Complete lists (the first, and each relist)",
+                |k| k.lists,
+            ),
+            (
+                "warmpath.kubernetes.watch_restarts",
+                "Watches restarted (dropped, expired)",
+                |k| k.restarts,
+            ),
+            (
+                "warmpath.kubernetes.watch_errors",
+                "Watch and list errors (retried with backoff)",
+                |k| k.errors,
+            ),
+        ];
+        for (name, description, pick) in per_kind {
+            let k = self.clone();
+            meter
+                .u64_observable_counter(name)
+                .with_description(description)
+                .with_callback(move |o| {
+                    let w = k.watchers.snapshot();
+                    for (kind, snap) in [
+                        ("Pod", w.pods),
+                        ("InferencePool", w.inference_pools),
+                        ("Service", w.services),
+                    ] {
+                        o.observe(pick(&snap), &[KeyValue::new("kind", kind)]);
+                    }
+                })
+                .build();
+        }
+        let k = self.clone();
+        meter
+            .u64_observable_counter("warmpath.kubernetes.bad_annotations")
+            .with_description(
+                "Pod annotations that could not be used (the pod is routed without them)",
+            )
+            .with_callback(move |o| o.observe(k.watchers.snapshot().bad_annotations, &[]))
+            .build();
+        let k = self.clone();
+        meter
+            .u64_observable_gauge("warmpath.kubernetes.status_leader")
+            .with_description("1 while this agent holds the status Lease and writes RoutePolicy and Tenant statuses")
+            .with_callback(move |o| {
+                let leads = k
+                    .policies
+                    .lock()
+                    .as_ref()
+                    .and_then(|p| p.status().map(|s| s.is_leader()))
+                    .unwrap_or(false);
+                o.observe(u64::from(leads), &[]);
+            })
+            .build();
+    }
+
     /// The `kubernetes` section of `/status`: the watchers' counters, the policy reloads,
     /// and whether this agent writes statuses.
     pub fn status(&self) -> serde_json::Value {
@@ -636,50 +715,81 @@ fn intercept_target(listen: std::net::SocketAddr) -> Result<std::net::SocketAddr
 }
 
 /// Keeps the kernel's redirect table equal to the Services' VIPs (each redirected to
-/// `target`), as the Service watcher reports them; VIPs of another family than `target`
-/// are skipped (one family per rule) and said once.
+/// `target`), as the Service watcher reports them. VIPs of another family than `target` are
+/// skipped (one family per rule); VIPs of `--redirect` rules (`fixed`) are the flags' and
+/// never touched. A VIP whose install or removal failed is retried every
+/// [`INTERCEPT_RETRY`] until it holds.
 async fn sync_intercepts(
     redirector: std::sync::Arc<parking_lot::Mutex<ebpf::Redirector>>,
     mut services: tokio::sync::watch::Receiver<Vec<crate::k8s::services::InterceptedService>>,
     target: std::net::SocketAddr,
+    fixed: std::collections::BTreeSet<std::net::SocketAddr>,
 ) {
-    let mut installed: std::collections::BTreeSet<std::net::SocketAddr> = Default::default();
+    use std::{collections::BTreeSet, net::SocketAddr};
+    let mut installed: BTreeSet<SocketAddr> = BTreeSet::new();
+    let mut warned: BTreeSet<SocketAddr> = BTreeSet::new();
     loop {
-        let want: std::collections::BTreeSet<std::net::SocketAddr> = services
+        let want: BTreeSet<SocketAddr> = services
             .borrow_and_update()
             .iter()
             .flat_map(|s| s.vips.iter().copied())
+            .filter(|vip| !fixed.contains(vip))
             .filter(|vip| {
                 let same = vip.is_ipv4() == target.is_ipv4();
-                if !same {
+                if !same && warned.insert(*vip) {
                     tracing::warn!(%vip, %target, "not intercepted: the listener is of the other address family");
                 }
                 same
             })
             .collect();
+        let mut failed = false;
         {
             let mut r = redirector.lock();
-            for vip in installed.difference(&want) {
-                match r.remove_redirect(*vip) {
+            let gone: Vec<SocketAddr> = installed.difference(&want).copied().collect();
+            for vip in gone {
+                match r.remove_redirect(vip) {
                     Ok(()) => {
-                        tracing::info!(%vip, "no longer intercepting (Service gone or changed)")
+                        installed.remove(&vip);
+                        tracing::info!(%vip, "no longer intercepting (Service gone or changed)");
                     }
-                    Err(err) => tracing::warn!(%vip, %err, "removing an intercepted VIP failed"),
+                    Err(err) => {
+                        failed = true;
+                        tracing::warn!(%vip, %err, "removing an intercepted VIP failed; retrying");
+                    }
                 }
             }
-            for vip in want.difference(&installed) {
-                match r.set_redirect(*vip, target) {
-                    Ok(()) => tracing::info!(%vip, %target, "intercepting (Service)"),
-                    Err(err) => tracing::warn!(%vip, %err, "intercepting a Service VIP failed"),
+            let new: Vec<SocketAddr> = want.difference(&installed).copied().collect();
+            for vip in new {
+                match r.set_redirect(vip, target) {
+                    Ok(()) => {
+                        installed.insert(vip);
+                        tracing::info!(%vip, %target, "intercepting (Service)");
+                    }
+                    Err(err) => {
+                        failed = true;
+                        tracing::warn!(%vip, %err, "intercepting a Service VIP failed; retrying");
+                    }
                 }
             }
         }
-        installed = want;
-        if services.changed().await.is_err() {
+        let changed = async {
+            if failed {
+                tokio::select! {
+                    r = services.changed() => r.is_ok(),
+                    () = tokio::time::sleep(INTERCEPT_RETRY) => true,
+                }
+            } else {
+                services.changed().await.is_ok()
+            }
+        };
+        if !changed.await {
             return;
         }
     }
 }
+
+/// How soon a Service VIP that could not be (un)installed is tried again.
+const INTERCEPT_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Loads and attaches the interception programs with the `--redirect` rules, excludes the
 /// agent's own cgroup and lets the proxy listeners look up each accepted connection's VIP and

@@ -66,21 +66,26 @@ pub struct ClusterPods {
 /// Applies each desired state the watcher publishes to the proxy's pools until `desired`
 /// closes. Alone (no `cluster`) the agent subscribes to every endpoint's KV events; in a
 /// cluster, to its own node's, and replicates the others' from the agents that own them.
+/// The returned receiver counts the desired states applied so far (the agent waits for the
+/// first before it serves).
 pub fn spawn(
     proxy: Arc<Proxy>,
     mut desired: watch::Receiver<Desired>,
     cluster: Option<ClusterPods>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
+) -> (JoinHandle<()>, watch::Receiver<u64>) {
+    let (applied_tx, applied) = watch::channel(0u64);
+    let task = tokio::spawn(async move {
         let mut sync = MemberSync::new(proxy, cluster);
         loop {
             let now = desired.borrow_and_update().clone();
             sync.apply(&now).await;
+            applied_tx.send_modify(|n| *n += 1);
             if desired.changed().await.is_err() {
                 return;
             }
         }
-    })
+    });
+    (task, applied)
 }
 
 /// An endpoint's identity across desired states.
@@ -138,8 +143,9 @@ impl MemberSync {
     /// Makes every pool named in `desired` hold exactly its specs.
     pub async fn apply(&mut self, desired: &Desired) -> Applied {
         let mut total = Applied::default();
-        // Sources of members gone: removed from the index once the cluster has let go.
-        let mut dropped: Vec<SourceId> = Vec::new();
+        // Members gone: their sources are removed from the index once their subscriptions
+        // have stopped and the cluster has let go.
+        let mut dropped: Vec<Retired> = Vec::new();
         for (name, specs) in desired {
             let Some(runtime) = self.proxy.pools.iter().find(|p| &p.name == name) else {
                 if self.unknown.insert(name.clone()) {
@@ -172,7 +178,7 @@ impl MemberSync {
                     }
                     replaced => {
                         if let Some(m) = replaced {
-                            dropped.extend(forget(pool, m));
+                            dropped.push(forget(pool, m));
                         }
                         applied.added += 1;
                         self.start(pool, spec).await
@@ -184,7 +190,7 @@ impl MemberSync {
             applied.removed = old.len();
             for (_, m) in old.drain() {
                 tracing::info!(pool = %name, endpoint = %m.spec.authority, origin = %m.spec.origin, "endpoint left the pool");
-                dropped.extend(forget(pool, m));
+                dropped.push(forget(pool, m));
             }
             // Kept endpoints first, in their old order; new ones after.
             let current = pool.endpoints();
@@ -215,8 +221,15 @@ impl MemberSync {
                 tracing::warn!(%refused, "pod not shared with the cluster");
             }
         }
-        for source in dropped {
-            self.index().remove_source(source);
+        for retired in dropped {
+            if let Some(task) = retired.subscription {
+                task.abort();
+                // Awaited: an aborted task may still be applying a batch on another thread.
+                let _ = task.await;
+            }
+            if let Some(source) = retired.source {
+                self.index().remove_source(source);
+            }
         }
         total
     }
@@ -225,7 +238,9 @@ impl MemberSync {
     /// source (subscribed here: local; replicated: remote).
     fn cluster_sets(&self, c: &ClusterPods) -> (Vec<LocalPod>, Vec<(String, SourceId)>) {
         let (mut local, mut remote) = (c.local.clone(), c.remote.clone());
-        for (pool, members) in &self.members {
+        let mut pools: Vec<_> = self.members.iter().collect();
+        pools.sort_by(|a, b| a.0.cmp(b.0));
+        for (pool, members) in pools {
             let model = self
                 .proxy
                 .pools
@@ -233,7 +248,11 @@ impl MemberSync {
                 .find(|p| &p.name == pool)
                 .map(|p| p.pool.model.clone())
                 .unwrap_or_default();
-            for m in members.values() {
+            // In a stable order: of two entries for one pod id (DP ranks) the cluster keeps
+            // the first, the same one every time.
+            let mut members: Vec<_> = members.iter().collect();
+            members.sort_by(|a, b| a.0.cmp(b.0));
+            for (_, m) in members {
                 let Some(source) = m.endpoint.source else {
                     continue;
                 };
@@ -296,6 +315,7 @@ impl MemberSync {
             source,
             origin: spec.origin.clone(),
             local: spec.local,
+            dp_rank: spec.dp_rank,
             discovered: true,
             wanted: spec.routable,
         });
@@ -307,15 +327,22 @@ impl MemberSync {
     }
 }
 
-/// Stops a member's subscription and drops its routing history; returns its KV source,
-/// for the caller to remove from the index (after the cluster has let go of it).
-fn forget(pool: &Pool, mut m: Member) -> Option<SourceId> {
+/// What a member that left still holds until its subscription has stopped.
+#[derive(Debug)]
+struct Retired {
+    source: Option<SourceId>,
+    subscription: Option<JoinHandle<()>>,
+}
+
+/// Drains a member and drops its routing history; returns its KV source and subscription,
+/// for the caller to stop and remove (after the cluster has let go of it).
+fn forget(pool: &Pool, mut m: Member) -> Retired {
     m.endpoint.set_wanted(false);
-    if let Some(task) = m.subscription.take() {
-        task.abort();
-    }
     pool.forget(&m.endpoint);
-    m.endpoint.source
+    Retired {
+        source: m.endpoint.source,
+        subscription: m.subscription.take(),
+    }
 }
 
 fn take_subscription(mut m: Member) -> Option<JoinHandle<()>> {
@@ -325,7 +352,9 @@ fn take_subscription(mut m: Member) -> Option<JoinHandle<()>> {
 /// Whether two specs of one endpoint use the same event and metrics sources (otherwise the
 /// endpoint is rebuilt).
 fn same_sources(a: &EndpointSpec, b: &EndpointSpec) -> bool {
-    a.metrics_url == b.metrics_url
+    // Another pod at the same address (a reused IP) is another endpoint.
+    a.origin == b.origin
+        && a.metrics_url == b.metrics_url
         && a.kv_events == b.kv_events
         && a.kv_replay == b.kv_replay
         && a.kv_topic == b.kv_topic

@@ -55,6 +55,9 @@ pub struct Endpoint {
     pub source: Option<SourceId>,
     /// Its source in the pool's routing history.
     pub history: SourceId,
+    /// Its address hashed (with its DP rank): the session scorer's rendezvous key, the same
+    /// on every agent and across membership changes.
+    pub affinity: u64,
     /// Its number in the pool, unique among the pool's last 65,536 endpoints (telemetry's
     /// per-pod series key; the position in a snapshot changes with membership).
     pub serial: u16,
@@ -116,6 +119,8 @@ pub struct EndpointParts {
     pub source: Option<SourceId>,
     pub origin: String,
     pub local: bool,
+    /// Data-parallel rank, when the engine runs several behind one address.
+    pub dp_rank: Option<u32>,
     /// Found by a watcher (see [`Endpoint::routable`]).
     pub discovered: bool,
     pub wanted: bool,
@@ -125,7 +130,9 @@ impl Pool {
     /// Sets each endpoint's metrics URL (same order as the endpoints), before the pool is
     /// shared.
     pub fn with_metrics_urls(self, urls: Vec<String>) -> Self {
-        let mut endpoints: Vec<Arc<Endpoint>> = self.endpoints.load().to_vec();
+        // Taken out of the swap, so that each endpoint's Arc is the only one.
+        let taken = self.endpoints.swap(Arc::new(Vec::new()));
+        let mut endpoints = Arc::try_unwrap(taken).unwrap_or_else(|shared| (*shared).clone());
         for (e, url) in endpoints.iter_mut().zip(urls) {
             if let Some(e) = Arc::get_mut(e) {
                 e.metrics_url = url;
@@ -177,6 +184,9 @@ impl Pool {
                 .unwrap_or_else(|| format!("http://{authority}/metrics")),
             history: self.history.add(&authority),
             serial: self.next_serial.fetch_add(1, Ordering::Relaxed) as u16,
+            affinity: xxhash_rust::xxh3::xxh3_64(
+                format!("{authority}#{}", parts.dp_rank.map_or(-1, i64::from)).as_bytes(),
+            ),
             authority,
             source: parts.source,
             origin: parts.origin,
@@ -407,6 +417,29 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn configured_metrics_urls_are_kept_and_affinity_follows_the_address() {
+        let endpoints = vec![("a:1".to_string(), None), ("b:1".to_string(), None)];
+        let pool = Pool::new("m".into(), 16, crate::routing::Policy::Precise, endpoints)
+            .with_metrics_urls(vec!["http://a:9/metrics".into(), "http://b:9/m".into()]);
+        let urls: Vec<String> = pool
+            .endpoints()
+            .iter()
+            .map(|e| e.metrics_url.clone())
+            .collect();
+        assert_eq!(urls, ["http://a:9/metrics", "http://b:9/m"]);
+        // The same address hashes the same in another pool (another agent), whatever its
+        // position.
+        let other = Pool::new(
+            "m".into(),
+            16,
+            crate::routing::Policy::Precise,
+            vec![("b:1".to_string(), None)],
+        );
+        assert_eq!(pool.endpoints()[1].affinity, other.endpoints()[0].affinity);
+        assert_ne!(pool.endpoints()[0].affinity, pool.endpoints()[1].affinity);
+    }
 
     #[test]
     fn work_ahead_counts_engine_queues_the_proxy_did_not_fill() {

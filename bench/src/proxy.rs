@@ -514,6 +514,7 @@ fn decision(tokens: usize) {
     let candidates: Vec<Candidate> = (0..8)
         .map(|i| Candidate {
             id: EndpointId(i),
+            affinity: i as u64,
             matched_blocks: i * 10,
             prefix_trusted: true,
             in_flight: 1,

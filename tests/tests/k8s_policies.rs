@@ -208,9 +208,11 @@ async fn two_agents_one_status_writer_and_the_last_good_version_serving() {
     };
     // The fake records a write when it answers; the agent counts it when the answer
     // arrives: equal once the last answer is in.
-    wait_until(&[&a, &b], "every recorded status write counted by the leader", || {
-        status_writes() == leader.status().writes()
-    })
+    wait_until(
+        &[&a, &b],
+        "every recorded status write counted by the leader",
+        || status_writes() == leader.status().writes(),
+    )
     .await;
     assert!(
         fake.writes()

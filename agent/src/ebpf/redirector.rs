@@ -78,6 +78,9 @@ struct Attachment {
     _sock_ops: Option<SockOpsLink>,
 }
 
+/// The heartbeat map and whether the agent stood down (shared with the heartbeat task).
+type Heartbeat = Arc<parking_lot::Mutex<(Array<MapData, u64>, bool)>>;
+
 /// The interception programs, loaded; attach them to cgroups and program their VIP table.
 pub struct Redirector {
     // Field order matters for drop: links detach before the object goes away.
@@ -89,8 +92,9 @@ pub struct Redirector {
     origins: Arc<Origins>,
     failopen: FailOpen,
     counters: PerCpuArray<MapData, u64>,
-    /// The heartbeat map (pinned mode), shared with the heartbeat task.
-    heartbeat: Option<Arc<parking_lot::Mutex<Array<MapData, u64>>>>,
+    /// The heartbeat map (pinned mode), shared with the heartbeat task; `true` once stood
+    /// down (the task writes nothing more).
+    heartbeat: Option<Heartbeat>,
     heartbeat_task: Option<tokio::task::JoinHandle<()>>,
     pin_dir: Option<PathBuf>,
     log_task: Option<tokio::task::JoinHandle<()>>,
@@ -178,7 +182,7 @@ impl Redirector {
             origins,
             failopen,
             counters,
-            heartbeat: Some(Arc::new(parking_lot::Mutex::new(heartbeat))),
+            heartbeat: Some(Arc::new(parking_lot::Mutex::new((heartbeat, false)))),
             heartbeat_task: None,
             pin_dir: pin_dir.map(Path::to_path_buf),
             log_task: None,
@@ -188,7 +192,7 @@ impl Redirector {
 
     fn write_heartbeat(&mut self, value: u64) -> Result<(), Error> {
         if let Some(map) = self.heartbeat.as_ref() {
-            map.lock().set(0, value, 0).map_err(|source| Error::Map {
+            map.lock().0.set(0, value, 0).map_err(|source| Error::Map {
                 name: HEARTBEAT_MAP,
                 source,
             })?;
@@ -207,7 +211,11 @@ impl Redirector {
                 tokio::time::interval(std::time::Duration::from_nanos(HEARTBEAT_INTERVAL_NS));
             loop {
                 tick.tick().await;
-                if let Err(err) = map.lock().set(0, monotonic_ns(), 0) {
+                let mut map = map.lock();
+                if map.1 {
+                    return;
+                }
+                if let Err(err) = map.0.set(0, monotonic_ns(), 0) {
                     tracing::warn!(%err, "writing the eBPF heartbeat failed; connects fail open");
                 }
             }
@@ -222,7 +230,17 @@ impl Redirector {
         if let Some(task) = self.heartbeat_task.take() {
             task.abort();
         }
-        self.write_heartbeat(0)
+        // Under the lock: a heartbeat task woken at this moment sees the flag and writes no
+        // fresh timestamp over the 0.
+        if let Some(map) = self.heartbeat.as_ref() {
+            let mut map = map.lock();
+            map.1 = true;
+            map.0.set(0, 0, 0).map_err(|source| Error::Map {
+                name: HEARTBEAT_MAP,
+                source,
+            })?;
+        }
+        Ok(())
     }
 
     /// The fail-open tables (affinity per client cgroup and VIP, backends per VIP).

@@ -249,7 +249,8 @@ fn events_of<'a>(
     }))
 }
 
-/// `PORT` or `tcp://HOST:PORT`; `HOST` `*`, `0.0.0.0` or `::` is the pod's IP.
+/// `PORT` or `tcp://HOST:PORT`; `HOST` `*`, `0.0.0.0` or `::` is the pod's IP, and an IP
+/// literal must be the pod's own.
 fn socket_of(v: &str, pod_ip: IpAddr) -> Result<SocketAddr, String> {
     let v = v.trim();
     if let Ok(port) = parse_port(v) {
@@ -275,6 +276,13 @@ fn socket_of(v: &str, pod_ip: IpAddr) -> Result<SocketAddr, String> {
     if ip.is_loopback() {
         return Err(format!(
             "{ip} is the agent's own loopback, not the pod's; use `*` or the port"
+        ));
+    }
+    // Only the pod's own address: whoever may label a pod into a pool must not point the
+    // agent at another pod's publisher (its events would be credited to this pod).
+    if ip != pod_ip {
+        return Err(format!(
+            "{ip} is not this pod's address ({pod_ip}); use `*` or the port"
         ));
     }
     Ok(SocketAddr::new(ip, port))

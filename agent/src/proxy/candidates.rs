@@ -54,6 +54,7 @@ pub fn candidates(
             };
             Candidate {
                 id: EndpointId(i),
+                affinity: e.affinity,
                 matched_blocks,
                 prefix_trusted,
                 in_flight: e.in_flight(),

@@ -84,10 +84,14 @@ pub async fn forward(
             );
         }
         let now = Instant::now();
-        if let Some(source) = endpoint.source {
-            proxy.index.speculate(source, &ctx.keys, now);
+        // An endpoint that left since this request's snapshot was taken may have handed its
+        // source ids on: nothing is noted under them.
+        if endpoint.routable() {
+            if let Some(source) = endpoint.source {
+                proxy.index.speculate(source, &ctx.keys, now);
+            }
+            pool.history.record(endpoint.history, &ctx.keys, now);
         }
-        pool.history.record(endpoint.history, &ctx.keys, now);
         tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), first_key = ctx.keys.first().map_or(0, |k| k.0), "routing decision");
         let guard = endpoint.start(uncached);
         if n == 0 {

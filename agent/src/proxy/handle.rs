@@ -32,13 +32,17 @@ impl Handler for Proxy {
         self.admission.limits().read_timeout
     }
 
-    fn call<'a>(
-        &'a self,
-        peer: IpAddr,
-        head: &'a RequestHead,
-        body: Result<Bytes, Refusal>,
-    ) -> impl std::future::Future<Output = Answer> + Send + 'a {
-        respond(self, peer, head, body.map_err(ProxyError::from))
+    async fn call(&self, peer: IpAddr, head: &RequestHead, body: Result<Bytes, Refusal>) -> Answer {
+        let mut answer = respond(self, peer, head, body.map_err(ProxyError::from)).await;
+        // Draining: each kept-alive connection closes after its current answer, so that
+        // clients reconnect (to the next agent, or fail open) instead of sending more here.
+        if self.draining.load(std::sync::atomic::Ordering::Relaxed) {
+            answer.extra.push((
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            ));
+        }
+        answer
     }
 
     fn refusal_body(&self, refusal: &Refusal) -> Bytes {
@@ -136,6 +140,7 @@ fn models(proxy: &Proxy) -> http::Response<Body> {
             .pool
             .endpoints()
             .iter()
+            .filter(|e| e.routable())
             .flat_map(|e| e.lora_info().served)
             .collect();
         adapters.sort();
@@ -186,7 +191,12 @@ async fn route(
             // tenant's cache salt.
             let mut members: Vec<(&str, String)> = Vec::new();
             let served = |m: &str| {
-                *pool.pool.model == *m || pool.pool.endpoints().iter().any(|e| e.serves(m))
+                *pool.pool.model == *m
+                    || pool
+                        .pool
+                        .endpoints()
+                        .iter()
+                        .any(|e| e.routable() && e.serves(m))
             };
             let model = chosen.model.as_deref().map(str::to_string).or_else(|| {
                 (chosen.pool != first && !served(&req.model)).then(|| pool.pool.model.clone())

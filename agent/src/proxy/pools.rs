@@ -76,9 +76,18 @@ impl Proxy {
         if let Some(i) = self.pools.iter().position(|p| p.pool.model == model) {
             return Some((i, None));
         }
-        self.pools
-            .iter()
-            .position(|p| p.pool.endpoints().iter().any(|e| e.serves(model)))
+        // A pool whose routable endpoints serve the adapter, else (everything draining) any
+        // that serves it: its candidates then answer 503, not 404.
+        let serves = |routable_only: bool| {
+            self.pools.iter().position(|p| {
+                p.pool
+                    .endpoints()
+                    .iter()
+                    .any(|e| (!routable_only || e.routable()) && e.serves(model))
+            })
+        };
+        serves(true)
+            .or_else(|| serves(false))
             .map(|i| (i, Some(model.to_string())))
     }
 }

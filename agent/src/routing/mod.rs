@@ -66,6 +66,9 @@ pub enum LoraState {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
     pub id: EndpointId,
+    /// The endpoint's stable name for rendezvous hashing (its address, hashed): the same
+    /// on every agent and across membership changes, unlike `id` (a position).
+    pub affinity: u64,
     /// Consecutive prefix blocks the index says this pod holds.
     pub matched_blocks: usize,
     /// Whether the prefix match may be used (index healthy for this pod).
@@ -335,6 +338,7 @@ mod tests {
     fn cand(id: usize, matched: usize, queued: u64, in_flight: u32) -> Candidate {
         Candidate {
             id: EndpointId(id),
+            affinity: id as u64,
             matched_blocks: matched,
             prefix_trusted: true,
             in_flight,

@@ -150,7 +150,7 @@ impl Scorer for Session {
             .iter()
             .enumerate()
             .max_by_key(|(_, c)| {
-                xxhash_rust::xxh3::xxh3_64_with_seed(&(c.id.0 as u64).to_le_bytes(), seed)
+                xxhash_rust::xxh3::xxh3_64_with_seed(&c.affinity.to_le_bytes(), seed)
             })
             .map(|(i, _)| i);
         for (i, cost) in costs.iter_mut().enumerate() {

@@ -169,10 +169,10 @@ fn annotations() {
             }],
         ),
         (
-            "an explicit IP",
-            &[(KV_EVENTS, "tcp://10.0.9.9:5557")],
+            "the pod's own IP, explicitly",
+            &[(KV_EVENTS, "tcp://10.0.0.1:5557")],
             vec![EndpointSpec {
-                kv_events: Some("tcp://10.0.9.9:5557".into()),
+                kv_events: Some("tcp://10.0.0.1:5557".into()),
                 ..ep("10.0.0.1")
             }],
         ),
@@ -226,6 +226,10 @@ fn bad_annotations_route_without_events_and_say_why() {
         (&[(KV_EVENTS, "tcp://127.0.0.1:5557")], "loopback"),
         (&[(KV_EVENTS, "tcp://[::1]:5557")], "loopback"),
         (&[(KV_EVENTS, "tcp://vllm.ml:5557")], "not an IP address"),
+        (
+            &[(KV_EVENTS, "tcp://10.0.9.9:5557")],
+            "not this pod's address",
+        ),
         (
             &[(KV_REPLAY, "5657")],
             "kv-replay needs warmpath.dev/kv-events",
