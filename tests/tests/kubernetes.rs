@@ -321,6 +321,20 @@ async fn dropped_and_expired_watches_lose_no_event() {
         "the agent counts its relists: {}",
         status["kubernetes"]
     );
+    let metrics = http
+        .get(format!("http://{}/metrics", agent.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lists = metrics
+        .lines()
+        .find(|l| l.starts_with("warmpath_kubernetes_lists_total") && l.contains("kind=\"Pod\""))
+        .unwrap_or_else(|| panic!("the relists exported: {metrics}"));
+    let n: f64 = lists.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 2.0, "{lists}");
 }
 
 fn route_policy(preset: &str) -> Value {
