@@ -127,16 +127,17 @@ pub fn render(status: &serde_json::Value) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<24} {:>9} {:>9} {:>8} {:>8} {:>10} {:<8}",
-        "POD", "IN FLIGHT", "REQUESTS", "WAITING", "KV USE", "INDEX", "HEALTH"
+        "{:<24} {:<8} {:>9} {:>9} {:>8} {:>8} {:>10} {:<8}",
+        "POD", "STATE", "IN FLIGHT", "REQUESTS", "WAITING", "KV USE", "INDEX", "HEALTH"
     );
     for p in status["pods"].as_array().into_iter().flatten() {
         let load = &p["load"];
         let engine = &load["engine"];
         let _ = writeln!(
             out,
-            "{:<24} {:>9} {:>9} {:>8} {:>7.1}% {:>10} {:<8}",
+            "{:<24} {:<8} {:>9} {:>9} {:>8} {:>7.1}% {:>10} {:<8}",
             load["endpoint"].as_str().unwrap_or("?"),
+            load["state"].as_str().unwrap_or("serving"),
             load["in_flight"].as_u64().unwrap_or(0),
             load["requests"].as_u64().unwrap_or(0),
             engine["waiting"]
@@ -151,7 +152,65 @@ pub fn render(status: &serde_json::Value) -> String {
     }
     unkeyed(&mut out, status);
     policies(&mut out, status);
+    kubernetes(&mut out, status);
     out
+}
+
+/// The agent's Kubernetes side, when it has one: lists and watch restarts per kind, the
+/// intercepted Services, whether this agent writes statuses.
+fn kubernetes(out: &mut String, status: &serde_json::Value) {
+    let k = &status["kubernetes"];
+    if !k.is_object() {
+        return;
+    }
+    let _ = writeln!(out, "\nKUBERNETES");
+    for (label, key) in [
+        ("pods", "pods"),
+        ("inference pools", "inference_pools"),
+        ("services", "services"),
+    ] {
+        let kind = &k[key];
+        let _ = writeln!(
+            out,
+            "{label:<16} lists {:>4}  watch restarts {:>4}  errors {:>4}",
+            kind["lists"].as_u64().unwrap_or(0),
+            kind["restarts"].as_u64().unwrap_or(0),
+            kind["errors"].as_u64().unwrap_or(0),
+        );
+    }
+    for s in k["services_intercepted"].as_array().into_iter().flatten() {
+        let vips: Vec<&str> = s["vips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+            .collect();
+        let _ = writeln!(
+            out,
+            "intercepting     {} port {} -> pool {}: {}",
+            s["service"].as_str().unwrap_or("?"),
+            s["port"].as_u64().unwrap_or(0),
+            s["pool"].as_str().unwrap_or("?"),
+            if vips.is_empty() {
+                format!("no VIP ({})", s["note"].as_str().unwrap_or("-"))
+            } else {
+                vips.join(", ")
+            }
+        );
+    }
+    let writer = &k["status_writer"];
+    let _ = writeln!(
+        out,
+        "status writer    {}",
+        match writer["leader"].as_bool() {
+            Some(true) => format!(
+                "this agent (holds the Lease; {} writes)",
+                writer["writes"].as_u64().unwrap_or(0)
+            ),
+            Some(false) => "another agent holds the Lease".to_string(),
+            None => "off (statusWrites false, or no node name)".to_string(),
+        }
+    );
 }
 
 /// Each tenant's route receipts over the window (printed when any request has one): prompt
@@ -374,6 +433,41 @@ mod tests {
     }
 
     #[test]
+    fn renders_the_kubernetes_section() {
+        let kind = |l, r| serde_json::json!({"lists": l, "restarts": r, "errors": 0});
+        let status = serde_json::json!({"pods": [], "kubernetes": {
+            "pods": kind(2, 1), "inference_pools": kind(1, 0), "services": kind(1, 0),
+            "services_intercepted": [
+                {"service": "ml/chat", "port": 8000, "pool": "chat", "vips": ["10.96.0.10:8000"], "note": null},
+                {"service": "ml/headless", "port": 8000, "pool": "chat", "vips": [], "note": "headless"}],
+            "status_writer": {"leader": true, "writes": 3}}});
+        let text = render(&status);
+        let line = |start: &str| {
+            text.lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("{start}: {text}"))
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(line("pods "), "pods lists 2 watch restarts 1 errors 0");
+        assert_eq!(
+            line("intercepting     ml/chat"),
+            "intercepting ml/chat port 8000 -> pool chat: 10.96.0.10:8000"
+        );
+        assert_eq!(
+            line("intercepting     ml/headless"),
+            "intercepting ml/headless port 8000 -> pool chat: no VIP (headless)"
+        );
+        assert_eq!(
+            line("status writer"),
+            "status writer this agent (holds the Lease; 3 writes)"
+        );
+        // Off-cluster: no section.
+        assert!(!render(&serde_json::json!({"pods": []})).contains("KUBERNETES"));
+    }
+
+    #[test]
     fn renders_tenants_and_pods() {
         let status = serde_json::json!({
             "policy": "Precise", "model": "m",
@@ -383,7 +477,7 @@ mod tests {
                 "receipts": {"requests": 100, "available_tokens": 8000, "captured_tokens": 6400,
                     "delivered_tokens": 4800, "shortfall_requests": 7, "capture_pct": 80.0,
                     "delivery_pct": 75.0}}],
-            "pods": [{"load": {"endpoint": "127.0.0.1:8100", "in_flight": 3, "requests": 50,
+            "pods": [{"load": {"endpoint": "127.0.0.1:8100", "state": "unready", "in_flight": 3, "requests": 50,
                 "engine": {"waiting": 1, "kv_cache_usage": 0.5}},
                 "index": {"entries": 1234, "state": "healthy"}}],
             "pools": [{"name": "llama", "unkeyed": {"template": 3},
@@ -417,7 +511,10 @@ mod tests {
             .find(|l| l.starts_with("127.0.0.1:8100"))
             .unwrap();
         assert!(
-            pod.contains("1234") && pod.contains("healthy") && pod.contains("50.0%"),
+            pod.contains("1234")
+                && pod.contains("healthy")
+                && pod.contains("50.0%")
+                && pod.contains("unready"),
             "{pod}"
         );
         assert!(text.contains("ROUTED WITHOUT PREFIX KEYS"), "{text}");
