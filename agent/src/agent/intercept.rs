@@ -1,0 +1,247 @@
+//! Transparent interception while the agent runs: the eBPF programs loaded, attached and
+//! pinned with the `--redirect` rules, steer mode, and on Kubernetes the intercepted VIPs
+//! kept equal to the watched Services' (docs/ebpf.md, docs/install.md).
+
+use super::{Error, Routing, pin_dir};
+use crate::{args::AgentArgs, ebpf};
+
+/// Transparent interception while it runs: the attached programs and, on Kubernetes, the
+/// task that keeps the intercepted VIPs equal to the watched Services'.
+#[derive(Debug)]
+pub struct Interception {
+    pub redirector: std::sync::Arc<parking_lot::Mutex<ebpf::Redirector>>,
+    _services: Option<AbortOnDrop>,
+}
+
+/// Starts interception when there is anything to intercept: `--redirect` rules, or Services
+/// named in `kubernetes.intercept` (followed as they change). With a routing proxy to fall
+/// back on, missing kernel features are not fatal: the agent serves as an explicit proxy and
+/// says so once (docs/ebpf.md).
+pub fn start_interception(
+    args: &AgentArgs,
+    routing: Option<&Routing>,
+) -> Result<Option<Interception>, Error> {
+    let services = routing
+        .and_then(|r| r.kubernetes.as_ref())
+        .filter(|k| k.intercepts)
+        .map(|k| k.watchers.services.clone());
+    if args.redirects.is_empty() && services.is_none() {
+        return Ok(None);
+    }
+    // Checked before anything is loaded: a bad target changes no kernel state.
+    let target = match (&services, routing) {
+        (Some(_), Some(routing)) => intercept_target(routing.listen)?,
+        _ => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+    };
+    let redirector = match (start_intercept(args), routing) {
+        (Ok(r), _) => r,
+        (Err(err @ (Error::Unavailable(_) | Error::Ebpf(_))), Some(routing)) => {
+            tracing::warn!(listen = ?routing.listens, "interception off: {err}; serving as an explicit proxy");
+            return Ok(None);
+        }
+        (Err(err), _) => return Err(err),
+    };
+    let redirector = std::sync::Arc::new(parking_lot::Mutex::new(redirector));
+    let services = match (services, routing) {
+        (Some(services), Some(_)) => Some(AbortOnDrop(tokio::spawn(sync_intercepts(
+            redirector.clone(),
+            services,
+            target,
+            args.redirects.iter().map(|r| r.vip).collect(),
+        )))),
+        _ => None,
+    };
+    Ok(Some(Interception {
+        redirector,
+        _services: services,
+    }))
+}
+
+/// Aborts a task when dropped.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Where intercepted connects are sent: the first proxy listener, which pods must be able to
+/// reach — so when it listens on every address, the node's own (`$POD_IP` of a hostNetwork
+/// agent, docs/install.md).
+fn intercept_target(listen: std::net::SocketAddr) -> Result<std::net::SocketAddr, Error> {
+    if !listen.ip().is_unspecified() {
+        return Ok(listen);
+    }
+    let ip = std::env::var("POD_IP").map_err(|_| {
+        Error::Config(format!(
+            "kubernetes.intercept: the proxy listens on {listen}; set POD_IP (the node address pods reach) or listen on that address"
+        ))
+    })?;
+    let ip: std::net::IpAddr = ip
+        .parse()
+        .map_err(|e| Error::Config(format!("POD_IP `{ip}`: {e}")))?;
+    Ok(std::net::SocketAddr::new(ip, listen.port()))
+}
+
+/// Keeps the kernel's redirect table equal to the Services' VIPs (each redirected to
+/// `target`), as the Service watcher reports them. VIPs of another family than `target` are
+/// skipped (one family per rule); VIPs of `--redirect` rules (`fixed`) are the flags' and
+/// never touched. A VIP whose install or removal failed is retried every
+/// [`INTERCEPT_RETRY`] until it holds.
+async fn sync_intercepts(
+    redirector: std::sync::Arc<parking_lot::Mutex<ebpf::Redirector>>,
+    mut services: tokio::sync::watch::Receiver<Vec<crate::k8s::services::InterceptedService>>,
+    target: std::net::SocketAddr,
+    fixed: std::collections::BTreeSet<std::net::SocketAddr>,
+) {
+    use std::{collections::BTreeSet, net::SocketAddr};
+    let mut installed: BTreeSet<SocketAddr> = BTreeSet::new();
+    let mut warned: BTreeSet<SocketAddr> = BTreeSet::new();
+    loop {
+        let want: BTreeSet<SocketAddr> = services
+            .borrow_and_update()
+            .iter()
+            .flat_map(|s| s.vips.iter().copied())
+            .filter(|vip| !fixed.contains(vip))
+            .filter(|vip| {
+                let same = vip.is_ipv4() == target.is_ipv4();
+                if !same && warned.insert(*vip) {
+                    tracing::warn!(%vip, %target, "not intercepted: the listener is of the other address family");
+                }
+                same
+            })
+            .collect();
+        let mut failed = false;
+        {
+            let mut r = redirector.lock();
+            let gone: Vec<SocketAddr> = installed.difference(&want).copied().collect();
+            for vip in gone {
+                match r.remove_redirect(vip) {
+                    Ok(()) => {
+                        installed.remove(&vip);
+                        tracing::info!(%vip, "no longer intercepting (Service gone or changed)");
+                    }
+                    Err(err) => {
+                        failed = true;
+                        tracing::warn!(%vip, %err, "removing an intercepted VIP failed; retrying");
+                    }
+                }
+            }
+            let new: Vec<SocketAddr> = want.difference(&installed).copied().collect();
+            for vip in new {
+                match r.set_redirect(vip, target) {
+                    Ok(()) => {
+                        installed.insert(vip);
+                        tracing::info!(%vip, %target, "intercepting (Service)");
+                    }
+                    Err(err) => {
+                        failed = true;
+                        tracing::warn!(%vip, %err, "intercepting a Service VIP failed; retrying");
+                    }
+                }
+            }
+        }
+        let changed = async {
+            if failed {
+                tokio::select! {
+                    r = services.changed() => r.is_ok(),
+                    () = tokio::time::sleep(INTERCEPT_RETRY) => true,
+                }
+            } else {
+                services.changed().await.is_ok()
+            }
+        };
+        if !changed.await {
+            return;
+        }
+    }
+}
+
+/// How soon a Service VIP that could not be (un)installed is tried again.
+const INTERCEPT_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Loads and attaches the interception programs with the `--redirect` rules, excludes the
+/// agent's own cgroup and lets the proxy listeners look up each accepted connection's VIP and
+/// client cgroup. Everything is detached when the returned value drops (docs/ebpf.md).
+pub fn start_intercept(args: &AgentArgs) -> Result<ebpf::Redirector, Error> {
+    if let Some(reason) = ebpf::unavailable_reason() {
+        return Err(Error::Unavailable(reason));
+    }
+    if ebpf::ensure_bpffs(&args.bpffs)? {
+        tracing::info!(path = %args.bpffs.display(), "mounted bpffs");
+    }
+    let cgroup = match args.cgroup.clone() {
+        Some(dir) => dir,
+        None => ebpf::cgroup2_root()?,
+    };
+    let pin_dir = pin_dir(args);
+    let mut redirector = ebpf::Redirector::load_pinned(&pin_dir)?;
+    redirector.forward_logs()?;
+    redirector.start_heartbeat();
+    for rule in &args.redirects {
+        redirector.set_redirect(rule.vip, rule.target)?;
+        tracing::info!(vip = %rule.vip, target = %rule.target, "intercepting");
+    }
+    steer(args, &mut redirector)?;
+    let own = ebpf::own_cgroup()?;
+    let own_id = redirector.exclude_cgroup(&own)?;
+    ebpf::Origins::install(redirector.origins());
+    redirector.attach(&cgroup)?;
+    tracing::info!(cgroup = %cgroup.display(), excluded = %own.display(), excluded_id = own_id, pinned = %pin_dir.display(), "interception attached (connect4/6, getpeername4/6, sock_ops)");
+    Ok(redirector)
+}
+
+/// Steer mode for each `--steer` VIP: its backend set is the `--endpoint` pods of its address
+/// family (IP literals, at most `BACKENDS_MAX`), chosen uniformly in the kernel.
+fn steer(args: &AgentArgs, redirector: &mut ebpf::Redirector) -> Result<(), Error> {
+    for vip in &args.steer {
+        if !args.redirects.iter().any(|r| r.vip == *vip) {
+            return Err(Error::Config(format!(
+                "--steer {vip}: not intercepted (add --redirect {vip}=LISTENER)"
+            )));
+        }
+        let pods: Vec<std::net::SocketAddr> = args
+            .endpoints
+            .iter()
+            .filter_map(|url| endpoint_addr(url))
+            .filter(|pod| pod.is_ipv4() == vip.is_ipv4())
+            .take(warmpath_common::BACKENDS_MAX)
+            .collect();
+        if pods.is_empty() {
+            return Err(Error::Config(format!(
+                "--steer {vip}: no --endpoint with an IP address of the same family to steer to"
+            )));
+        }
+        redirector.failopen().set_backends(*vip, &pods)?;
+        redirector.set_steer(*vip, true)?;
+        tracing::info!(%vip, ?pods, "steering in the kernel");
+    }
+    Ok(())
+}
+
+/// The `IP:PORT` of an `http://IP:PORT[/...]` endpoint URL (`None` for host names).
+fn endpoint_addr(url: &str) -> Option<std::net::SocketAddr> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split('/').next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::endpoint_addr;
+
+    #[test]
+    fn endpoint_urls_with_ip_literals_give_addresses() {
+        assert_eq!(
+            endpoint_addr("http://10.231.0.3:8000"),
+            Some("10.231.0.3:8000".parse().unwrap())
+        );
+        assert_eq!(
+            endpoint_addr("http://[fd00:231::3]:8000/v1"),
+            Some("[fd00:231::3]:8000".parse().unwrap())
+        );
+        assert_eq!(endpoint_addr("http://vllm-0.vllm:8000"), None);
+        assert_eq!(endpoint_addr("http://10.0.0.1"), None);
+    }
+}
