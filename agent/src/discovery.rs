@@ -165,16 +165,13 @@ impl MemberSync {
                 }
                 let member = match old.remove(&key) {
                     // Same endpoint, same sources: kept (its counters and history with it).
-                    Some(m) if same_sources(&m.spec, spec) => {
+                    Some(mut m) if same_sources(&m.spec, spec) => {
                         if m.spec.routable != spec.routable {
                             applied.changed += 1;
                             m.endpoint.set_wanted(spec.routable);
                         }
-                        Member {
-                            spec: spec.clone(),
-                            endpoint: m.endpoint.clone(),
-                            subscription: take_subscription(m),
-                        }
+                        m.spec = spec.clone();
+                        m
                     }
                     replaced => {
                         if let Some(m) = replaced {
@@ -343,10 +340,6 @@ fn forget(pool: &Pool, mut m: Member) -> Retired {
         source: m.endpoint.source,
         subscription: m.subscription.take(),
     }
-}
-
-fn take_subscription(mut m: Member) -> Option<JoinHandle<()>> {
-    m.subscription.take()
 }
 
 /// Whether two specs of one endpoint use the same event and metrics sources (otherwise the
