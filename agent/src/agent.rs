@@ -191,7 +191,11 @@ pub fn routing_config(args: &AgentArgs) -> Result<Config, Error> {
                 config.workers = n;
                 config.validate(crate::config::FLAGS)?;
             }
-            config.cluster = args.cluster.config()?;
+            // Each cluster flag given overrides that field of the file's section.
+            config.cluster = args.cluster.over(config.cluster.take())?;
+            if config.cluster.is_some() {
+                config.validate(crate::config::FLAGS)?;
+            }
             if args.policy_dir.is_some() {
                 config.policy_dir = args.policy_dir.clone();
             }
@@ -249,10 +253,11 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     for pc in &config.pools {
         let mut endpoints = Vec::new();
         for e in &pc.endpoints {
+            // A remote pod of a pool not replicated has no source: routed by load alone.
             let remote = config
                 .cluster
                 .as_ref()
-                .is_some_and(|c| c.remote_endpoints.contains(&e.authority));
+                .is_some_and(|c| c.replicated_remote(&pc.name, &e.authority));
             let source = match &e.kv_events {
                 None if remote => {
                     let source = pods.remote(&index, &e.authority);
@@ -380,6 +385,17 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
             node: node.clone(),
             local: static_local.clone(),
             remote: static_remote.clone(),
+            unreplicated: config
+                .pools
+                .iter()
+                .filter(|p| {
+                    config
+                        .cluster
+                        .as_ref()
+                        .is_some_and(|c| !c.replicates(&p.name))
+                })
+                .map(|p| p.name.clone())
+                .collect(),
         });
         let (task, mut applied) =
             crate::discovery::spawn(proxy.clone(), k.watchers.members.clone(), cluster);

@@ -155,7 +155,8 @@ pub struct AgentArgs {
 }
 
 /// Agents sharing one index without a central router (docs/cluster.md). Off unless
-/// --cluster-id is given.
+/// --cluster-id is given or the --config file has a `cluster:` section; each flag given
+/// (or its variable) overrides that field of the file's section.
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
     /// Join the cluster of agents with this id (members with another id are refused).
@@ -166,15 +167,16 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "ID")]
     pub node_id: Option<String>,
 
-    /// UDP address for gossip.
-    #[arg(long, value_name = "ADDR", default_value = crate::config::DEFAULT_GOSSIP_LISTEN)]
-    pub gossip_listen: std::net::SocketAddr,
+    /// UDP address for gossip [default: 0.0.0.0:7400].
+    #[arg(long, value_name = "ADDR")]
+    pub gossip_listen: Option<std::net::SocketAddr>,
 
     /// The gossip address peers use (default: --gossip-listen, which must then be specific).
     #[arg(long, value_name = "ADDR")]
     pub gossip_advertise: Option<std::net::SocketAddr>,
 
-    /// A member to join through (`host:port`; DNS names are re-resolved). Repeatable.
+    /// A member to join through (`host:port`; DNS names are re-resolved). Repeatable; given,
+    /// they replace the file's seeds.
     #[arg(long = "seed", value_name = "HOST:PORT")]
     pub seeds: Vec<String>,
 
@@ -183,80 +185,141 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "PATH", env = "WARMPATH_CLUSTER_KEY_FILE")]
     pub cluster_key_file: Option<PathBuf>,
 
-    /// TCP address of the IndexSync gRPC server.
-    #[arg(long, value_name = "ADDR", default_value = crate::config::DEFAULT_GRPC_LISTEN)]
-    pub grpc_listen: std::net::SocketAddr,
+    /// TCP address of the IndexSync gRPC server [default: 0.0.0.0:7401].
+    #[arg(long, value_name = "ADDR")]
+    pub grpc_listen: Option<std::net::SocketAddr>,
 
     /// The IndexSync address peers use (default: the address --grpc-listen bound).
     #[arg(long, value_name = "ADDR")]
     pub grpc_advertise: Option<std::net::SocketAddr>,
 
     /// Milliseconds between gossip rounds: a stopped agent is noticed after about 12-15
-    /// rounds (docs/cluster.md).
-    #[arg(long, value_name = "MS", default_value_t = crate::cluster::membership::DEFAULT_GOSSIP_INTERVAL.as_millis() as u64)]
-    pub gossip_interval_ms: u64,
+    /// rounds (docs/cluster.md) [default: 1000].
+    #[arg(long, value_name = "MS")]
+    pub gossip_interval_ms: Option<u64>,
 
     /// An endpoint of the pool on another agent's node (`http://host:port`): routed to, its
     /// index state replicated from the agent that owns it instead of subscribed to.
-    /// Repeatable; added to the flag-configured pool, or naming an endpoint of --config's.
+    /// Repeatable; added to the flag-configured pool, or naming an endpoint of --config's
+    /// (given, they replace the file's `remoteEndpoints`).
     #[arg(long = "remote-endpoint", value_name = "URL")]
     pub remote_endpoints: Vec<String>,
+
+    /// Replicate the remote pods of this pool (by name); repeatable. Default: every pool
+    /// (the file's `replicate`, else all). Remote pods of other pools are routed by load,
+    /// with no replica.
+    #[arg(long = "replicate", value_name = "POOL")]
+    pub replicate: Vec<String>,
 }
 
 impl ClusterArgs {
     /// The cluster section these flags describe (`None` without --cluster-id).
     pub fn config(&self) -> Result<Option<crate::config::ClusterConfig>, ConfigError> {
-        let Some(id) = &self.cluster_id else {
-            if !self.remote_endpoints.is_empty() {
-                return Err(ConfigError::field(
-                    FLAGS,
-                    "--remote-endpoint",
-                    "needs --cluster-id: only a cluster member learns other agents' pods",
-                ));
+        self.over(None)
+    }
+
+    /// The file's cluster section `file` with every flag given put over it (`None`: neither
+    /// the file's section nor --cluster-id), checked again.
+    pub fn over(
+        &self,
+        file: Option<crate::config::ClusterConfig>,
+    ) -> Result<Option<crate::config::ClusterConfig>, ConfigError> {
+        let mut config = match (file, &self.cluster_id) {
+            (Some(c), _) => c,
+            (None, Some(id)) => crate::config::ClusterConfig {
+                id: id.clone(),
+                node_id: match &self.node_id {
+                    Some(n) => n.clone(),
+                    None => crate::config::host_name().ok_or_else(|| {
+                        ConfigError::field(
+                            FLAGS,
+                            "--node-id",
+                            "no host name to default to: give --node-id",
+                        )
+                    })?,
+                },
+                gossip_listen: default_addr(crate::config::DEFAULT_GOSSIP_LISTEN),
+                gossip_advertise: default_addr(crate::config::DEFAULT_GOSSIP_LISTEN),
+                seeds: Vec::new(),
+                key_file: None,
+                grpc_listen: default_addr(crate::config::DEFAULT_GRPC_LISTEN),
+                grpc_advertise: None,
+                gossip_interval: crate::cluster::membership::DEFAULT_GOSSIP_INTERVAL,
+                remote_endpoints: Vec::new(),
+                replicate: crate::config::Replicate::Routed,
+            },
+            (None, None) => {
+                for (flag, given) in [
+                    ("--remote-endpoint", !self.remote_endpoints.is_empty()),
+                    ("--replicate", !self.replicate.is_empty()),
+                ] {
+                    if given {
+                        return Err(ConfigError::field(
+                            FLAGS,
+                            flag,
+                            "needs --cluster-id (or a `cluster:` section in --config): only a cluster member learns other agents' pods",
+                        ));
+                    }
+                }
+                return Ok(None);
             }
-            return Ok(None);
         };
-        let node_id = match &self.node_id {
-            Some(n) => n.clone(),
-            None => nix::unistd::gethostname()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .ok_or_else(|| {
-                    ConfigError::field(
-                        FLAGS,
-                        "--node-id",
-                        "no host name to default to: give --node-id",
-                    )
-                })?,
-        };
-        let remote_endpoints = self
-            .remote_endpoints
-            .iter()
-            .map(|url| {
-                authority_of(url).ok_or_else(|| {
-                    ConfigError::field(
-                        FLAGS,
-                        "--remote-endpoint",
-                        format!("{url}: expected http://host:port"),
-                    )
+        if let Some(id) = &self.cluster_id {
+            config.id.clone_from(id);
+        }
+        if let Some(n) = &self.node_id {
+            config.node_id.clone_from(n);
+        }
+        if let Some(listen) = self.gossip_listen {
+            // An advertised address that was the listen address follows it.
+            if config.gossip_advertise == config.gossip_listen {
+                config.gossip_advertise = listen;
+            }
+            config.gossip_listen = listen;
+        }
+        if let Some(a) = self.gossip_advertise {
+            config.gossip_advertise = a;
+        }
+        if !self.seeds.is_empty() {
+            config.seeds.clone_from(&self.seeds);
+        }
+        if let Some(k) = &self.cluster_key_file {
+            config.key_file = Some(k.clone());
+        }
+        if let Some(listen) = self.grpc_listen {
+            config.grpc_listen = listen;
+        }
+        if let Some(a) = self.grpc_advertise {
+            config.grpc_advertise = Some(a);
+        }
+        if let Some(ms) = self.gossip_interval_ms {
+            config.gossip_interval = std::time::Duration::from_millis(ms);
+        }
+        if !self.remote_endpoints.is_empty() {
+            config.remote_endpoints = self
+                .remote_endpoints
+                .iter()
+                .map(|url| {
+                    authority_of(url).ok_or_else(|| {
+                        ConfigError::field(
+                            FLAGS,
+                            "--remote-endpoint",
+                            format!("{url}: expected http://host:port"),
+                        )
+                    })
                 })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let config = crate::config::ClusterConfig {
-            id: id.clone(),
-            node_id,
-            gossip_listen: self.gossip_listen,
-            gossip_advertise: self.gossip_advertise.unwrap_or(self.gossip_listen),
-            seeds: self.seeds.clone(),
-            key_file: self.cluster_key_file.clone(),
-            grpc_listen: self.grpc_listen,
-            grpc_advertise: self.grpc_advertise,
-            gossip_interval: std::time::Duration::from_millis(self.gossip_interval_ms),
-            remote_endpoints,
-        };
+                .collect::<Result<Vec<_>, _>>()?;
+        }
+        if !self.replicate.is_empty() {
+            config.replicate = crate::config::Replicate::Pools(self.replicate.clone());
+        }
         config.validate(FLAGS)?;
         Ok(Some(config))
     }
+}
+
+fn default_addr(addr: &str) -> std::net::SocketAddr {
+    addr.parse().expect("the default address parses")
 }
 
 /// Capacity and size bounds (docs/config.md, docs/reliability.md).

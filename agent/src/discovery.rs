@@ -61,6 +61,9 @@ pub struct ClusterPods {
     pub local: Vec<LocalPod>,
     /// Configured pods other agents own: `(id, remote source)`.
     pub remote: Vec<(String, SourceId)>,
+    /// Pools (by name) whose other nodes' pods are not replicated (`cluster.replicate`):
+    /// they get no remote source, and are routed by load alone.
+    pub unreplicated: HashSet<String>,
 }
 
 /// Applies each desired state the watcher publishes to the proxy's pools until `desired`
@@ -178,7 +181,7 @@ impl MemberSync {
                             dropped.push(forget(pool, m));
                         }
                         applied.added += 1;
-                        self.start(pool, spec).await
+                        self.start(name, pool, spec).await
                     }
                 };
                 order.push(key.clone());
@@ -268,11 +271,15 @@ impl MemberSync {
 
     /// A new member: its KV source and subscription (when it publishes events and this
     /// agent is the one to subscribe), and its endpoint.
-    async fn start(&self, pool: &Pool, spec: &EndpointSpec) -> Member {
+    async fn start(&self, name: &str, pool: &Pool, spec: &EndpointSpec) -> Member {
         let mut source = None;
         let mut subscription = None;
         let alone = self.cluster.is_none();
-        if spec.kv_events.is_some() && !alone && !spec.local {
+        let replicated = self
+            .cluster
+            .as_ref()
+            .is_some_and(|c| !c.unreplicated.contains(name));
+        if spec.kv_events.is_some() && replicated && !spec.local {
             // Another node's pod: its agent subscribes; this one replicates its index.
             source = Some(self.index().add_remote_source(SourceInfo {
                 pod: spec.authority.clone(),

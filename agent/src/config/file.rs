@@ -7,7 +7,9 @@ use serde::Deserialize;
 
 use super::{
     Config, ConfigError, DEFAULT_MAX_BODY, DEFAULT_RETRIES, EndpointConfig, Limits, PoolConfig,
-    TokenSourceConfig, authority_of, default_workers,
+    TokenSourceConfig, authority_of,
+    cluster::{self, ClusterFile},
+    default_workers,
     kubernetes::{self, Environment, InferencePoolFile, KubernetesFile, SelectorFile},
 };
 use crate::{
@@ -43,6 +45,8 @@ struct File {
     cache_salt_key_file: Option<std::path::PathBuf>,
     /// Pods, Services and policies from the cluster (docs/config.md, "Kubernetes").
     kubernetes: Option<KubernetesFile>,
+    /// Agents sharing one index (docs/config.md, "Cluster"; docs/cluster.md).
+    cluster: Option<ClusterFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -507,6 +511,12 @@ fn convert(f: File, file: &str, env: &Environment<'_>) -> Result<Config, ConfigE
         .map(super::AdminToken::from_file)
         .transpose()
         .map_err(|m| err("adminTokenFile".into(), m))?;
+    let kubernetes = kubernetes::convert(f.kubernetes, file, env)?;
+    let node_name = kubernetes
+        .as_ref()
+        .filter(|k| k.enabled)
+        .and_then(|k| k.node_name.as_deref());
+    let cluster = cluster::convert(f.cluster, file, node_name, env)?;
     Ok(Config {
         listen: match f.listen {
             OneOrMany::One(a) => vec![a],
@@ -521,11 +531,10 @@ fn convert(f: File, file: &str, env: &Environment<'_>) -> Result<Config, ConfigE
         explain: f.proxy.explain,
         inject_usage: f.proxy.inject_usage,
         workers: f.proxy.workers.unwrap_or_else(default_workers),
-        // The file has no cluster section yet: the cluster flags set it (docs/cluster.md).
-        cluster: None,
+        cluster,
         policy_dir: f.policy_dir,
         cache_salt_key_file: f.cache_salt_key_file,
-        kubernetes: kubernetes::convert(f.kubernetes, file, env)?,
+        kubernetes,
         tenants,
         telemetry: TelemetryConfig {
             max_tenants: t.max_tenants,

@@ -10,7 +10,9 @@ mod kubernetes;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
 pub use admin::{AdminToken, MIN_TOKEN_LEN, read_token_file};
-pub use cluster::{ClusterConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_GRPC_LISTEN};
+pub use cluster::{
+    ClusterConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_GRPC_LISTEN, POD_IP_VAR, Replicate, host_name,
+};
 pub use file::{load, parse, parse_in};
 pub use kubernetes::{
     Environment, IdentityScope, InterceptConfig, KubernetesConfig, MAX_SELECTOR_LABELS,
@@ -222,6 +224,7 @@ impl Config {
         }
         if let Some(cluster) = &self.cluster {
             cluster.validate(file)?;
+            cluster.validate_pools(file, &self.pools)?;
         }
         if self.listen.is_empty() {
             return err("listen".into(), "at least one address is needed".into());
