@@ -18,6 +18,10 @@ pub enum HealthState {
     Healthy,
     /// Events were lost and could not be replayed; prefix scores must not be trusted.
     Unsure { reason: String, since: Instant },
+    /// The engine owes events (a request routed at `since` added blocks it did not hold)
+    /// and no batch came for the stall period: the stream may be stuck, so prefix scores
+    /// are not trusted until the next batch (the entries are kept).
+    Stalled { since: Instant },
 }
 
 /// Counters and state of one source, as `/status` shows them.

@@ -33,6 +33,10 @@ pub const DEFAULT_MAX_ENTRIES: usize = 20_000_000;
 pub const DEFAULT_SPECULATIVE_TTL: Duration = Duration::from_secs(2);
 /// How long a source stays unsure after an unrecoverable gap (its entries were cleared).
 pub const DEFAULT_UNSURE_SETTLE: Duration = Duration::from_secs(10);
+/// How long the engine may owe events without sending a batch before its stream counts as
+/// stalled: a request routed there added blocks the pod did not hold (its prefill will
+/// store them), so a live stream reports within about one prefill.
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(5);
 
 /// Index settings.
 #[derive(Debug, Clone)]
@@ -43,6 +47,9 @@ pub struct IndexConfig {
     pub tier_weights: [f64; Tier::COUNT],
     pub speculative_ttl: Duration,
     pub unsure_settle: Duration,
+    /// A local source owing events for this long without a batch is stalled (`None`:
+    /// never, for indexes no engine feeds, like the routing history).
+    pub stall_after: Option<Duration>,
 }
 
 impl Default for IndexConfig {
@@ -53,6 +60,7 @@ impl Default for IndexConfig {
             tier_weights: DEFAULT_TIER_WEIGHTS,
             speculative_ttl: DEFAULT_SPECULATIVE_TTL,
             unsure_settle: DEFAULT_UNSURE_SETTLE,
+            stall_after: Some(DEFAULT_STALL_AFTER),
         }
     }
 }
@@ -78,6 +86,9 @@ struct SourceState {
     /// renew it).
     speculative: Pending,
     health: HealthState,
+    /// Since when the engine owes events: the first request routed here after the last
+    /// batch whose speculation added a key this source did not hold.
+    owed_since: Option<Instant>,
     status: SourceStatus,
     last_event_block_size: Option<u32>,
     /// Applied batches in router keys, when peers replicate this (local) source.
@@ -132,6 +143,7 @@ impl KvIndex {
                 keys: Vec::new(),
                 speculative: Pending::default(),
                 health: HealthState::Waiting,
+                owed_since: None,
                 status: SourceStatus {
                     pod: info.pod.clone(),
                     rank: info.rank,
@@ -195,7 +207,12 @@ impl KvIndex {
         let mut st = source.state.lock();
         st.status.batches += 1;
         st.status.last_seq = Some(seq);
-        if st.health == HealthState::Waiting {
+        // Any batch shows the stream is alive: nothing is owed any more.
+        st.owed_since = None;
+        if matches!(
+            st.health,
+            HealthState::Waiting | HealthState::Stalled { .. }
+        ) {
             st.health = HealthState::Healthy;
         }
         let mut w = self.store.writer();
@@ -322,20 +339,21 @@ impl KvIndex {
         if keys.is_empty() {
             return;
         }
-        self.hold_speculatively(id, keys, now + self.config.speculative_ttl, true);
+        self.hold_speculatively(id, keys, now + self.config.speculative_ttl, Some(now));
         if let Some(sink) = self.placements.get() {
             sink.placed(id, keys);
         }
     }
 
     /// Holds `keys` as speculative on `id` until `deadline`; `routed`: this agent's own
-    /// routing decision (counted for the key-mismatch check), not a peer's.
+    /// routing decision at that instant (counted for the key-mismatch check, and a key the
+    /// source did not hold makes the engine owe an event), not a peer's.
     fn hold_speculatively(
         &self,
         id: SourceId,
         keys: &[RouterKey],
         deadline: Instant,
-        routed: bool,
+        routed: Option<Instant>,
     ) {
         let Some(source) = self.source(id) else {
             return;
@@ -344,12 +362,18 @@ impl KvIndex {
         // The source's state before the store's writer, as everywhere else.
         let mut st = source.state.lock();
         let mut w = self.store.writer();
+        let mut added = false;
         for key in keys {
-            w.insert(*key, id.0, Tier::Gpu, true);
+            added |= w.insert(*key, id.0, Tier::Gpu, true) == Upsert::New;
         }
         drop(w);
-        if routed {
+        if let Some(now) = routed {
             st.status.routed += 1;
+            // A prefill that fills a block the pod did not hold ends in a BlockStored event;
+            // a request whose blocks were all held owes nothing (a hot pod can be quiet).
+            if added && !source.remote && st.owed_since.is_none() {
+                st.owed_since = Some(now);
+            }
         }
         // At the cap, the earliest pending keys stop being speculative now (no allocation
         // unless one does).
@@ -369,7 +393,8 @@ impl KvIndex {
     }
 
     /// Expires speculative entries whose TTL passed; settles unsure sources whose grace
-    /// period passed.
+    /// period passed; marks stalled the local sources that owe events for longer than
+    /// `stall_after` without a batch.
     pub fn sweep(&self, now: Instant) {
         let sources: Vec<(SourceId, Arc<Source>)> = self
             .sources
@@ -390,6 +415,14 @@ impl KvIndex {
             {
                 st.health = HealthState::Healthy;
             }
+            if let (HealthState::Healthy, Some(owed), Some(after)) =
+                (&st.health, st.owed_since, self.config.stall_after)
+                && !source.remote
+                && now.saturating_duration_since(owed) >= after
+            {
+                tracing::warn!(pod = %source.info.pod, rank = ?source.info.rank, owed_for = ?now.saturating_duration_since(owed), "KV events stalled: requests routed here owe events and none came");
+                st.health = HealthState::Stalled { since: owed };
+            }
         }
     }
 
@@ -406,6 +439,7 @@ impl KvIndex {
             self.changes.notify_waiters();
         }
         st.status.unrecoverable_gaps += 1;
+        st.owed_since = None;
         tracing::warn!(pod = %source.info.pod, rank = ?source.info.rank, %reason, "KV index unsure for this source");
         st.health = HealthState::Unsure { reason, since: now };
     }
@@ -419,6 +453,7 @@ impl KvIndex {
                 self.changes.notify_waiters();
             }
             st.status.restarts += 1;
+            st.owed_since = None;
             st.health = HealthState::Healthy;
         }
     }
@@ -434,6 +469,7 @@ impl KvIndex {
                 self.changes.notify_waiters();
             }
             st.status.reconnects += 1;
+            st.owed_since = None;
             if st.health != HealthState::Waiting {
                 st.health = HealthState::Healthy;
             }
@@ -478,6 +514,13 @@ impl KvIndex {
                     }
                     HealthState::Healthy => ("healthy", None),
                     HealthState::Unsure { reason, .. } => ("unsure", Some(reason.clone())),
+                    HealthState::Stalled { .. } => (
+                        "stalled",
+                        Some(format!(
+                            "requests routed here added blocks the engine has not reported: no KV events for {} s while owed",
+                            self.config.stall_after.unwrap_or_default().as_secs_f64()
+                        )),
+                    ),
                 };
                 status.entries = st.engine.len();
                 Some((SourceId(i as u32), status))
@@ -549,6 +592,8 @@ impl SourceState {
     }
 }
 
+#[cfg(test)]
+mod stall_tests;
 #[cfg(test)]
 mod test_events;
 #[cfg(test)]

@@ -174,9 +174,16 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
                 .and_then(|s| sources.iter().find(|(id, _)| *id == s))
                 .map(|(_, st)| st.clone());
             let trusted = e.source.is_some_and(|s| proxy.index.trusted(s));
+            // The signal its prefix is scored by (`routing::Candidate::prefix`).
+            let prefix_source = match p.pool.policy.kind {
+                crate::routing::Policy::Approximate => "history",
+                _ if trusted => "index",
+                _ => "history",
+            };
             pods.push(
                 serde_json::json!({"pool": p.name, "load": e.snapshot(), "index": index,
-                "lora": e.lora_info(), "prefix_weight": u8::from(trusted)}),
+                "lora": e.lora_info(), "prefix_weight": u8::from(trusted),
+                "prefix_source": prefix_source}),
             );
         }
         pools.push(serde_json::json!({"name": p.name, "model": p.pool.model,

@@ -1,6 +1,9 @@
 //! Step 4 of a request: its candidates, the scorers' input. Each endpoint of the pool with
-//! what the KV index (or, for the approximate policy, the routing history) says it holds of
-//! the request's prefix, and its live load; scoring and the pick are [`crate::routing::rank`]'s.
+//! what the KV index and the routing history say it holds of the request's prefix, whether
+//! the index may be trusted for it, and its live load; scoring and the pick are
+//! [`crate::routing::rank`]'s, which scores a pod whose index is not trusted (unsure,
+//! stalled, waiting, a replica its owner cannot vouch for) by its history instead. The
+//! approximate policy reads no index: every pod is scored by its history.
 //! The route receipt's `available` figure is read from them too ([`available_blocks`]).
 
 use std::sync::Arc;
@@ -44,7 +47,7 @@ pub fn candidates(
                 .find(|(s, _)| *s == e.history)
                 .map_or(0, |(_, b)| *b);
             let (matched_blocks, prefix_trusted) = match approximate {
-                true => (history_blocks, true),
+                true => (0, false),
                 false => (
                     source
                         .and_then(|s| matches.iter().find(|m| m.source == s.0))
@@ -70,14 +73,117 @@ pub fn candidates(
         .collect()
 }
 
-/// The longest prefix, in blocks, that any live candidate with a trusted index (or history)
-/// holds, at most the request's `blocks`: the route receipt's `available` figure, counted as
-/// [`crate::routing::rank`] counts the chosen pod's (`Decision::prefix_blocks`).
+/// The longest prefix, in blocks, that any live candidate holds by the signal it is scored
+/// by (its trusted index, else its routing history), at most the request's `blocks`: the
+/// route receipt's `available` figure, counted as [`crate::routing::rank`] counts the chosen
+/// pod's (`Decision::prefix_blocks`).
 pub fn available_blocks(candidates: &[Candidate], blocks: usize) -> usize {
     candidates
         .iter()
-        .filter(|c| !c.excluded && c.prefix_trusted)
-        .map(|c| c.matched_blocks.min(blocks))
+        .filter(|c| !c.excluded)
+        .map(|c| c.prefix().0.min(blocks))
         .max()
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::atomic::AtomicUsize, time::Instant};
+
+    use super::*;
+    use crate::{
+        kv_index::{IndexConfig, RouterKey, SourceInfo, wire::Batch},
+        pool::Pool,
+        proxy::{Proxy, TokenSource},
+        routing::{PrefixSource, SessionSource, rank},
+        telemetry::{Telemetry, TelemetryConfig},
+    };
+
+    /// A precise pool of two pods with their own index sources.
+    fn proxy() -> Proxy {
+        let index = Arc::new(KvIndex::new(IndexConfig::default()));
+        let source = |pod: &str| {
+            index.add_source(SourceInfo {
+                pod: pod.into(),
+                rank: None,
+            })
+        };
+        let endpoints = vec![
+            ("a:1".to_string(), Some(source("a:1"))),
+            ("b:1".to_string(), Some(source("b:1"))),
+        ];
+        let telemetry = Arc::new(Telemetry::new(&TelemetryConfig::default()).expect("telemetry"));
+        let mut proxy = Proxy::new(index, telemetry, Default::default());
+        let pool = Pool::new("m".into(), 16, Policy::Precise, endpoints);
+        proxy.add_pool(
+            "p",
+            pool,
+            TokenSource::Approximate,
+            SessionSource::default(),
+        );
+        proxy
+    }
+
+    /// Ranks the request as `forward` does and records the pick as it does (speculative
+    /// index entries, routing history); returns the pick and its prefix.
+    fn route(proxy: &Proxy, ctx: &RequestCtx) -> (usize, usize, PrefixSource) {
+        let runtime = &proxy.pools[0];
+        let endpoints = runtime.pool.endpoints();
+        let c = candidates(&proxy.index, runtime, &endpoints, ctx, Policy::Precise);
+        let d = rank(Policy::Precise, ctx, &c, &AtomicUsize::new(0)).expect("a live pod");
+        let e = &endpoints[d.ranked[0].0];
+        let now = Instant::now();
+        proxy
+            .index
+            .speculate(e.source.expect("sourced"), &ctx.keys, now);
+        runtime.pool.history.record(e.history, &ctx.keys, now);
+        (d.ranked[0].0, d.prefix_blocks, d.prefix_source)
+    }
+
+    #[test]
+    fn a_pod_whose_source_turned_unsure_keeps_its_prefix_by_history() {
+        let proxy = proxy();
+        let ctx = RequestCtx {
+            keys: (1..=32).map(RouterKey).collect(),
+            ..RequestCtx::default()
+        };
+        let sources: Vec<_> = proxy.pools[0]
+            .pool
+            .endpoints()
+            .iter()
+            .map(|e| e.source.expect("sourced"))
+            .collect();
+        // Both pods' streams are live (a batch each: trusted).
+        for &s in &sources {
+            let empty = Batch {
+                ts: 0.0,
+                events: Vec::new(),
+                dp_rank: None,
+            };
+            proxy.index.apply(s, &empty, 0);
+        }
+        let (home, blocks, _) = route(&proxy, &ctx);
+        assert_eq!(blocks, 0, "cold everywhere");
+        let (again, blocks, source) = route(&proxy, &ctx);
+        assert_eq!(
+            (again, blocks, source),
+            (home, 32, PrefixSource::Index),
+            "its speculative entries hold the prefix"
+        );
+        // The pod's events are lost: its entries are dropped and its index is not trusted.
+        proxy
+            .index
+            .mark_unsure(sources[home], "lost events".into(), Instant::now());
+        assert!(!proxy.index.trusted(sources[home]));
+        let runtime = &proxy.pools[0];
+        let endpoints = runtime.pool.endpoints();
+        let c = candidates(&proxy.index, runtime, &endpoints, &ctx, Policy::Precise);
+        assert!(!c[home].prefix_trusted);
+        assert_eq!(c[home].history_blocks, 32);
+        assert_eq!(available_blocks(&c, ctx.keys.len()), 32);
+        // Still chosen for the prefix it served, by the routing history, and it says so.
+        for _ in 0..3 {
+            assert_eq!(route(&proxy, &ctx), (home, 32, PrefixSource::History));
+        }
+    }
 }

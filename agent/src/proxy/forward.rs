@@ -190,6 +190,10 @@ fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<
             "x-warmpath-prefix-blocks",
             a.decision.prefix_blocks.to_string(),
         );
+        set(
+            "x-warmpath-prefix-source",
+            a.decision.prefix_source.as_str().to_string(),
+        );
         set("x-warmpath-score", format!("{:.3}", a.decision.score));
         if let Some(r) = attempt.receipt {
             set("x-warmpath-available-tokens", r.available.to_string());

@@ -42,6 +42,8 @@ impl History {
         let index = KvIndex::new(IndexConfig {
             max_entries: HISTORY_ENTRIES,
             speculative_ttl: HISTORY_TTL,
+            // No engine feeds it: nothing is ever owed.
+            stall_after: None,
             ..Default::default()
         });
         Self {

@@ -21,7 +21,13 @@
 //!
 //! Affinity wins while the pod holding the prefix is not already busier (in prefill blocks)
 //! than recomputing the prefix elsewhere would be; so it can never pile requests onto an
-//! overloaded pod. An untrusted index (unsure, no events yet) counts as no match.
+//! overloaded pod.
+//!
+//! A pod whose index is not trusted (unsure, stalled, no events yet, or a replica whose
+//! owner cannot vouch for it) is scored by the approximate signal instead: `matched_blocks`
+//! is replaced by its `history_blocks` (what this agent routed there recently), never
+//! counted as none. The decision says which signal its pod's prefix came from
+//! ([`PrefixSource`]). The approximate policy is the same rule with no index at all.
 
 mod history;
 pub mod scorers;
@@ -71,7 +77,8 @@ pub struct Candidate {
     pub affinity: u64,
     /// Consecutive prefix blocks the index says this pod holds.
     pub matched_blocks: usize,
-    /// Whether the prefix match may be used (index healthy for this pod).
+    /// Whether `matched_blocks` may be used (index healthy for this pod); when not, the
+    /// routing history's `history_blocks` stand in for it.
     pub prefix_trusted: bool,
     /// Requests the proxy has in flight to this pod.
     pub in_flight: u32,
@@ -84,6 +91,38 @@ pub struct Candidate {
     pub lora: LoraState,
     /// Excluded (failed earlier in this request's retries).
     pub excluded: bool,
+}
+
+/// Which signal a candidate's prefix comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PrefixSource {
+    /// The KV index, built from the engine's own events (trusted).
+    Index,
+    /// The routing history: what this agent sent there recently (the approximate signal).
+    History,
+}
+
+impl PrefixSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Index => "index",
+            Self::History => "history",
+        }
+    }
+}
+
+// === impl Candidate ===
+
+impl Candidate {
+    /// The prefix this candidate is scored by, in blocks (not capped to the request), and
+    /// where it comes from: the index's match when trusted, else the routing history's.
+    pub fn prefix(&self) -> (usize, PrefixSource) {
+        if self.prefix_trusted {
+            (self.matched_blocks, PrefixSource::Index)
+        } else {
+            (self.history_blocks, PrefixSource::History)
+        }
+    }
 }
 
 /// How a pool picks (a preset of scorer weights, or rotation).
@@ -278,6 +317,8 @@ pub struct Decision {
     pub ranked: SmallVec<[EndpointId; INLINE]>,
     /// Matched prefix blocks on the chosen endpoint.
     pub prefix_blocks: usize,
+    /// Where `prefix_blocks` came from.
+    pub prefix_source: PrefixSource,
     /// The chosen endpoint's cost (scorers) or rotation position.
     pub score: f64,
 }
@@ -327,6 +368,7 @@ pub fn rank(
     Some(Decision {
         ranked: order.iter().map(|&i| live[i].id).collect(),
         prefix_blocks: sctx.matched(live[best]),
+        prefix_source: live[best].prefix().1,
         score: costs[best],
     })
 }
@@ -406,7 +448,39 @@ mod tests {
     }
 
     #[test]
-    fn untrusted_prefix_counts_as_no_match_and_excluded_are_skipped() {
+    fn an_untrusted_pod_is_scored_by_its_history_and_wins_over_a_cold_pod() {
+        let rr = AtomicUsize::new(0);
+        // Pod 1's index is unsure: whatever it says (90 blocks, maybe stale) is not used,
+        // but this agent sent it 80 blocks of this prefix recently.
+        let mut unsure = cand(1, 90, 0, 0);
+        unsure.prefix_trusted = false;
+        unsure.history_blocks = 80;
+        let d = rank(
+            Policy::Precise,
+            &ctx(100),
+            &[cand(0, 0, 0, 0), unsure.clone()],
+            &rr,
+        )
+        .unwrap();
+        assert_eq!(
+            (d.ranked[0], d.prefix_blocks, d.prefix_source),
+            (EndpointId(1), 80, PrefixSource::History)
+        );
+        // Cost: 20 uncached + 2 x 20 away from home; the cold pod: 100 + 2 x 100.
+        assert_eq!(d.score, 60.0);
+        // Level on history, a trusted pod holding more by its index wins (5 + 40), and
+        // says its prefix is the index's.
+        let mut warm = cand(0, 95, 0, 0);
+        warm.history_blocks = 80;
+        let d = rank(Policy::Precise, &ctx(100), &[warm, unsure], &rr).unwrap();
+        assert_eq!(
+            (d.ranked[0], d.prefix_blocks, d.prefix_source),
+            (EndpointId(0), 95, PrefixSource::Index)
+        );
+    }
+
+    #[test]
+    fn untrusted_prefix_without_history_counts_as_no_match_and_excluded_are_skipped() {
         let rr = AtomicUsize::new(0);
         let mut unsure = cand(1, 90, 0, 0);
         unsure.prefix_trusted = false;

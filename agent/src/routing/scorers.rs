@@ -4,7 +4,7 @@
 //!
 //! | scorer | cost per candidate |
 //! |---|---|
-//! | `prefix` | uncached prompt blocks: `prompt_blocks - matched_blocks` (untrusted index: no match) |
+//! | `prefix` | uncached prompt blocks: `prompt_blocks - matched_blocks` (untrusted index: `history_blocks` instead) |
 //! | `queue` | prefill blocks already queued there (own in-flight work + engine waiting x mean) |
 //! | `kv_usage` | `kv_cache_usage x prompt_blocks`: a full cache costs a full recompute |
 //! | `lora` | adapter not loaded: 64 blocks; waiting to load: 16; loaded or no adapter: 0 |
@@ -29,13 +29,10 @@ pub struct ScoreCtx<'a> {
 }
 
 impl ScoreCtx<'_> {
-    /// Blocks of `c`'s prefix that may be used.
+    /// Blocks of `c`'s prefix that may be used: the index's match when trusted, else the
+    /// routing history's ([`Candidate::prefix`]).
     pub fn matched(&self, c: &Candidate) -> usize {
-        if c.prefix_trusted {
-            c.matched_blocks.min(self.total_blocks)
-        } else {
-            0
-        }
+        c.prefix().0.min(self.total_blocks)
     }
 }
 

@@ -49,7 +49,7 @@ impl KvIndex {
     /// routed them (but not counted as its routing, and not passed on).
     pub fn speculate_remote(&self, id: SourceId, keys: &[RouterKey], ttl: Duration, now: Instant) {
         if !keys.is_empty() {
-            self.hold_speculatively(id, keys, now + ttl, false);
+            self.hold_speculatively(id, keys, now + ttl, None);
         }
     }
 
