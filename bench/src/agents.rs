@@ -28,21 +28,16 @@ pub struct Agents {
 struct Agent {
     process: Logged,
     listen: SocketAddr,
+    admin: SocketAddr,
 }
 
 impl Agents {
-    /// Starts `count` agents with `flags` (everything but `--listen` and `--admin`), their
-    /// output in `<role>-<n>.log`, and waits until each is ready.
-    pub async fn start(
-        flags: &[String],
-        count: usize,
-        role: &str,
-        logs: &Logs,
-    ) -> Result<Self, Error> {
+    /// Starts one agent per entry of `flags`, agent `n` with `flags[n]` (a cluster's agents
+    /// differ in their node and engines), and waits until each answers `/ready`.
+    pub async fn start(flags: &[Vec<String>], role: &str, logs: &Logs) -> Result<Self, Error> {
         let exe = self_exe()?;
-        let mut agents = Vec::with_capacity(count);
-        let mut admins = Vec::with_capacity(count);
-        for _ in 0..count {
+        let mut agents = Vec::with_capacity(flags.len());
+        for flags in flags {
             let (listen, admin) = (free_port()?, free_port()?);
             let mut args = vec![
                 "agent".to_string(),
@@ -55,13 +50,13 @@ impl Agents {
             agents.push(Agent {
                 process: spawn_exe(&exe, &args, CONTROL_THREADS, role, logs)?,
                 listen: SocketAddr::from(([127, 0, 0, 1], listen)),
+                admin: SocketAddr::from(([127, 0, 0, 1], admin)),
             });
-            admins.push(admin);
         }
         let client = reqwest::Client::new();
         // All started at once; ready one after another.
-        for (agent, admin) in agents.iter_mut().zip(admins) {
-            let url = format!("http://127.0.0.1:{admin}/ready");
+        for agent in &mut agents {
+            let url = format!("http://{}/ready", agent.admin);
             wait_child_ready(&mut agent.process, &client, &url, READY_WITHIN).await?;
         }
         Ok(Self { agents })
@@ -70,6 +65,11 @@ impl Agents {
     /// Each agent's proxy listener, in start order.
     pub fn listens(&self) -> impl Iterator<Item = SocketAddr> + '_ {
         self.agents.iter().map(|a| a.listen)
+    }
+
+    /// Each agent's admin listener (`/status`), in start order.
+    pub fn admins(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.agents.iter().map(|a| a.admin)
     }
 
     /// Stops every agent (SIGTERM) and waits for each, for at most [`STOP_WITHIN`] each, so

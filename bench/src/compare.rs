@@ -9,6 +9,7 @@ use clap::{Args, Parser};
 use super::{
     Error,
     agents::Agents,
+    cluster_agents::{self, AgentPods},
     logs::{BenchLog, Logs},
     process::fleet_flags,
     progress::Phase,
@@ -27,10 +28,20 @@ pub struct CompareArgs {
     pub replicas: u16,
     /// warmpath agents in front of the fleet, as on that many nodes (a DaemonSet): user `i`
     /// sends through agent `i mod N`. Each agent keeps its own routing history and load
-    /// counts; precise agents all subscribe to every engine's KV events. Peer routers run
+    /// counts; precise agents share one index as a cluster (--cluster). Peer routers run
     /// as one central instance.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub agents: u16,
+    /// With several agents, the precise rows on cluster mode (docs/cluster.md): engine `j`
+    /// on node `j mod N`, each agent subscribed to its own node's engines' KV events and
+    /// replicating the others' from their agents (`on`); or every agent subscribed to every
+    /// engine (`off`). The other policies read no KV events and run the same either way.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub cluster: Switch,
+    /// With several agents, also run precise through one central agent subscribed to every
+    /// engine (the row `Precise (1 agent)`), and print the multi-agent row's gap to it.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub central: Switch,
     /// KV blocks per engine (16 tokens each): small enough that the working set does not
     /// fit in every engine.
     #[arg(long, default_value_t = 640)]
@@ -76,6 +87,13 @@ pub struct CompareArgs {
     pub chart: Option<PathBuf>,
 }
 
+/// A setting that is on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
 /// What one request looked like to the client (modelled seconds).
 #[derive(Debug, Clone, Copy)]
 struct Sample {
@@ -98,6 +116,10 @@ pub struct Row {
     pub prefix_hit_ratio: f64,
     /// Requests answered through each agent (one entry for a peer router).
     pub requests_per_agent: Vec<usize>,
+    /// A cluster row's agents: what each subscribed to and replicated when the run started
+    /// (from their `/status`); empty for other rows.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cluster: Vec<AgentPods>,
     /// Every TTFT, sorted (for the chart).
     #[serde(skip)]
     pub ttfts: Vec<f64>,
@@ -126,7 +148,7 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         );
     }
     println!(
-        "bench compare: {} requests ({} groups x {} users x {} rounds, {} shared + {} question tokens, {} output), {:.1} req/s, {} engines x {} blocks, {} warmpath agent(s), profile {}, time-scale {}",
+        "bench compare: {} requests ({} groups x {} users x {} rounds, {} shared + {} question tokens, {} output), {:.1} req/s, {} engines x {} blocks, {} warmpath agent(s){}, profile {}, time-scale {}",
         plan.len(),
         args.workload.groups,
         args.workload.users,
@@ -142,10 +164,21 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         args.replicas,
         args.num_gpu_blocks,
         args.agents,
+        if args.agents > 1 && args.cluster == Switch::On {
+            " (precise: a cluster, each agent subscribed to its own node's engines)"
+        } else {
+            ""
+        },
         args.profile,
         args.time_scale
     );
-    let mut targets: Vec<Target> = args.policies.iter().map(|p| Target::Warmpath(*p)).collect();
+    let mut targets = Vec::new();
+    for p in &args.policies {
+        targets.push(Target::Warmpath(*p));
+        if *p == Policy::Precise && args.agents > 1 && args.central == Switch::On {
+            targets.push(Target::Central);
+        }
+    }
     match (
         args.ebpf.as_str(),
         warmpath_agent::ebpf::unavailable_reason(),
@@ -182,6 +215,7 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         rows.push(row);
     }
     print_table(&rows);
+    print_central_gap(&rows);
     print_peer_ratios(&rows);
     write_outputs(&args, &rows)?;
     println!("{}", bench_log.summary());
@@ -224,6 +258,8 @@ fn write_outputs(args: &CompareArgs, rows: &[Row]) -> Result<(), Error> {
 #[derive(Debug, Clone, Copy)]
 enum Target {
     Warmpath(Policy),
+    /// Precise through one agent subscribed to every engine, whatever --agents says.
+    Central,
     /// Precise, with clients connecting to a VIP that connect4 redirects to the proxy.
     Intercepted,
     Peer(super::peers::Peer),
@@ -233,6 +269,7 @@ impl Target {
     fn name(&self) -> String {
         match self {
             Target::Warmpath(p) => format!("{p:?}"),
+            Target::Central => CENTRAL_ROW.into(),
             Target::Intercepted => "Precise (eBPF intercept)".into(),
             Target::Peer(p) => p.name.to_string(),
         }
@@ -260,6 +297,28 @@ fn select_peers(asked: &[String]) -> Result<Vec<super::peers::Peer>, Error> {
     }
     out.dedup();
     Ok(out)
+}
+
+/// The name of the central precise row.
+const CENTRAL_ROW: &str = "Precise (1 agent)";
+
+/// The multi-agent precise row against the central one, when both ran.
+fn print_central_gap(rows: &[Row]) {
+    let find = |name: &str| rows.iter().find(|r| r.policy == name);
+    if let (Some(agents), Some(central)) = (find("Precise"), find(CENTRAL_ROW)) {
+        let mode = if agents.cluster.is_empty() {
+            "every agent subscribed to every engine"
+        } else {
+            "cluster"
+        };
+        println!(
+            "{} agents ({mode}) against one:",
+            agents.requests_per_agent.len()
+        );
+        for line in cluster_agents::gap_lines(agents, central) {
+            println!("  {line}");
+        }
+    }
 }
 
 /// warmpath precise against each peer row.
@@ -312,6 +371,9 @@ async fn run_target(
         Target::Warmpath(policy) => {
             run_agents(args, target, policy, plan, logs, phase, &engines).await
         }
+        Target::Central => {
+            run_agents(args, target, Policy::Precise, plan, logs, phase, &engines).await
+        }
         Target::Intercepted => {
             run_agents(args, target, Policy::Precise, plan, logs, phase, &engines).await
         }
@@ -351,33 +413,48 @@ async fn run_agents(
     phase: &Arc<Phase>,
     engines: &[warmpath_sim::fleet::RunningEngine],
 ) -> Result<Row, Error> {
-    let mut flags = vec!["--policy".to_string(), policy_flag(policy)];
+    let mut common = vec!["--policy".to_string(), policy_flag(policy)];
     if policy == Policy::Precise {
         for w in &args.precise_weights {
-            flags.extend(["--weight".into(), w.clone()]);
+            common.extend(["--weight".into(), w.clone()]);
         }
     }
-    for e in engines {
-        flags.extend(["--endpoint".into(), format!("http://{}", e.http)]);
-        if let Some(p) = &e.publisher {
-            flags.extend(["--kv-events".into(), p.events_endpoint.clone()]);
-            flags.extend(
-                p.replay_endpoint
-                    .iter()
-                    .flat_map(|r| ["--kv-replay".to_string(), r.clone()]),
-            );
-        }
-    }
+    let count = match target {
+        Target::Central => 1,
+        _ => usize::from(args.agents),
+    };
+    let cluster = policy == Policy::Precise && count > 1 && args.cluster == Switch::On;
+    let flags = if cluster {
+        cluster_agents::agent_flags(&common, engines, count)?
+    } else {
+        let mut flags = common;
+        flags.extend(
+            engines
+                .iter()
+                .flat_map(cluster_agents::subscribed_engine_flags),
+        );
+        vec![flags; count]
+    };
     // Parsed here first: a bad --precise-weight is a usage error, not an agent's early exit.
     let mut argv = vec!["agent".to_string()];
-    argv.extend(flags.iter().cloned());
+    argv.extend(flags.first().into_iter().flatten().cloned());
     <warmpath_agent::args::AgentArgs as clap::Parser>::try_parse_from(argv)
         .map_err(|e| Error::Setup(e.to_string()))?;
     let role = match target {
         Target::Intercepted => format!("agent-{}-ebpf", policy_flag(policy)),
+        Target::Central => format!("agent-{}-central", policy_flag(policy)),
         _ => format!("agent-{}", policy_flag(policy)),
     };
-    let mut agents = Agents::start(&flags, usize::from(args.agents), &role, logs).await?;
+    let mut agents = Agents::start(&flags, &role, logs).await?;
+    let mut held = Vec::new();
+    if cluster {
+        let (pods, took) = cluster_agents::wait_converged(&mut agents, engines).await?;
+        phase.note(&format!(
+            "  cluster: {count} agents converged {:.1} s after they were ready (each subscribed to its own node's engines, replicating the others')",
+            took.as_secs_f64()
+        ));
+        held = pods;
+    }
     let mut urls: Vec<String> = agents
         .listens()
         .map(|a| format!("http://{a}/v1/completions"))
@@ -394,7 +471,12 @@ async fn run_agents(
         }
         _ => None,
     };
-    let row = drive(args, &target, plan, engines, &urls, phase).await;
+    let row = drive(args, &target, plan, engines, &urls, phase)
+        .await
+        .map(|row| Row {
+            cluster: held,
+            ..row
+        });
     if let Some(r) = &redirector
         && let Ok(c) = r.counters()
     {
@@ -521,6 +603,7 @@ async fn drive(
             hits as f64 / queries as f64
         },
         requests_per_agent,
+        cluster: Vec::new(),
         ttfts: ttft,
     })
 }

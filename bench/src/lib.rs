@@ -2,6 +2,7 @@
 
 mod agents;
 mod chart;
+mod cluster_agents;
 pub mod compare;
 pub mod index;
 mod logs;

@@ -1,6 +1,6 @@
 //! `warmpath bench compare` as a user runs it, a process of its own: the terminal gets
 //! progress and the table, never a log line; every agent it starts logs into its own file
-//! under `--out`.
+//! under `--out`; the multi-agent precise row runs on cluster mode beside a central agent.
 #![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
 
 use std::{os::unix::process::CommandExt, path::Path, time::Duration};
@@ -25,9 +25,11 @@ impl Drop for Group {
 
 #[test]
 fn compare_shows_progress_and_the_table_and_logs_every_agent_to_a_file() {
+    let rows = ["RoundRobin", "Precise", "Precise (1 agent)"];
     let out = std::env::temp_dir().join(format!("warmpath-bench-compare-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    // 2 groups x 2 users x 1 round = 4 requests per policy, through 2 agents each.
+    // 2 groups x 2 users x 1 round = 4 requests per policy, through 2 agents each (the
+    // central row: one), the precise agents a cluster (the default).
     let argv = [
         "bench",
         "compare",
@@ -92,12 +94,12 @@ fn compare_shows_progress_and_the_table_and_logs_every_agent_to_a_file() {
         output.status
     );
 
-    // The table, both rows with every request answered.
+    // The table, every row with every request answered.
     assert!(
         stdout.contains("| policy | requests | errors | TTFT p50 (s) |"),
         "{stdout}"
     );
-    for policy in ["RoundRobin", "Precise"] {
+    for policy in rows {
         assert!(
             stdout.contains(&format!("\n| {policy} | 4 | 0 | ")),
             "{policy}: {stdout}"
@@ -113,8 +115,32 @@ fn compare_shows_progress_and_the_table_and_logs_every_agent_to_a_file() {
     ] {
         assert!(stdout.contains(&line), "{line}: {stdout}");
     }
-    // Progress on stderr, as plain lines (not a terminal): each phase and its end.
-    for phase in ["[1/2] RoundRobin", "[2/2] Precise"] {
+    // The cluster row against the central one, each figure with its verdict.
+    assert!(
+        stdout.contains(
+            "2 agents (cluster) against one:\n  Precise vs Precise (1 agent): prefix hits "
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(PASS: target at most 2 points lower)")
+            || stdout.contains("(MISS: target at most 2 points lower)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  Precise vs Precise (1 agent): p90 TTFT ")
+            && (stdout.contains("(PASS: target at most 1.10x)")
+                || stdout.contains("(MISS: target at most 1.10x)")),
+        "{stdout}"
+    );
+    // Progress on stderr, as plain lines (not a terminal): each phase and its end, and the
+    // cluster formed before the precise row's requests.
+    let phases: Vec<String> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("[{}/3] {r}", i + 1))
+        .collect();
+    for phase in &phases {
         assert!(
             stderr.contains(&format!("{phase}: 4 requests\n")),
             "{phase}: {stderr}"
@@ -134,9 +160,18 @@ fn compare_shows_progress_and_the_table_and_logs_every_agent_to_a_file() {
         }
     }
 
+    assert!(
+        stderr.contains("  cluster: 2 agents converged "),
+        "{stderr}"
+    );
+
     // Each agent logged its start into its own file.
-    for role in ["agent-round-robin", "agent-precise"] {
-        for n in 0..2 {
+    for (role, count) in [
+        ("agent-round-robin", 2),
+        ("agent-precise", 2),
+        ("agent-precise-central", 1),
+    ] {
+        for n in 0..count {
             let path = logs.join(format!("{role}-{n}.log"));
             let text = read(&path);
             assert!(
@@ -149,10 +184,78 @@ fn compare_shows_progress_and_the_table_and_logs_every_agent_to_a_file() {
         }
     }
     assert!(!logs.join("agent-precise-2.log").exists());
+    assert!(!logs.join("agent-precise-central-1.log").exists());
     assert!(logs.join("bench.log").is_file());
     let json: serde_json::Value = serde_json::from_str(&read(&out.join("compare.json"))).unwrap();
-    assert_eq!(json.as_array().map(Vec::len), Some(2), "{json}");
+    let names: Vec<&str> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, rows, "{json}");
+    // Users are pinned to agents: 4 users, 2 agents (the central row: all through one).
+    let per_agent: Vec<&serde_json::Value> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["requests_per_agent"])
+        .collect();
+    assert_eq!(
+        per_agent,
+        [
+            &serde_json::json!([2, 2]),
+            &serde_json::json!([2, 2]),
+            &serde_json::json!([4])
+        ],
+        "{json}"
+    );
+    check_cluster(&json[1]["cluster"], &logs);
+    // Only the cluster row has cluster agents.
+    assert!(
+        json[0].get("cluster").is_none() && json[2].get("cluster").is_none(),
+        "{json}"
+    );
     std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// The cluster row's two agents as their `/status` showed them when the run started: each
+/// subscribed to one of the two engines itself (a different one), and replicated the other
+/// from the agent subscribed to it; each agent's log says it joined with one local and one
+/// remote pod.
+fn check_cluster(cluster: &serde_json::Value, logs: &Path) {
+    let agents = cluster.as_array().unwrap_or_else(|| panic!("{cluster}"));
+    assert_eq!(agents.len(), 2, "{cluster}");
+    let subscribed: Vec<String> = agents
+        .iter()
+        .map(|a| {
+            let s = a["subscribed"].as_array().unwrap_or_else(|| panic!("{a}"));
+            assert_eq!(s.len(), 1, "{cluster}");
+            s[0].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_ne!(subscribed[0], subscribed[1], "{cluster}");
+    for (n, a) in agents.iter().enumerate() {
+        let other = 1 - n;
+        assert_eq!(a["node"], format!("node-{n}"), "{cluster}");
+        assert_eq!(
+            a["replicated"],
+            serde_json::json!({ subscribed[other].clone(): format!("node-{other}") }),
+            "{cluster}"
+        );
+        let path = logs.join(format!("agent-precise-{n}.log"));
+        let text = read(&path);
+        let joined = text
+            .lines()
+            .find(|l| l.contains("joined the cluster"))
+            .unwrap_or_else(|| panic!("{}:\n{text}", path.display()));
+        assert!(
+            joined.contains(&format!("node=node-{n} "))
+                && joined.contains("local=1")
+                && joined.contains("remote=1"),
+            "{joined}"
+        );
+    }
 }
 
 fn read(path: &Path) -> String {

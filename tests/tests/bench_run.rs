@@ -263,6 +263,9 @@ async fn a_comparison_runs_every_policy_through_every_agent() {
         "2",
         "--policies",
         "round-robin,precise",
+        // The central precise row has its own test (bench_compare.rs).
+        "--central",
+        "off",
         "--peers",
         "none",
         "--ebpf",
