@@ -32,6 +32,8 @@ pub const ARGS_ENV: &str = "WARMPATH_E2E_AGENT_ARGS";
 const READY: &str = "WARMPATH_E2E_AGENT_READY ";
 /// Longest a child may take to start.
 const START: Duration = Duration::from_secs(30);
+/// The group of children started under another user id (Debian's `nogroup`).
+const NOGROUP: u32 = 65534;
 
 /// The child side: run the agent from [`ARGS_ENV`] until killed. Does nothing when the
 /// variable is unset (the entry point run as an ordinary ignored test).
@@ -125,7 +127,21 @@ impl AgentProcess {
     /// Starts the agent with `args` (flags of `warmpath agent`) and exactly the variables
     /// `env` (add `RUST_LOG` there); waits until it is listening, or returns how it ended.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Result<Self, Exited> {
-        let mut child = command(args, env).spawn().expect("spawn the test binary");
+        Self::spawn(command(args, env))
+    }
+
+    /// [`AgentProcess::start`] under user id `uid` (group `nogroup`, no supplementary
+    /// groups): a process that routing rules can tell apart (`crate::isolated`). Root only;
+    /// the test binary must be readable by `uid`.
+    pub fn start_as(args: &[&str], env: &[(&str, &str)], uid: u32) -> Result<Self, Exited> {
+        use std::os::unix::process::CommandExt as _;
+        let mut cmd = command(args, env);
+        cmd.uid(uid).gid(NOGROUP);
+        Self::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Result<Self, Exited> {
+        let mut child = cmd.spawn().expect("spawn the test binary");
         let stderr = Arc::new(Mutex::new(String::new()));
         let pipe = child.stderr.take().expect("stderr was piped");
         let sink = stderr.clone();

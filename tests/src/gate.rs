@@ -14,7 +14,20 @@ pub const REQUIRE_BPF: &str = "WARMPATH_REQUIRE_BPF";
 /// # Panics
 /// When the BPF path is unavailable and `WARMPATH_REQUIRE_BPF=1`.
 pub fn bpf_available(test: &str) -> bool {
-    let Some(reason) = warmpath_agent::ebpf::unavailable_reason() else {
+    available(test, warmpath_agent::ebpf::unavailable_reason())
+}
+
+/// Returns true when `test` may run in a network namespace of its own
+/// ([`crate::isolated`]: root, `unshare`, `ip`); skips or fails as [`bpf_available`] does.
+///
+/// # Panics
+/// When it cannot and `WARMPATH_REQUIRE_BPF=1`.
+pub fn isolated_available(test: &str) -> bool {
+    available(test, crate::isolated::unavailable_reason())
+}
+
+fn available(test: &str, reason: Option<String>) -> bool {
+    let Some(reason) = reason else {
         return true;
     };
     if std::env::var(REQUIRE_BPF).is_ok_and(|v| v == "1") {

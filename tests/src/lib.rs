@@ -6,6 +6,7 @@ pub mod agent_process;
 pub mod fake_kube;
 pub mod gate;
 pub mod index;
+pub mod isolated;
 pub mod otlp;
 pub mod pki;
 pub mod pods;

@@ -1,6 +1,7 @@
 //! The cluster across processes (docs/cluster.md): four agents, each in its own process and
 //! subscribed only to the two simulator pods of its "node", sharing one index over real UDP
-//! gossip and gRPC on loopback.
+//! gossip and gRPC on loopback; a partition of two from two and its heal (`partition`, root);
+//! which pools an agent replicates, from configuration files (`replicate`).
 
 use std::{
     path::{Path, PathBuf},
@@ -12,6 +13,11 @@ use warmpath_e2e::{
     agent_process::AgentProcess,
     sim::{Fleet, get_json, wait_for},
 };
+
+#[path = "cluster/partition.rs"]
+mod partition;
+#[path = "cluster/replicate.rs"]
+mod replicate;
 
 #[test]
 #[ignore = "entry point of the agent child process (agent_process.rs)"]
@@ -140,7 +146,18 @@ async fn wait_pod(
 }
 
 async fn complete(client: &reqwest::Client, base: &str, prompt: &str) -> (u16, String, u64) {
-    let body = json!({"model": "sim-llama", "prompt": prompt, "max_tokens": 2});
+    complete_model(client, base, "sim-llama", prompt).await
+}
+
+/// A completion of `model` at `base`: its status, the pod that answered and the prefix
+/// blocks matched there (the explain headers).
+async fn complete_model(
+    client: &reqwest::Client,
+    base: &str,
+    model: &str,
+    prompt: &str,
+) -> (u16, String, u64) {
+    let body = json!({"model": model, "prompt": prompt, "max_tokens": 2});
     let r = client
         .post(format!("{base}/v1/completions"))
         .json(&body)
