@@ -441,6 +441,31 @@ def test_cluster_flags_name_the_mounted_key_and_the_gossip_service(helm):
     assert key["secret"]["items"] == [{"key": "key", "path": "key"}]
 
 
+def test_replicate_names_pools_the_agent_knows(helm, tmp_path):
+    docs = render(helm, EXAMPLE)
+    assert "--replicate" not in agent_container(docs)["args"], "default: every pool"
+    with open(EXAMPLE) as f:
+        pools = [p["name"] for p in yaml.safe_load(f)["pools"]]
+    docs = render(helm, EXAMPLE, "--set", f"cluster.replicate={{{pools[0]}}}")
+    args = agent_container(docs)["args"]
+    assert args[args.index("--replicate") + 1] == pools[0] and args.count("--replicate") == 1
+    # The agent checks the name against the rendered file's pools (flags over the file),
+    # before it starts anything.
+    text = one(render(helm, EXAMPLE), "ConfigMap", f"{RELEASE}-config")["data"]["config.yaml"]
+    token = tmp_path / "token"
+    token.write_text("0123456789abcdef-admin-token\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(text.replace("/etc/warmpath/admin/token", str(token)))
+    env = {"PATH": os.environ.get("PATH", ""), "KUBECONFIG": str(tmp_path / "kubeconfig"),
+           "NODE_NAME": "gpu-node-1", "RUST_BACKTRACE": "0"}
+    p = subprocess.run([BIN, "agent", "--config", str(config), "--cluster-id", "c", "--node-id", "n",
+                        "--gossip-listen", "127.0.0.1:7400", "--grpc-listen", "127.0.0.1:7401",
+                        "--replicate", pools[0], "--replicate", "nope"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode != 0
+    assert "--replicate: no pool is named `nope`" in p.stderr, p.stderr
+
+
 def test_every_flag_the_chart_passes_is_one_the_agent_has(helm):
     assert os.path.exists(BIN), f"{BIN}: build it first (cargo build -p warmpath)"
     known = set()
