@@ -12,7 +12,10 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-use super::{ConfigError, PoolConfig, authority_of, kubernetes::Environment};
+use super::{
+    ConfigError, PoolConfig, authority_of,
+    kubernetes::{Environment, KubernetesConfig},
+};
 
 /// Where gossip listens by default (UDP).
 pub const DEFAULT_GOSSIP_LISTEN: &str = "0.0.0.0:7400";
@@ -86,18 +89,19 @@ pub fn host_name() -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
-/// The section, converted and checked on its own; `node_name`: the `kubernetes:` section's
-/// node when it is enabled (then also the default node id, and `$POD_IP` the default
-/// advertised host).
+/// The section, converted and checked on its own; `kubernetes`: the `kubernetes:` section
+/// when it is enabled (its node name is then the default node id, and `$POD_IP` the
+/// default advertised host).
 pub(super) fn convert(
     f: Option<ClusterFile>,
     file: &str,
-    node_name: Option<&str>,
+    kubernetes: Option<&KubernetesConfig>,
     env: &Environment<'_>,
 ) -> Result<Option<ClusterConfig>, ConfigError> {
     let Some(f) = f else { return Ok(None) };
     let err = |field: &str, m: String| ConfigError::field(file, format!("cluster.{field}"), m);
-    let node_id = match f.node_id.or_else(|| node_name.map(str::to_string)) {
+    let node_name = kubernetes.and_then(|k| k.node_name.clone());
+    let node_id = match f.node_id.or(node_name) {
         Some(n) => n,
         None => host_name().ok_or_else(|| {
             err(
@@ -114,7 +118,7 @@ pub(super) fn convert(
         .grpc_listen
         .unwrap_or_else(|| default(DEFAULT_GRPC_LISTEN));
     // On Kubernetes the pod's address (the chart's `$POD_IP`) with the listen ports.
-    let pod_ip = node_name
+    let pod_ip = kubernetes
         .and_then(|_| (env.var)(POD_IP_VAR))
         .and_then(|ip| ip.parse::<std::net::IpAddr>().ok());
     let on_pod = |listen: SocketAddr| match pod_ip {

@@ -512,11 +512,8 @@ fn convert(f: File, file: &str, env: &Environment<'_>) -> Result<Config, ConfigE
         .transpose()
         .map_err(|m| err("adminTokenFile".into(), m))?;
     let kubernetes = kubernetes::convert(f.kubernetes, file, env)?;
-    let node_name = kubernetes
-        .as_ref()
-        .filter(|k| k.enabled)
-        .and_then(|k| k.node_name.as_deref());
-    let cluster = cluster::convert(f.cluster, file, node_name, env)?;
+    let watching = kubernetes.as_ref().filter(|k| k.enabled);
+    let cluster = cluster::convert(f.cluster, file, watching, env)?;
     Ok(Config {
         listen: match f.listen {
             OneOrMany::One(a) => vec![a],

@@ -144,6 +144,10 @@ fn on_kubernetes_the_node_name_and_pod_ip_are_the_defaults() {
     assert_eq!(c.gossip_advertise, "10.1.2.3:7400".parse().unwrap());
     assert_eq!(c.grpc_advertise, Some("10.1.2.3:7401".parse().unwrap()));
     assert_eq!(c.key_file, Some("/etc/warmpath/cluster/key".into()));
+    // On Kubernetes without a node name: the host name, and still the pod's address.
+    let c = parse_with(&text, &vars[1..]).unwrap().cluster.unwrap();
+    assert_eq!(Some(c.node_id), host_name());
+    assert_eq!(c.gossip_advertise, "10.1.2.3:7400".parse().unwrap());
     // Off Kubernetes the variables mean nothing: the advertised address must be given.
     let off = text.replace("enabled: true", "enabled: false");
     let e = parse_with(&off, &vars).unwrap_err().to_string();
