@@ -415,6 +415,30 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
             proxy.quotas.clone(),
             node.gossip_interval(),
         ));
+        // What the cluster refused, its peers and the owners' word on remote pods, in
+        // /status (CLUSTER) and on /metrics; this agent's pods' loads (its own scrapes) to
+        // the peers over gossip.
+        let report = node.report();
+        report.observe(proxy.telemetry.meter());
+        proxy
+            .sections
+            .set("cluster", Arc::new(move || report.status()));
+        let scraped = proxy.clone();
+        tasks.push(crate::cluster::spawn_load_publisher(
+            node,
+            Arc::new(move |pod: &str| {
+                let engine = scraped.pools.iter().find_map(|p| {
+                    let endpoints = p.pool.endpoints();
+                    let e = endpoints.iter().find(|e| e.authority == pod)?;
+                    e.snapshot().engine
+                })?;
+                Some(crate::cluster::load_fact(
+                    engine.running,
+                    engine.waiting,
+                    engine.kv_cache_usage,
+                ))
+            }),
+        ));
     }
     tasks.push(tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));

@@ -1,7 +1,10 @@
 //! `warmpath status`: the admin port's `/status` as terminal tables (tenants, their route
-//! receipts, pods, then requests routed without prefix keys).
+//! receipts, pods, then requests routed without prefix keys, policies, the Kubernetes side
+//! and the cluster: `status/cluster.rs`).
 
 use std::fmt::Write as _;
+
+mod cluster;
 
 use crate::telemetry::LiveSummary;
 
@@ -127,15 +130,15 @@ pub fn render(status: &serde_json::Value) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<24} {:<8} {:>9} {:>9} {:>8} {:>8} {:>10} {:<8}",
-        "POD", "STATE", "IN FLIGHT", "REQUESTS", "WAITING", "KV USE", "INDEX", "HEALTH"
+        "{:<24} {:<8} {:>9} {:>9} {:>8} {:>8} {:>10} {:<9} {:<7}",
+        "POD", "STATE", "IN FLIGHT", "REQUESTS", "WAITING", "KV USE", "INDEX", "HEALTH", "PREFIX"
     );
     for p in status["pods"].as_array().into_iter().flatten() {
         let load = &p["load"];
         let engine = &load["engine"];
         let _ = writeln!(
             out,
-            "{:<24} {:<8} {:>9} {:>9} {:>8} {:>7.1}% {:>10} {:<8}",
+            "{:<24} {:<8} {:>9} {:>9} {:>8} {:>7.1}% {:>10} {:<9} {:<7}",
             load["endpoint"].as_str().unwrap_or("?"),
             load["state"].as_str().unwrap_or("serving"),
             load["in_flight"].as_u64().unwrap_or(0),
@@ -148,11 +151,13 @@ pub fn render(status: &serde_json::Value) -> String {
                 .as_u64()
                 .map_or("-".into(), |e| e.to_string()),
             p["index"]["state"].as_str().unwrap_or("no events"),
+            p["prefix_source"].as_str().unwrap_or("-"),
         );
     }
     unkeyed(&mut out, status);
     policies(&mut out, status);
     kubernetes(&mut out, status);
+    cluster::render(&mut out, status);
     out
 }
 
@@ -479,7 +484,7 @@ mod tests {
                     "delivery_pct": 75.0}}],
             "pods": [{"load": {"endpoint": "127.0.0.1:8100", "state": "unready", "in_flight": 3, "requests": 50,
                 "engine": {"waiting": 1, "kv_cache_usage": 0.5}},
-                "index": {"entries": 1234, "state": "healthy"}}],
+                "index": {"entries": 1234, "state": "unsure"}, "prefix_source": "history"}],
             "pools": [{"name": "llama", "unkeyed": {"template": 3},
                 "unkeyed_first_error": {"template": "chat template: roles must alternate"}}]
         });
@@ -512,9 +517,10 @@ mod tests {
             .unwrap();
         assert!(
             pod.contains("1234")
-                && pod.contains("healthy")
+                && pod.contains("unsure")
                 && pod.contains("50.0%")
-                && pod.contains("unready"),
+                && pod.contains("unready")
+                && pod.ends_with("history"),
             "{pod}"
         );
         assert!(text.contains("ROUTED WITHOUT PREFIX KEYS"), "{text}");

@@ -152,9 +152,28 @@ pub struct AuthCounters {
     pub rejected_streams: AtomicU64,
 }
 
+/// The counters at one instant, as `/status` shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CountersSnapshot {
+    pub rejected_datagrams: u64,
+    pub malformed_datagrams: u64,
+    pub oversized_datagrams: u64,
+    pub rejected_streams: u64,
+}
+
 impl AuthCounters {
     pub fn rejected_datagrams(&self) -> u64 {
         self.rejected_datagrams.load(Ordering::Relaxed)
+    }
+
+    pub fn snapshot(&self) -> CountersSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CountersSnapshot {
+            rejected_datagrams: get(&self.rejected_datagrams),
+            malformed_datagrams: get(&self.malformed_datagrams),
+            oversized_datagrams: get(&self.oversized),
+            rejected_streams: get(&self.rejected_streams),
+        }
     }
 }
 

@@ -106,13 +106,20 @@ pub struct PodFact {
     pub health: PodHealth,
 }
 
-/// A pod's load, as its owner scraped it.
+/// A pod's load, as its owner last scraped it from the engine's `/metrics`
+/// (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadFact {
-    pub in_flight: u32,
-    pub queued_blocks: u64,
+    /// Requests the engine is running.
+    pub running: u32,
+    /// Requests waiting in the engine's queue.
+    pub waiting: u32,
+    /// KV cache usage in thousandths (0..=1000).
     pub kv_permille: u32,
 }
+
+/// The largest `kv=` a load fact carries (a full cache).
+pub const MAX_KV_PERMILLE: u32 = 1_000;
 
 /// A tenant's offered demand at one agent, per second, for cluster-wide quotas (#22): what
 /// `policy::usage::Demand` carries, at a precision that reads back exactly.
@@ -317,8 +324,10 @@ impl Fact {
                 check_id("pod id", pod)?;
                 write!(
                     v,
-                    "inflight={} queued={} kv={}",
-                    load.in_flight, load.queued_blocks, load.kv_permille
+                    "{VERSION} running={} waiting={} kv={}",
+                    load.running,
+                    load.waiting,
+                    load.kv_permille.min(MAX_KV_PERMILLE)
                 )
             }
             Self::Usage { tenant, usage } => {
@@ -388,12 +397,15 @@ impl Fact {
         }
         if key.starts_with(LOAD) {
             let pod = id(LOAD, "pod id")?;
-            let w = Words::plain(value);
+            let w = Words::versioned(value).ok_or_else(|| bad("not a v1 value"))?;
             let load = LoadFact {
-                in_flight: w.num("inflight").map_err(|e| bad(&e))?,
-                queued_blocks: w.num("queued").map_err(|e| bad(&e))?,
+                running: w.num("running").map_err(|e| bad(&e))?,
+                waiting: w.num("waiting").map_err(|e| bad(&e))?,
                 kv_permille: w.num("kv").map_err(|e| bad(&e))?,
             };
+            if load.kv_permille > MAX_KV_PERMILLE {
+                return Err(bad("kv= is above 1000 (permille)"));
+            }
             return Ok(Self::Load { pod, load });
         }
         if let Some(tenant) = key.strip_prefix(USAGE) {

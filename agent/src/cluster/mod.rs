@@ -13,12 +13,16 @@ pub mod auth;
 pub mod facts;
 pub mod join;
 pub mod membership;
+mod loads;
 mod pods;
 pub mod remote;
+mod report;
 pub mod sync;
 pub mod usage;
 
+pub use loads::{LOAD_ROUNDS, LoadSource, load_fact, spawn_load_publisher};
 pub use pods::{PodsChanged, Refused};
+pub use report::Report;
 pub use usage::spawn_usage_exchange;
 
 use std::{
@@ -158,6 +162,8 @@ struct Shared {
     journals: AtomicU64,
     /// Wakes the publisher when the local pods changed.
     republish: Notify,
+    /// What the transport and IndexSync refused (shown by [`Report`]).
+    counters: Arc<AuthCounters>,
 }
 
 // === impl ClusterNode ===
@@ -207,6 +213,7 @@ impl ClusterNode {
             incarnation: settings.membership.incarnation,
             journals: AtomicU64::new(0),
             republish: Notify::new(),
+            counters: settings.counters.clone(),
         });
         pods::log_refused(&shared.set_pods(local, remote));
         let facts = pods::own_facts(&index, &agent, &shared.local.lock());

@@ -129,15 +129,12 @@ pub(super) fn own_facts(index: &KvIndex, agent: &AgentFact, local: &[LocalPod]) 
     let status = index.status();
     let mut facts = vec![Fact::Agent(*agent)];
     for pod in local {
-        let health = match status
-            .iter()
-            .find(|(id, _)| *id == pod.source)
-            .map(|(_, s)| s.state)
-        {
-            Some("healthy") => PodHealth::Healthy,
-            Some("unsure") => PodHealth::Unsure,
-            _ => PodHealth::Waiting,
-        };
+        let health = health_of(
+            status
+                .iter()
+                .find(|(id, _)| *id == pod.source)
+                .map(|(_, s)| s.state),
+        );
         facts.push(Fact::Pod {
             pod: pod.id.clone(),
             fact: PodFact {
@@ -154,6 +151,18 @@ pub(super) fn own_facts(index: &KvIndex, agent: &AgentFact, local: &[LocalPod]) 
         }
     }
     facts
+}
+
+/// A local source's state in the index (`SourceStatus::state`) as the health its owner
+/// publishes: `stalled` when the engine owes events and sends none (`KvIndex::sweep`), which
+/// every replica then treats like `unsure`.
+pub(super) fn health_of(state: Option<&str>) -> PodHealth {
+    match state {
+        Some("healthy") => PodHealth::Healthy,
+        Some("unsure") => PodHealth::Unsure,
+        Some("stalled") => PodHealth::Stalled,
+        _ => PodHealth::Waiting,
+    }
 }
 
 /// Refreshes this agent's facts every `every`, and at once when the local pods change:

@@ -181,6 +181,14 @@ impl RemotePods {
         }
     }
 
+    /// What the live owner of a remote pod says about it in the last view (its `pod:` fact,
+    /// watermark and load), with the owner's node id.
+    pub fn owner_says(&self, pod: &str) -> Option<(&str, &PeerPod)> {
+        let owner = self.owner(pod)?;
+        let said = self.view.peers.get(owner)?.pods.get(pod)?;
+        Some((owner, said))
+    }
+
     /// The live owners (node id, incarnation) and the pods each owns, in order.
     pub fn by_owner(&self) -> std::collections::BTreeMap<(String, u64), Vec<(String, SourceId)>> {
         let mut owners: std::collections::BTreeMap<_, Vec<_>> = Default::default();

@@ -22,6 +22,7 @@ use super::{
 use crate::kv_index::{IndexConfig, KvIndex, SourceId, SourceInfo};
 
 mod dynamic;
+mod health;
 
 /// Gossip interval under test (production: 1 s).
 const INTERVAL: Duration = Duration::from_millis(50);

@@ -48,16 +48,20 @@ fn fact_strategy() -> impl Strategy<Value = Fact> {
                 sequence: s
             },
         }),
-        (id_strategy(), any::<u32>(), any::<u64>(), any::<u32>()).prop_map(
-            |(pod, in_flight, queued_blocks, kv_permille)| Fact::Load {
+        (
+            id_strategy(),
+            any::<u32>(),
+            any::<u32>(),
+            0..=MAX_KV_PERMILLE
+        )
+            .prop_map(|(pod, running, waiting, kv_permille)| Fact::Load {
                 pod,
                 load: LoadFact {
-                    in_flight,
-                    queued_blocks,
+                    running,
+                    waiting,
                     kv_permille
                 },
-            }
-        ),
+            }),
         (
             "[A-Za-z0-9._:/-]{1,64}",
             [rate_strategy(), rate_strategy(), rate_strategy()]
@@ -129,12 +133,12 @@ fn bad_values_say_what_is_wrong() {
     ));
     // Words a newer agent adds are ignored.
     assert_eq!(
-        Fact::parse("load:p", "inflight=1 queued=2 kv=3 hot=yes"),
+        Fact::parse("load:p", "v1 running=1 waiting=2 kv=3 hot=yes"),
         Ok(Fact::Load {
             pod: "p".into(),
             load: LoadFact {
-                in_flight: 1,
-                queued_blocks: 2,
+                running: 1,
+                waiting: 2,
                 kv_permille: 3
             }
         })
@@ -304,4 +308,47 @@ fn bad_usage_values_say_what_is_wrong() {
         };
         assert!(fact.value().is_err(), "{tenant:?}");
     }
+}
+
+#[test]
+fn a_load_fact_reads_back_and_bad_ones_are_refused_with_their_reason() {
+    let fact = Fact::Load {
+        pod: "10.0.0.7:8000".into(),
+        load: LoadFact {
+            running: 12,
+            waiting: 3,
+            kv_permille: 815,
+        },
+    };
+    assert_eq!(fact.key(), "load:10.0.0.7:8000");
+    let value = fact.value().expect("a valid pod id");
+    assert_eq!(value, "v1 running=12 waiting=3 kv=815");
+    assert_eq!(Fact::parse(&fact.key(), &value), Ok(fact));
+    // The longest value.
+    let max = Fact::Load {
+        pod: "p".into(),
+        load: LoadFact {
+            running: u32::MAX,
+            waiting: u32::MAX,
+            kv_permille: MAX_KV_PERMILLE,
+        },
+    };
+    assert_eq!(
+        max.value().as_deref(),
+        Ok("v1 running=4294967295 waiting=4294967295 kv=1000")
+    );
+    let why = |value: &str| match Fact::parse("load:p", value) {
+        Err(FactError::Malformed { why, .. }) => why,
+        other => panic!("{value:?} read as {other:?}"),
+    };
+    assert_eq!(
+        why("v1 running=1 waiting=2 kv=1001"),
+        "kv= is above 1000 (permille)"
+    );
+    assert_eq!(
+        why("v1 running=-1 waiting=2 kv=3"),
+        "running=\"-1\" is not a number"
+    );
+    assert_eq!(why("v1 running=1 kv=3"), "no waiting=");
+    assert_eq!(why("running=1 waiting=2 kv=3"), "not a v1 value");
 }
