@@ -330,6 +330,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         None => None,
     };
     let proxy = Arc::new(proxy);
+    proxy.follow_peer_placements();
     let kubernetes = match &config.kubernetes {
         Some(k) if k.enabled => Some(start_kubernetes(k, config, &proxy).await?),
         _ => None,

@@ -114,6 +114,8 @@ pub struct KvIndex {
     changes: tokio::sync::Notify,
     /// Told of every speculation the router makes (the cluster shares them with peers).
     placements: std::sync::OnceLock<PlacementSink>,
+    /// Told of every peer's placement applied here (the proxy adds it to its routing history).
+    peer_placements: std::sync::OnceLock<PlacementSink>,
 }
 
 impl KvIndex {
@@ -124,6 +126,7 @@ impl KvIndex {
             config,
             changes: tokio::sync::Notify::new(),
             placements: std::sync::OnceLock::new(),
+            peer_placements: std::sync::OnceLock::new(),
         }
     }
 

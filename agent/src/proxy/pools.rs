@@ -4,10 +4,14 @@
 //! (This lives with the proxy, not with [`crate::pool`]: the token source reads parsed
 //! requests, which are the proxy's.)
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
 
 use super::{Proxy, TokenSource, unkeyed::UnkeyedCounts};
 use crate::{
+    kv_index::{PlacementSink, RouterKey, SourceId},
     policy::compiled::PoolBase,
     pool::{Pool, UpstreamProtocol},
     routing::SessionSource,
@@ -71,6 +75,32 @@ impl Proxy {
         self.pools.last_mut().expect("a pool was just pushed")
     }
 
+    /// Records every peer agent's placement applied to the index (docs/cluster.md) in the
+    /// routing history, as this agent's own decisions are: the pull of a prefix's home is
+    /// then the same on every agent of a cluster, as one central agent's history would be,
+    /// instead of each agent pulling the prefix back to where it alone sent it. Without a
+    /// cluster no placement comes.
+    pub fn follow_peer_placements(self: &Arc<Self>) {
+        // Weak: the index (which the proxy holds) must not keep the proxy alive.
+        let proxy = Arc::downgrade(self);
+        self.index
+            .set_peer_placement_sink(PlacementSink::new(move |source, keys| {
+                if let Some(proxy) = proxy.upgrade() {
+                    proxy.record_peer_placement(source, keys, std::time::Instant::now());
+                }
+            }));
+    }
+
+    /// A peer routed `keys` to the pod whose index source is `source`.
+    fn record_peer_placement(&self, source: SourceId, keys: &[RouterKey], now: std::time::Instant) {
+        for p in &self.pools {
+            let endpoints = p.pool.endpoints();
+            if let Some(e) = endpoints.iter().find(|e| e.source == Some(source)) {
+                p.pool.history.record(e.history, keys, now);
+            }
+        }
+    }
+
     /// The pool serving `model` (its index), and the LoRA adapter when `model` names one.
     pub(super) fn pool_for(&self, model: &str) -> Option<(usize, Option<String>)> {
         if let Some(i) = self.pools.iter().position(|p| p.pool.model == model) {
@@ -89,5 +119,73 @@ impl Proxy {
         serves(true)
             .or_else(|| serves(false))
             .map(|i| (i, Some(model.to_string())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::{
+        kv_index::{IndexConfig, KvIndex, SourceInfo},
+        routing::Policy,
+        telemetry::{Telemetry, TelemetryConfig},
+    };
+
+    #[test]
+    fn a_peers_placement_joins_the_routing_history_and_own_speculation_does_not() {
+        let index = Arc::new(KvIndex::new(IndexConfig::default()));
+        let (a, b) = (
+            index.add_source(SourceInfo {
+                pod: "a:1".into(),
+                rank: None,
+            }),
+            index.add_remote_source(SourceInfo {
+                pod: "b:1".into(),
+                rank: None,
+            }),
+        );
+        let telemetry = Arc::new(Telemetry::new(&TelemetryConfig::default()).expect("telemetry"));
+        let mut proxy = Proxy::new(index, telemetry, Default::default());
+        let endpoints = vec![("a:1".to_string(), Some(a)), ("b:1".to_string(), Some(b))];
+        let pool = Pool::new("m".into(), 16, Policy::Precise, endpoints);
+        proxy.add_pool(
+            "p",
+            pool,
+            TokenSource::Approximate,
+            SessionSource::default(),
+        );
+        let proxy = Arc::new(proxy);
+        proxy.follow_peer_placements();
+        let history = |keys: &[RouterKey]| {
+            let pool = &proxy.pools[0].pool;
+            let endpoints = pool.endpoints();
+            let found = pool.history.lookup(keys);
+            endpoints
+                .iter()
+                .map(|e| {
+                    found
+                        .iter()
+                        .find(|(s, _)| *s == e.history)
+                        .map_or(0, |(_, n)| *n)
+                })
+                .collect::<Vec<_>>()
+        };
+        let keys: Vec<RouterKey> = (1..=32).map(RouterKey).collect();
+        let now = Instant::now();
+        // A peer sent the chain to b: b's history holds it, a's does not.
+        proxy
+            .index
+            .speculate_remote(b, &keys, Duration::from_secs(2), now);
+        assert_eq!(history(&keys), [0, 32]);
+        // This agent's own speculation is recorded by its forwarding step, not here.
+        let other: Vec<RouterKey> = (100..=110).map(RouterKey).collect();
+        proxy.index.speculate(a, &other, now);
+        assert_eq!(history(&other), [0, 0]);
+        // The proxy gone, a late placement is dropped (the sink holds no proxy alive).
+        let index = proxy.index.clone();
+        drop(proxy);
+        index.speculate_remote(a, &other, Duration::from_secs(2), now);
     }
 }

@@ -45,11 +45,21 @@ impl KvIndex {
         &self.changes
     }
 
+    /// Sends every later [`KvIndex::speculate_remote`] to `sink` too (once; false if one was
+    /// set): the proxy records a peer's placement in its routing history.
+    pub fn set_peer_placement_sink(&self, sink: PlacementSink) -> bool {
+        self.peer_placements.set(sink).is_ok()
+    }
+
     /// A peer's placement: `keys` held speculatively on `id` for `ttl`, as if this agent had
-    /// routed them (but not counted as its routing, and not passed on).
+    /// routed them (but not counted as its routing, and not passed on), and handed to the
+    /// peer placement sink.
     pub fn speculate_remote(&self, id: SourceId, keys: &[RouterKey], ttl: Duration, now: Instant) {
         if !keys.is_empty() {
             self.hold_speculatively(id, keys, now + ttl, None);
+            if let Some(sink) = self.peer_placements.get() {
+                sink.placed(id, keys);
+            }
         }
     }
 
