@@ -194,7 +194,7 @@ pub struct ClusterArgs {
     pub grpc_advertise: Option<std::net::SocketAddr>,
 
     /// Milliseconds between gossip rounds: a stopped agent is noticed after about 12-15
-    /// rounds (docs/cluster.md) [default: 1000].
+    /// rounds (docs/cluster.md) [default: 500].
     #[arg(long, value_name = "MS")]
     pub gossip_interval_ms: Option<u64>,
 
@@ -224,46 +224,58 @@ impl ClusterArgs {
         &self,
         file: Option<crate::config::ClusterConfig>,
     ) -> Result<Option<crate::config::ClusterConfig>, ConfigError> {
-        let mut config = match (file, &self.cluster_id) {
-            (Some(c), _) => c,
-            (None, Some(id)) => crate::config::ClusterConfig {
-                id: id.clone(),
-                node_id: match &self.node_id {
-                    Some(n) => n.clone(),
-                    None => crate::config::host_name().ok_or_else(|| {
-                        ConfigError::field(
-                            FLAGS,
-                            "--node-id",
-                            "no host name to default to: give --node-id",
-                        )
-                    })?,
-                },
-                gossip_listen: default_addr(crate::config::DEFAULT_GOSSIP_LISTEN),
-                gossip_advertise: default_addr(crate::config::DEFAULT_GOSSIP_LISTEN),
-                seeds: Vec::new(),
-                key_file: None,
-                grpc_listen: default_addr(crate::config::DEFAULT_GRPC_LISTEN),
-                grpc_advertise: None,
-                gossip_interval: crate::cluster::membership::DEFAULT_GOSSIP_INTERVAL,
-                remote_endpoints: Vec::new(),
-                replicate: crate::config::Replicate::Routed,
-            },
-            (None, None) => {
-                for (flag, given) in [
-                    ("--remote-endpoint", !self.remote_endpoints.is_empty()),
-                    ("--replicate", !self.replicate.is_empty()),
-                ] {
-                    if given {
-                        return Err(ConfigError::field(
-                            FLAGS,
-                            flag,
-                            "needs --cluster-id (or a `cluster:` section in --config): only a cluster member learns other agents' pods",
-                        ));
-                    }
-                }
-                return Ok(None);
-            }
+        let Some(mut config) = file.map_or_else(|| self.from_flags(), |c| Ok(Some(c)))? else {
+            return Ok(None);
         };
+        self.put_over(&mut config)?;
+        config.validate(FLAGS)?;
+        Ok(Some(config))
+    }
+
+    /// Without a file's section: the defaults under --cluster-id (`None` without it).
+    fn from_flags(&self) -> Result<Option<crate::config::ClusterConfig>, ConfigError> {
+        let Some(id) = &self.cluster_id else {
+            for (flag, given) in [
+                ("--remote-endpoint", !self.remote_endpoints.is_empty()),
+                ("--replicate", !self.replicate.is_empty()),
+            ] {
+                if given {
+                    return Err(ConfigError::field(
+                        FLAGS,
+                        flag,
+                        "needs --cluster-id (or a `cluster:` section in --config): only a cluster member learns other agents' pods",
+                    ));
+                }
+            }
+            return Ok(None);
+        };
+        let node_id = match &self.node_id {
+            Some(n) => n.clone(),
+            None => crate::config::host_name().ok_or_else(|| {
+                ConfigError::field(
+                    FLAGS,
+                    "--node-id",
+                    "no host name to default to: give --node-id",
+                )
+            })?,
+        };
+        Ok(Some(crate::config::ClusterConfig {
+            id: id.clone(),
+            node_id,
+            gossip_listen: default_addr(crate::config::DEFAULT_GOSSIP_LISTEN),
+            gossip_advertise: default_addr(crate::config::DEFAULT_GOSSIP_LISTEN),
+            seeds: Vec::new(),
+            key_file: None,
+            grpc_listen: default_addr(crate::config::DEFAULT_GRPC_LISTEN),
+            grpc_advertise: None,
+            gossip_interval: crate::cluster::membership::DEFAULT_GOSSIP_INTERVAL,
+            remote_endpoints: Vec::new(),
+            replicate: crate::config::Replicate::Routed,
+        }))
+    }
+
+    /// Every flag given replaces its field of `config` (a list flag the whole list).
+    fn put_over(&self, config: &mut crate::config::ClusterConfig) -> Result<(), ConfigError> {
         if let Some(id) = &self.cluster_id {
             config.id.clone_from(id);
         }
@@ -313,8 +325,7 @@ impl ClusterArgs {
         if !self.replicate.is_empty() {
             config.replicate = crate::config::Replicate::Pools(self.replicate.clone());
         }
-        config.validate(FLAGS)?;
-        Ok(Some(config))
+        Ok(())
     }
 }
 

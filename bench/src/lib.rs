@@ -2,6 +2,7 @@
 
 mod agents;
 mod chart;
+pub mod cluster;
 mod cluster_agents;
 pub mod compare;
 pub mod index;
@@ -32,6 +33,9 @@ pub enum BenchCommand {
     Proxy(proxy::ProxyBenchArgs),
     /// KV index: ingestion rate, lookup latency, bytes per entry, memory under the cap.
     Index(index::IndexBenchArgs),
+    /// The cluster index: gossip convergence and bandwidth at 16 and 64 agents, delta and
+    /// placement lag across agent processes, replica memory, a 1,000-node extrapolation.
+    Cluster(Box<cluster::ClusterBenchArgs>),
     /// A seeded workload (shared-prefix, multi-turn, agentic, no-sharing, trace) against any
     /// OpenAI endpoint: report, JSON and charts.
     Run(Box<run::RunArgs>),
@@ -57,7 +61,7 @@ pub enum Error {
 /// Runs a benchmark and prints its report. Sets up this process's tracing: `bench compare`
 /// into its logs directory (the terminal is for its progress and table), the others to stderr.
 pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
-    if !matches!(cmd, BenchCommand::Compare(_)) {
+    if !matches!(cmd, BenchCommand::Compare(_) | BenchCommand::Cluster(_)) {
         warmpath_agent::telemetry::init_tracing();
     }
     match cmd {
@@ -66,6 +70,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
         BenchCommand::Proxy(args) => proxy::run(args).await,
         BenchCommand::Run(args) => run::run(*args).await,
         BenchCommand::Soak(args) => soak::run(*args).await,
+        BenchCommand::Cluster(args) => cluster::run(*args).await,
         BenchCommand::Index(args) => tokio::task::spawn_blocking(move || index::run(args))
             .await
             .map_err(|e| Error::Setup(format!("index benchmark panicked: {e}"))),

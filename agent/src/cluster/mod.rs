@@ -12,13 +12,16 @@
 pub mod auth;
 pub mod facts;
 pub mod join;
+pub mod lag;
 pub mod membership;
 mod loads;
 mod pods;
 pub mod remote;
 mod report;
+pub mod scale;
 pub mod sync;
 pub mod usage;
+mod watermarks;
 
 pub use loads::{LOAD_ROUNDS, LoadSource, load_fact, spawn_load_publisher};
 pub use pods::{PodsChanged, Refused};
@@ -39,6 +42,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use crate::kv_index::{KvIndex, PlacementSink, RouterKey, SourceId};
 use auth::{AuthCounters, ClusterKey};
 use facts::AgentFact;
+use lag::Lags;
 use membership::{Membership, MembershipConfig, View};
 use remote::RemotePods;
 use sync::{
@@ -164,6 +168,8 @@ struct Shared {
     republish: Notify,
     /// What the transport and IndexSync refused (shown by [`Report`]).
     counters: Arc<AuthCounters>,
+    /// How far behind the owners this agent's copies and placements are.
+    lags: Arc<Lags>,
 }
 
 // === impl ClusterNode ===
@@ -192,12 +198,14 @@ impl ClusterNode {
             grpc: settings.grpc_advertise.unwrap_or(bound),
             proxy: settings.proxy,
         };
+        let lags = Arc::new(Lags::default());
         let server = Arc::new(SyncServer::new(
             index.clone(),
             HashMap::new(),
             HashMap::new(),
             settings.key.clone(),
             settings.counters.clone(),
+            lags.clone(),
         ));
         let shared = Arc::new(Shared {
             index: index.clone(),
@@ -214,6 +222,7 @@ impl ClusterNode {
             journals: AtomicU64::new(0),
             republish: Notify::new(),
             counters: settings.counters.clone(),
+            lags,
         });
         pods::log_refused(&shared.set_pods(local, remote));
         let facts = pods::own_facts(&index, &agent, &shared.local.lock());
@@ -221,8 +230,9 @@ impl ClusterNode {
             Arc::new(Membership::start(&settings.membership, &facts, transport).await?);
         let (placed, placed_rx) = mpsc::channel(PLACEMENT_QUEUE);
         // One sink per index: a second node on the same index (tests only) shares none.
+        // Stamped as it is made (the sink is called by `KvIndex::speculate`), for the lag.
         index.set_placement_sink(PlacementSink::new(move |id, keys| {
-            let _ = placed.try_send((id, keys.to_vec()));
+            let _ = placed.try_send((id, keys.to_vec(), lag::unix_micros()));
         }));
         let tasks = vec![
             tokio::spawn(sync::server::serve(server, listener)),
@@ -255,6 +265,12 @@ impl ClusterNode {
     /// The bound IndexSync address.
     pub fn grpc_addr(&self) -> SocketAddr {
         self.grpc
+    }
+
+    /// The lag histograms of this agent's copies and of the placements it receives
+    /// ([`Lags::observe`] exports them on a meter).
+    pub fn lags(&self) -> &Arc<Lags> {
+        &self.shared.lags
     }
 
     /// How often this node gossips (the round [`spawn_usage_exchange`] should use).
@@ -357,6 +373,7 @@ fn reconcile_clients(shared: &Shared) {
             shared.index.clone(),
             shared.token.clone(),
             rx,
+            shared.lags.clone(),
         ));
         clients.insert(
             node,
@@ -375,11 +392,11 @@ fn reconcile_clients(shared: &Shared) {
 /// a remote pod to its owner (who relays them to the pod's other replicas).
 async fn dispatch_placements(
     shared: Arc<Shared>,
-    mut placed: mpsc::Receiver<(SourceId, Vec<RouterKey>)>,
+    mut placed: mpsc::Receiver<(SourceId, Vec<RouterKey>, u64)>,
 ) {
     let ttl = shared.index.config().speculative_ttl;
     let ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
-    while let Some((source, keys)) = placed.recv().await {
+    while let Some((source, keys, placed_unix_us)) = placed.recv().await {
         let local = shared
             .local
             .lock()
@@ -387,7 +404,9 @@ async fn dispatch_placements(
             .find(|p| p.source == source)
             .map(|p| p.id.clone());
         if let Some(pod) = local {
-            shared.server.placed_locally(&pod, &keys, ttl);
+            shared
+                .server
+                .placed_locally(&pod, &keys, ttl, placed_unix_us);
             continue;
         }
         let (pod, owner) = {
@@ -405,6 +424,8 @@ async fn dispatch_placements(
                 pod,
                 keys: keys.iter().map(|k| k.0).collect(),
                 ttl_ms,
+                placed_unix_us,
+                relayed: false,
             });
         }
     }
@@ -436,7 +457,5 @@ async fn follow(membership: Arc<Membership>, shared: Arc<Shared>, grace: Duratio
     }
 }
 
-#[cfg(test)]
-mod scale;
 #[cfg(test)]
 mod tests;

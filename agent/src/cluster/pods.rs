@@ -178,6 +178,7 @@ pub(super) async fn publish(
     // What `start` published.
     let mut published: BTreeSet<String> =
         shared.local.lock().iter().map(|p| p.id.clone()).collect();
+    let mut watermarks = super::watermarks::Pacer::default();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -193,10 +194,9 @@ pub(super) async fn publish(
             membership.retract(&gone).await;
         }
         published = now;
-        if let Err(e) = membership
-            .publish(&own_facts(&shared.index, &agent, &local))
-            .await
-        {
+        let mut facts = own_facts(&shared.index, &agent, &local);
+        watermarks.pace(&mut facts, tokio::time::Instant::now());
+        if let Err(e) = membership.publish(&facts).await {
             tracing::warn!(error = %e, "cannot publish this agent's cluster facts");
         }
     }

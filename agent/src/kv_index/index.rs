@@ -243,6 +243,7 @@ impl KvIndex {
         }
         drop(w);
         if let Some(j) = &mut st.journal {
+            j.current.event_unix_us = journal::micros_of_unix_seconds(batch.ts);
             j.commit();
             self.changes.notify_waiters();
         }

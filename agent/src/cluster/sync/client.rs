@@ -22,7 +22,10 @@ use super::{
     proto::{ClientMsg, Placement, PodWatermark, ServerMsg, Subscribe, client_msg, server_msg},
     tier_of,
 };
-use crate::kv_index::{KeyDelta, KvIndex, RouterKey, SourceId, Watermark};
+use crate::{
+    cluster::lag::{Lags, Stamp},
+    kv_index::{KeyDelta, KvIndex, RouterKey, SourceId, Watermark},
+};
 
 /// Pods by id and their sources here, in order.
 pub type PodSet = Vec<(String, SourceId)>;
@@ -81,7 +84,7 @@ impl Copy {
 }
 
 /// Replicates `upstream`'s pods into `index` until aborted. `placements` carries this
-/// agent's placements on those pods.
+/// agent's placements on those pods. (No lag is recorded.)
 pub async fn replicate(
     upstream: Upstream,
     index: Arc<KvIndex>,
@@ -90,17 +93,20 @@ pub async fn replicate(
 ) {
     // The sender lives as long as the stream: the set never changes.
     let (_fixed, pods) = watch::channel(upstream.pods.clone());
-    replicate_changing(upstream, pods, index, token, placements).await;
+    let lags = Arc::new(Lags::default());
+    replicate_changing(upstream, pods, index, token, placements, lags).await;
 }
 
 /// [`replicate`], with the pods to replicate from `pods` (`upstream.pods` is ignored): each
-/// change opens the stream again with the new set.
+/// change opens the stream again with the new set. Each applied delta's and placement's lag
+/// is recorded in `lags`.
 pub async fn replicate_changing(
     mut upstream: Upstream,
     mut pods: watch::Receiver<PodSet>,
     index: Arc<KvIndex>,
     token: Option<String>,
     mut placements: mpsc::Receiver<Placement>,
+    lags: Arc<Lags>,
 ) {
     let mut copies: HashMap<String, Copy> = HashMap::new();
     let mut backoff = BACKOFF_MIN;
@@ -112,8 +118,8 @@ pub async fn replicate_changing(
             &index,
             token.as_deref(),
             &mut copies,
-            &mut placements,
-            &mut pods,
+            (&mut placements, &mut pods),
+            &lags,
         )
         .await;
         if matches!(end, StreamEnd::Resubscribe) {
@@ -165,13 +171,28 @@ fn owned_by(
         .is_some_and(|c| index.owner(c.source).as_deref() == Some(peer))
 }
 
+/// The stamps of a message, to record once it is applied.
+fn stamp(m: &server_msg::Msg) -> Stamp {
+    match m {
+        server_msg::Msg::Delta(d) => Stamp::Delta {
+            applied_us: d.applied_unix_us,
+            event_us: d.event_unix_us,
+        },
+        server_msg::Msg::Placement(p) => Stamp::Placement {
+            placed_us: p.placed_unix_us,
+            relayed: p.relayed,
+        },
+        server_msg::Msg::Snapshot(_) => Stamp::None,
+    }
+}
+
 async fn stream_once(
     upstream: &Upstream,
     index: &KvIndex,
     token: Option<&str>,
     copies: &mut HashMap<String, Copy>,
-    placements: &mut mpsc::Receiver<Placement>,
-    pods: &mut watch::Receiver<PodSet>,
+    (placements, pods): (&mut mpsc::Receiver<Placement>, &mut watch::Receiver<PodSet>),
+    lags: &Lags,
 ) -> StreamEnd {
     let channel = match Endpoint::from_shared(format!("http://{}", upstream.grpc)) {
         Ok(e) => e.connect_timeout(Duration::from_secs(2)),
@@ -224,9 +245,11 @@ async fn stream_once(
                     if !owned_by(index, copies, &upstream.peer, &m) {
                         continue;
                     }
+                    let stamp = stamp(&m);
                     if let Err(end) = apply(index, copies, m) {
                         return end;
                     }
+                    lags.record(stamp);
                 }
                 Ok(Some(ServerMsg { msg: None })) => {}
                 Ok(None) => return StreamEnd::Closed,
@@ -278,6 +301,8 @@ pub(crate) fn apply(
                 });
             }
             let delta = KeyDelta {
+                applied_unix_us: d.applied_unix_us,
+                event_unix_us: d.event_unix_us,
                 cleared: d.cleared,
                 stored: d
                     .stored
@@ -348,6 +373,7 @@ mod tests {
             cleared: false,
             stored: vec![KeyTier { key: 7, tier: 0 }],
             removed: Vec::new(),
+            ..Default::default()
         })
     }
 

@@ -29,6 +29,12 @@ pub struct Placement {
     pub keys: Vec<u64>,
     #[prost(uint32, tag = "3")]
     pub ttl_ms: u32,
+    /// When the routing agent made it: unix microseconds of its clock (0: not stamped).
+    #[prost(fixed64, tag = "4")]
+    pub placed_unix_us: u64,
+    /// Relayed by the pod's owner from another subscriber (two hops from the router).
+    #[prost(bool, tag = "5")]
+    pub relayed: bool,
 }
 
 /// A router key and a tier (0 GPU, 1 CPU, 2 disk, 3 other) or tier bits (snapshots).
@@ -55,6 +61,12 @@ pub struct PodDelta {
     pub stored: Vec<KeyTier>,
     #[prost(message, repeated, tag = "6")]
     pub removed: Vec<KeyTier>,
+    /// When the owner applied the batch: unix microseconds of its clock (0: not stamped).
+    #[prost(fixed64, tag = "7")]
+    pub applied_unix_us: u64,
+    /// When the engine published the batch (its `ts`), in unix microseconds (0: unknown).
+    #[prost(fixed64, tag = "8")]
+    pub event_unix_us: u64,
 }
 
 /// Part of a pod's whole state at (incarnation, sequence); `tier` holds tier bits.

@@ -28,16 +28,19 @@ use super::{
     proto::{ClientMsg, Placement, PodDelta, ServerMsg, SnapshotChunk, client_msg, server_msg},
 };
 use crate::{
-    cluster::auth::{AuthCounters, ClusterKey},
+    cluster::{
+        auth::{AuthCounters, ClusterKey},
+        lag::{Lags, Stamp},
+    },
     kv_index::{KvIndex, RouterKey, Since, SourceId, Watermark},
 };
 
 /// Placements relayed between one owner's streams.
 const RELAY_QUEUE: usize = 4_096;
 
-/// A placement passed between one owner's streams: (pod, keys, ttl ms, the stream that
-/// sent it: 0 for this agent's own).
-type Relayed = (Arc<str>, Arc<[u64]>, u32, u64);
+/// A placement passed between one owner's streams: (pod, keys, ttl ms, when it was made
+/// (unix us), the stream that sent it: 0 for this agent's own).
+type Relayed = (Arc<str>, Arc<[u64]>, u32, u64, u64);
 
 /// Pods by id and their sources here.
 pub type PodSources = HashMap<String, SourceId>;
@@ -52,6 +55,8 @@ pub struct SyncServer {
     known: RwLock<PodSources>,
     key: Option<Arc<ClusterKey>>,
     counters: Arc<AuthCounters>,
+    /// Where the lag of subscribers' placements is recorded.
+    lags: Arc<Lags>,
     relay: broadcast::Sender<Relayed>,
     next_stream: std::sync::atomic::AtomicU64,
 }
@@ -63,6 +68,7 @@ impl SyncServer {
         known: PodSources,
         key: Option<Arc<ClusterKey>>,
         counters: Arc<AuthCounters>,
+        lags: Arc<Lags>,
     ) -> Self {
         Self {
             index,
@@ -70,6 +76,7 @@ impl SyncServer {
             known: RwLock::new(known),
             key,
             counters,
+            lags,
             relay: broadcast::channel(RELAY_QUEUE).0,
             next_stream: std::sync::atomic::AtomicU64::new(1),
         }
@@ -88,12 +95,13 @@ impl SyncServer {
         self.local.read().get(pod).copied()
     }
 
-    /// The owner's own router placed `keys` on its local pod: tell its subscribers.
-    pub fn placed_locally(&self, pod: &str, keys: &[RouterKey], ttl: Duration) {
+    /// The owner's own router placed `keys` on its local pod at `placed_us` (unix
+    /// microseconds): tell its subscribers.
+    pub fn placed_locally(&self, pod: &str, keys: &[RouterKey], ttl: Duration, placed_us: u64) {
         let keys: Arc<[u64]> = keys.iter().map(|k| k.0).collect();
         let ttl = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
         // No subscriber is not an error.
-        let _ = self.relay.send((Arc::from(pod), keys, ttl, 0));
+        let _ = self.relay.send((Arc::from(pod), keys, ttl, placed_us, 0));
     }
 
     fn authorized<T>(&self, request: &Request<T>) -> bool {
@@ -117,11 +125,16 @@ impl SyncServer {
         let ttl = Duration::from_millis(u64::from(p.ttl_ms));
         self.index
             .speculate_remote(source, &keys, ttl, tokio::time::Instant::now().into_std());
+        self.lags.record(Stamp::Placement {
+            placed_us: p.placed_unix_us,
+            relayed: p.relayed,
+        });
         if self.local.read().contains_key(&p.pod) {
             let _ = self.relay.send((
                 Arc::from(p.pod.as_str()),
                 p.keys.clone().into(),
                 p.ttl_ms,
+                p.placed_unix_us,
                 from,
             ));
         }
@@ -159,12 +172,15 @@ async fn produce(
             _ = &mut changed => {}
             _ = tx.closed() => return,
             relayed = relay.recv() => match relayed {
-                Ok((pod, keys, ttl_ms, from)) => {
+                Ok((pod, keys, ttl_ms, placed_unix_us, from)) => {
                     if from != stream && pods.iter().any(|(p, _, _)| **p == *pod) {
                         let msg = server_msg::Msg::Placement(Placement {
                             pod: pod.to_string(),
                             keys: keys.to_vec(),
                             ttl_ms,
+                            placed_unix_us,
+                            // Another subscriber's: this owner is its second hop.
+                            relayed: from != 0,
                         });
                         if tx.send(Ok(ServerMsg { msg: Some(msg) })).await.is_err() {
                             return;
@@ -205,6 +221,8 @@ async fn send_since(
                         .iter()
                         .map(|&(k, t)| key_tier(k, t as u8))
                         .collect(),
+                    applied_unix_us: d.applied_unix_us,
+                    event_unix_us: d.event_unix_us,
                 });
                 send(msg).await.map_err(|_| ())?;
                 at.sequence = sequence;

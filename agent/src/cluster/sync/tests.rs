@@ -7,6 +7,8 @@ use std::{
 };
 
 use chitchat::transport::ChannelTransport;
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
 
 use crate::{
     cluster::{
@@ -21,6 +23,7 @@ use crate::{
         keys::block_key,
         wire::{Batch, EngineHash, Event, Removed, Stored},
     },
+    telemetry::prometheus::SdkReader,
 };
 
 const SECRET: &[u8] = b"sync-test-key-of-at-least-32-bytes";
@@ -136,6 +139,24 @@ pub(crate) fn blocks(index: &KvIndex, source: SourceId, keys: &[RouterKey]) -> u
         .map_or(0, |m| m.blocks)
 }
 
+/// An SDK reader's metrics in the Prometheus text format.
+fn metrics(reader: &SdkReader) -> String {
+    let mut out = String::new();
+    reader.render(&mut out);
+    out
+}
+
+/// The value of the sample line starting with `series` (name and labels), if any.
+fn count_f(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
+fn count(text: &str, series: &str) -> Option<u64> {
+    count_f(text, series).map(|v| v as u64)
+}
+
 /// Waits until `cond` holds (real time, bounded); how long it took.
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
@@ -157,6 +178,19 @@ async fn replicas_follow_the_owner_and_placements_reach_every_agent() {
         agents.push(start(i, 3, &transport, 11_000).await);
     }
     let owner = &agents[0];
+    // Each agent's lag histograms on a meter of its own.
+    // (Each provider lives as long as the test: a dropped one records nothing.)
+    let (readers, _providers): (Vec<SdkReader>, Vec<SdkMeterProvider>) = agents
+        .iter()
+        .map(|a| {
+            let reader = SdkReader::new();
+            let provider = SdkMeterProvider::builder()
+                .with_reader(reader.reader())
+                .build();
+            a.node.lags().observe(&provider.meter("test"));
+            (reader, provider)
+        })
+        .unzip();
     // Before anything is stored the replicas take their (empty) snapshots and trust them.
     wait_for("replicas trusted", || {
         agents[1..].iter().all(|a| a.index.trusted(a.sources[0]))
@@ -201,6 +235,50 @@ async fn replicas_follow_the_owner_and_placements_reach_every_agent() {
     })
     .await;
     eprintln!("placement by agent-1 -> held on the owner and on agent-2: {took:?}");
+    // Each replica recorded the two deltas' lag (the owner's apply -> its own, under the
+    // time the test waited for them; this test's batches carry no engine time); the owner
+    // the placement straight from agent 1, agent 2 the one the owner relayed.
+    for (i, reader) in readers.iter().enumerate() {
+        let text = metrics(reader);
+        let deltas = if i == 0 { None } else { Some(2) };
+        assert_eq!(
+            count(&text, "warmpath_cluster_delta_lag_seconds_count"),
+            deltas,
+            "{text}"
+        );
+        assert_eq!(
+            count(&text, "warmpath_cluster_event_lag_seconds_count"),
+            None
+        );
+        let placements = [None, None, Some(1)];
+        assert_eq!(
+            count(
+                &text,
+                "warmpath_cluster_placement_lag_seconds_count{hops=\"2\"}"
+            ),
+            placements[i],
+            "{text}"
+        );
+        let direct = if i == 0 { Some(1) } else { None };
+        assert_eq!(
+            count(
+                &text,
+                "warmpath_cluster_placement_lag_seconds_count{hops=\"1\"}"
+            ),
+            direct,
+            "{text}"
+        );
+    }
+    let owner_text = metrics(&readers[0]);
+    let lag = count_f(
+        &owner_text,
+        "warmpath_cluster_placement_lag_seconds_sum{hops=\"1\"}",
+    )
+    .expect("the owner's placement lag");
+    assert!(
+        lag < took.as_secs_f64() + 0.001,
+        "{lag} s; the test saw it within {took:?}"
+    );
     assert!(
         agents[2]
             .index

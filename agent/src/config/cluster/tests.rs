@@ -125,7 +125,7 @@ fn the_file_section_parses_with_its_defaults() {
     .cluster
     .unwrap();
     assert_eq!(c.replicate, Replicate::Routed);
-    assert_eq!(c.gossip_interval, Duration::from_secs(1));
+    assert_eq!(c.gossip_interval, Duration::from_millis(500));
     assert_eq!(c.grpc_advertise, None);
     assert!(c.replicates("batch") && c.replicates("anything"));
     // No cluster section: alone.

@@ -29,6 +29,11 @@ pub struct KeyDelta {
     pub cleared: bool,
     pub stored: Vec<(RouterKey, Tier)>,
     pub removed: Vec<(RouterKey, Tier)>,
+    /// When the owner committed it: unix microseconds of its clock (0: not stamped); for
+    /// the replicas' lag (`cluster::lag`).
+    pub applied_unix_us: u64,
+    /// When the engine published the batch (its `ts`), in unix microseconds (0: unknown).
+    pub event_unix_us: u64,
 }
 
 impl KeyDelta {
@@ -51,6 +56,18 @@ pub enum Since {
         at: Watermark,
         held: Vec<(RouterKey, u8)>,
     },
+}
+
+/// An engine batch's `ts` (unix seconds, a float) in unix microseconds, for
+/// [`KeyDelta::event_unix_us`]; 0 (unknown) for anything that is not a plausible time: not
+/// finite, not positive, or beyond u64.
+pub(super) fn micros_of_unix_seconds(ts: f64) -> u64 {
+    let us = ts * 1e6;
+    if us.is_finite() && us >= 1.0 && us < u64::MAX as f64 {
+        us as u64
+    } else {
+        0
+    }
 }
 
 /// The ring of one local source.
@@ -92,12 +109,16 @@ impl Journal {
         self.current = KeyDelta::default();
     }
 
-    /// Closes the batch being applied: numbered and kept when it changed anything.
+    /// Closes the batch being applied: numbered, stamped with the time and kept when it
+    /// changed anything.
     pub(super) fn commit(&mut self) {
-        let delta = std::mem::take(&mut self.current);
+        let mut delta = std::mem::take(&mut self.current);
         if delta.is_empty() {
             return;
         }
+        delta.applied_unix_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         self.at.sequence += 1;
         self.keys += delta.keys();
         self.ring.push_back((self.at.sequence, delta));
@@ -159,7 +180,13 @@ mod tests {
                 sequence: 3,
             })
             .expect("in the ring");
-        assert_eq!(got, vec![(4, stored(&[4])), (5, stored(&[5]))]);
+        let sequences: Vec<u64> = got.iter().map(|(s, _)| *s).collect();
+        assert_eq!(sequences, [4, 5]);
+        for ((_, d), k) in got.iter().zip([4, 5]) {
+            assert_eq!(d.stored, stored(&[k]).stored);
+            // Stamped when committed (a wall clock after 2020).
+            assert!(d.applied_unix_us > 1_577_836_800_000_000, "{d:?}");
+        }
         assert_eq!(j.since(j.watermark()), Some(Vec::new()));
         // Another incarnation, or a watermark from the future: a snapshot.
         assert_eq!(
@@ -191,6 +218,17 @@ mod tests {
             }),
             Some(Vec::new())
         );
+    }
+
+    #[test]
+    fn engine_timestamps_in_seconds_become_micros_and_nonsense_is_unknown() {
+        assert_eq!(
+            micros_of_unix_seconds(1_764_000_000.25),
+            1_764_000_000_250_000
+        );
+        for bad in [f64::NAN, f64::INFINITY, -1.0, 0.0, 1e30] {
+            assert_eq!(micros_of_unix_seconds(bad), 0, "{bad}");
+        }
     }
 
     #[test]
