@@ -11,7 +11,7 @@ use std::{
 use serde_json::{Value, json};
 use warmpath_e2e::{
     agent_process::AgentProcess,
-    sim::{Fleet, get_json, wait_for},
+    sim::{Fleet, get_json, metric, wait_for},
 };
 
 #[path = "cluster/partition.rs"]
@@ -239,6 +239,11 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
     for p in [4, 5] {
         wait_pod(&client, a, &fleet, p, "agent-2", "unsure").await;
     }
+    // The prefix A sent to C's pod before still goes there: by A's routing history, its
+    // index copy being untrusted (docs/routing.md, the history fallback).
+    let (code, pod, blocks) = complete(&client, &base_a, &prompt(1, 2)).await;
+    assert_eq!((code, pod.as_str()), (200, authority_c.as_str()));
+    assert!(blocks > 0, "matched by history ({blocks} blocks)");
     for q in 0..10 {
         let (code, _, _) = complete(&client, &base_a, &prompt(2, q)).await;
         assert_eq!(code, 200, "request {q} while C is down");
@@ -284,6 +289,9 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
     set("--grpc-listen", format!("127.0.0.1:{}", ports[AGENTS].1));
     let _stranger = start(&stranger_args);
     a.wait_for_log(&["gossip datagram rejected"], LIMIT).await;
+    let admin_a = format!("http://{}", a.admin);
+    let rejected = metric(&client, &admin_a, "warmpath_cluster_rejected_datagrams_total").await;
+    assert!(rejected > 0.0, "counted on /metrics: {rejected}");
     let s = status(&client, a).await;
     let owners: Vec<&str> = s["pods"]
         .as_array()
@@ -314,6 +322,10 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
         rx,
     ));
     a.wait_for_log(&["IndexSync stream refused"], LIMIT).await;
+    let refused = metric(&client, &admin_a, "warmpath_cluster_rejected_streams_total").await;
+    assert!(refused >= 1.0, "counted on /metrics: {refused}");
+    let counters = &status(&client, a).await["cluster"]["counters"];
+    assert!(counters["rejected_streams"].as_u64() >= Some(1), "{counters}");
     stream.abort();
     assert!(!copy_index.trusted(copy));
     assert_eq!(copy_index.len(), 0);
