@@ -11,10 +11,10 @@ use super::{Error, agents::Agents};
 use warmpath_sim::fleet::RunningEngine;
 
 /// Gossip rounds of the bench's clusters: 100 ms (production: `DEFAULT_GOSSIP_INTERVAL`,
-/// 500 ms). Membership and claims
-/// then settle within about a second of the agents' start, so the bench does not wait
-/// long for convergence; index state and placements do not wait for rounds at all (they
-/// stream), so the interval changes how soon the cluster forms, not what routing sees.
+/// 500 ms). Membership and claims then settle within about a second of the agents' start,
+/// so the bench does not wait long for convergence; index state and placements do not wait
+/// for rounds at all (they stream), so the interval changes how soon the cluster forms, not
+/// what routing sees.
 pub const GOSSIP_INTERVAL_MS: u64 = 100;
 
 /// How long the agents may take to converge after all of them answered `/ready`.
