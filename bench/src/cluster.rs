@@ -243,8 +243,8 @@ fn ms(q: Option<histogram::Quantile>) -> String {
 
 fn print_latency(f: &latency::LatencyFigures) {
     println!(
-        "\nlatency ({} agent processes, {} engines, loopback; {} batches, {} placements sent; as the receiving agents recorded them)",
-        f.agents, f.engines, f.events_sent, f.placements_sent
+        "\nlatency ({} agent processes, {} engines, loopback; {} requests at engines, {} through agents; as the receiving agents recorded them; load average {})",
+        f.agents, f.engines, f.events_sent, f.placements_sent, f.load_average
     );
     println!(
         "{:<34} {:>8} {:>10} {:>26} {:>26}",

@@ -2,19 +2,21 @@
 //! role, as `bench compare` starts them on cluster mode) in front of simulator engines in
 //! this process, engine `j` on node `j mod agents`; real UDP gossip and gRPC on loopback.
 //!
-//! 1. **Deltas.** `events` completions straight at the engines, one after another (each a
-//!    new prompt, so its engine stores new blocks and publishes one batch): the owner applies
-//!    it and streams the delta; each other agent records, once it applied it, the lag from
-//!    the owner's apply (`warmpath_cluster_delta_lag_seconds`) and from the engine's own
-//!    timestamp of the batch (`warmpath_cluster_event_lag_seconds`: event to remote index).
-//! 2. **Placements.** `placements` completions through the agents in turn (cold prompts):
-//!    each agent's pick is a placement that the others record on arrival
-//!    (`warmpath_cluster_placement_lag_seconds`, `hops` 1 straight from the router, 2 when the
-//!    pod's owner relayed it).
+//! Two kinds of request take turns, one after another:
 //!
-//! Figures are what the agents' histograms gained during each phase (scraped from
-//! `/metrics` before and after), so every event is measured by the receiver itself, not by
-//! polling. Same machine: one clock for every stamp.
+//! - **Batches.** `events` completions straight at the engines (each a new prompt, so its
+//!   engine stores new blocks and publishes a batch): the owner applies it and streams the
+//!   delta; each other agent records, once it applied it, the lag from the owner's apply
+//!   (`warmpath_cluster_delta_lag_seconds`) and from the engine's own timestamp of the batch
+//!   (`warmpath_cluster_event_lag_seconds`: event to remote index).
+//! - **Placements.** `placements` completions through the agents in turn (cold prompts):
+//!   each agent's pick is a placement that the others record on arrival
+//!   (`warmpath_cluster_placement_lag_seconds`, `hops` 1 straight from the router, 2 when the
+//!   pod's owner relayed it). Their engines' batches are deltas too.
+//!
+//! Figures are what the agents' histograms gained over the run (scraped from `/metrics`
+//! before and after), so every event is measured by the receiver itself, not by polling.
+//! Same machine: one clock for every stamp.
 
 use std::time::Duration;
 
@@ -64,6 +66,9 @@ pub struct LatencyFigures {
     pub engines: usize,
     pub events_sent: usize,
     pub placements_sent: usize,
+    /// The machine's 1-minute load average before and after (`/proc/loadavg`): on a shared
+    /// machine the tails follow it.
+    pub load_average: String,
     /// The owner applied a batch -> a replica applied it.
     pub delta: Lag,
     /// The engine published a batch -> a replica applied it.
@@ -127,6 +132,14 @@ fn gained(
         total = total.merge(&now.since(&then));
     }
     total
+}
+
+/// The 1-minute load average (`/proc/loadavg`'s first field), `?` when unreadable.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
 }
 
 /// A prompt no engine has seen: about 60 words, several 16-token blocks.
@@ -230,62 +243,54 @@ async fn measure(
         let run = std::process::id() as u64;
         let peers = (s.agents - 1) as u64;
 
-        let before = scrape(&client, &agents).await?;
-        let deadline = tokio::time::Instant::now() + s.within;
-        let mut sent = 0;
-        for i in 0..s.events {
-            if tokio::time::Instant::now() >= deadline {
-                break;
-            }
-            let url = format!("http://{}/v1/completions", engines[i % engines.len()].http);
-            complete(&client, &url, model, &prompt("event", i, run)).await?;
-            sent += 1;
-        }
-        let deltas = |m: &[[histogram::Family; 3]]| gained(&before, m, 0, "").count;
-        let mid = await_counts(&client, &agents, deltas, sent as u64 * peers, s.within).await?;
-        agents.check_running()?;
-
         let urls: Vec<String> = agents
             .listens()
             .map(|a| format!("http://{a}/v1/completions"))
             .collect();
+        // One phase, the two kinds of request taking turns, so both see the same machine
+        // (a shared one: its load moves): a batch straight at an engine, then a placement
+        // through an agent. Both make batches (the placement's engine stores its prompt),
+        // and every delta is a sample.
+        let before = scrape(&client, &agents).await?;
+        let load_before = load_average();
         let deadline = tokio::time::Instant::now() + s.within;
-        let mut placed = 0;
-        for i in 0..s.placements {
+        let (mut sent, mut placed) = (0, 0);
+        for i in 0..s.events.max(s.placements) {
             if tokio::time::Instant::now() >= deadline {
                 break;
             }
-            complete(
-                &client,
-                &urls[i % urls.len()],
-                model,
-                &prompt("placement", i, run),
-            )
-            .await?;
-            placed += 1;
+            if i < s.events {
+                let url = format!("http://{}/v1/completions", engines[i % engines.len()].http);
+                complete(&client, &url, model, &prompt("event", i, run)).await?;
+                sent += 1;
+            }
+            if i < s.placements {
+                let url = &urls[i % urls.len()];
+                complete(&client, url, model, &prompt("placement", i, run)).await?;
+                placed += 1;
+            }
         }
-        let placements = |m: &[[histogram::Family; 3]]| {
-            gained(&mid, m, 2, "hops=\"1\"").count + gained(&mid, m, 2, "hops=\"2\"").count
+        let counted = |m: &[[histogram::Family; 3]]| {
+            let deltas = gained(&before, m, 0, "").count.min(sent as u64 * peers);
+            let placements = gained(&before, m, 2, "hops=\"1\"").count
+                + gained(&before, m, 2, "hops=\"2\"").count;
+            deltas + placements.min(placed as u64 * peers)
         };
-        let after = await_counts(
-            &client,
-            &agents,
-            placements,
-            placed as u64 * peers,
-            s.within,
-        )
-        .await?;
+        let want = (sent + placed) as u64 * peers;
+        let after = await_counts(&client, &agents, counted, want, s.within).await?;
         agents.check_running()?;
+        let load = format!("{load_before} -> {}", load_average());
 
-        let direct = gained(&mid, &after, 2, "hops=\"1\"");
-        let relayed = gained(&mid, &after, 2, "hops=\"2\"");
+        let direct = gained(&before, &after, 2, "hops=\"1\"");
+        let relayed = gained(&before, &after, 2, "hops=\"2\"");
         Ok(LatencyFigures {
             agents: s.agents,
             engines: engines.len(),
             events_sent: sent,
             placements_sent: placed,
-            delta: Lag::of(&gained(&before, &mid, 0, "")),
-            event: Lag::of(&gained(&before, &mid, 1, "")),
+            load_average: load,
+            delta: Lag::of(&gained(&before, &after, 0, "")),
+            event: Lag::of(&gained(&before, &after, 1, "")),
             placement_direct: Lag::of(&direct),
             placement_relayed: Lag::of(&relayed),
             placement_all: Lag::of(&direct.merge(&relayed)),

@@ -276,6 +276,12 @@ async fn one_replica(
     ]
     .map(String::from)
     .to_vec();
+    // The agent needs an endpoint of its own: one without KV events (no index source) that
+    // nothing listens on.
+    args.extend([
+        "--endpoint".into(),
+        format!("http://127.0.0.1:{}", free_port()?),
+    ]);
     for id in &owner.ids {
         args.extend(["--remote-endpoint".into(), format!("http://{id}")]);
     }

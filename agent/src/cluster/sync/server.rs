@@ -348,9 +348,20 @@ where
     }
 }
 
-/// Serves IndexSync on `listener` until the task is aborted.
+/// Serves IndexSync on `listener` until the task is aborted. Accepted connections send
+/// without Nagle's delay: a delta or a relayed placement is one small frame, and held back
+/// behind an unacknowledged one it would wait for the peer's delayed ACK (up to 40 ms on
+/// Linux).
 pub async fn serve(server: Arc<SyncServer>, listener: tokio::net::TcpListener) {
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    use tokio_stream::StreamExt as _;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
+        if let Ok(tcp) = &accepted
+            && let Err(err) = tcp.set_nodelay(true)
+        {
+            tracing::debug!(%err, "IndexSync TCP_NODELAY");
+        }
+        accepted
+    });
     if let Err(e) = tonic::transport::Server::builder()
         .add_service(IndexSyncService(server))
         .serve_with_incoming(incoming)
