@@ -224,7 +224,7 @@ impl ClusterArgs {
         &self,
         file: Option<crate::config::ClusterConfig>,
     ) -> Result<Option<crate::config::ClusterConfig>, ConfigError> {
-        let Some(mut config) = file.map_or_else(|| self.from_flags(), |c| Ok(Some(c)))? else {
+        let Some(mut config) = file.map_or_else(|| self.flags_alone(), |c| Ok(Some(c)))? else {
             return Ok(None);
         };
         self.put_over(&mut config)?;
@@ -233,7 +233,7 @@ impl ClusterArgs {
     }
 
     /// Without a file's section: the defaults under --cluster-id (`None` without it).
-    fn from_flags(&self) -> Result<Option<crate::config::ClusterConfig>, ConfigError> {
+    fn flags_alone(&self) -> Result<Option<crate::config::ClusterConfig>, ConfigError> {
         let Some(id) = &self.cluster_id else {
             for (flag, given) in [
                 ("--remote-endpoint", !self.remote_endpoints.is_empty()),

@@ -48,7 +48,6 @@ pub fn entered(entry: &str) -> bool {
 /// child and everything it started are killed when the bound is reached.
 pub fn run(entry: &str, limit: Duration) -> Result<String, String> {
     let exe = std::env::current_exe().map_err(|e| format!("the test binary's path: {e}"))?;
-    let netns = own_netns()?;
     let mut cmd = Command::new("unshare");
     cmd.arg("--net")
         .arg("--")
@@ -62,15 +61,33 @@ pub fn run(entry: &str, limit: Duration) -> Result<String, String> {
             "1",
         ])
         .env(ENTRY_ENV, entry)
-        .env(PARENT_NETNS_ENV, netns)
+        .env(PARENT_NETNS_ENV, own_netns()?)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // A group of its own: on timeout the child and its children go together.
         .process_group(0);
-    let mut child = cmd
+    let child = cmd
         .spawn()
         .map_err(|e| format!("unshare --net (util-linux): {e}"))?;
+    let (status, output) = wait_group(child, limit)?;
+    match status {
+        None => Err(format!("`{entry}` ran past {limit:?}; killed\n{output}")),
+        Some(s) if !s.success() => Err(format!("`{entry}` failed ({s})\n{output}")),
+        // libtest exits 0 when the filter matched nothing, too.
+        Some(_) if !output.contains("1 passed") => Err(format!("`{entry}` did not run\n{output}")),
+        Some(_) => Ok(output),
+    }
+}
+
+/// Waits for `child` (the leader of its process group) at most `limit`, then kills what is
+/// left of the group; its exit status (`None`: killed at the bound) and its stdout and
+/// stderr.
+fn wait_group(
+    mut child: std::process::Child,
+    limit: Duration,
+) -> Result<(Option<std::process::ExitStatus>, String), String> {
+    use nix::sys::signal::{Signal, killpg};
     let pgid = nix::unistd::Pid::from_raw(
         i32::try_from(child.id()).map_err(|_| "child pid out of range".to_string())?,
     );
@@ -103,30 +120,20 @@ pub fn run(entry: &str, limit: Duration) -> Result<String, String> {
     });
     let timed_out = rx.recv_timeout(limit).is_err();
     if timed_out {
-        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+        let _ = killpg(pgid, Signal::SIGKILL);
     }
     let status = waiter
         .join()
         .map_err(|_| "the waiting thread panicked".to_string())?
         .map_err(|e| format!("waiting for the child: {e}"))?;
     // Whatever is left of the group (children of a child that exited on its own).
-    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-    let output: String = readers
+    let _ = killpg(pgid, Signal::SIGKILL);
+    let output = readers
         .into_iter()
         .map(|r| r.join().unwrap_or_default())
         .collect::<Vec<_>>()
         .join("\n");
-    if timed_out {
-        return Err(format!("`{entry}` ran past {limit:?}; killed\n{output}"));
-    }
-    if !status.success() {
-        return Err(format!("`{entry}` failed ({status})\n{output}"));
-    }
-    // libtest exits 0 when the filter matched nothing, too.
-    if !output.contains("1 passed") {
-        return Err(format!("`{entry}` did not run\n{output}"));
-    }
-    Ok(output)
+    Ok(((!timed_out).then_some(status), output))
 }
 
 /// This process's network namespace, as `net:[inode]`.

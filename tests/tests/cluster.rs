@@ -31,12 +31,14 @@ const PODS_PER_AGENT: usize = 2;
 const GOSSIP_MS: &str = "100";
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// A directory of key files, removed on drop (even when the test fails).
+/// A directory of key files (one per test: `tag`), removed on drop (even when the test
+/// fails).
 struct Keys(PathBuf);
 
 impl Keys {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("warmpath-cluster-{}", std::process::id()));
+    fn new(tag: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("warmpath-cluster-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         Self(dir)
     }
@@ -187,7 +189,7 @@ fn prompt(topic: usize, question: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
     let fleet = Fleet::tiny(8, &["--kv-replay-port", "0"]).await;
-    let keys = Keys::new();
+    let keys = Keys::new("four");
     let key = keys.write("key", "e2e-cluster-key-of-at-least-32-bytes\n");
     // (gossip UDP, IndexSync TCP) per agent, the stranger's last.
     let ports: Vec<(u16, u16)> = (0..=AGENTS)
@@ -290,7 +292,12 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
     let _stranger = start(&stranger_args);
     a.wait_for_log(&["gossip datagram rejected"], LIMIT).await;
     let admin_a = format!("http://{}", a.admin);
-    let rejected = metric(&client, &admin_a, "warmpath_cluster_rejected_datagrams_total").await;
+    let rejected = metric(
+        &client,
+        &admin_a,
+        "warmpath_cluster_rejected_datagrams_total",
+    )
+    .await;
     assert!(rejected > 0.0, "counted on /metrics: {rejected}");
     let s = status(&client, a).await;
     let owners: Vec<&str> = s["pods"]
@@ -325,7 +332,10 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
     let refused = metric(&client, &admin_a, "warmpath_cluster_rejected_streams_total").await;
     assert!(refused >= 1.0, "counted on /metrics: {refused}");
     let counters = &status(&client, a).await["cluster"]["counters"];
-    assert!(counters["rejected_streams"].as_u64() >= Some(1), "{counters}");
+    assert!(
+        counters["rejected_streams"].as_u64() >= Some(1),
+        "{counters}"
+    );
     stream.abort();
     assert!(!copy_index.trusted(copy));
     assert_eq!(copy_index.len(), 0);

@@ -157,7 +157,7 @@ fn partition_in_netns() {
 
 async fn scenario() {
     let fleet = Fleet::tiny(8, &["--kv-replay-port", "0"]).await;
-    let keys = Keys::new();
+    let keys = Keys::new("partition");
     let key = keys.write("key", "e2e-cluster-key-of-at-least-32-bytes\n");
     let agents: Vec<AgentProcess> = (0..AGENTS).map(|k| start(&fleet, k, &key)).collect();
     let (a, c) = (&agents[0], &agents[2]);
