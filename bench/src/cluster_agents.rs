@@ -37,6 +37,17 @@ pub fn node_of(engine: usize, nodes: usize) -> usize {
     engine % nodes.max(1)
 }
 
+/// Refuses a cluster with more agents than engines up front: each agent owns the engines of
+/// its node, and an agent with none has no endpoint of its own and cannot start.
+pub fn check_nodes(agents: u16, engines: u16) -> Result<(), Error> {
+    if agents > engines {
+        return Err(Error::Setup(format!(
+            "--cluster on: {agents} agents need at least {agents} engines (--replicas {engines}): engine j sits on node j mod {agents}, and an agent owning no engine cannot start; give --replicas >= --agents, or --cluster off"
+        )));
+    }
+    Ok(())
+}
+
 /// `--endpoint` and its KV event (and replay) endpoints for an engine this agent subscribes to.
 pub fn subscribed_engine_flags(e: &RunningEngine) -> Vec<String> {
     let mut flags = vec!["--endpoint".to_string(), format!("http://{}", e.http)];
@@ -269,6 +280,17 @@ mod tests {
             owner: owner.map(str::to_string),
             state: state.into(),
         }
+    }
+
+    #[test]
+    fn more_agents_than_engines_is_refused_with_the_way_out() {
+        assert!(check_nodes(4, 4).is_ok() && check_nodes(2, 8).is_ok());
+        let err = check_nodes(3, 2).unwrap_err().to_string();
+        assert!(
+            err.starts_with("--cluster on: 3 agents need at least 3 engines (--replicas 2)"),
+            "{err}"
+        );
+        assert!(err.ends_with("or --cluster off"), "{err}");
     }
 
     #[test]

@@ -27,9 +27,9 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 4)]
     pub replicas: u16,
     /// warmpath agents in front of the fleet, as on that many nodes (a DaemonSet): user `i`
-    /// sends through agent `i mod N`. Each agent keeps its own routing history and load
-    /// counts; precise agents share one index as a cluster (--cluster). Peer routers run
-    /// as one central instance.
+    /// sends through agent `i mod N`. Each agent keeps its own load counts and routing
+    /// history (on cluster mode, with the peers' placements in it); precise agents share one
+    /// index as a cluster (--cluster). Peer routers run as one central instance.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub agents: u16,
     /// With several agents, the precise rows on cluster mode (docs/cluster.md): engine `j`
@@ -194,6 +194,12 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         }
     }
     targets.extend(select_peers(&args.peers)?.into_iter().map(Target::Peer));
+    // Before any row runs: a cluster row that cannot start would end the run midway.
+    let clustered =
+        |t: &Target| matches!(t, Target::Warmpath(Policy::Precise) | Target::Intercepted);
+    if args.agents > 1 && args.cluster == Switch::On && targets.iter().any(clustered) {
+        cluster_agents::check_nodes(args.agents, args.replicas)?;
+    }
     let mut rows = Vec::new();
     let count = targets.len();
     for (i, target) in targets.into_iter().enumerate() {
