@@ -44,6 +44,22 @@ fn load_json(load: &LoadFact) -> serde_json::Value {
         "kv_cache_usage": f64::from(load.kv_permille) / 1000.0})
 }
 
+/// Per remote pod its owner and the owner's word (all null while no live peer claims it).
+fn remote_pods(remote: &super::remote::RemotePods) -> Vec<serde_json::Value> {
+    remote
+        .pods()
+        .into_iter()
+        .map(|(pod, _)| match remote.owner_says(&pod) {
+            Some((owner, said)) => json!({"pod": pod, "owner": owner,
+                "owner_health": said.fact.health.as_str(),
+                "watermark": said.watermark.map(|w| format!("{}:{}", w.incarnation, w.sequence)),
+                "owner_load": said.load.as_ref().map(load_json)}),
+            None => json!({"pod": pod, "owner": null, "owner_health": null,
+                "watermark": null, "owner_load": null}),
+        })
+        .collect()
+}
+
 // === impl Report ===
 
 impl Report {
@@ -52,22 +68,7 @@ impl Report {
     /// owner's word (health, watermark, load).
     pub fn status(&self) -> serde_json::Value {
         let counters = self.shared.counters.snapshot();
-        let index = self.shared.index.status();
-        let local: Vec<_> = self
-            .shared
-            .local
-            .lock()
-            .iter()
-            .map(|p| {
-                let state = index
-                    .iter()
-                    .find(|(id, _)| *id == p.source)
-                    .map(|(_, s)| s.state);
-                let watermark = self.shared.index.watermark(p.source);
-                json!({"pod": p.id, "model": p.model, "health": health_of(state).as_str(),
-                    "watermark": watermark.map(|w| format!("{}:{}", w.incarnation, w.sequence))})
-            })
-            .collect();
+        let local = self.local_pods();
         let remote = self.shared.remote.lock();
         let view = remote.view();
         let malformed_facts: usize = view.peers.values().map(|p| p.malformed).sum();
@@ -80,18 +81,7 @@ impl Report {
                     "pods": p.pods.len(), "malformed_facts": p.malformed})
             })
             .collect();
-        let remote_pods: Vec<_> = remote
-            .pods()
-            .into_iter()
-            .map(|(pod, _)| match remote.owner_says(&pod) {
-                Some((owner, said)) => json!({"pod": pod, "owner": owner,
-                    "owner_health": said.fact.health.as_str(),
-                    "watermark": said.watermark.map(|w| format!("{}:{}", w.incarnation, w.sequence)),
-                    "owner_load": said.load.as_ref().map(load_json)}),
-                None => json!({"pod": pod, "owner": null, "owner_health": null,
-                    "watermark": null, "owner_load": null}),
-            })
-            .collect();
+        let remote_pods = remote_pods(&remote);
         json!({"node": self.node_id, "grpc": self.grpc.to_string(),
             "counters": {"rejected_datagrams": counters.rejected_datagrams,
                 "malformed_datagrams": counters.malformed_datagrams,
@@ -101,11 +91,36 @@ impl Report {
             "peers": peers, "local_pods": local, "remote_pods": remote_pods})
     }
 
+    /// This agent's pods with the health it publishes for each and its journal watermark.
+    fn local_pods(&self) -> Vec<serde_json::Value> {
+        let index = self.shared.index.status();
+        self.shared
+            .local
+            .lock()
+            .iter()
+            .map(|p| {
+                let state = index
+                    .iter()
+                    .find(|(id, _)| *id == p.source)
+                    .map(|(_, s)| s.state);
+                let watermark = self.shared.index.watermark(p.source);
+                json!({"pod": p.id, "model": p.model, "health": health_of(state).as_str(),
+                    "watermark": watermark.map(|w| format!("{}:{}", w.incarnation, w.sequence))})
+            })
+            .collect()
+    }
+
     /// Registers `warmpath.cluster.*` on `meter`: the refusal counters
     /// (`rejected_datagrams`, `malformed_datagrams`, `oversized_datagrams`,
     /// `rejected_streams`), `malformed_facts` by peer, `peers`, and the owners' load of the
     /// remote pods (`owner_running`, `owner_waiting`, `owner_kv_usage` by pod and owner).
     pub fn observe(&self, meter: &Meter) {
+        self.observe_counters(meter);
+        self.observe_peers(meter);
+        self.observe_owner_loads(meter);
+    }
+
+    fn observe_counters(&self, meter: &Meter) {
         type Pick = fn(&super::auth::CountersSnapshot) -> u64;
         let counters: [(&'static str, &'static str, &'static str, Pick); 4] = [
             (
@@ -142,6 +157,9 @@ impl Report {
                 .with_callback(move |o| o.observe(pick(&shared.counters.snapshot()), &[]))
                 .build();
         }
+    }
+
+    fn observe_peers(&self, meter: &Meter) {
         let shared = self.shared.clone();
         meter
             .u64_observable_gauge("warmpath.cluster.malformed_facts")
@@ -165,6 +183,9 @@ impl Report {
             .with_description("Live peers (other agents) in this agent's view")
             .with_callback(move |o| o.observe(shared.remote.lock().view().peers.len() as u64, &[]))
             .build();
+    }
+
+    fn observe_owner_loads(&self, meter: &Meter) {
         type LoadPick = fn(&LoadFact) -> f64;
         let loads: [(&'static str, &'static str, &'static str, LoadPick); 3] = [
             (
@@ -209,6 +230,84 @@ impl Report {
                     }
                 })
                 .build();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use chitchat::transport::ChannelTransport;
+
+    use super::*;
+    use crate::{
+        cluster::{NodeSettings, membership::MembershipConfig, remote::DEFAULT_REMOTE_GRACE},
+        kv_index::{IndexConfig, KvIndex},
+        telemetry::{Telemetry, TelemetryConfig},
+    };
+
+    /// One agent alone, gossiping over channels.
+    fn settings(listen: SocketAddr) -> NodeSettings {
+        let interval = std::time::Duration::from_millis(50);
+        NodeSettings {
+            membership: MembershipConfig {
+                cluster_id: "test".into(),
+                node_id: "agent-0".into(),
+                incarnation: 1,
+                listen,
+                advertise: listen,
+                seeds: Vec::new(),
+                gossip_interval: interval,
+                dead_grace: std::time::Duration::from_secs(3_600),
+            },
+            grpc_listen: ([127, 0, 0, 1], 0).into(),
+            grpc_advertise: None,
+            proxy: None,
+            key: None,
+            counters: Arc::default(),
+            publish_every: interval,
+            remote_grace: DEFAULT_REMOTE_GRACE,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_counters_are_in_the_status_section_and_on_metrics() {
+        let transport = ChannelTransport::with_mtu(65_507);
+        let index = Arc::new(KvIndex::new(IndexConfig::default()));
+        let node = ClusterNode::start(
+            settings(([127, 0, 0, 1], 16_000).into()),
+            index,
+            Vec::new(),
+            Vec::new(),
+            &transport,
+        )
+        .await
+        .expect("starts");
+        let report = node.report();
+        let counters = &report.shared.counters;
+        counters.rejected_datagrams.fetch_add(3, Ordering::Relaxed);
+        counters.oversized.fetch_add(1, Ordering::Relaxed);
+        counters.rejected_streams.fetch_add(2, Ordering::Relaxed);
+        let status = report.status();
+        assert_eq!(
+            status["counters"],
+            json!({"rejected_datagrams": 3, "malformed_datagrams": 0,
+                "oversized_datagrams": 1, "rejected_streams": 2, "malformed_facts": 0})
+        );
+        assert_eq!(status["node"], "agent-0");
+        assert_eq!(status["peers"], json!([]));
+        let telemetry = Telemetry::new(&TelemetryConfig::default()).expect("telemetry");
+        report.observe(telemetry.meter());
+        let text = telemetry.prometheus();
+        for line in [
+            "warmpath_cluster_rejected_datagrams_total 3",
+            "warmpath_cluster_malformed_datagrams_total 0",
+            "warmpath_cluster_oversized_datagrams_total 1",
+            "warmpath_cluster_rejected_streams_total 2",
+            "warmpath_cluster_peers 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }
     }
 }
