@@ -7,14 +7,17 @@
 //! (tenants' demand for cluster-wide quotas, [`spawn_usage_exchange`]); auth (the shared key:
 //! sealed datagrams, the gRPC token). [`ClusterNode`] runs them for one agent
 //! over any chitchat transport: sealed UDP in production, channels in tests; its pods
-//! (local and remote) change at run time with [`ClusterNode::set_pods`] (pods).
+//! (local and remote) change at run time with [`ClusterNode::set_pods`] (pods). watermarks
+//! paces how often a pod's watermark fact changes; lag records how far behind the owners
+//! this agent's copies and placements are ([`ClusterNode::lags`]); scale runs many agents
+//! in one process for `warmpath bench cluster`.
 
 pub mod auth;
 pub mod facts;
 pub mod join;
 pub mod lag;
-pub mod membership;
 mod loads;
+pub mod membership;
 mod pods;
 pub mod remote;
 mod report;

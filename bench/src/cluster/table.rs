@@ -35,6 +35,10 @@ impl Line {
     }
 }
 
+fn sign(x: f64) -> char {
+    if x < 0.0 { '-' } else { '+' }
+}
+
 /// One row: a quantity at each measured size and at `nodes`.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Row {
@@ -63,7 +67,7 @@ pub fn gossip_rows(figures: &[GossipFigures], nodes: usize) -> Vec<Row> {
         let l = line(f, linear);
         rows.push(Row {
             quantity: quantity.into(),
-            formula: format!("{:.1} + {:.2}·N", l.a, l.b),
+            formula: format!("{:.1} {} {:.3}·N", l.a, sign(l.b), l.b.abs()),
             measured: measured(f),
             extrapolated: l.at(n),
             unit,
@@ -96,9 +100,10 @@ pub fn gossip_rows(figures: &[GossipFigures], nodes: usize) -> Vec<Row> {
     rows.push(Row {
         quantity: "one change known to all".into(),
         formula: format!(
-            "({:.2} + {:.2}·log3 N) rounds x {:.0} ms",
+            "({:.2} {} {:.2}·log3 N) rounds x {:.0} ms",
             rounds.a,
-            rounds.b,
+            sign(rounds.b),
+            rounds.b.abs(),
             interval * 1e3
         ),
         measured: measured(|g| g.change_known_s),
