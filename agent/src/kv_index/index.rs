@@ -343,21 +343,22 @@ impl KvIndex {
         if keys.is_empty() {
             return;
         }
-        self.hold_speculatively(id, keys, now + self.config.speculative_ttl, Some(now));
+        self.hold_speculatively(id, keys, now + self.config.speculative_ttl, now, true);
         if let Some(sink) = self.placements.get() {
             sink.placed(id, keys);
         }
     }
 
-    /// Holds `keys` as speculative on `id` until `deadline`; `routed`: this agent's own
-    /// routing decision at that instant (counted for the key-mismatch check, and a key the
-    /// source did not hold makes the engine owe an event), not a peer's.
+    /// Holds `keys` as speculative on `id` until `deadline`, as routed at `now`; `own`: this
+    /// agent's routing decision (counted for the key-mismatch check), not a peer's placement.
+    /// Either way a key the source did not hold makes the engine owe an event.
     fn hold_speculatively(
         &self,
         id: SourceId,
         keys: &[RouterKey],
         deadline: Instant,
-        routed: Option<Instant>,
+        now: Instant,
+        own: bool,
     ) {
         let Some(source) = self.source(id) else {
             return;
@@ -371,13 +372,14 @@ impl KvIndex {
             added |= w.insert(*key, id.0, Tier::Gpu, true) == Upsert::New;
         }
         drop(w);
-        if let Some(now) = routed {
+        if own {
             st.status.routed += 1;
-            // A prefill that fills a block the pod did not hold ends in a BlockStored event;
-            // a request whose blocks were all held owes nothing (a hot pod can be quiet).
-            if added && !source.remote && st.owed_since.is_none() {
-                st.owed_since = Some(now);
-            }
+        }
+        // A prefill that fills a block the pod did not hold ends in a BlockStored event; a
+        // request whose blocks were all held owes nothing (a hot pod can be quiet). Peers'
+        // placements count too: on its owner, a pod only peers route to can stall.
+        if added && !source.remote && st.owed_since.is_none() {
+            st.owed_since = Some(now);
         }
         // At the cap, the earliest pending keys stop being speculative now (no allocation
         // unless one does).

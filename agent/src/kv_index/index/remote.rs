@@ -56,7 +56,7 @@ impl KvIndex {
     /// peer placement sink.
     pub fn speculate_remote(&self, id: SourceId, keys: &[RouterKey], ttl: Duration, now: Instant) {
         if !keys.is_empty() {
-            self.hold_speculatively(id, keys, now + ttl, None);
+            self.hold_speculatively(id, keys, now + ttl, now, false);
             if let Some(sink) = self.peer_placements.get() {
                 sink.placed(id, keys);
             }

@@ -108,6 +108,25 @@ fn a_pod_that_owes_events_and_sends_none_turns_stalled_and_a_batch_clears_it() {
 }
 
 #[test]
+fn a_peers_placement_is_a_debt_too_on_the_owner() {
+    let index = index();
+    let id = source(&index);
+    let (first, held) = stored(2, 1);
+    index.apply(id, &first, 0);
+    let t0 = Instant::now();
+    // A peer placed the held chain: nothing owed.
+    index.speculate_remote(id, &held, Duration::from_secs(2), t0);
+    index.sweep(t0 + AFTER);
+    assert!(index.trusted(id));
+    // A peer routed a new prompt there (this agent routes nothing to the pod).
+    let (_, owed) = stored(3, 2);
+    index.speculate_remote(id, &owed, Duration::from_secs(2), t0 + AFTER);
+    index.sweep(t0 + AFTER * 2);
+    assert_eq!(state(&index, id), "stalled");
+    assert_eq!(index.status()[0].1.routed, 0, "not this agent's routing");
+}
+
+#[test]
 fn a_hot_pod_whose_requests_add_no_block_does_not_stall() {
     let index = index();
     let id = source(&index);
