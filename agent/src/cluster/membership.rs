@@ -19,8 +19,9 @@ use super::facts::{AgentFact, Fact, LoadFact, PodFact, UsageFact};
 use crate::kv_index::Watermark;
 
 /// Gossip rounds in production: 500 ms, so that a change reaches 64 agents within 2 s
-/// (1.35 s at most, `warmpath bench cluster`) for 7.3 KB/s of gossip per node with every
-/// watermark moving; a stopped agent is noticed after about 12-15 rounds (6-7.5 s).
+/// (1.23-1.41 s for the slowest of five, `warmpath bench cluster`) for 8.5 KB/s of gossip
+/// per node with every pod busy; a stopped agent is noticed after about 12-15 rounds
+/// (6-7.5 s).
 pub const DEFAULT_GOSSIP_INTERVAL: Duration = Duration::from_millis(500);
 /// How long chitchat remembers a dead member before forgetting it (a returning member
 /// within it is recognised as the same one).
