@@ -119,7 +119,8 @@ pub async fn run(args: ClusterBenchArgs) -> Result<(), Error> {
         .map_or(DEFAULT_GOSSIP_INTERVAL, Duration::from_millis);
     if has(Part::Gossip) || has(Part::Table) {
         for &n in &args.sizes {
-            let phase = Phase::start(format!("gossip, {n} agents"), 1);
+            let started = std::time::Instant::now();
+            eprintln!("gossip, {n} agents: running on a paused clock");
             let s = gossip::settings(
                 n,
                 args.pods,
@@ -127,17 +128,21 @@ pub async fn run(args: ClusterBenchArgs) -> Result<(), Error> {
                 Duration::from_secs(args.phase_seconds),
             );
             let f = gossip::measure(s).await?;
-            phase.inc();
-            phase.finish(&format!(
-                "converged {:.2} s, a change known to all in {:.2} s",
-                f.converged_s, f.change_known_s
-            ));
+            eprintln!(
+                "gossip, {n} agents: converged {:.2} s, a change known to all in {:.2} s ({:.0} s of wall time)",
+                f.converged_s,
+                f.change_known_s,
+                started.elapsed().as_secs_f64()
+            );
             report.gossip.push(f);
         }
         print_gossip(&report.gossip);
     }
     if has(Part::Latency) {
-        let phase = Phase::start(format!("latency, {} agent processes", args.agents), 1);
+        let phase = Phase::start(
+            format!("latency, {} agent processes", args.agents),
+            (args.events + args.placements) as u64,
+        );
         let s = latency::LatencySettings {
             agents: usize::from(args.agents),
             engines_per_agent: 2,
@@ -146,16 +151,22 @@ pub async fn run(args: ClusterBenchArgs) -> Result<(), Error> {
             within: Duration::from_secs(120),
         };
         let f = latency::run(&s, &logs, &phase).await?;
-        phase.inc();
-        phase.finish("done");
+        phase.finish(&format!(
+            "{} requests at engines, {} through agents",
+            f.events_sent, f.placements_sent
+        ));
         print_latency(&f);
         report.latency = Some(f);
     }
     if has(Part::Memory) {
-        let phase = Phase::start("memory, replica agents".into(), 1);
+        let started = std::time::Instant::now();
+        eprintln!("memory: one replica agent per pod count");
         let f = memory::run(&args.memory_pods, &args.memory_blocks, &logs).await?;
-        phase.inc();
-        phase.finish("done");
+        eprintln!(
+            "memory: {} points ({:.0} s)",
+            f.points.len(),
+            started.elapsed().as_secs_f64()
+        );
         print_memory(&f);
         report.memory = Some(f);
     }

@@ -263,11 +263,13 @@ async fn measure(
                 let url = format!("http://{}/v1/completions", engines[i % engines.len()].http);
                 complete(&client, &url, model, &prompt("event", i, run)).await?;
                 sent += 1;
+                phase.inc();
             }
             if i < s.placements {
                 let url = &urls[i % urls.len()];
                 complete(&client, url, model, &prompt("placement", i, run)).await?;
                 placed += 1;
+                phase.inc();
             }
         }
         let counted = |m: &[[histogram::Family; 3]]| {
