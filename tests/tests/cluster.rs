@@ -227,6 +227,21 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
         "engine's event -> A's replica (through C, polled by /status): {:?}",
         started.elapsed()
     );
+    // A measured that lag itself, from the stamps the delta carried (docs/cluster.md, "Lag"):
+    // the owner's apply and the engine's own time of the batch, on A's /metrics.
+    let a_admin = format!("http://{}", a.admin);
+    for family in [
+        "warmpath_cluster_delta_lag_seconds",
+        "warmpath_cluster_event_lag_seconds",
+    ] {
+        let count = metric(&client, &a_admin, &format!("{family}_count")).await;
+        let sum = metric(&client, &a_admin, &format!("{family}_sum")).await;
+        assert!(count >= 1.0, "{family}: {count} samples");
+        assert!(
+            (0.0..LIMIT.as_secs_f64()).contains(&sum),
+            "{family}: {sum} s in all"
+        );
+    }
     let base_a = format!("http://{}", a.listen);
     let (code, pod, blocks) = complete(&client, &base_a, &prompt(1, 1)).await;
     assert_eq!(code, 200);
