@@ -321,9 +321,18 @@ fn print_central_gap(rows: &[Row]) {
             "{} agents ({mode}) against one:",
             agents.requests_per_agent.len()
         );
-        for line in cluster_agents::gap_lines(agents, central) {
+        for line in cluster_agents::gap_lines(&judged(agents), &judged(central)) {
             println!("  {line}");
         }
+    }
+}
+
+/// What the cluster's gap lines judge of `row`.
+fn judged(row: &Row) -> cluster_agents::Judged<'_> {
+    cluster_agents::Judged {
+        policy: &row.policy,
+        prefix_hit_ratio: row.prefix_hit_ratio,
+        ttft_p90: row.ttft_p90,
     }
 }
 
