@@ -18,6 +18,7 @@
 use std::{
     io::{BufRead as _, BufReader},
     net::SocketAddr,
+    path::Path,
     process::{Child, Command, Stdio},
     sync::{Arc, mpsc},
     time::{Duration, Instant},
@@ -32,8 +33,6 @@ pub const ARGS_ENV: &str = "WARMPATH_E2E_AGENT_ARGS";
 const READY: &str = "WARMPATH_E2E_AGENT_READY ";
 /// Longest a child may take to start.
 const START: Duration = Duration::from_secs(30);
-/// The group of children started under another user id (Debian's `nogroup`).
-const NOGROUP: u32 = 65534;
 
 /// The child side: run the agent from [`ARGS_ENV`] until killed. Does nothing when the
 /// variable is unset (the entry point run as an ordinary ignored test).
@@ -98,8 +97,7 @@ pub struct Exited {
     pub stderr: String,
 }
 
-fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
-    let exe = std::env::current_exe().expect("the test binary's path");
+fn command(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(exe);
     cmd.args([
         "--exact",
@@ -127,21 +125,35 @@ impl AgentProcess {
     /// Starts the agent with `args` (flags of `warmpath agent`) and exactly the variables
     /// `env` (add `RUST_LOG` there); waits until it is listening, or returns how it ended.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Result<Self, Exited> {
-        Self::spawn(command(args, env))
+        let exe = std::env::current_exe().expect("the test binary has a path");
+        Self::spawn(command(&exe, args, env))
     }
 
     /// [`AgentProcess::start`] under user id `uid` (group `nogroup`, no supplementary
-    /// groups): a process that routing rules can tell apart (`crate::isolated`). Root only;
-    /// the test binary must be readable by `uid`.
-    pub fn start_as(args: &[&str], env: &[(&str, &str)], uid: u32) -> Result<Self, Exited> {
+    /// groups): a process that routing rules can tell apart (`crate::isolated`). Root only.
+    /// `exe` is this test binary or a copy of it that `uid` can execute
+    /// ([`crate::isolated::exe`]); the agent runs in `/`, which every user can search. It is
+    /// killed with the thread that starts it, even if that one is killed before its cleanup.
+    pub fn start_as(
+        args: &[&str],
+        env: &[(&str, &str)],
+        uid: u32,
+        exe: &Path,
+    ) -> Result<Self, Exited> {
         use std::os::unix::process::CommandExt as _;
-        let mut cmd = command(args, env);
-        cmd.uid(uid).gid(NOGROUP);
+        let mut cmd = command(exe, args, env);
+        cmd.uid(uid).gid(crate::isolated::NOGROUP).current_dir("/");
+        crate::isolated::die_with_parent(&mut cmd);
         Self::spawn(cmd)
     }
 
     fn spawn(mut cmd: Command) -> Result<Self, Exited> {
-        let mut child = cmd.spawn().expect("spawn the test binary");
+        let mut child = cmd.spawn().unwrap_or_else(|e| {
+            panic!(
+                "spawn the test binary {}: {e}",
+                Path::new(cmd.get_program()).display()
+            )
+        });
         let stderr = Arc::new(Mutex::new(String::new()));
         let pipe = child.stderr.take().expect("stderr was piped");
         let sink = stderr.clone();

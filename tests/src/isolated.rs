@@ -6,7 +6,15 @@
 //! (util-linux), in a process group of its own, running only one ignored entry test (as
 //! [`crate::agent_process`] does for agents) that checks [`entered`] first. The namespace
 //! lives as long as the processes in it: when the child exits, or is killed with its whole
-//! group once the time bound is spent, it is gone; there is nothing to delete.
+//! group once the time bound is spent, it is gone. The child, and every process it starts
+//! with [`die_with_parent`], is killed by the kernel when its parent dies, so even a killed
+//! test leaves nothing running.
+//!
+//! The parent also makes a scratch directory ([`dir`], mode 0755, removed by the parent
+//! once the child is gone, however it ended) and a test binary that the child's unprivileged
+//! processes can run ([`exe`]): the binary itself when each of those user ids can, or else a
+//! copy (mode 0755) in the scratch directory, since a checkout or target directory under a
+//! home directory (0700) is closed to them.
 //!
 //! Inside, [`prepare`] brings loopback up and moves the `local` routing rule from
 //! preference 0 to 100, so that rules placed before it act on local traffic. A [`Cut`] then
@@ -22,7 +30,8 @@ use std::{
     io::Read as _,
     net::Ipv4Addr,
     ops::RangeInclusive,
-    os::unix::process::CommandExt as _,
+    os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::mpsc,
     time::Duration,
@@ -32,6 +41,12 @@ use std::{
 pub const ENTRY_ENV: &str = "WARMPATH_E2E_ISOLATED_ENTRY";
 /// The parent's network namespace (`net:[inode]`), which the child must not be in.
 const PARENT_NETNS_ENV: &str = "WARMPATH_E2E_PARENT_NETNS";
+/// The scratch directory the parent made ([`dir`]).
+const DIR_ENV: &str = "WARMPATH_E2E_ISOLATED_DIR";
+/// The test binary the child's user ids can run ([`exe`]).
+const EXE_ENV: &str = "WARMPATH_E2E_ISOLATED_EXE";
+/// The group of processes started under another user id (Debian's `nogroup`).
+pub const NOGROUP: u32 = 65534;
 /// The preference of the cut rules: before the `local` table's, which [`prepare`] moves.
 const CUT_PREF: &str = "10";
 /// Where [`prepare`] moves the `local` table's rule.
@@ -45,13 +60,17 @@ pub fn entered(entry: &str) -> bool {
 
 /// Runs the ignored test `entry` of this test binary in a new network namespace and waits
 /// for it, at most `limit`; returns its output, or why it failed with its output. The
-/// child and everything it started are killed when the bound is reached.
-pub fn run(entry: &str, limit: Duration) -> Result<String, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("the test binary's path: {e}"))?;
+/// child and everything it started are killed when the bound is reached; the scratch
+/// directory is removed in any case. `uids` are the user ids the child starts processes
+/// under ([`exe`] is runnable by each).
+pub fn run(entry: &str, uids: RangeInclusive<u32>, limit: Duration) -> Result<String, String> {
+    let scratch = Scratch::new(entry)?;
+    let exe = runnable_exe(entry, &scratch.0, uids)?;
+    let own = std::env::current_exe().map_err(|e| format!("the test binary's path: {e}"))?;
     let mut cmd = Command::new("unshare");
     cmd.arg("--net")
         .arg("--")
-        .arg(exe)
+        .arg(own)
         .args([
             "--exact",
             entry,
@@ -62,15 +81,19 @@ pub fn run(entry: &str, limit: Duration) -> Result<String, String> {
         ])
         .env(ENTRY_ENV, entry)
         .env(PARENT_NETNS_ENV, own_netns()?)
+        .env(DIR_ENV, &scratch.0)
+        .env(EXE_ENV, exe)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // A group of its own: on timeout the child and its children go together.
         .process_group(0);
+    die_with_parent(&mut cmd);
     let child = cmd
         .spawn()
         .map_err(|e| format!("unshare --net (util-linux): {e}"))?;
     let (status, output) = wait_group(child, limit)?;
+    drop(scratch);
     match status {
         None => Err(format!("`{entry}` ran past {limit:?}; killed\n{output}")),
         Some(s) if !s.success() => Err(format!("`{entry}` failed ({s})\n{output}")),
@@ -78,6 +101,118 @@ pub fn run(entry: &str, limit: Duration) -> Result<String, String> {
         Some(_) if !output.contains("1 passed") => Err(format!("`{entry}` did not run\n{output}")),
         Some(_) => Ok(output),
     }
+}
+
+/// In the child: the scratch directory [`run`] made (mode 0755, every user id can read
+/// it; the parent removes it).
+pub fn dir() -> Result<PathBuf, String> {
+    std::env::var_os(DIR_ENV)
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("{DIR_ENV} unset: not started by isolated::run"))
+}
+
+/// In the child: the test binary that the user ids given to [`run`] can execute.
+pub fn exe() -> Result<PathBuf, String> {
+    std::env::var_os(EXE_ENV)
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("{EXE_ENV} unset: not started by isolated::run"))
+}
+
+/// Makes `cmd`'s process receive SIGKILL when the thread that starts it ends (the
+/// process, in these tests: each spawns from the thread that waits for it), so that a test
+/// killed before its own cleanup runs takes its children with it. Set after any change of
+/// user id (which would clear it), just before `exec`.
+#[allow(unsafe_code)]
+pub fn die_with_parent(cmd: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before `exec`, where only
+    // async-signal-safe calls are allowed: it makes two system calls (prctl, getppid) and
+    // builds an `io::Error` from a raw code, which allocates nothing. std runs it after
+    // setting the uid and gid, so the setting survives until `exec` (and `exec` of a binary
+    // that is not set-uid keeps it).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the setting took effect: no signal will come.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A directory for one [`run`], mode 0755 whatever the umask; removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(entry: &str) -> Result<Self, String> {
+        let name = entry.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+        let path =
+            std::env::temp_dir().join(format!("warmpath-isolated-{}-{name}", std::process::id()));
+        // Left by an earlier process with this pid that was killed.
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path)
+            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)))
+            .map_err(|e| format!("scratch directory {}: {e}", path.display()))?;
+        Ok(Self(path))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// This test binary if every one of `uids` can run it, or else a copy of it in `dir`
+/// that they can; or why neither works.
+fn runnable_exe(entry: &str, dir: &Path, uids: RangeInclusive<u32>) -> Result<PathBuf, String> {
+    let own = std::env::current_exe().map_err(|e| format!("the test binary's path: {e}"))?;
+    let Err(why) = runs_as(entry, &own, uids.clone()) else {
+        return Ok(own);
+    };
+    let copy = dir.join(own.file_name().unwrap_or("test-binary".as_ref()));
+    std::fs::copy(&own, &copy)
+        .and_then(|_| std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)))
+        .map_err(|e| format!("copying the test binary to {}: {e}", copy.display()))?;
+    match runs_as(entry, &copy, uids) {
+        Ok(()) => Ok(copy),
+        Err(why_copy) => Err(format!(
+            "the test binary cannot be run by the test's user ids: {why}; nor its copy: \
+             {why_copy} (set TMPDIR to a directory every user can search)"
+        )),
+    }
+}
+
+/// Whether each of `uids` (group [`NOGROUP`]) can execute `exe`: it lists the test
+/// `entry` as that user.
+fn runs_as(entry: &str, exe: &Path, uids: RangeInclusive<u32>) -> Result<(), String> {
+    for uid in uids {
+        let out = Command::new(exe)
+            .args(["--list", "--exact", entry])
+            .env_clear()
+            .current_dir("/")
+            .uid(uid)
+            .gid(NOGROUP)
+            .stdin(Stdio::null())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => {
+                return Err(format!(
+                    "{} as uid {uid}: {} ({})",
+                    exe.display(),
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ));
+            }
+            Err(e) => return Err(format!("{} as uid {uid}: {e}", exe.display())),
+        }
+    }
+    Ok(())
 }
 
 /// Waits for `child` (the leader of its process group) at most `limit`, then kills what is
@@ -228,15 +363,42 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// Whether a test needing [`run`] can run here: root, `unshare` and `ip`.
+/// Whether a test needing [`run`] can run here: root, `ip`, a network namespace it can
+/// configure (root in an unprivileged container cannot make one), and processes started
+/// under another user id (which a user namespace may not map).
 pub fn unavailable_reason() -> Option<String> {
     if !nix::unistd::geteuid().is_root() {
         return Some("needs root (network namespaces, routing rules)".into());
     }
-    for (tool, arg) in [("unshare", "--version"), ("ip", "-V")] {
-        match Command::new(tool).arg(arg).output() {
+    let probes: [(&str, Command); 3] = [
+        ("`ip` (iproute2) is not available", {
+            let mut c = Command::new("ip");
+            c.arg("-V");
+            c
+        }),
+        ("cannot configure a network namespace of its own", {
+            let mut c = Command::new("unshare");
+            c.args(["--net", "--", "ip", "link", "set", "lo", "up"]);
+            c
+        }),
+        ("cannot start a process under another user id", {
+            let mut c = Command::new("true");
+            c.uid(NOGROUP).gid(NOGROUP);
+            c
+        }),
+    ];
+    for (what, mut cmd) in probes {
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        match cmd.stdin(Stdio::null()).output() {
             Ok(o) if o.status.success() => {}
-            _ => return Some(format!("`{tool}` is not available")),
+            Ok(o) => {
+                return Some(format!(
+                    "{what}: `{program}` {}: {}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ));
+            }
+            Err(e) => return Some(format!("{what}: `{program}`: {e}")),
         }
     }
     None

@@ -164,11 +164,16 @@ pub async fn metrics_text(client: &reqwest::Client, base: &str) -> String {
 /// A scraped Prometheus counter or gauge value (first series with that name).
 pub async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
     let text = metrics_text(client, base).await;
+    sample(&text, name).unwrap_or_else(|| panic!("metric {name} missing"))
+}
+
+/// The value of the first series named `name` in Prometheus `text`, if there is one (for
+/// waiting until a family appears).
+pub fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("metric {name} missing"))
 }
 
 /// GETs `url` and parses the JSON body (panics with the URL on failure).

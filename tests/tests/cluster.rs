@@ -4,6 +4,7 @@
 //! which pools an agent replicates, from configuration files (`replicate`).
 
 use std::{
+    os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -11,7 +12,7 @@ use std::{
 use serde_json::{Value, json};
 use warmpath_e2e::{
     agent_process::AgentProcess,
-    sim::{Fleet, get_json, metric, wait_for},
+    sim::{Fleet, get_json, metric, metrics_text, sample, wait_for},
 };
 
 #[path = "cluster/partition.rs"]
@@ -32,20 +33,27 @@ const GOSSIP_MS: &str = "100";
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// A directory of key files (one per test: `tag`), removed on drop (even when the test
-/// fails).
+/// fails). The directory is 0755 and the files 0644 whatever the umask, so that agents
+/// under other uids (`partition`) can read these test-only keys.
 struct Keys(PathBuf);
 
 impl Keys {
     fn new(tag: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("warmpath-cluster-{}-{tag}", std::process::id()));
+        Self::at(
+            std::env::temp_dir().join(format!("warmpath-cluster-{}-{tag}", std::process::id())),
+        )
+    }
+
+    fn at(dir: PathBuf) -> Self {
         std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         Self(dir)
     }
 
     fn write(&self, name: &str, secret: &str) -> PathBuf {
         let path = self.0.join(name);
         std::fs::write(&path, secret).expect("key file");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         path
     }
 }
@@ -230,13 +238,18 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
     // A measured that lag itself, from the stamps the delta carried (docs/cluster.md, "Lag"):
     // the owner's apply and the engine's own time of the batch, on A's /metrics.
     let a_admin = format!("http://{}", a.admin);
+    // Recorded just after the delta is applied (which /status shows first): waited for.
     for family in [
         "warmpath_cluster_delta_lag_seconds",
         "warmpath_cluster_event_lag_seconds",
     ] {
-        let count = metric(&client, &a_admin, &format!("{family}_count")).await;
-        let sum = metric(&client, &a_admin, &format!("{family}_sum")).await;
-        assert!(count >= 1.0, "{family}: {count} samples");
+        let sum = wait_for(&format!("a sample of {family}"), LIMIT, || async {
+            let text = metrics_text(&client, &a_admin).await;
+            let count = sample(&text, &format!("{family}_count"))?;
+            let sum = sample(&text, &format!("{family}_sum"))?;
+            (count >= 1.0).then_some(sum)
+        })
+        .await;
         assert!(
             (0.0..LIMIT.as_secs_f64()).contains(&sum),
             "{family}: {sum} s in all"

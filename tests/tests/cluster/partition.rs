@@ -77,10 +77,10 @@ fn args(fleet: &Fleet, k: usize, key: &std::path::Path) -> Vec<String> {
     args
 }
 
-fn start(fleet: &Fleet, k: usize, key: &std::path::Path) -> AgentProcess {
+fn start(fleet: &Fleet, k: usize, key: &std::path::Path, exe: &std::path::Path) -> AgentProcess {
     let args = args(fleet, k, key);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    AgentProcess::start_as(&args, &[], uid(k))
+    AgentProcess::start_as(&args, &[], uid(k), exe)
         .unwrap_or_else(|e| panic!("agent {k} did not start: {e:?}"))
 }
 
@@ -130,7 +130,7 @@ fn two_agents_partitioned_from_two_serve_every_request_and_resync_when_healed() 
     if !gate::isolated_available("cluster partition") {
         return;
     }
-    match isolated::run(ENTRY, BOUND) {
+    match isolated::run(ENTRY, uid(0)..=uid(AGENTS - 1), BOUND) {
         Ok(output) => {
             for line in output.lines().filter(|l| l.starts_with("partition: ")) {
                 gate::announce(line);
@@ -157,9 +157,13 @@ fn partition_in_netns() {
 
 async fn scenario() {
     let fleet = Fleet::tiny(8, &["--kv-replay-port", "0"]).await;
-    let keys = Keys::new("partition");
+    // In the parent's scratch directory, which the agents' uids can read and the parent
+    // removes even if this process is killed.
+    let dir = isolated::dir().expect("the scratch directory");
+    let keys = Keys::at(dir.join("keys"));
     let key = keys.write("key", "e2e-cluster-key-of-at-least-32-bytes\n");
-    let agents: Vec<AgentProcess> = (0..AGENTS).map(|k| start(&fleet, k, &key)).collect();
+    let exe = isolated::exe().expect("the test binary for the agents' uids");
+    let agents: Vec<AgentProcess> = (0..AGENTS).map(|k| start(&fleet, k, &key, &exe)).collect();
     let (a, c) = (&agents[0], &agents[2]);
     let client = reqwest::Client::new();
     let per_side = 2 * PODS_PER_AGENT;
