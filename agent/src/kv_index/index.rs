@@ -87,8 +87,12 @@ struct SourceState {
     speculative: Pending,
     health: HealthState,
     /// Since when the engine owes events: the first request routed here after the last
-    /// batch whose speculation added a key this source did not hold.
+    /// batch whose speculation added a key this source did not hold and that the engine
+    /// answered (2xx, [`KvIndex::owe`]), or a peer placed.
     owed_since: Option<Instant>,
+    /// How often the debt was settled (a batch, a restart, a reconnect, lost events): a
+    /// speculation made before the latest settlement owes nothing when it is answered.
+    settled: u64,
     status: SourceStatus,
     last_event_block_size: Option<u32>,
     /// Applied batches in router keys, when peers replicate this (local) source.
@@ -102,6 +106,20 @@ struct Source {
     /// health is the owner's word, never settled by [`KvIndex::sweep`].
     remote: bool,
     state: Mutex<SourceState>,
+}
+
+/// One routed attempt's speculative keys that its source did not hold, returned by
+/// [`KvIndex::speculate`]: the attempt's outcome decides whether the engine owes their
+/// events ([`KvIndex::owe`], a 2xx answer) or they are withdrawn ([`KvIndex::withdraw`]).
+/// Dropped unsettled, the keys stay until their TTL and nothing is owed.
+#[derive(Debug)]
+pub struct Speculation {
+    source: SourceId,
+    on: Arc<Source>,
+    at: Instant,
+    /// The source's settlements at the routing instant ([`SourceState::settle`]).
+    settled: u64,
+    added: Vec<RouterKey>,
 }
 
 /// The index shared by ingestion and routing.
@@ -147,6 +165,7 @@ impl KvIndex {
                 speculative: Pending::default(),
                 health: HealthState::Waiting,
                 owed_since: None,
+                settled: 0,
                 status: SourceStatus {
                     pod: info.pod.clone(),
                     rank: info.rank,
@@ -211,7 +230,7 @@ impl KvIndex {
         st.status.batches += 1;
         st.status.last_seq = Some(seq);
         // Any batch shows the stream is alive: nothing is owed any more.
-        st.owed_since = None;
+        st.settle();
         if matches!(
             st.health,
             HealthState::Waiting | HealthState::Stalled { .. }
@@ -337,21 +356,62 @@ impl KvIndex {
         st.engine.shrink_if_sparse();
     }
 
-    /// Records that the router sent a request with `keys` to `id`: the keys count as held
-    /// (GPU) until the engine's event confirms them or the TTL expires.
-    pub fn speculate(&self, id: SourceId, keys: &[RouterKey], now: Instant) {
+    /// Records that the router is sending a request with `keys` to `id`: the keys count as
+    /// held (GPU) until the engine's event confirms them or the TTL expires. When it added a
+    /// key the source did not hold, the returned speculation settles the attempt:
+    /// [`Self::owe`] once the engine answered, [`Self::withdraw`] when the attempt failed.
+    pub fn speculate(&self, id: SourceId, keys: &[RouterKey], now: Instant) -> Option<Speculation> {
         if keys.is_empty() {
-            return;
+            return None;
         }
-        self.hold_speculatively(id, keys, now + self.config.speculative_ttl, now, true);
+        let speculation =
+            self.hold_speculatively(id, keys, now + self.config.speculative_ttl, now, true);
         if let Some(sink) = self.placements.get() {
             sink.placed(id, keys);
         }
+        speculation
+    }
+
+    /// The engine answered the speculated attempt (a 2xx head): its prefill stores the keys
+    /// the pod did not hold, so from the routing instant it owes their events, unless a batch
+    /// (or a restart, a reconnect, lost events) came since and settled it.
+    pub fn owe(&self, s: Speculation) {
+        let Some(source) = self.speculated_source(&s) else {
+            return;
+        };
+        let mut st = source.state.lock();
+        if !source.remote && st.settled == s.settled {
+            st.owed_since = Some(st.owed_since.map_or(s.at, |o| o.min(s.at)));
+        }
+    }
+
+    /// The speculated attempt failed (no answer, a 503, an error, a non-2xx answer): nothing
+    /// reached the pod's cache, so the keys it added are held no more and nothing is owed.
+    /// A key a later request renewed meanwhile goes too (a hint lost, not a wrong one).
+    pub fn withdraw(&self, s: Speculation) {
+        let Some(source) = self.speculated_source(&s) else {
+            return;
+        };
+        self.store.tick();
+        let _st = source.state.lock();
+        let mut w = self.store.writer();
+        for key in &s.added {
+            // Only the speculative holding: a key the engine confirmed meanwhile stays. Its
+            // pending deadline stays too and expires it as a no-op.
+            w.remove(*key, s.source.0, Tier::Gpu, true);
+        }
+    }
+
+    /// The source a speculation was made on, if it is still that one (not removed, its slot
+    /// not reused).
+    fn speculated_source(&self, s: &Speculation) -> Option<Arc<Source>> {
+        self.source(s.source)
+            .filter(|source| Arc::ptr_eq(source, &s.on))
     }
 
     /// Holds `keys` as speculative on `id` until `deadline`, as routed at `now`; `own`: this
-    /// agent's routing decision (counted for the key-mismatch check), not a peer's placement.
-    /// Either way a key the source did not hold makes the engine owe an event.
+    /// agent's routing decision (counted for the key-mismatch check; its debt waits for the
+    /// answer: the returned speculation), not a peer's placement (a debt at once).
     fn hold_speculatively(
         &self,
         id: SourceId,
@@ -359,17 +419,18 @@ impl KvIndex {
         deadline: Instant,
         now: Instant,
         own: bool,
-    ) {
-        let Some(source) = self.source(id) else {
-            return;
-        };
+    ) -> Option<Speculation> {
+        let source = self.source(id)?;
         self.store.tick();
         // The source's state before the store's writer, as everywhere else.
         let mut st = source.state.lock();
         let mut w = self.store.writer();
-        let mut added = false;
+        // Allocated only when a key is new to the source (a cold prefix).
+        let mut added = Vec::new();
         for key in keys {
-            added |= w.insert(*key, id.0, Tier::Gpu, true) == Upsert::New;
+            if w.insert(*key, id.0, Tier::Gpu, true) == Upsert::New {
+                added.push(*key);
+            }
         }
         drop(w);
         if own {
@@ -378,9 +439,16 @@ impl KvIndex {
         // A prefill that fills a block the pod did not hold ends in a BlockStored event; a
         // request whose blocks were all held owes nothing (a hot pod can be quiet). Peers'
         // placements count too: on its owner, a pod only peers route to can stall.
-        if added && !source.remote && st.owed_since.is_none() {
+        if !own && !added.is_empty() && !source.remote && st.owed_since.is_none() {
             st.owed_since = Some(now);
         }
+        let speculation = (own && !added.is_empty()).then(|| Speculation {
+            source: id,
+            on: source.clone(),
+            at: now,
+            settled: st.settled,
+            added,
+        });
         // At the cap, the earliest pending keys stop being speculative now (no allocation
         // unless one does).
         let mut evicted = Vec::new();
@@ -396,6 +464,7 @@ impl KvIndex {
                 w.remove(RouterKey(key), id.0, Tier::Gpu, true);
             }
         }
+        speculation
     }
 
     /// Expires speculative entries whose TTL passed; settles unsure sources whose grace
@@ -445,7 +514,7 @@ impl KvIndex {
             self.changes.notify_waiters();
         }
         st.status.unrecoverable_gaps += 1;
-        st.owed_since = None;
+        st.settle();
         tracing::warn!(pod = %source.info.pod, rank = ?source.info.rank, %reason, "KV index unsure for this source");
         st.health = HealthState::Unsure { reason, since: now };
     }
@@ -459,7 +528,7 @@ impl KvIndex {
                 self.changes.notify_waiters();
             }
             st.status.restarts += 1;
-            st.owed_since = None;
+            st.settle();
             st.health = HealthState::Healthy;
         }
     }
@@ -475,7 +544,7 @@ impl KvIndex {
                 self.changes.notify_waiters();
             }
             st.status.reconnects += 1;
-            st.owed_since = None;
+            st.settle();
             if st.health != HealthState::Waiting {
                 st.health = HealthState::Healthy;
             }
@@ -588,6 +657,12 @@ impl KvIndex {
 // === impl SourceState ===
 
 impl SourceState {
+    /// Nothing is owed any more, nor by a speculation made before now.
+    fn settle(&mut self) {
+        self.owed_since = None;
+        self.settled = self.settled.wrapping_add(1);
+    }
+
     /// The entries were dropped outside the event stream: replicas must start over (the
     /// caller wakes them through `KvIndex::changes` when this returns true).
     fn new_incarnation(&mut self) -> bool {

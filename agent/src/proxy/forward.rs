@@ -3,7 +3,9 @@
 //! a 503 counts as one, and so does an engine that sends no complete response head within
 //! the upstream head timeout: nothing has reached the client yet). The first pick notes the
 //! prefill it brings and the routing decision, every pick its speculative index entry and
-//! history; the answer carries the engine's response through its tap ([`super::tracked`]).
+//! history. The index's stall debt for a pick's new blocks is committed only when the engine
+//! answers 2xx; a failed attempt withdraws the speculative entries it added (its routing
+//! history and the placement told to peers stay until their TTLs); the answer carries the engine's response through its tap ([`super::tracked`]).
 //! The request's route receipt is noted here: the prefix available on any live pod before the
 //! first pick, and the prefix the pod that answered held at its pick (a retry's own decision).
 //! When every attempt failed, the last failure is the answer (502, 503, or 504 after a head
@@ -85,13 +87,24 @@ pub async fn forward(
         }
         let now = Instant::now();
         // An endpoint that left since this request's snapshot was taken may have handed its
-        // source ids on: nothing is noted under them.
+        // source ids on: nothing is noted under them. The speculation's debt (the engine owes
+        // the events of blocks the pod did not hold) waits for the attempt's outcome.
+        let mut speculated = None;
         if endpoint.routable() {
             if let Some(source) = endpoint.source {
-                proxy.index.speculate(source, &ctx.keys, now);
+                speculated = proxy.index.speculate(source, &ctx.keys, now);
             }
             pool.history.record(endpoint.history, &ctx.keys, now);
         }
+        let settle = |answered: bool| {
+            if let Some(s) = speculated {
+                if answered {
+                    proxy.index.owe(s);
+                } else {
+                    proxy.index.withdraw(s);
+                }
+            }
+        };
         tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), first_key = ctx.keys.first().map_or(0, |k| k.0), "routing decision");
         let guard = endpoint.start(uncached);
         if n == 0 {
@@ -114,6 +127,7 @@ pub async fn forward(
         )
         .await;
         let Ok(sent) = sent else {
+            settle(false);
             endpoint.note_failure();
             proxy.admission.note_head_timeout();
             tracing::warn!(endpoint = %endpoint.authority, ?head_timeout, "no response head within the upstream head timeout; trying the next endpoint");
@@ -130,6 +144,8 @@ pub async fn forward(
         };
         match sent {
             Ok(resp) if resp.status != StatusCode::SERVICE_UNAVAILABLE => {
+                // Only a success starts a prefill; a 4xx or 5xx stored nothing.
+                settle(resp.status.is_success());
                 attempt.receipt = Some(Receipt {
                     available: tokens(available),
                     captured: tokens(decision.prefix_blocks),
@@ -144,6 +160,7 @@ pub async fn forward(
                 return Ok(answer(proxy, attempt, resp, answered));
             }
             Ok(_) => {
+                settle(false);
                 endpoint.note_failure();
                 last_error = Some(ProxyError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -151,6 +168,7 @@ pub async fn forward(
                 ));
             }
             Err(err) => {
+                settle(false);
                 endpoint.note_failure();
                 tracing::warn!(endpoint = %endpoint.authority, %err, "upstream request failed before a response; trying the next endpoint");
                 last_error = Some(ProxyError::new(

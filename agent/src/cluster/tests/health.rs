@@ -72,9 +72,13 @@ async fn a_stalled_pod_is_published_and_untrusted_everywhere_until_its_next_batc
     .await;
     assert_eq!(report.status()["remote_pods"][0]["owner"], "agent-0");
 
-    // A request routed to the pod adds blocks it did not hold: the engine owes their events.
+    // A request routed to the pod adds blocks it did not hold and the engine answers it:
+    // the engine owes their events.
     let (_, owed) = stored(6, 400);
-    ia.speculate(pa, &owed, now());
+    ia.owe(
+        ia.speculate(pa, &owed, now())
+            .expect("blocks new to the pod"),
+    );
     tokio::time::sleep(DEFAULT_STALL_AFTER).await;
     // The agent's sweep (every 250 ms in `warmpath agent`) finds it stalled.
     ia.sweep(now());

@@ -1,6 +1,7 @@
-//! Stalled event streams: a local source that owes events (a routed request added blocks it
-//! did not hold) and sends no batch for `stall_after` is untrusted until its next batch; one
-//! whose requests add nothing owes nothing, however hot and quiet.
+//! Stalled event streams: a local source that owes events (a routed request the engine
+//! answered added blocks it did not hold) and sends no batch for `stall_after` is untrusted
+//! until its next batch; one whose requests add nothing owes nothing, however hot and quiet,
+//! and so does one whose attempts failed.
 
 use std::time::{Duration, Instant};
 
@@ -54,6 +55,13 @@ fn stored(n: usize, seed: u32) -> (Batch, Vec<RouterKey>) {
     (batch, keys)
 }
 
+/// A request routed to `id` at `at` that the engine answered (2xx).
+fn answered(index: &KvIndex, id: SourceId, keys: &[RouterKey], at: Instant) {
+    if let Some(s) = index.speculate(id, keys, at) {
+        index.owe(s);
+    }
+}
+
 fn state(index: &KvIndex, id: SourceId) -> &'static str {
     index
         .status()
@@ -72,7 +80,7 @@ fn a_pod_that_owes_events_and_sends_none_turns_stalled_and_a_batch_clears_it() {
     let t0 = Instant::now();
     // A new prompt: its blocks are not held there, so the engine owes their events.
     let (_, owed) = stored(4, 2);
-    index.speculate(id, &owed, t0);
+    answered(&index, id, &owed, t0);
     index.sweep(t0 + AFTER - Duration::from_millis(1));
     assert!(
         index.trusted(id),
@@ -80,7 +88,7 @@ fn a_pod_that_owes_events_and_sends_none_turns_stalled_and_a_batch_clears_it() {
     );
     // More requests meanwhile do not move the start of the debt.
     let (_, more) = stored(3, 3);
-    index.speculate(id, &more, t0 + Duration::from_secs(2));
+    answered(&index, id, &more, t0 + Duration::from_secs(2));
     index.sweep(t0 + AFTER);
     assert!(
         !index.trusted(id),
@@ -137,7 +145,8 @@ fn a_hot_pod_whose_requests_add_no_block_does_not_stall() {
     // prefills fill no new block, so it has nothing to say, and says nothing.
     for s in 0..600u64 {
         let at = t0 + Duration::from_millis(100 * s);
-        index.speculate(id, &keys[..1 + (s as usize % keys.len())], at);
+        let held = index.speculate(id, &keys[..1 + (s as usize % keys.len())], at);
+        assert!(held.is_none(), "every block held: no speculation to settle");
         index.sweep(at);
     }
     assert!(index.trusted(id));
@@ -152,14 +161,14 @@ fn only_local_sources_that_received_events_stall() {
     let (_, keys) = stored(2, 1);
     // Never a batch: waiting (untrusted already), not stalled.
     let waiting = source(&index);
-    index.speculate(waiting, &keys, t0);
+    answered(&index, waiting, &keys, t0);
     // Remote: the owner says whether its stream stalled, the replica never guesses.
     let remote = index.add_remote_source(SourceInfo {
         pod: "pod-r".into(),
         rank: None,
     });
     index.load_snapshot(remote, &[]);
-    index.speculate(remote, &keys, t0);
+    answered(&index, remote, &keys, t0);
     index.sweep(t0 + AFTER * 2);
     assert_eq!(state(&index, waiting), "waiting");
     assert_eq!(state(&index, remote), "healthy");
@@ -171,7 +180,99 @@ fn only_local_sources_that_received_events_stall() {
     let h = source(&history);
     let (first, _) = stored(1, 9);
     history.apply(h, &first, 0);
-    history.speculate(h, &keys, t0);
+    answered(&history, h, &keys, t0);
     history.sweep(t0 + AFTER * 2);
     assert_eq!(state(&history, h), "healthy");
+}
+
+#[test]
+fn a_failed_attempt_owes_nothing_and_withdraws_the_blocks_it_added() {
+    let index = index();
+    let id = source(&index);
+    let (first, held) = stored(2, 1);
+    index.apply(id, &first, 0);
+    let t0 = Instant::now();
+    // The held chain plus two new blocks; the engine never answers (a 503, a head
+    // timeout, a connect error: the retry served it elsewhere).
+    let (_, new) = stored(2, 5);
+    let chain: Vec<RouterKey> = held.iter().chain(&new).copied().collect();
+    let attempt = index
+        .speculate(id, &chain, t0)
+        .expect("two blocks new to the pod");
+    assert_eq!(index.holders(new[0]), vec![(id, Tier::Gpu, true)]);
+    index.withdraw(attempt);
+    // Gone, and the chain the engine reported kept.
+    assert!(index.holders(new[0]).is_empty());
+    assert!(index.holders(new[1]).is_empty());
+    assert_eq!(index.holders(held[0]), vec![(id, Tier::Gpu, false)]);
+    // A quiet pod long after: nothing was owed.
+    index.sweep(t0 + AFTER * 3);
+    assert!(index.trusted(id));
+    assert_eq!(state(&index, id), "healthy");
+    // Unsettled (dropped) is no debt either.
+    let (_, other) = stored(3, 6);
+    drop(index.speculate(id, &other, t0 + AFTER * 3));
+    index.sweep(t0 + AFTER * 5);
+    assert_eq!(state(&index, id), "healthy");
+}
+
+#[test]
+fn an_answered_attempt_owes_from_its_routing_instant() {
+    let index = index();
+    let id = source(&index);
+    let (first, _) = stored(2, 1);
+    index.apply(id, &first, 0);
+    let t0 = Instant::now();
+    let (_, new) = stored(3, 2);
+    let attempt = index.speculate(id, &new, t0).expect("new blocks");
+    // The head comes 3 s after the pick: the debt still starts at the pick.
+    index.sweep(t0 + Duration::from_secs(3));
+    assert_eq!(state(&index, id), "healthy", "no debt before the answer");
+    index.owe(attempt);
+    index.sweep(t0 + AFTER - Duration::from_millis(1));
+    assert_eq!(state(&index, id), "healthy");
+    index.sweep(t0 + AFTER);
+    assert_eq!(state(&index, id), "stalled");
+}
+
+#[test]
+fn a_batch_before_the_answer_has_paid_the_debt() {
+    let index = index();
+    let id = source(&index);
+    let (first, _) = stored(2, 1);
+    index.apply(id, &first, 0);
+    let t0 = Instant::now();
+    let (late, new) = stored(3, 2);
+    let attempt = index.speculate(id, &new, t0).expect("new blocks");
+    // A non-streaming answer's head comes after the prefill's events.
+    index.apply(id, &late, 1);
+    index.owe(attempt);
+    index.sweep(t0 + AFTER * 2);
+    assert_eq!(state(&index, id), "healthy");
+    // Withdrawn after the engine confirmed them, the blocks stay held.
+    let (_, more) = stored(4, 3);
+    let attempt = index.speculate(id, &more, t0).expect("new blocks");
+    let (confirm, _) = stored(4, 3);
+    index.apply(id, &confirm, 2);
+    index.withdraw(attempt);
+    assert_eq!(index.holders(more[3]), vec![(id, Tier::Gpu, false)]);
+}
+
+#[test]
+fn a_settlement_on_a_removed_source_touches_its_successor_not() {
+    let index = index();
+    let id = source(&index);
+    let (first, _) = stored(1, 1);
+    index.apply(id, &first, 0);
+    let t0 = Instant::now();
+    let (_, new) = stored(2, 2);
+    let attempt = index.speculate(id, &new, t0).expect("new blocks");
+    index.remove_source(id);
+    // The slot is reused by another pod, which holds the same keys speculatively.
+    let next = source(&index);
+    assert_eq!(next, id, "the free slot is reused");
+    index.apply(next, &first, 0);
+    let _ = index.speculate(next, &new, t0);
+    index.withdraw(attempt);
+    assert_eq!(index.holders(new[0]), vec![(next, Tier::Gpu, true)]);
 }
