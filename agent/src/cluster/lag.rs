@@ -14,10 +14,16 @@
 //!
 //! Stamps are unix microseconds of the sender's clock, so across machines a figure includes
 //! the two clocks' skew; a stamp from the future reads as 0, and a missing one (0: a peer that
-//! does not stamp) is not recorded. Snapshots are not stamped: they are catch-up, not lag.
+//! does not stamp) is not recorded. A figure over [`MAX_LAG_SECONDS`] (a sender's clock far
+//! behind ours) is not recorded either but counted (`warmpath.cluster.implausible_lags`), so
+//! one peer's bad clock cannot skew the histograms' sums. Snapshots are not stamped: they are
+//! catch-up, not lag.
 
 use std::{
-    sync::OnceLock,
+    sync::{
+        OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -34,6 +40,10 @@ pub const LAG_BOUNDS: [f64; 31] = [
     0.007, 0.01, 0.015, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0,
     5.0, 10.0, 30.0,
 ];
+
+/// The largest lag recorded: an hour, far beyond any stream's real lag (the buckets end at
+/// 30 s); above it the figure is the sender's clock, not the stream.
+pub const MAX_LAG_SECONDS: f64 = 3_600.0;
 
 /// Now, in unix microseconds of this machine's wall clock (0 if the clock reads before 1970).
 pub fn unix_micros() -> u64 {
@@ -64,6 +74,8 @@ pub enum Stamp {
 #[derive(Debug, Default)]
 pub struct Lags {
     histograms: OnceLock<Histograms>,
+    /// Lags over [`MAX_LAG_SECONDS`], left out of the histograms (counted from the start).
+    implausible: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -109,31 +121,50 @@ impl Lags {
         }
     }
 
+    /// How many lags were over [`MAX_LAG_SECONDS`] and left out of the histograms.
+    pub fn implausible(&self) -> u64 {
+        self.implausible.load(Ordering::Relaxed)
+    }
+
     /// Records `stamp`'s lags as of `now_us`.
     pub fn record_at(&self, now_us: u64, stamp: Stamp) {
-        let Some(h) = self.histograms.get() else {
-            return;
-        };
+        let h = self.histograms.get();
         match stamp {
             Stamp::Delta {
                 applied_us,
                 event_us,
             } => {
-                if let Some(s) = lag_seconds(now_us, applied_us) {
+                if let Some(s) = self.plausible(now_us, applied_us)
+                    && let Some(h) = h
+                {
                     h.delta.record(s, &[]);
                 }
-                if let Some(s) = lag_seconds(now_us, event_us) {
+                if let Some(s) = self.plausible(now_us, event_us)
+                    && let Some(h) = h
+                {
                     h.event.record(s, &[]);
                 }
             }
             Stamp::Placement { placed_us, relayed } => {
-                if let Some(s) = lag_seconds(now_us, placed_us) {
+                if let Some(s) = self.plausible(now_us, placed_us)
+                    && let Some(h) = h
+                {
                     let hops = if relayed { "2" } else { "1" };
                     h.placement.record(s, &[KeyValue::new("hops", hops)]);
                 }
             }
             Stamp::None => {}
         }
+    }
+
+    /// The lag of one stamp if it is one to record; one over [`MAX_LAG_SECONDS`] is counted.
+    fn plausible(&self, now_us: u64, stamp_us: u64) -> Option<f64> {
+        let s = lag_seconds(now_us, stamp_us)?;
+        if s > MAX_LAG_SECONDS {
+            self.implausible.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(s)
     }
 }
 
@@ -154,6 +185,59 @@ mod tests {
         assert_eq!(lag_seconds(5_000_000, 0), None);
         // The sender's clock ahead of ours: 0, not negative.
         assert_eq!(lag_seconds(5_000_000, 5_000_100), Some(0.0));
+    }
+
+    #[test]
+    fn a_lag_over_an_hour_is_counted_not_recorded() {
+        let reader = SdkReader::new();
+        let provider = SdkMeterProvider::builder()
+            .with_reader(reader.reader())
+            .build();
+        let lags = Lags::default();
+        lags.observe(&provider.meter("test"));
+        let now = 10_000_000_000;
+        let hour_us = 3_600_000_000;
+        // Exactly an hour is still a lag; a microsecond more is the sender's clock. The
+        // engine's stamp (an hour and a second behind) is dropped with the delta's kept.
+        lags.record_at(
+            now,
+            Stamp::Delta {
+                applied_us: now - hour_us,
+                event_us: now - hour_us - 1_000_000,
+            },
+        );
+        lags.record_at(
+            now,
+            Stamp::Placement {
+                placed_us: now - hour_us - 1,
+                relayed: false,
+            },
+        );
+        assert_eq!(lags.implausible(), 2);
+        let delta = read(&reader, "warmpath.cluster.delta_lag", 30.0);
+        assert_eq!(delta.len(), 1);
+        assert_eq!(delta[0].1, 1, "the one-hour delta is recorded");
+        assert!((delta[0].2 - 3_600.0).abs() < 1e-9, "{}", delta[0].2);
+        assert!(
+            read(&reader, "warmpath.cluster.event_lag", 30.0)
+                .iter()
+                .all(|p| p.1 == 0)
+        );
+        assert!(
+            read(&reader, "warmpath.cluster.placement_lag", 30.0)
+                .iter()
+                .all(|p| p.1 == 0)
+        );
+        // Counted without a meter too (the count is exported apart from the histograms).
+        let unobserved = Lags::default();
+        unobserved.record_at(
+            now,
+            Stamp::Placement {
+                placed_us: 1,
+                relayed: true,
+            },
+        );
+        assert_eq!(unobserved.implausible(), 1);
     }
 
     #[test]

@@ -59,7 +59,10 @@ pub fn load_fact(running: u32, waiting: u32, kv_cache_usage: f64) -> LoadFact {
 pub fn spawn_load_publisher(node: &ClusterNode, source: LoadSource) -> JoinHandle<()> {
     let membership = Arc::downgrade(&node.membership);
     let shared = Arc::downgrade(&node.shared);
-    let every = (node.gossip_interval() * LOAD_ROUNDS).max(MIN_EVERY);
+    let every = node
+        .gossip_interval()
+        .saturating_mul(LOAD_ROUNDS)
+        .max(MIN_EVERY);
     tokio::spawn(publish(membership, shared, source, every))
 }
 

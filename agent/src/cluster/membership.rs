@@ -23,6 +23,10 @@ use crate::kv_index::Watermark;
 /// per node with every pod busy; a stopped agent is noticed after about 12-15 rounds
 /// (6-7.5 s).
 pub const DEFAULT_GOSSIP_INTERVAL: Duration = Duration::from_millis(500);
+/// The longest gossip round the configuration accepts: a minute, so a stopped agent is
+/// still noticed within a quarter of an hour, and the detector's multiples of it stay far
+/// from overflow.
+pub const MAX_GOSSIP_INTERVAL: Duration = Duration::from_secs(60);
 /// How long chitchat remembers a dead member before forgetting it (a returning member
 /// within it is recognised as the same one).
 pub const DEFAULT_DEAD_GRACE: Duration = Duration::from_secs(3_600);
@@ -96,8 +100,10 @@ impl Membership {
             seed_nodes: config.seeds.clone(),
             failure_detector_config: FailureDetectorConfig {
                 // The prior of the heartbeat interval: a peer heard from every round.
-                initial_interval: config.gossip_interval * 2,
-                max_interval: config.gossip_interval * 10,
+                // Saturating: a round too long for these never panics (the configuration
+                // refuses one over `MAX_GOSSIP_INTERVAL`).
+                initial_interval: config.gossip_interval.saturating_mul(2),
+                max_interval: config.gossip_interval.saturating_mul(10),
                 dead_node_grace_period: config.dead_grace,
                 ..Default::default()
             },

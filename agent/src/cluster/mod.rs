@@ -140,10 +140,15 @@ impl std::fmt::Debug for ClusterNode {
 }
 
 impl Drop for ClusterNode {
+    /// Stops every task the node started, including the replication streams: those are
+    /// owned by [`Shared`], which a [`Report`] (in `/status` and meter callbacks for the
+    /// process's life) keeps alive, so they are ended here rather than with it.
     fn drop(&mut self) {
         for t in &self.tasks {
             t.abort();
         }
+        // Aborted, `follow` no longer reconciles: nothing restarts a stream after this.
+        self.shared.clients.lock().clear();
         self.membership.stop();
     }
 }

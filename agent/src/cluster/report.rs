@@ -87,7 +87,8 @@ impl Report {
                 "malformed_datagrams": counters.malformed_datagrams,
                 "oversized_datagrams": counters.oversized_datagrams,
                 "rejected_streams": counters.rejected_streams,
-                "malformed_facts": malformed_facts},
+                "malformed_facts": malformed_facts,
+                "implausible_lags": self.shared.lags.implausible()},
             "peers": peers, "local_pods": local, "remote_pods": remote_pods})
     }
 
@@ -112,7 +113,7 @@ impl Report {
 
     /// Registers `warmpath.cluster.*` on `meter`: the refusal counters
     /// (`rejected_datagrams`, `malformed_datagrams`, `oversized_datagrams`,
-    /// `rejected_streams`), `malformed_facts` by peer, `peers`, and the owners' load of the
+    /// `rejected_streams`), `implausible_lags`, `malformed_facts` by peer, `peers`, and the owners' load of the
     /// remote pods (`owner_running`, `owner_waiting`, `owner_kv_usage` by pod and owner).
     pub fn observe(&self, meter: &Meter) {
         self.observe_counters(meter);
@@ -157,6 +158,15 @@ impl Report {
                 .with_callback(move |o| o.observe(pick(&shared.counters.snapshot()), &[]))
                 .build();
         }
+        let shared = self.shared.clone();
+        meter
+            .u64_observable_counter("warmpath.cluster.implausible_lags")
+            .with_unit("{lag}")
+            .with_description(
+                "Lags over an hour left out of the lag histograms (a sender's clock far behind ours)",
+            )
+            .with_callback(move |o| o.observe(shared.lags.implausible(), &[]))
+            .build();
     }
 
     fn observe_peers(&self, meter: &Meter) {
@@ -242,22 +252,24 @@ mod tests {
 
     use super::*;
     use crate::{
-        cluster::{NodeSettings, membership::MembershipConfig, remote::DEFAULT_REMOTE_GRACE},
-        kv_index::{IndexConfig, KvIndex},
+        cluster::{
+            LocalPod, NodeSettings, lag, membership::MembershipConfig, remote::DEFAULT_REMOTE_GRACE,
+        },
+        kv_index::{IndexConfig, KvIndex, SourceInfo},
         telemetry::{Telemetry, TelemetryConfig},
     };
 
-    /// One agent alone, gossiping over channels.
-    fn settings(listen: SocketAddr) -> NodeSettings {
+    /// Agent `node_id`, gossiping over channels on `listen` (joining through `seeds`).
+    fn settings(node_id: &str, listen: SocketAddr, seeds: Vec<String>) -> NodeSettings {
         let interval = std::time::Duration::from_millis(50);
         NodeSettings {
             membership: MembershipConfig {
                 cluster_id: "test".into(),
-                node_id: "agent-0".into(),
+                node_id: node_id.into(),
                 incarnation: 1,
                 listen,
                 advertise: listen,
-                seeds: Vec::new(),
+                seeds,
                 gossip_interval: interval,
                 dead_grace: std::time::Duration::from_secs(3_600),
             },
@@ -276,7 +288,7 @@ mod tests {
         let transport = ChannelTransport::with_mtu(65_507);
         let index = Arc::new(KvIndex::new(IndexConfig::default()));
         let node = ClusterNode::start(
-            settings(([127, 0, 0, 1], 16_000).into()),
+            settings("agent-0", ([127, 0, 0, 1], 16_000).into(), Vec::new()),
             index,
             Vec::new(),
             Vec::new(),
@@ -289,11 +301,21 @@ mod tests {
         counters.rejected_datagrams.fetch_add(3, Ordering::Relaxed);
         counters.oversized.fetch_add(1, Ordering::Relaxed);
         counters.rejected_streams.fetch_add(2, Ordering::Relaxed);
+        // A placement stamped two hours before now (a peer's clock behind ours).
+        let now_us = lag::unix_micros();
+        report.shared.lags.record_at(
+            now_us,
+            lag::Stamp::Placement {
+                placed_us: now_us - 7_200_000_000,
+                relayed: false,
+            },
+        );
         let status = report.status();
         assert_eq!(
             status["counters"],
             json!({"rejected_datagrams": 3, "malformed_datagrams": 0,
-                "oversized_datagrams": 1, "rejected_streams": 2, "malformed_facts": 0})
+                "oversized_datagrams": 1, "rejected_streams": 2, "malformed_facts": 0,
+                "implausible_lags": 1})
         );
         assert_eq!(status["node"], "agent-0");
         assert_eq!(status["peers"], json!([]));
@@ -305,9 +327,77 @@ mod tests {
             "warmpath_cluster_malformed_datagrams_total 0",
             "warmpath_cluster_oversized_datagrams_total 1",
             "warmpath_cluster_rejected_streams_total 2",
+            "warmpath_cluster_implausible_lags_total 1",
             "warmpath_cluster_peers 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }
+    }
+
+    /// Waits (virtual time) until `cond` holds.
+    async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+        let limit = std::time::Duration::from_secs(30);
+        tokio::time::timeout(limit, async {
+            while !cond() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {limit:?}"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stopped_node_ends_its_replication_streams_though_its_report_is_held() {
+        let transport = ChannelTransport::with_mtu(65_507);
+        let info = |pod: &str| SourceInfo {
+            pod: pod.into(),
+            rank: None,
+        };
+        let pod = "127.0.0.1:20000";
+        // agent-0 owns the pod; agent-1 replicates it over IndexSync.
+        let owner_index = Arc::new(KvIndex::new(IndexConfig::default()));
+        let local = LocalPod {
+            id: pod.into(),
+            model: "m".into(),
+            source: owner_index.add_source(info(pod)),
+        };
+        let owner_addr: SocketAddr = ([127, 0, 0, 1], 16_100).into();
+        let owner = ClusterNode::start(
+            settings("agent-0", owner_addr, Vec::new()),
+            owner_index,
+            vec![local],
+            Vec::new(),
+            &transport,
+        )
+        .await
+        .expect("the owner starts");
+        let replica_index = Arc::new(KvIndex::new(IndexConfig::default()));
+        let remote = vec![(pod.to_string(), replica_index.add_remote_source(info(pod)))];
+        let replica = ClusterNode::start(
+            settings(
+                "agent-1",
+                ([127, 0, 0, 1], 16_101).into(),
+                vec![owner_addr.to_string()],
+            ),
+            replica_index,
+            Vec::new(),
+            remote,
+            &transport,
+        )
+        .await
+        .expect("the replica starts");
+        let served = || owner.shared.server.streams();
+        wait_for("the replica's stream reaches the owner", || served() == 1).await;
+
+        // The agent keeps its node's report (in /status, in meter callbacks) for the
+        // process's life: stopping the node still ends its stream.
+        let report = replica.report();
+        replica.shutdown();
+        wait_for("the owner sees the stream close", || served() == 0).await;
+        assert_eq!(
+            report.status()["node"],
+            "agent-1",
+            "the report still answers"
+        );
     }
 }

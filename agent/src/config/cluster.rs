@@ -12,6 +12,8 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
+use crate::cluster::membership::MAX_GOSSIP_INTERVAL;
+
 use super::{
     ConfigError, PoolConfig, authority_of,
     kubernetes::{Environment, KubernetesConfig},
@@ -58,6 +60,22 @@ pub struct ClusterConfig {
     pub remote_endpoints: Vec<String>,
     /// Which pools' remote pods are replicated.
     pub replicate: Replicate,
+    /// Which advertised addresses were derived, not given: a flag that moves a listen
+    /// address moves them too.
+    pub derived: Derived,
+}
+
+/// The advertised addresses nobody gave, and the host they are derived on: the pod's
+/// address (`$POD_IP`, on Kubernetes) with the listen port where the listen host is
+/// unspecified, else the listen address itself (gossip) or the bound one (gRPC: `None`).
+/// Kept with the section so that the same derivation runs again after the command line's
+/// flags apply ([`ClusterConfig::derive_advertised`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Derived {
+    pub gossip: bool,
+    pub grpc: bool,
+    /// The pod's address, on Kubernetes.
+    pub host: Option<std::net::IpAddr>,
 }
 
 /// The file's `cluster:` section as written (docs/config.md, "Cluster").
@@ -121,10 +139,6 @@ pub(super) fn convert(
     let pod_ip = kubernetes
         .and_then(|_| (env.var)(POD_IP_VAR))
         .and_then(|ip| ip.parse::<std::net::IpAddr>().ok());
-    let on_pod = |listen: SocketAddr| match pod_ip {
-        Some(ip) if listen.ip().is_unspecified() => Some(SocketAddr::new(ip, listen.port())),
-        _ => None,
-    };
     let remote_endpoints = f
         .remote_endpoints
         .iter()
@@ -138,17 +152,14 @@ pub(super) fn convert(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let config = ClusterConfig {
+    let mut config = ClusterConfig {
         id: f.id,
         node_id,
-        gossip_advertise: f
-            .gossip_advertise
-            .or_else(|| on_pod(gossip_listen))
-            .unwrap_or(gossip_listen),
+        gossip_advertise: f.gossip_advertise.unwrap_or(gossip_listen),
         gossip_listen,
         seeds: f.seeds,
         key_file: f.key_file,
-        grpc_advertise: f.grpc_advertise.or_else(|| on_pod(grpc_listen)),
+        grpc_advertise: f.grpc_advertise,
         grpc_listen,
         gossip_interval: f
             .gossip_interval_ms
@@ -157,7 +168,13 @@ pub(super) fn convert(
             }),
         remote_endpoints,
         replicate: f.replicate.map_or(Replicate::Routed, Replicate::Pools),
+        derived: Derived {
+            gossip: f.gossip_advertise.is_none(),
+            grpc: f.grpc_advertise.is_none(),
+            host: pod_ip,
+        },
     };
+    config.derive_advertised();
     config.validate(file)?;
     Ok(Some(config))
 }
@@ -172,6 +189,22 @@ fn field_name(file: &str, (key, flag): (&str, &str)) -> String {
 }
 
 impl ClusterConfig {
+    /// Sets the derived advertised addresses from the listen addresses as they are now
+    /// ([`Derived`]); the given ones stay.
+    pub fn derive_advertised(&mut self) {
+        let host = self.derived.host;
+        let on_host = |listen: SocketAddr| match host {
+            Some(ip) if listen.ip().is_unspecified() => Some(SocketAddr::new(ip, listen.port())),
+            _ => None,
+        };
+        if self.derived.gossip {
+            self.gossip_advertise = on_host(self.gossip_listen).unwrap_or(self.gossip_listen);
+        }
+        if self.derived.grpc {
+            self.grpc_advertise = on_host(self.grpc_listen);
+        }
+    }
+
     /// What the cluster needs to join with this section; `proxy`: this agent's listener.
     pub fn join(&self, proxy: Option<SocketAddr>) -> crate::cluster::join::Join<'_> {
         crate::cluster::join::Join {
@@ -252,10 +285,17 @@ impl ClusterConfig {
         ]
         .iter()
         .all(|a| a.ip().is_loopback());
+        let interval = ("gossipIntervalMs", "--gossip-interval-ms");
         if self.gossip_interval < Duration::from_millis(10) {
+            return Err(field(interval, "at least 10 ms".into()));
+        }
+        if self.gossip_interval > MAX_GOSSIP_INTERVAL {
             return Err(field(
-                ("gossipIntervalMs", "--gossip-interval-ms"),
-                "at least 10 ms".into(),
+                interval,
+                format!(
+                    "at most {} ms (a stopped agent is noticed after 12-15 rounds)",
+                    MAX_GOSSIP_INTERVAL.as_millis()
+                ),
             ));
         }
         if self.key_file.is_none() && !loopback {

@@ -90,6 +90,13 @@ impl SyncServer {
         self.index.changes().notify_waiters();
     }
 
+    /// How many subscribers' streams are being served now (each producer holds one relay
+    /// receiver until its stream ends).
+    #[cfg(test)]
+    pub(crate) fn streams(&self) -> usize {
+        self.relay.receiver_count()
+    }
+
     /// The source a local pod is served from now.
     fn local_source(&self, pod: &str) -> Option<SourceId> {
         self.local.read().get(pod).copied()

@@ -189,6 +189,14 @@ fn errors_name_the_field() {
             "cluster.gossipIntervalMs: at least 10 ms",
         ),
         (
+            "  gossipIntervalMs: 60001\n",
+            "cluster.gossipIntervalMs: at most 60000 ms",
+        ),
+        (
+            "  gossipIntervalMs: 18446744073709551615\n",
+            "cluster.gossipIntervalMs: at most 60000 ms",
+        ),
+        (
             "  gossipAdvertise: 0.0.0.0:7400\n",
             "cluster.gossipAdvertise",
         ),
@@ -258,6 +266,15 @@ fn flags_override_the_file_field_by_field() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("command line: --gossip-advertise"), "{e}");
+    let e = agent(&["--gossip-interval-ms", "18446744073709551615"])
+        .cluster
+        .over(file.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("command line: --gossip-interval-ms: at most 60000 ms"),
+        "{e}"
+    );
     // Without a section, --cluster-id makes one from the flags alone.
     let c = agent(&[
         "--cluster-id",
