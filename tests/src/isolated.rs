@@ -11,10 +11,10 @@
 //! test leaves nothing running.
 //!
 //! The parent also makes a scratch directory ([`dir`], mode 0755, removed by the parent
-//! once the child is gone, however it ended) and a test binary that the child's unprivileged
-//! processes can run ([`exe`]): the binary itself when each of those user ids can, or else a
-//! copy (mode 0755) in the scratch directory, since a checkout or target directory under a
-//! home directory (0700) is closed to them.
+//! once the child is gone, however it ended; a killed parent's by the next run) and a test
+//! binary that the child's unprivileged processes can run ([`exe`]): the binary itself when
+//! each of those user ids can, or else a copy (mode 0755) in the scratch directory, since a
+//! checkout or target directory under a home directory (0700) is closed to them.
 //!
 //! Inside, [`prepare`] brings loopback up and moves the `local` routing rule from
 //! preference 0 to 100, so that rules placed before it act on local traffic. A [`Cut`] then
@@ -30,12 +30,16 @@ use std::{
     io::Read as _,
     net::Ipv4Addr,
     ops::RangeInclusive,
-    os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
-    path::{Path, PathBuf},
+    os::unix::process::CommandExt as _,
+    path::PathBuf,
     process::{Command, Stdio},
     sync::mpsc,
     time::Duration,
 };
+
+mod scratch;
+
+use scratch::{Scratch, runnable_exe};
 
 /// Names the entry test a child runs (the parent sets it).
 pub const ENTRY_ENV: &str = "WARMPATH_E2E_ISOLATED_ENTRY";
@@ -65,7 +69,7 @@ pub fn entered(entry: &str) -> bool {
 /// under ([`exe`] is runnable by each).
 pub fn run(entry: &str, uids: RangeInclusive<u32>, limit: Duration) -> Result<String, String> {
     let scratch = Scratch::new(entry)?;
-    let exe = runnable_exe(entry, &scratch.0, uids)?;
+    let exe = runnable_exe(entry, scratch.path(), uids)?;
     let own = std::env::current_exe().map_err(|e| format!("the test binary's path: {e}"))?;
     let mut cmd = Command::new("unshare");
     cmd.arg("--net")
@@ -81,7 +85,7 @@ pub fn run(entry: &str, uids: RangeInclusive<u32>, limit: Duration) -> Result<St
         ])
         .env(ENTRY_ENV, entry)
         .env(PARENT_NETNS_ENV, own_netns()?)
-        .env(DIR_ENV, &scratch.0)
+        .env(DIR_ENV, scratch.path())
         .env(EXE_ENV, exe)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -142,77 +146,6 @@ pub fn die_with_parent(cmd: &mut Command) {
             Ok(())
         });
     }
-}
-
-/// A directory for one [`run`], mode 0755 whatever the umask; removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(entry: &str) -> Result<Self, String> {
-        let name = entry.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
-        let path =
-            std::env::temp_dir().join(format!("warmpath-isolated-{}-{name}", std::process::id()));
-        // Left by an earlier process with this pid that was killed.
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path)
-            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)))
-            .map_err(|e| format!("scratch directory {}: {e}", path.display()))?;
-        Ok(Self(path))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// This test binary if every one of `uids` can run it, or else a copy of it in `dir`
-/// that they can; or why neither works.
-fn runnable_exe(entry: &str, dir: &Path, uids: RangeInclusive<u32>) -> Result<PathBuf, String> {
-    let own = std::env::current_exe().map_err(|e| format!("the test binary's path: {e}"))?;
-    let Err(why) = runs_as(entry, &own, uids.clone()) else {
-        return Ok(own);
-    };
-    let copy = dir.join(own.file_name().unwrap_or("test-binary".as_ref()));
-    std::fs::copy(&own, &copy)
-        .and_then(|_| std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)))
-        .map_err(|e| format!("copying the test binary to {}: {e}", copy.display()))?;
-    match runs_as(entry, &copy, uids) {
-        Ok(()) => Ok(copy),
-        Err(why_copy) => Err(format!(
-            "the test binary cannot be run by the test's user ids: {why}; nor its copy: \
-             {why_copy} (set TMPDIR to a directory every user can search)"
-        )),
-    }
-}
-
-/// Whether each of `uids` (group [`NOGROUP`]) can execute `exe`: it lists the test
-/// `entry` as that user.
-fn runs_as(entry: &str, exe: &Path, uids: RangeInclusive<u32>) -> Result<(), String> {
-    for uid in uids {
-        let out = Command::new(exe)
-            .args(["--list", "--exact", entry])
-            .env_clear()
-            .current_dir("/")
-            .uid(uid)
-            .gid(NOGROUP)
-            .stdin(Stdio::null())
-            .output();
-        match out {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => {
-                return Err(format!(
-                    "{} as uid {uid}: {} ({})",
-                    exe.display(),
-                    o.status,
-                    String::from_utf8_lossy(&o.stderr).trim()
-                ));
-            }
-            Err(e) => return Err(format!("{} as uid {uid}: {e}", exe.display())),
-        }
-    }
-    Ok(())
 }
 
 /// Waits for `child` (the leader of its process group) at most `limit`, then kills what is
