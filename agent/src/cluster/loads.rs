@@ -1,7 +1,8 @@
 //! Load summaries of this agent's pods over gossip (docs/cluster.md, "Load facts"): every
-//! [`LOAD_ROUNDS`] gossip rounds (5 s in production) the owner publishes, per local pod, what its last scrape of the
-//! engine's `/metrics` said (`load:POD` = `v1 running=N waiting=N kv=PERMILLE`), through the
-//! [`LoadSource`] seam (the proxy's endpoints, which scrape every 200 ms).
+//! [`LOAD_ROUNDS`] gossip rounds (2.5 s in production) the owner publishes, per local pod,
+//! what its last scrape of the engine's `/metrics` said (`load:POD` =
+//! `v1 running=N waiting=N kv=PERMILLE`), through the [`LoadSource`] seam (the proxy's
+//! endpoints, which scrape every 200 ms).
 //!
 //! - **Change-driven, bounded.** A pod's value is set only when it differs from the last one
 //!   published, and at most once per period, so a steady pod costs nothing and a busy one at
@@ -28,7 +29,7 @@ use super::{
     membership::Membership,
 };
 
-/// How often a pod's load fact may change, in gossip rounds: 5 s at the production 1 s
+/// How often a pod's load fact may change, in gossip rounds: 2.5 s at the production 500 ms
 /// interval. Gossip spreads each change to every node, so the period bounds what loads cost
 /// the cluster: at most 8 pods x 70 bytes of key and value per period and node, received by
 /// every node.

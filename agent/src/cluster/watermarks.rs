@@ -13,7 +13,8 @@ use super::facts::Fact;
 use crate::kv_index::Watermark;
 
 /// The most often one pod's watermark is republished within an incarnation: two seconds,
-/// five production gossip rounds, so a moving watermark costs a fifth of a fact per round.
+/// four production gossip rounds (500 ms), so a moving watermark costs a quarter of a fact
+/// per round.
 pub const WATERMARK_EVERY: Duration = Duration::from_secs(2);
 
 /// The watermarks last published, per pod, and when.

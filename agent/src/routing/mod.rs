@@ -25,9 +25,10 @@
 //!
 //! A pod whose index is not trusted (unsure, stalled, no events yet, or a replica whose
 //! owner cannot vouch for it) is scored by the approximate signal instead: `matched_blocks`
-//! is replaced by its `history_blocks` (what this agent routed there recently), never
-//! counted as none. The decision says which signal its pod's prefix came from
-//! ([`PrefixSource`]). The approximate policy is the same rule with no index at all.
+//! is replaced by its `history_blocks` (what was routed there recently: by this agent, and in
+//! a cluster by its peers, whose placements it records), never counted as none. The decision
+//! says which signal its pod's prefix came from ([`PrefixSource`]). The approximate policy is
+//! the same rule with no index at all.
 
 mod history;
 pub mod scorers;
@@ -98,7 +99,8 @@ pub struct Candidate {
 pub enum PrefixSource {
     /// The KV index, built from the engine's own events (trusted).
     Index,
-    /// The routing history: what this agent sent there recently (the approximate signal).
+    /// The routing history: what was sent there recently, by this agent and (in a cluster)
+    /// its peers (the approximate signal).
     History,
 }
 
