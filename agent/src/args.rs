@@ -271,10 +271,17 @@ impl ClusterArgs {
             gossip_interval: crate::cluster::membership::DEFAULT_GOSSIP_INTERVAL,
             remote_endpoints: Vec::new(),
             replicate: crate::config::Replicate::Routed,
+            derived: crate::config::Derived {
+                gossip: true,
+                grpc: true,
+                host: None,
+            },
         }))
     }
 
-    /// Every flag given replaces its field of `config` (a list flag the whole list).
+    /// Every flag given replaces its field of `config` (a list flag the whole list); an
+    /// advertised address the section derived (not given) is derived again from the listen
+    /// address as the flags leave it, a given one stays unless its flag replaces it.
     fn put_over(&self, config: &mut crate::config::ClusterConfig) -> Result<(), ConfigError> {
         if let Some(id) = &self.cluster_id {
             config.id.clone_from(id);
@@ -283,14 +290,11 @@ impl ClusterArgs {
             config.node_id.clone_from(n);
         }
         if let Some(listen) = self.gossip_listen {
-            // An advertised address that was the listen address follows it.
-            if config.gossip_advertise == config.gossip_listen {
-                config.gossip_advertise = listen;
-            }
             config.gossip_listen = listen;
         }
         if let Some(a) = self.gossip_advertise {
             config.gossip_advertise = a;
+            config.derived.gossip = false;
         }
         if !self.seeds.is_empty() {
             config.seeds.clone_from(&self.seeds);
@@ -303,6 +307,7 @@ impl ClusterArgs {
         }
         if let Some(a) = self.grpc_advertise {
             config.grpc_advertise = Some(a);
+            config.derived.grpc = false;
         }
         if let Some(ms) = self.gossip_interval_ms {
             config.gossip_interval = std::time::Duration::from_millis(ms);
@@ -325,6 +330,7 @@ impl ClusterArgs {
         if !self.replicate.is_empty() {
             config.replicate = crate::config::Replicate::Pools(self.replicate.clone());
         }
+        config.derive_advertised();
         Ok(())
     }
 }
@@ -697,6 +703,8 @@ fn parse_redirect(s: &str) -> Result<Redirect, String> {
     Ok(Redirect { vip, target })
 }
 
+#[cfg(test)]
+mod cluster_tests;
 #[cfg(test)]
 mod tests {
     use super::*;

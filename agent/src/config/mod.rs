@@ -11,7 +11,8 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
 pub use admin::{AdminToken, MIN_TOKEN_LEN, read_token_file};
 pub use cluster::{
-    ClusterConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_GRPC_LISTEN, POD_IP_VAR, Replicate, host_name,
+    ClusterConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_GRPC_LISTEN, Derived, POD_IP_VAR, Replicate,
+    host_name,
 };
 pub use file::{load, parse, parse_in};
 pub use kubernetes::{

@@ -19,6 +19,7 @@ fn loopback() -> ClusterConfig {
         gossip_interval: Duration::from_secs(1),
         remote_endpoints: vec!["127.0.0.1:8001".into()],
         replicate: Replicate::Routed,
+        derived: Derived::default(),
     }
 }
 
@@ -104,6 +105,11 @@ fn the_file_section_parses_with_its_defaults() {
             gossip_interval: Duration::from_millis(250),
             remote_endpoints: vec!["127.0.0.1:8101".into(), "127.0.0.1:8200".into()],
             replicate: Replicate::Pools(vec!["chat".into()]),
+            derived: Derived {
+                gossip: true,
+                grpc: false,
+                host: None,
+            },
         }
     );
     assert!(cluster.replicated_remote("chat", "127.0.0.1:8101"));
