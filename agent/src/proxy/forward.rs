@@ -262,3 +262,6 @@ fn decision_reason(policy: Policy, prefix_blocks: usize) -> DecisionReason {
         Policy::Precise | Policy::Approximate => DecisionReason::Load,
     }
 }
+
+#[cfg(test)]
+mod tests;
