@@ -6,7 +6,7 @@
 //!
 //! - **Change-driven, bounded.** A pod's value is set only when it differs from the last one
 //!   published, and at most once per period, so a steady pod costs nothing and a busy one at
-//!   most one fact (at most 55 bytes of value) per period.
+//!   most one fact (at most 48 bytes of value) per period.
 //! - **Only what was measured.** A pod the source has no figure for (never scraped, scrape
 //!   failing) publishes nothing new; its last value stays until the pod leaves this agent's
 //!   pods, when the publisher (`pods`) retracts it with the pod's other facts. A pod no

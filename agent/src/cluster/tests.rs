@@ -24,7 +24,7 @@ use crate::kv_index::{IndexConfig, KvIndex, SourceId, SourceInfo};
 mod dynamic;
 mod health;
 
-/// Gossip interval under test (production: 1 s).
+/// Gossip interval under test (production: 500 ms, `DEFAULT_GOSSIP_INTERVAL`).
 const INTERVAL: Duration = Duration::from_millis(50);
 
 fn pod_id(i: usize) -> String {
