@@ -4,7 +4,7 @@
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use clap::{Args, Parser};
+use clap::Args;
 
 use super::{
     Error,
@@ -123,12 +123,6 @@ pub struct Row {
     /// Every TTFT, sorted (for the chart).
     #[serde(skip)]
     pub ttfts: Vec<f64>,
-}
-
-#[derive(Parser)]
-struct SimWrap {
-    #[command(flatten)]
-    sim: warmpath_sim::cli::SimArgs,
 }
 
 pub async fn run(args: CompareArgs) -> Result<(), Error> {
@@ -375,12 +369,7 @@ async fn run_target(
         ]
         .map(String::from),
     );
-    let sim = SimWrap::try_parse_from(sim_flags)
-        .map_err(|e| Error::Setup(e.to_string()))?
-        .sim;
-    let engines = warmpath_sim::cli::start(&sim)
-        .await
-        .map_err(|e| Error::Setup(format!("simulator: {e}")))?;
+    let (sim, engines) = super::process::start_fleet(sim_flags).await?;
     let result = match target {
         Target::Peer(peer) => run_peer(args, peer, plan, logs, phase, &engines, &sim.model).await,
         Target::Warmpath(policy) => {

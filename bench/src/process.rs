@@ -68,6 +68,31 @@ pub fn spawn_exe(
     spawn_logged(&mut command, &name, log, false)
 }
 
+/// Starts the simulator fleet that `flags` (`warmpath sim`'s, after a first `sim`) describe:
+/// its settings and its running engines.
+pub async fn start_fleet(
+    flags: Vec<String>,
+) -> Result<
+    (
+        warmpath_sim::cli::SimArgs,
+        Vec<warmpath_sim::fleet::RunningEngine>,
+    ),
+    Error,
+> {
+    #[derive(clap::Parser)]
+    struct SimWrap {
+        #[command(flatten)]
+        sim: warmpath_sim::cli::SimArgs,
+    }
+    let sim = <SimWrap as clap::Parser>::try_parse_from(flags)
+        .map_err(|e| Error::Setup(e.to_string()))?
+        .sim;
+    let engines = warmpath_sim::cli::start(&sim)
+        .await
+        .map_err(|e| Error::Setup(format!("simulator: {e}")))?;
+    Ok((sim, engines))
+}
+
 /// The flags every benchmark's simulator fleet starts with: `replicas` engines on free ports,
 /// timed by `profile` at `time_scale`.
 pub fn fleet_flags(replicas: u16, profile: &str, time_scale: f64) -> Vec<String> {

@@ -20,12 +20,16 @@
 
 use std::time::Duration;
 
-use clap::Parser;
 use serde_json::json;
 
 use super::histogram::{self, Buckets, Quantile};
 use crate::{
-    Error, agents::Agents, cluster_agents, logs::Logs, process::fleet_flags, progress::Phase,
+    Error,
+    agents::Agents,
+    cluster_agents,
+    logs::Logs,
+    process::{fleet_flags, start_fleet},
+    progress::Phase,
 };
 
 /// What to run.
@@ -78,12 +82,6 @@ pub struct LatencyFigures {
     pub placement_direct: Lag,
     pub placement_relayed: Lag,
     pub placement_all: Lag,
-}
-
-#[derive(Debug, Parser)]
-struct SimWrap {
-    #[command(flatten)]
-    sim: warmpath_sim::cli::SimArgs,
 }
 
 const DELTA: &str = "warmpath_cluster_delta_lag_seconds";
@@ -207,12 +205,7 @@ pub async fn run(s: &LatencySettings, logs: &Logs, phase: &Phase) -> Result<Late
         ]
         .map(String::from),
     );
-    let sim = SimWrap::try_parse_from(sim_flags)
-        .map_err(|e| Error::Setup(e.to_string()))?
-        .sim;
-    let engines = warmpath_sim::cli::start(&sim)
-        .await
-        .map_err(|e| Error::Setup(format!("simulator: {e}")))?;
+    let (sim, engines) = start_fleet(sim_flags).await?;
     let result = measure(s, logs, phase, &engines, &sim.model).await;
     for e in engines {
         e.shutdown();
