@@ -74,18 +74,11 @@ fn split_le(labels: &str) -> (Option<&str>, String) {
 impl Buckets {
     /// What `later` holds beyond `self` (an earlier scrape of the same series).
     pub fn since(&self, earlier: &Buckets) -> Buckets {
-        let before = |le: f64| {
-            earlier
-                .bounds
-                .iter()
-                .find(|(b, _)| *b == le)
-                .map_or(0, |(_, c)| *c)
-        };
         Buckets {
             bounds: self
                 .bounds
                 .iter()
-                .map(|&(le, c)| (le, c.saturating_sub(before(le))))
+                .map(|&(le, c)| (le, c.saturating_sub(earlier.at(le))))
                 .collect(),
             count: self.count.saturating_sub(earlier.count),
             sum: (self.sum - earlier.sum).max(0.0),
@@ -97,22 +90,23 @@ impl Buckets {
         if self.bounds.is_empty() {
             return other.clone();
         }
-        let theirs = |le: f64| {
-            other
-                .bounds
-                .iter()
-                .find(|(b, _)| *b == le)
-                .map_or(0, |(_, c)| *c)
-        };
         Buckets {
             bounds: self
                 .bounds
                 .iter()
-                .map(|&(le, c)| (le, c + theirs(le)))
+                .map(|&(le, c)| (le, c + other.at(le)))
                 .collect(),
             count: self.count + other.count,
             sum: self.sum + other.sum,
         }
+    }
+
+    /// The cumulative count at bound `le` (0 where this series has no such bound).
+    fn at(&self, le: f64) -> u64 {
+        self.bounds
+            .iter()
+            .find(|(b, _)| *b == le)
+            .map_or(0, |(_, c)| *c)
     }
 
     pub fn mean(&self) -> Option<f64> {
