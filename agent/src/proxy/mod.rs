@@ -22,6 +22,7 @@
 mod admin;
 pub mod admission;
 mod candidates;
+pub mod clients;
 mod error;
 mod forward;
 mod handle;
@@ -85,6 +86,9 @@ pub struct Proxy {
     pub sections: StatusSections,
     /// Set when the agent is told to stop: `/ready` answers 503 while requests drain.
     pub draining: std::sync::atomic::AtomicBool,
+    /// Which pods answered each intercepted client ([`clients`]); read by the kernel-table
+    /// writer.
+    clients: Arc<clients::ClientPods>,
     upstreams: upstream::Upstreams,
 }
 
@@ -133,7 +137,13 @@ impl Proxy {
             admission: admission::Admission::new(crate::config::Limits::default()),
             sections: StatusSections::default(),
             draining: std::sync::atomic::AtomicBool::new(false),
+            clients: Arc::new(clients::ClientPods::default()),
             upstreams: upstream::Upstreams::new(),
         }
+    }
+
+    /// The client-affinity learner: fed by answered requests on intercepted connections.
+    pub fn client_pods(&self) -> &Arc<clients::ClientPods> {
+        &self.clients
     }
 }
