@@ -9,6 +9,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::{args::AgentArgs, config::Config, ebpf};
 
 mod intercept;
+mod kernel_table;
 mod kubernetes;
 
 pub use intercept::{Interception, start_intercept, start_interception};

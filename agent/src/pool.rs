@@ -79,6 +79,9 @@ pub struct Endpoint {
     engine_running: AtomicU32,
     engine_kv_permille: AtomicU32,
     scraped: AtomicBool,
+    /// Scrapes failed in a row (reset by one that answers): the kernel table writer's sign
+    /// that a pod is gone although nothing routed to it (steer mode; docs/ebpf.md).
+    scrape_failures: AtomicU32,
     /// LoRA adapters the engine serves (`/v1/models` cards whose parent is the base model) and
     /// which are running or waiting (`vllm:lora_requests_info`).
     lora: parking_lot::RwLock<LoraInfo>,
@@ -201,6 +204,7 @@ impl Pool {
             engine_running: AtomicU32::new(0),
             engine_kv_permille: AtomicU32::new(0),
             scraped: AtomicBool::new(false),
+            scrape_failures: AtomicU32::new(0),
             lora: parking_lot::RwLock::new(LoraInfo::default()),
         })
     }
@@ -285,6 +289,17 @@ impl Endpoint {
             Ordering::Relaxed,
         );
         self.scraped.store(true, Ordering::Relaxed);
+        self.scrape_failures.store(0, Ordering::Relaxed);
+    }
+
+    /// Records a scrape that did not answer (or answered nothing usable).
+    pub fn note_scrape_failure(&self) {
+        self.scrape_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Scrapes failed in a row since the last one that answered.
+    pub fn scrape_failures(&self) -> u32 {
+        self.scrape_failures.load(Ordering::Relaxed)
     }
 
     /// The engine's KV cache usage, 0..1 (0 before the first scrape).

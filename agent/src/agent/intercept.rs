@@ -1,16 +1,19 @@
 //! Transparent interception while the agent runs: the eBPF programs loaded, attached and
-//! pinned with the `--redirect` rules, steer mode, and on Kubernetes the intercepted VIPs
-//! kept equal to the watched Services' (docs/ebpf.md, docs/install.md).
+//! pinned with the `--redirect` rules, steer mode, the kernel's affinity and backend tables
+//! kept equal to what the proxy learned ([`super::kernel_table`]), and on Kubernetes the
+//! intercepted VIPs kept equal to the watched Services' (docs/ebpf.md, docs/install.md).
 
-use super::{Error, Routing, pin_dir};
+use super::{Error, Routing, kernel_table, pin_dir};
 use crate::{args::AgentArgs, ebpf};
 
-/// Transparent interception while it runs: the attached programs and, on Kubernetes, the
-/// task that keeps the intercepted VIPs equal to the watched Services'.
+/// Transparent interception while it runs: the attached programs, the kernel table writer
+/// and, on Kubernetes, the task that keeps the intercepted VIPs equal to the watched
+/// Services'.
 #[derive(Debug)]
 pub struct Interception {
     pub redirector: std::sync::Arc<parking_lot::Mutex<ebpf::Redirector>>,
     _services: Option<AbortOnDrop>,
+    _table: Option<AbortOnDrop>,
 }
 
 /// Starts interception when there is anything to intercept: `--redirect` rules, or Services
@@ -42,6 +45,10 @@ pub fn start_interception(
         (Err(err), _) => return Err(err),
     };
     let redirector = std::sync::Arc::new(parking_lot::Mutex::new(redirector));
+    let table = routing.map(|routing| {
+        let vips = vip_source(args, routing, services.clone(), target);
+        start_table(&redirector, routing, vips)
+    });
     let services = match (services, routing) {
         (Some(services), Some(_)) => Some(AbortOnDrop(tokio::spawn(sync_intercepts(
             redirector.clone(),
@@ -54,7 +61,57 @@ pub fn start_interception(
     Ok(Some(Interception {
         redirector,
         _services: services,
+        _table: table,
     }))
+}
+
+/// Writes the first kernel table now (so steered VIPs have their backend sets before this
+/// returns), then every [`kernel_table::TABLE_INTERVAL`]; its counters go to `/status`
+/// (`kernel_table`).
+fn start_table(
+    redirector: &std::sync::Arc<parking_lot::Mutex<ebpf::Redirector>>,
+    routing: &Routing,
+    vips: kernel_table::VipSource,
+) -> AbortOnDrop {
+    let mut writer = kernel_table::Writer::new(redirector.clone(), routing.proxy.clone(), vips);
+    writer.round(std::time::Instant::now());
+    let report = writer.report();
+    routing.proxy.sections.set(
+        "kernel_table",
+        std::sync::Arc::new(move || report.status()),
+    );
+    AbortOnDrop(tokio::spawn(writer.run()))
+}
+
+/// The intercepted VIPs, each with its pool: a `--redirect` VIP goes with the first pool (the
+/// one that takes requests without a model), a Service's with the pool its entry names
+/// (Services of the other family than the listener are not intercepted).
+fn vip_source(
+    args: &AgentArgs,
+    routing: &Routing,
+    services: Option<tokio::sync::watch::Receiver<Vec<crate::k8s::services::InterceptedService>>>,
+    target: std::net::SocketAddr,
+) -> kernel_table::VipSource {
+    let fixed: Vec<std::net::SocketAddr> = args.redirects.iter().map(|r| r.vip).collect();
+    let pools: Vec<String> = routing.proxy.pools.iter().map(|p| p.name.clone()).collect();
+    Box::new(move || {
+        let mut vips: Vec<(std::net::SocketAddr, usize)> =
+            fixed.iter().map(|vip| (*vip, 0)).collect();
+        if let Some(services) = &services {
+            for s in services.borrow().iter() {
+                let Some(pool) = pools.iter().position(|p| *p == s.pool) else {
+                    continue;
+                };
+                vips.extend(
+                    s.vips
+                        .iter()
+                        .filter(|vip| vip.is_ipv4() == target.is_ipv4() && !fixed.contains(vip))
+                        .map(|vip| (*vip, pool)),
+                );
+            }
+        }
+        vips
+    })
 }
 
 /// Aborts a task when dropped.
@@ -193,8 +250,8 @@ pub fn start_intercept(args: &AgentArgs) -> Result<ebpf::Redirector, Error> {
     Ok(redirector)
 }
 
-/// Steer mode for each `--steer` VIP: its backend set is the `--endpoint` pods of its address
-/// family (IP literals, at most `BACKENDS_MAX`), chosen uniformly in the kernel.
+/// Steer mode for each `--steer` VIP (which must be intercepted): connects go straight to a
+/// pod from the kernel table ([`kernel_table`]) while it has an entry, else through the agent.
 fn steer(args: &AgentArgs, redirector: &mut ebpf::Redirector) -> Result<(), Error> {
     for vip in &args.steer {
         if !args.redirects.iter().any(|r| r.vip == *vip) {
@@ -202,46 +259,13 @@ fn steer(args: &AgentArgs, redirector: &mut ebpf::Redirector) -> Result<(), Erro
                 "--steer {vip}: not intercepted (add --redirect {vip}=LISTENER)"
             )));
         }
-        let pods: Vec<std::net::SocketAddr> = args
-            .endpoints
-            .iter()
-            .filter_map(|url| endpoint_addr(url))
-            .filter(|pod| pod.is_ipv4() == vip.is_ipv4())
-            .take(warmpath_common::BACKENDS_MAX)
-            .collect();
-        if pods.is_empty() {
+        if args.endpoints.is_empty() && args.config.is_none() {
             return Err(Error::Config(format!(
-                "--steer {vip}: no --endpoint with an IP address of the same family to steer to"
+                "--steer {vip}: no pods to steer to (give --endpoint URLs or --config FILE)"
             )));
         }
-        redirector.failopen().set_backends(*vip, &pods)?;
         redirector.set_steer(*vip, true)?;
-        tracing::info!(%vip, ?pods, "steering in the kernel");
+        tracing::info!(%vip, "steering in the kernel");
     }
     Ok(())
-}
-
-/// The `IP:PORT` of an `http://IP:PORT[/...]` endpoint URL (`None` for host names).
-fn endpoint_addr(url: &str) -> Option<std::net::SocketAddr> {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    rest.split('/').next()?.parse().ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::endpoint_addr;
-
-    #[test]
-    fn endpoint_urls_with_ip_literals_give_addresses() {
-        assert_eq!(
-            endpoint_addr("http://10.231.0.3:8000"),
-            Some("10.231.0.3:8000".parse().unwrap())
-        );
-        assert_eq!(
-            endpoint_addr("http://[fd00:231::3]:8000/v1"),
-            Some("[fd00:231::3]:8000".parse().unwrap())
-        );
-        assert_eq!(endpoint_addr("http://vllm-0.vllm:8000"), None);
-        assert_eq!(endpoint_addr("http://10.0.0.1"), None);
-    }
 }

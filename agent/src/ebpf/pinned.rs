@@ -21,7 +21,10 @@ use warmpath_common::{
     EXCLUDED_MAP, Endpoint, HEARTBEAT_MAP, ORIG_DST_MAP, SERVICES_MAP, STEER_MAP,
 };
 
-use super::{Error, origins::endpoint};
+use super::{
+    Error,
+    origins::{endpoint, socket_addr},
+};
 
 /// Every map the object declares; all are pinned.
 pub const MAPS: [&str; 9] = [
@@ -218,6 +221,57 @@ impl FailOpen {
                 source,
             })
     }
+
+    /// Drops a VIP's backend set (absent is not an error).
+    pub fn remove_backends(&mut self, vip: SocketAddr) -> Result<(), Error> {
+        match self.backends.remove(&endpoint(vip)) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(Error::Map {
+                name: BACKENDS_MAP,
+                source,
+            }),
+        }
+    }
+
+    /// Every affinity entry in the map now — (cgroup id, VIP) -> pods, a pod listed as
+    /// often as it is in the entry — e.g. what an earlier agent wrote (pinned maps). Entries
+    /// that do not decode are left out.
+    pub fn affinity_entries(&self) -> Result<Vec<((u64, SocketAddr), Vec<SocketAddr>)>, Error> {
+        let map = |source| Error::Map {
+            name: AFFINITY_MAP,
+            source,
+        };
+        let mut out = Vec::new();
+        for item in self.affinity.iter() {
+            let (key, set) = item.map_err(map)?;
+            if let Some(vip) = socket_addr(&key.vip) {
+                out.push(((key.cgroup_id, vip), pods_of(&set)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every backend set in the map now (VIP -> pods), as [`FailOpen::affinity_entries`].
+    pub fn backends_entries(&self) -> Result<Vec<(SocketAddr, Vec<SocketAddr>)>, Error> {
+        let map = |source| Error::Map {
+            name: BACKENDS_MAP,
+            source,
+        };
+        let mut out = Vec::new();
+        for item in self.backends.iter() {
+            let (vip, set) = item.map_err(map)?;
+            if let Some(vip) = socket_addr(&vip) {
+                out.push((vip, pods_of(&set)));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The pods of a set, in slot order (at most its `len`, undecodable slots left out).
+fn pods_of(set: &Backends) -> Vec<SocketAddr> {
+    let len = (set.len as usize).min(BACKENDS_MAX);
+    set.pods[..len].iter().filter_map(socket_addr).collect()
 }
 
 fn backends(vip: SocketAddr, pods: &[SocketAddr]) -> Result<Backends, Error> {

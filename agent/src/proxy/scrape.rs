@@ -41,14 +41,18 @@ pub async fn scrape_loop(proxy: Arc<Proxy>) {
             async move {
                 match tokio::time::timeout(SCRAPE_TIMEOUT, fetch(&proxy, &e.metrics_url)).await {
                     Ok(Some(page)) => {
-                        if let Some((waiting, running, kv)) = parse(&page) {
-                            e.set_engine_load(waiting, running, kv);
+                        match parse(&page) {
+                            Some((waiting, running, kv)) => e.set_engine_load(waiting, running, kv),
+                            None => e.note_scrape_failure(),
                         }
                         if let Some((running, waiting)) = parse_lora(&page) {
                             e.set_adapter_activity(running, waiting);
                         }
                     }
-                    _ => tracing::debug!(endpoint = %e.authority, "metrics scrape failed"),
+                    _ => {
+                        e.note_scrape_failure();
+                        tracing::debug!(endpoint = %e.authority, "metrics scrape failed");
+                    }
                 }
                 if round % MODELS_EVERY == 0
                     && let Ok(Some(page)) = tokio::time::timeout(
