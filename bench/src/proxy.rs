@@ -523,6 +523,7 @@ fn decision(tokens: usize) {
             history_blocks: 0,
             lora: warmpath_agent::routing::LoraState::NotApplicable,
             excluded: false,
+            timing: Default::default(),
         })
         .collect();
     let rotation = std::sync::atomic::AtomicUsize::new(0);

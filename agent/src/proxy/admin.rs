@@ -183,14 +183,16 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
             pods.push(
                 serde_json::json!({"pool": p.name, "load": e.snapshot(), "index": index,
                 "lora": e.lora_info(), "prefix_weight": u8::from(trusted),
-                "prefix_source": prefix_source}),
+                "prefix_source": prefix_source, "ttft_model": p.calibration.pod_status(e.serial)}),
             );
         }
         pools.push(serde_json::json!({"name": p.name, "model": p.pool.model,
             "policy": format!("{:?}", p.pool.policy.kind), "weights": p.pool.policy.weights,
             "block_size": p.pool.block_size, "tokens": p.tokens.name(), "upstream": p.protocol.as_str(),
             "endpoints": endpoints.len(), "unkeyed": p.unkeyed.counts(),
-            "unkeyed_first_error": p.unkeyed.first_errors()}));
+            "unkeyed_first_error": p.unkeyed.first_errors(),
+            "ttft_prediction": p.calibration.status(),
+            "hot_prefixes_tracked": p.replication.lock().tracked()}));
     }
     let first = &proxy.pools[0].pool;
     let mut v = serde_json::json!({"model": first.model, "policy": format!("{:?}", first.policy.kind),

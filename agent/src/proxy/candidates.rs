@@ -4,7 +4,8 @@
 //! [`crate::routing::rank`]'s, which scores a pod whose index is not trusted (unsure,
 //! stalled, waiting, a replica its owner cannot vouch for) by its history instead. The
 //! approximate policy reads no index: every pod is scored by its history.
-//! The route receipt's `available` figure is read from them too ([`available_blocks`]).
+//! The route receipt's `available` figure is read from them too ([`available_blocks`]), and
+//! each carries its pod's calibrated TTFT coefficients ([`super::calibration`]).
 
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use super::pools::PoolRuntime;
 use crate::{
     kv_index::KvIndex,
     pool::Endpoint,
-    routing::{self, Candidate, EndpointId, Policy, RequestCtx},
+    routing::{self, BlockTiming, Candidate, EndpointId, Policy, RequestCtx},
 };
 
 /// The candidates, on the stack for pools of up to `routing::INLINE` endpoints.
@@ -68,6 +69,7 @@ pub fn candidates(
                 // A LoRA request only goes where the adapter is served; nothing goes where
                 // membership says not to.
                 excluded: !e.routable() || ctx.lora.as_deref().is_some_and(|l| !e.serves(l)),
+                timing: BlockTiming::new(runtime.calibration.timing(e.serial), pool.block_size),
             }
         })
         .collect()

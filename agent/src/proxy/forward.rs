@@ -18,6 +18,7 @@ use http::StatusCode;
 
 use super::{
     Proxy, ProxyError,
+    calibration::Prediction,
     candidates::{available_blocks, candidates},
     pools::PoolRuntime,
     record::Attempt,
@@ -29,7 +30,12 @@ use crate::{
     http::{Answer, Outgoing, RequestHead},
     policy::{compiled::Action, resources::FailureMode},
     pool::{Endpoint, InFlight},
-    routing::{Candidate, Decision, Policy, RequestCtx, rank},
+    routing::{
+        Candidate, Decision, Policy, RequestCtx,
+        cost::Features,
+        rank,
+        replication::{MAX_HOMES, Pod},
+    },
     telemetry::{DecisionReason, Receipt},
 };
 
@@ -69,9 +75,12 @@ pub async fn forward(
     // Built only when an attempt fails (an error's message is a heap string).
     let mut last_error = None;
     for n in 0..=retries {
-        let Some(decision) = rank(policy, ctx, &candidates, &pool.rotation) else {
+        let Some(mut decision) = rank(policy, ctx, &candidates, &pool.rotation) else {
             break;
         };
+        if n == 0 && matches!(policy.kind, Policy::Precise | Policy::Approximate) {
+            replicate(runtime, ctx, &candidates, available, &mut decision);
+        }
         let chosen = decision.ranked[0];
         let endpoint = &endpoints[chosen.0];
         let uncached = ctx.keys.len().saturating_sub(decision.prefix_blocks) as u64;
@@ -106,6 +115,15 @@ pub async fn forward(
             }
         };
         tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), first_key = ctx.keys.first().map_or(0, |k| k.0), "routing decision");
+        // The chosen pod as the cost model saw it, before this request joins its queue.
+        let features = {
+            let c = &candidates[chosen.0];
+            Features {
+                work_tokens: tokens(c.queued_prefill_blocks as usize) as f64
+                    + tokens(uncached as usize) as f64,
+                running: f64::from(c.in_flight),
+            }
+        };
         let guard = endpoint.start(uncached);
         if n == 0 {
             // The attempt starts when the body has been read.
@@ -149,6 +167,12 @@ pub async fn forward(
                 attempt.receipt = Some(Receipt {
                     available: tokens(available),
                     captured: tokens(decision.prefix_blocks),
+                });
+                attempt.prediction = Some(Prediction {
+                    calibration: runtime.calibration.clone(),
+                    serial: endpoint.serial,
+                    features,
+                    predicted: decision.predicted_ttft(),
                 });
                 let answered = Answered {
                     endpoint,
@@ -212,7 +236,11 @@ fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<
             "x-warmpath-prefix-source",
             a.decision.prefix_source.as_str().to_string(),
         );
-        set("x-warmpath-score", format!("{:.3}", a.decision.score));
+        set("x-warmpath-score", format!("{:.6}", a.decision.score));
+        set(
+            "x-warmpath-predicted-ttft-ms",
+            format!("{:.1}", a.decision.predicted_ttft() * 1000.0),
+        );
         if let Some(r) = attempt.receipt {
             set("x-warmpath-available-tokens", r.available.to_string());
             set("x-warmpath-captured-tokens", r.captured.to_string());
@@ -239,6 +267,50 @@ fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<
         extra,
         body: Tracked::boxed(resp.body, a.guard, observer),
     }
+}
+
+/// Hot-prefix replication ([`crate::routing::replication`]): the request's prefix demand is
+/// counted, and a hot prefix's request goes to its homes first — to a new home first when
+/// replication adds one (which warms it).
+fn replicate(
+    runtime: &PoolRuntime,
+    ctx: &RequestCtx,
+    candidates: &[Candidate],
+    available: usize,
+    decision: &mut Decision,
+) {
+    let mut replication = runtime.replication.lock();
+    let Some(key) = replication.key(&ctx.keys, available) else {
+        return;
+    };
+    let depth = available.min(ctx.keys.len());
+    let pods: smallvec::SmallVec<[Pod; crate::routing::INLINE]> = decision
+        .ranked
+        .iter()
+        .zip(&decision.predicted)
+        .map(|(id, &predicted)| {
+            let c = &candidates[id.0];
+            Pod {
+                affinity: c.affinity,
+                holds: c.prefix().0 >= depth,
+                predicted,
+            }
+        })
+        .collect();
+    let advice = replication.observe(key, Instant::now(), &pods);
+    drop(replication);
+    let of = |affinity: u64| candidates.iter().find(|c| c.affinity == affinity);
+    if !advice.homes.is_empty() {
+        let homes: smallvec::SmallVec<[u64; MAX_HOMES]> = advice.homes.clone();
+        decision.prefer(|id| homes.contains(&candidates[id.0].affinity));
+    }
+    if let Some(c) = advice.warm.and_then(of) {
+        decision.promote(c.id);
+    }
+    let first = &candidates[decision.ranked[0].0];
+    let (blocks, source) = first.prefix();
+    decision.prefix_blocks = blocks.min(ctx.keys.len());
+    decision.prefix_source = source;
 }
 
 /// Whether any candidate can be scored as `policy` scores: a prefix-cache preset needs a pod

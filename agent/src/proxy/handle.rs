@@ -74,6 +74,7 @@ pub(super) async fn respond(
         queue: None,
         retries: 0,
         receipt: None,
+        prediction: None,
         quota: None,
     };
     tracing::trace!(tenant = %tenant, ?via, "tenant");

@@ -21,6 +21,7 @@
 
 mod admin;
 pub mod admission;
+mod calibration;
 mod candidates;
 pub mod clients;
 mod error;

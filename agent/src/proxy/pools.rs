@@ -9,12 +9,12 @@ use std::sync::{
     atomic::{AtomicUsize, Ordering},
 };
 
-use super::{Proxy, TokenSource, unkeyed::UnkeyedCounts};
+use super::{Proxy, TokenSource, calibration::Calibration, unkeyed::UnkeyedCounts};
 use crate::{
     kv_index::{PlacementSink, RouterKey, SourceId},
     policy::compiled::PoolBase,
     pool::{Pool, UpstreamProtocol},
-    routing::SessionSource,
+    routing::{SessionSource, replication::Replication},
     telemetry::PoolId,
 };
 
@@ -32,6 +32,10 @@ pub struct PoolRuntime {
     pub protocol: UpstreamProtocol,
     /// Requests routed without prefix keys, by reason.
     pub unkeyed: UnkeyedCounts,
+    /// Each pod's TTFT model and the pool's prediction errors.
+    pub calibration: Arc<Calibration>,
+    /// The pool's hot prefixes and their homes.
+    pub replication: parking_lot::Mutex<Replication>,
 }
 
 impl PoolRuntime {
@@ -71,6 +75,8 @@ impl Proxy {
             tokenize_cursor: AtomicUsize::new(0),
             protocol: UpstreamProtocol::default(),
             unkeyed: UnkeyedCounts::new(name),
+            calibration: Arc::default(),
+            replication: Default::default(),
         });
         self.pools.last_mut().expect("a pool was just pushed")
     }

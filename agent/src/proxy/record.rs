@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use super::calibration::Prediction;
 use crate::{
     policy::quota::QuotaPermit,
     telemetry::{Outcome, PoolId, Receipt, RequestRecord, Telemetry, Tenant, TokenUsage},
@@ -27,6 +28,9 @@ pub struct Attempt {
     /// The prefix available and captured when the pod that answered was picked ([`Receipt`];
     /// set by [`super::forward`], none for the proxy's own answers).
     pub receipt: Option<Receipt>,
+    /// What the decision that picked the pod that answered predicted of its TTFT (set by
+    /// [`super::forward`]); checked against the measured TTFT of a stream when it ends.
+    pub prediction: Option<Prediction>,
     /// The tenant's quota permit (a stream slot, charges settled from the engine's usage
     /// when the request ends); shared by the clones an answer's body carries.
     pub quota: Option<Arc<parking_lot::Mutex<QuotaPermit>>>,
@@ -53,6 +57,12 @@ impl Attempt {
     pub fn record(&self, telemetry: &Telemetry, end: Ending<'_>) {
         if let (Some(q), Some(u)) = (&self.quota, &end.usage) {
             q.lock().settle(u.prompt, u.completion, end.at);
+        }
+        if let (Some(p), Some(ttft), true) = (&self.prediction, end.ttft, end.streamed) {
+            // From the upstream request, as the decision saw it.
+            let measured = ttft.saturating_sub(self.queue.unwrap_or_default());
+            let error = p.calibration.check(p, measured.as_secs_f64());
+            telemetry.record_prediction_error(self.pool, error);
         }
         telemetry.record(
             &self.tenant,

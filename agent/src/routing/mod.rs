@@ -2,26 +2,35 @@
 //! combined by the pool's policy. Pure: no I/O, no index writes; the proxy records after the
 //! pick.
 //!
-//! The precise policy minimises a cost in blocks of prefill work — the request's uncached
-//! blocks on that pod plus the prefill work already queued there:
+//! The prefix presets (precise, approximate) minimise a cost in **seconds**: the time to first
+//! token the request is predicted to wait on that pod ([`cost`]), plus what its prefill does
+//! to others there and the pull of the prefix's home:
 //!
 //! ```text
-//! uncached  = prompt_blocks - matched_blocks(pod)
-//! cost(pod) = uncached + queued_prefill_blocks(pod)
-//!           + 2 x (prompt_blocks - history_blocks(pod)) + 4 x in_flight(pod)
-//!           + uncached x in_flight(pod)
+//! uncached     = prompt_blocks - matched_blocks(pod)
+//! ttft(pod)    = (uncached + queued_prefill_blocks(pod)) x secs_per_block(pod)
+//!              + in_flight(pod) x secs_per_running(pod) + base(pod)
+//! cost(pod)    = ttft(pod)
+//!              + uncached x in_flight(pod) x secs_per_block(pod)             (stall)
+//!              + 2 x (prompt_blocks - history_blocks(pod)) x secs_per_block(pod) (home)
+//!              + 4 x in_flight(pod) x secs_per_block(pod)                    (spread)
 //! ```
 //!
-//! The third term is the pull of a prefix's home (where this proxy last sent it): when the
-//! prefix was evicted everywhere it returns there instead of being duplicated into whichever
-//! cache is idlest. The last is the stall a prefill imposes on the pod's other requests:
-//! chunked prefill shares every batch step with them, so each of them waits for the
-//! uncached blocks too — a cold prompt goes where the fewest requests would wait for it,
-//! while a warm one (few uncached blocks) keeps its affinity.
+//! `secs_per_block`, `secs_per_running` and `base` are the pod's own, calibrated online from
+//! the TTFTs it answered with (the proxy's `calibration`); every scorer's cost in blocks of
+//! prefill work is turned into seconds at that pod's prefill rate, and a `--weight` scales
+//! its term. The stall term is the charge for the batch a prefill joins: chunked prefill
+//! shares every step with the pod's running requests, so each of them waits for the uncached
+//! blocks too — a cold prompt goes where the fewest requests would wait for it, while a warm
+//! one (few uncached blocks) keeps its affinity. The home term is the pull of a prefix's home
+//! (where this proxy last sent it): when the prefix was evicted everywhere it returns there
+//! instead of being duplicated into whichever cache is idlest. The spread term keeps cold
+//! requests from piling onto one pod between scrapes (measured: docs/benchmarks.md).
 //!
-//! Affinity wins while the pod holding the prefix is not already busier (in prefill blocks)
-//! than recomputing the prefix elsewhere would be; so it can never pile requests onto an
-//! overloaded pod.
+//! Affinity wins while the pod holding the prefix is not already busier than recomputing the
+//! prefix elsewhere would be; so it can never pile requests onto an overloaded pod. A hot
+//! prefix that outgrows its home is replicated deliberately instead of spilling request by
+//! request ([`replication`]).
 //!
 //! A pod whose index is not trusted (unsure, stalled, no events yet, or a replica whose
 //! owner cannot vouch for it) is scored by the approximate signal instead: `matched_blocks`
@@ -30,13 +39,16 @@
 //! says which signal its pod's prefix came from ([`PrefixSource`]). The approximate policy is
 //! the same rule with no index at all.
 
+pub mod cost;
 mod history;
+pub mod replication;
 pub mod scorers;
 pub mod session;
 
 use smallvec::SmallVec;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+pub use cost::Timing;
 pub use history::History;
 use scorers::{ScoreCtx, Scorer};
 pub use session::{DEFAULT_SESSION_HEADER, SessionSource};
@@ -92,6 +104,33 @@ pub struct Candidate {
     pub lora: LoraState,
     /// Excluded (failed earlier in this request's retries).
     pub excluded: bool,
+    /// The pod's calibrated TTFT coefficients, per block of prefill ([`BlockTiming`]).
+    pub timing: BlockTiming,
+}
+
+/// A pod's [`Timing`] with prefill in seconds per block (tokens per block x per token).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockTiming {
+    pub secs_per_block: f64,
+    pub secs_per_running: f64,
+    pub base: f64,
+}
+
+impl BlockTiming {
+    pub fn new(t: Timing, block_size: usize) -> Self {
+        Self {
+            secs_per_block: t.secs_per_token * block_size as f64,
+            secs_per_running: t.secs_per_running,
+            base: t.base,
+        }
+    }
+}
+
+impl Default for BlockTiming {
+    /// The prior at 16 tokens per block (vLLM's default).
+    fn default() -> Self {
+        Self::new(Timing::PRIOR, 16)
+    }
 }
 
 /// Which signal a candidate's prefix comes from.
@@ -131,7 +170,7 @@ impl Candidate {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
-    /// Prefix-cache aware, load-balanced in blocks of prefill work (warmpath's default).
+    /// Prefix-cache aware, by predicted time to first token in seconds (warmpath's default).
     Precise,
     /// The same cost rule, with prefixes guessed from routing history instead of KV events
     /// (what routers without an event index do).
@@ -144,7 +183,9 @@ pub enum Policy {
     Session,
 }
 
-/// Scorer weights: the cost of a candidate is `sum(weight x scorer cost)`.
+/// Scorer weights: the cost of a candidate is `sum(weight x scorer cost)`; under the prefix
+/// presets each scorer's cost in blocks is turned into seconds at the pod's prefill rate, and
+/// `queue` also weighs the pod's calibrated time per running request.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Weights {
@@ -321,8 +362,51 @@ pub struct Decision {
     pub prefix_blocks: usize,
     /// Where `prefix_blocks` came from.
     pub prefix_source: PrefixSource,
-    /// The chosen endpoint's cost (scorers) or rotation position.
+    /// The chosen endpoint's cost (seconds under the prefix presets) or rotation position.
     pub score: f64,
+    /// The cost model's TTFT for the request on each of `ranked`, in the same order, seconds.
+    pub predicted: SmallVec<[f64; INLINE]>,
+    /// Each of `ranked`'s cost, in the same order (`score` is the first).
+    pub costs: SmallVec<[f64; INLINE]>,
+}
+
+impl Decision {
+    /// Predicted TTFT on the chosen endpoint, seconds.
+    pub fn predicted_ttft(&self) -> f64 {
+        self.predicted.first().copied().unwrap_or(0.0)
+    }
+
+    /// Moves `id` to the front (replication warming a new home), keeping the others' order.
+    pub fn promote(&mut self, id: EndpointId) {
+        if let Some(i) = self.ranked.iter().position(|&r| r == id) {
+            self.ranked[..=i].rotate_right(1);
+            self.predicted[..=i].rotate_right(1);
+            self.costs[..=i].rotate_right(1);
+            self.score = self.costs[0];
+        }
+    }
+
+    /// Moves the endpoints `keep` accepts ahead of the rest, each group in its order.
+    pub fn prefer(&mut self, keep: impl Fn(EndpointId) -> bool) {
+        let mut rows: SmallVec<[(EndpointId, f64, f64); INLINE]> = (0..self.ranked.len())
+            .map(|i| (self.ranked[i], self.predicted[i], self.costs[i]))
+            .collect();
+        // Stable: each group keeps its cost order.
+        rows.sort_by_key(|r| !keep(r.0));
+        self.ranked = rows.iter().map(|r| r.0).collect();
+        self.predicted = rows.iter().map(|r| r.1).collect();
+        self.costs = rows.iter().map(|r| r.2).collect();
+        self.score = self.costs[0];
+    }
+}
+
+/// The cost model's TTFT for the request on `c`, seconds ([`cost`]).
+pub fn predict(ctx: &ScoreCtx<'_>, c: &Candidate) -> f64 {
+    let uncached = (ctx.total_blocks - ctx.matched(c)) as f64;
+    let t = c.timing;
+    (uncached + c.queued_prefill_blocks as f64) * t.secs_per_block
+        + f64::from(c.in_flight) * t.secs_per_running
+        + t.base
 }
 
 /// Ranks candidates under `policy`. `rotation` is the round-robin cursor.
@@ -353,6 +437,15 @@ pub fn rank(
         for (scorer, weight) in policy.weights.active() {
             scorer.add_costs(&sctx, &live, weight, &mut costs);
         }
+        if matches!(policy.kind, Policy::Precise | Policy::Approximate) {
+            // Blocks of prefill work -> seconds on that pod, plus the rest of its TTFT.
+            for (c, cost) in live.iter().zip(costs.iter_mut()) {
+                let t = c.timing;
+                *cost = *cost * t.secs_per_block
+                    + policy.weights.queue * f64::from(c.in_flight) * t.secs_per_running
+                    + t.base;
+            }
+        }
     }
     // Ties: fewer in flight, then a rotating offset so equal pods share the load.
     let offset = rotation.load(Ordering::Relaxed);
@@ -372,6 +465,8 @@ pub fn rank(
         prefix_blocks: sctx.matched(live[best]),
         prefix_source: live[best].prefix().1,
         score: costs[best],
+        predicted: order.iter().map(|&i| predict(&sctx, live[i])).collect(),
+        costs: order.iter().map(|&i| costs[i]).collect(),
     })
 }
 
@@ -391,6 +486,7 @@ mod tests {
             history_blocks: 0,
             lora: LoraState::NotApplicable,
             excluded: false,
+            timing: BlockTiming::default(),
         }
     }
 
@@ -468,8 +564,13 @@ mod tests {
             (d.ranked[0], d.prefix_blocks, d.prefix_source),
             (EndpointId(1), 80, PrefixSource::History)
         );
-        // Cost: 20 uncached + 2 x 20 away from home; the cold pod: 100 + 2 x 100.
-        assert_eq!(d.score, 60.0);
+        // Cost: 20 uncached + 2 x 20 away from home, at the prior's 1.6 ms per block, + 20 ms
+        // base; the cold pod: 100 + 2 x 100 blocks.
+        assert!(
+            (d.score - (60.0 * 0.0016 + 0.02)).abs() < 1e-12,
+            "{}",
+            d.score
+        );
         // Level on history, a trusted pod holding more by its index wins (5 + 40), and
         // says its prefix is the index's.
         let mut warm = cand(0, 95, 0, 0);
@@ -653,6 +754,41 @@ mod tests {
             "190 queued blocks do not outweigh it"
         );
         assert_eq!(first(230), EndpointId(0), "230 queued blocks outweigh it");
+    }
+
+    #[test]
+    fn the_cost_is_predicted_seconds_on_each_pods_own_calibration() {
+        let rr = AtomicUsize::new(0);
+        // Both cold for a 100-block prompt. Pod 0 prefills 16k tokens/s (1 ms per 16-token
+        // block), pod 1 4k tokens/s (4 ms per block) but has nothing running.
+        let mut fast = cand(0, 0, 20, 2);
+        fast.timing = BlockTiming {
+            secs_per_block: 0.001,
+            secs_per_running: 0.005,
+            base: 0.01,
+        };
+        let mut slow = cand(1, 0, 0, 0);
+        slow.timing = BlockTiming {
+            secs_per_block: 0.004,
+            secs_per_running: 0.005,
+            base: 0.01,
+        };
+        let d = rank(Policy::Precise, &ctx(100), &[fast, slow], &rr).unwrap();
+        // Fast: (100 + 20) x 1 ms + 2 x 5 ms + 10 ms = 140 ms predicted; its cost adds the
+        // stall (100 x 2 x 1 ms), home (2 x 100 x 1 ms) and spread (4 x 2 x 1 ms): 548 ms.
+        // Slow: 100 x 4 ms + 10 ms = 410 ms; + home 800 ms = 1,210 ms.
+        assert_eq!(d.ranked[0], EndpointId(0));
+        assert!((d.predicted_ttft() - 0.140).abs() < 1e-12);
+        assert!((d.predicted[1] - 0.410).abs() < 1e-12);
+        assert!((d.score - 0.548).abs() < 1e-12, "{}", d.score);
+        // Replication moving the slow pod first keeps each row's figures with its pod.
+        let mut moved = d.clone();
+        moved.promote(EndpointId(1));
+        assert_eq!(moved.ranked.as_slice(), [EndpointId(1), EndpointId(0)]);
+        assert!((moved.predicted_ttft() - 0.410).abs() < 1e-12);
+        assert!((moved.score - 1.210).abs() < 1e-12);
+        moved.prefer(|id| id == EndpointId(0));
+        assert_eq!(moved, d);
     }
 
     #[test]

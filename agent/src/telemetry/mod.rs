@@ -373,6 +373,21 @@ impl Telemetry {
             });
     }
 
+    /// Records the cost model's absolute TTFT prediction error for one stream of `pool`.
+    pub fn record_prediction_error(&self, pool: PoolId, error_secs: f64) {
+        let key = SeriesKey {
+            kind: series::POOL,
+            tenant: 0,
+            pool: pool.0,
+            pod: None,
+        };
+        self.sources
+            .cells
+            .with(key, &series::POOL_LAYOUT, Labels::default, |c| {
+                c.histograms[series::PREDICTION_ERROR].record(error_secs);
+            });
+    }
+
     /// Records one finished request for `tenant`.
     pub fn record(&self, tenant: &Tenant, rec: &RequestRecord<'_>) {
         let pod = rec.pod.filter(|_| self.pod_attribute);

@@ -707,7 +707,14 @@ mod tests {
             .iter()
             .map(|m| m.name.as_str())
             .collect();
-        assert_eq!(names, ["warmpath.prefix_blocks", "warmpath.decisions"]);
+        assert_eq!(
+            names,
+            [
+                "warmpath.prefix_blocks",
+                "warmpath.ttft_prediction_error",
+                "warmpath.decisions"
+            ]
+        );
     }
 
     #[test]

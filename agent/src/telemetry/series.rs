@@ -52,11 +52,14 @@ pub const REQUEST_LAYOUT: Layout = Layout {
     counters: 14,
     histograms: &[LATENCY_BOUNDS, TPOT_BOUNDS, LATENCY_BOUNDS, QUEUE_BOUNDS],
 };
-/// A pool's routing decisions: a counter per reason, the chosen pod's prefix blocks.
+/// A pool's routing decisions: a counter per reason, the chosen pod's prefix blocks, and the
+/// cost model's absolute TTFT prediction errors (streams).
 pub const POOL_LAYOUT: Layout = Layout {
     counters: 4,
-    histograms: &[BLOCK_BOUNDS],
+    histograms: &[BLOCK_BOUNDS, LATENCY_BOUNDS],
 };
+/// The pool histogram of prediction errors.
+pub const PREDICTION_ERROR: usize = 1;
 
 /// Label values of the request counter's split, in [`Outcome`] order.
 const OUTCOMES: &[&str] = &[
@@ -208,6 +211,13 @@ pub const FAMILIES: &[Family] = &[
         description: "Cached prefix blocks of the chosen pod per routing decision",
         kind: POOL,
         value: Value::Histogram(0),
+    },
+    Family {
+        name: "warmpath.ttft_prediction_error",
+        unit: "s",
+        description: "Absolute error of the cost model's predicted TTFT against the measured one (streams)",
+        kind: POOL,
+        value: Value::Histogram(PREDICTION_ERROR),
     },
     Family {
         name: "warmpath.decisions",

@@ -65,6 +65,7 @@ async fn a_refused_attempt_leaves_no_stall_debt_and_withdraws_its_entries() {
         queue: None,
         retries: 0,
         receipt: None,
+        prediction: None,
         quota: None,
     };
     let picked = Instant::now();
