@@ -163,7 +163,7 @@ mod tests {
         // Errors of 10, 20 and 40 ms: the median is 20 ms.
         for (predicted, measured) in [(0.11, 0.1), (0.08, 0.1), (0.14, 0.1)] {
             let e = c.check(&prediction(&c, 0, predicted), measured);
-            assert!((e - (predicted - measured as f64).abs()).abs() < 1e-12);
+            assert!((e - (predicted - measured).abs()).abs() < 1e-12);
         }
         let s = c.status();
         assert!(

@@ -192,10 +192,11 @@ fn solve3(mut a: [[f64; 3]; 3], mut b: [f64; 3]) -> Option<[f64; 3]> {
         }
         a.swap(col, pivot);
         b.swap(col, pivot);
+        let top = a[col];
         for row in col + 1..3 {
-            let f = a[row][col] / a[col][col];
-            for k in col..3 {
-                a[row][k] -= f * a[col][k];
+            let f = a[row][col] / top[col];
+            for (v, t) in a[row].iter_mut().zip(top).skip(col) {
+                *v -= f * t;
             }
             b[row] -= f * b[col];
         }
