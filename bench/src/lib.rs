@@ -5,6 +5,7 @@ mod chart;
 pub mod cluster;
 mod cluster_agents;
 pub mod compare;
+pub mod ebpf;
 pub mod index;
 mod logs;
 mod peers;
@@ -43,6 +44,13 @@ pub enum BenchCommand {
     /// errors, a failing endpoint, fresh connections): RSS and descriptors over time, memory
     /// per idle stream.
     Soak(Box<soak::SoakArgs>),
+    /// The eBPF data path (root): connect() cost and rate vs iptables REDIRECT, request
+    /// latency direct vs proxy mode vs steer mode, TTFT with the agent killed (affinity
+    /// fail-open vs the plain VIP fallback).
+    Ebpf(Box<ebpf::EbpfBenchArgs>),
+    /// `bench ebpf`'s client process (one request per stdin line, one answer per stdout line).
+    #[command(hide = true)]
+    EbpfClient(ebpf::ClientArgs),
 }
 
 /// Errors that end a benchmark.
@@ -71,6 +79,8 @@ pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
         BenchCommand::Run(args) => run::run(*args).await,
         BenchCommand::Soak(args) => soak::run(*args).await,
         BenchCommand::Cluster(args) => cluster::run(*args).await,
+        BenchCommand::Ebpf(args) => ebpf::run(*args).await,
+        BenchCommand::EbpfClient(args) => ebpf::client::run(args).await,
         BenchCommand::Index(args) => tokio::task::spawn_blocking(move || index::run(args))
             .await
             .map_err(|e| Error::Setup(format!("index benchmark panicked: {e}"))),
