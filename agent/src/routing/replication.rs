@@ -9,10 +9,13 @@
 //!   the whole prefix up to there. A prefix no pod holds is not tracked: it has no home to
 //!   outgrow, so a cold prefix never gains one.
 //! - **Demand.** A decayed rate in requests per second: at each request,
-//!   `rate = rate x e^(-dt/tau) + 1/tau`.
+//!   `rate = rate x e^(-dt/tau) + 1/tau`; the pool's rate (every tracked request) likewise.
+//!   Hot: `rate >= min_rate` and at least a pod's share of the pool's rate
+//!   (`rate x pods >= pool_rate`) — more than one pod would get if every prefix were spread
+//!   evenly, so a workload of many equally popular prefixes has none.
 //! - **Homes.** The pods the prefix is kept on, first the best pod holding it when it is first
 //!   seen. A home that no longer holds it (evicted) or left is dropped.
-//! - **Pressure.** Hot (`rate >= min_rate`) and the best home's predicted TTFT is above the
+//! - **Pressure.** Hot and the best home's predicted TTFT is above the
 //!   best other pod's (a cold prefill there, by the same cost model): for
 //!   [`Settings::sustain`] consecutive requests of the prefix, the wanted number of homes
 //!   rises by one (at most [`Settings::max_homes`] and the live pods), remembering the rate at
@@ -107,6 +110,9 @@ struct Entry {
 pub struct Replication {
     settings: Settings,
     entries: HashMap<RouterKey, Entry, foldhash::fast::RandomState>,
+    /// Decayed rate of every tracked request, and when it was last updated.
+    pool_rate: f64,
+    pool_at: Option<Instant>,
 }
 
 impl Default for Replication {
@@ -124,6 +130,8 @@ impl Replication {
         Self {
             settings,
             entries: HashMap::default(),
+            pool_rate: 0.0,
+            pool_at: None,
         }
     }
 
@@ -154,6 +162,11 @@ impl Replication {
             self.shrink(now);
         }
         let s = self.settings;
+        let tau = s.tau.as_secs_f64().max(1e-3);
+        let pool_at = self.pool_at.unwrap_or(now);
+        self.pool_rate = decayed(self.pool_rate, pool_at, now, tau) + 1.0 / tau;
+        self.pool_at = Some(now.max(pool_at));
+        let pool_rate = self.pool_rate;
         let e = self.entries.entry(key).or_insert_with(|| Entry {
             rate: 0.0,
             at: now,
@@ -162,7 +175,6 @@ impl Replication {
             pressure: 0,
             slack: 0,
         });
-        let tau = s.tau.as_secs_f64().max(1e-3);
         e.rate = decayed(e.rate, e.at, now, tau) + 1.0 / tau;
         e.at = now.max(e.at);
         // Homes that left or no longer hold the prefix are gone.
@@ -187,7 +199,7 @@ impl Replication {
         }
         // A lost home is a rise undone: pressure must build again to replace it.
         e.raised_at.truncate(e.homes.len() - 1);
-        let hot = e.rate >= s.min_rate;
+        let hot = e.rate >= s.min_rate && e.rate * pods.len() as f64 >= pool_rate;
         let wanted = e.raised_at.len() + 1;
         let under = match (best(true, e), best(false, e)) {
             (Some(home), Some(other)) => home.predicted > other.predicted,
@@ -345,6 +357,20 @@ mod tests {
             pods(0.05, 0.1, &[0])
         });
         assert_eq!((a.warm, a.homes.as_slice()), (None, &[0u64][..]));
+    }
+
+    #[test]
+    fn many_equally_popular_prefixes_are_none_of_them_hot() {
+        let mut r = Replication::default();
+        let mut now = Instant::now();
+        // Eight prefixes over three pods at 5 requests/s each (40/s in all): each has an
+        // eighth of the pool's demand, less than a pod's third.
+        for i in 0..800u64 {
+            now += Duration::from_millis(25);
+            let a = r.observe(RouterKey(i % 8), now, &pods(5.0, 0.1, &[0]));
+            assert_eq!(a, Advice::default(), "request {i}");
+        }
+        assert!((0..8).all(|k| r.homes(RouterKey(k)) == 1));
     }
 
     #[test]
