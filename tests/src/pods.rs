@@ -514,3 +514,127 @@ pub fn served(ns: &Netns, sim: &str) -> Result<f64, String> {
         .parse()
         .map_err(|e| format!("scrape {sim}: {e}"))
 }
+
+// === several clients, each in its own pod and cgroup (bpf_failopen.rs, bpf_steer.rs) ===
+
+impl Bed {
+    /// A child cgroup `name` of the bed's parent (where the programs attach). Declare it
+    /// before the processes put in it, so they are gone before it is removed.
+    pub fn cgroup(&self, name: &str) -> Result<ChildCgroup, String> {
+        ChildCgroup::create(self.parent.path(), name).map_err(|e| format!("cgroup {name}: {e}"))
+    }
+
+    /// The Python `script` with `args` run in pod `pod`'s namespace and moved into `cgroup`.
+    pub fn client_in(
+        &self,
+        pod: usize,
+        cgroup: &ChildCgroup,
+        script: &str,
+        args: &[&str],
+    ) -> Result<OwnedChild, String> {
+        let mut cmd = self.node.pods[pod].ns.command("python3");
+        cmd.args(["-c", script]).args(args);
+        let client = OwnedChild::spawn(cmd).map_err(|e| format!("client in pod {pod}: {e}"))?;
+        cgroup
+            .add_process(client.pid())
+            .map_err(|e| format!("client cgroup: {e}"))?;
+        Ok(client)
+    }
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds: the clock of the eBPF heartbeat and of Python's
+/// `time.monotonic_ns()`, so a test can compare its instants with a client's.
+pub fn monotonic_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always readable");
+    u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0)
+}
+
+const GET_JSON: &str = r#"
+import sys, urllib.request
+print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())
+"#;
+
+/// The JSON at `url`, fetched from namespace `ns` (e.g. the agent's `/status`).
+pub fn get_json(ns: &Netns, url: &str) -> Result<serde_json::Value, String> {
+    let out = ns
+        .command("python3")
+        .args(["-c", GET_JSON, url])
+        .output()
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "GET {url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("GET {url}: {e}"))
+}
+
+/// A load client for a pod. Its first argument is a client id; its prompts are a long
+/// prefix of its own (about 30 blocks of 16 tokens) and a short varying question. Commands
+/// on stdin, one per line:
+///
+/// - `run HOST PORT N`: N completions one after another, each on a fresh connection;
+/// - `loop HOST PORT N`: the same until `stop` is read, N are done or 60 s have passed;
+/// - `keep HOST PORT N`: N completions on the client's one keep-alive connection, opened by
+///   the first `keep` and kept open across commands (a failed request drops it).
+///
+/// One JSON line per completion: `{"t": CLOCK_MONOTONIC ns before connect(), "status",
+/// "pod": x-warmpath-pod or null, "cached": usage.prompt_tokens_details.cached_tokens}`, or
+/// `{"t", "error", "stage": "connect" | "request"}`; then `{"done": count}` after each
+/// command.
+pub const LOAD_CLIENT: &str = r#"
+import http.client, json, sys, threading, queue, time
+cid = sys.argv[1]
+prefix = f"client {cid} keeps its own context: " + " ".join(f"w{cid}n{j}" for j in range(150))
+commands, stop = queue.Queue(), threading.Event()
+def read():
+    for line in sys.stdin:
+        if line.strip() == "stop":
+            stop.set()
+        else:
+            commands.put(line.split())
+    commands.put(None)
+threading.Thread(target=read, daemon=True).start()
+def one(k, conn, host, port):
+    t = time.monotonic_ns()
+    stage = "connect"
+    try:
+        c = conn or http.client.HTTPConnection(host, int(port), timeout=10)
+        if conn is None:
+            c.connect()
+        stage = "request"
+        body = json.dumps({"model": "sim-llama", "prompt": f"{prefix} question {k}", "max_tokens": 2})
+        c.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        cached = None
+        if r.status == 200:
+            usage = json.loads(data).get("usage") or {}
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        print(json.dumps({"t": t, "status": r.status, "pod": r.getheader("x-warmpath-pod"), "cached": cached}), flush=True)
+        return c
+    except (OSError, http.client.HTTPException) as e:
+        print(json.dumps({"t": t, "error": str(e), "stage": stage}), flush=True)
+        return None
+k, kept = 0, None
+while True:
+    cmd = commands.get()
+    if cmd is None:
+        break
+    verb, host, port, n = cmd[0], cmd[1], cmd[2], int(cmd[3])
+    stop.clear()
+    end = time.monotonic() + 60
+    done = 0
+    while done < n and not (verb == "loop" and (stop.is_set() or time.monotonic() > end)):
+        k += 1
+        if verb == "keep":
+            kept = one(k, kept, host, port)
+        else:
+            c = one(k, None, host, port)
+            if c is not None:
+                c.close()
+        done += 1
+    print(json.dumps({"done": done}), flush=True)
+"#;

@@ -1,22 +1,29 @@
 //! Steer mode (issue #20, test 4; docs/ebpf.md): connects to a steered VIP go straight to a
-//! pod chosen in the kernel, without the agent's hop, and new connects follow a new table.
+//! pod chosen in the kernel from the table the agent computes, without the agent's hop, and
+//! new connects move when the agent re-steers.
 //!
-//! Root only. Node and three pods (`tests/src/pods.rs`): pod 0 is the client, pods 1 and 2
-//! run simulators A and B. The agent steers the VIP to its two endpoints. Direct answers
-//! carry no `x-warmpath-pod` (the agent adds it to what it proxies) and the agent logs no
-//! intercepted connection; the simulators' own counters show who served.
+//! Root only. Node and three pods (`tests/src/pods.rs`): pod 0 is the client (two client
+//! processes in its cgroup: one opening a fresh connection per request, one holding a
+//! keep-alive connection), pods 1 and 2 run simulators A and B. The agent steers the VIP; its
+//! backend set is both pods (equal load). Direct answers carry no `x-warmpath-pod` (the agent
+//! adds it to what it proxies) and the agent logs no intercepted connection (its accept
+//! counter stays flat); the simulators' own counters show who served. Then the simulator the
+//! keep-alive connection is not on is stopped: the agent's scrapes of it fail, it re-steers
+//! the VIP to the other pod alone, every new connect goes there, and the keep-alive
+//! connection keeps working.
 #![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use warmpath_agent::ebpf::{FailOpen, cgroup_id};
+use serde_json::Value;
 use warmpath_e2e::{
     gate,
-    pods::{Bed, COMPLETION_CLIENT, Node, PodProcess, served},
+    pods::{Bed, LOAD_CLIENT, Node, get_json, served},
     process::OwnedChild,
 };
 
 const WAIT: Duration = Duration::from_secs(15);
+const VIP_IP: &str = "10.96.0.20";
 const VIP: &str = "10.96.0.20:8000";
 const SIM_PORT: u16 = 8000;
 const REQUESTS: usize = 10;
@@ -27,14 +34,48 @@ fn pod_child() {
     warmpath_e2e::pods::child_main();
 }
 
-fn ask(client: &mut OwnedChild) -> serde_json::Value {
-    client.send_line("10.96.0.20 8000").unwrap();
-    serde_json::from_str(&client.next_line(WAIT).expect("the client answered")).unwrap()
+/// `verb` (`run` or `keep`) `n` completions to the VIP; their lines.
+fn ask(client: &mut OwnedChild, verb: &str, n: usize) -> Vec<Value> {
+    client
+        .send_line(&format!("{verb} {VIP_IP} {SIM_PORT} {n}"))
+        .unwrap();
+    let mut out = Vec::new();
+    loop {
+        let line = client.next_line(WAIT).expect("the client answered");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v.get("done").is_some() {
+            return out;
+        }
+        assert_eq!(v["status"], 200, "{v}");
+        assert!(v["pod"].is_null(), "straight to a pod, not proxied: {v}");
+        out.push(v);
+    }
+}
+
+/// The VIP's backend set on the agent's `/status`, once `ok` holds for it (bounded by WAIT).
+fn wait_for_set(node: &Node, ok: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let set: Vec<String> = get_json(&node.ns, "http://127.0.0.1:9090/status")
+            .ok()
+            .and_then(|s| serde_json::from_value(s["kernel_table"]["backends"][VIP].clone()).ok())
+            .unwrap_or_default();
+        if ok(&set) {
+            return set;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "backend set never as expected: {set:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
-fn steered_connects_go_straight_to_a_pod_and_follow_the_table() {
-    if !gate::bpf_available("steered_connects_go_straight_to_a_pod_and_follow_the_table") {
+fn steered_connects_go_straight_to_a_pod_and_move_when_the_agent_re_steers() {
+    if !gate::bpf_available(
+        "steered_connects_go_straight_to_a_pod_and_move_when_the_agent_re_steers",
+    ) {
         return;
     }
     let tag = format!("ws{}", std::process::id() % 100_000);
@@ -43,8 +84,8 @@ fn steered_connects_go_straight_to_a_pod_and_follow_the_table() {
     let sims: Vec<String> = (1..=2)
         .map(|i| format!("{}:{SIM_PORT}", node.pods[i].ip4))
         .collect();
-    let _sims: Vec<PodProcess> = (1..=2)
-        .map(|i| bed.sim(i, &node.pods[i].ip4.to_string(), SIM_PORT).unwrap())
+    let mut running: Vec<Option<_>> = (1..=2)
+        .map(|i| Some(bed.sim(i, &node.pods[i].ip4.to_string(), SIM_PORT).unwrap()))
         .collect();
     let args: Vec<String> = [
         "--listen",
@@ -71,51 +112,60 @@ fn steered_connects_go_straight_to_a_pod_and_follow_the_table() {
             WAIT,
         )
         .unwrap();
+    let both = wait_for_set(node, |s| s.len() == 2);
+    let mut sorted = both.clone();
+    sorted.sort();
+    assert_eq!(sorted, sims, "idle pods: each once");
 
-    let mut client = bed.client(COMPLETION_CLIENT).unwrap();
-
+    let mut fresh = bed
+        .client_in(0, &bed.client_cgroup, LOAD_CLIENT, &["0"])
+        .unwrap();
+    let mut kept = bed
+        .client_in(0, &bed.client_cgroup, LOAD_CLIENT, &["1"])
+        .unwrap();
     let count = |i: usize| served(&node.ns, &sims[i]).unwrap();
+
     let (a0, b0) = (count(0), count(1));
-    for _ in 0..REQUESTS {
-        let answer = ask(&mut client);
-        assert_eq!(answer["status"], 200, "{answer}");
-        assert!(
-            answer["pod"].is_null(),
-            "straight to a pod, not proxied: {answer}"
-        );
-    }
-    assert_eq!(count(0) - a0 + count(1) - b0, REQUESTS as f64);
+    ask(&mut fresh, "run", REQUESTS);
+    let (a1, b1) = (count(0), count(1));
+    assert_eq!(a1 - a0 + b1 - b0, REQUESTS as f64);
+    // The keep-alive connection: which pod holds it.
+    ask(&mut kept, "keep", 1);
+    let on = if count(0) > a1 { 0 } else { 1 };
+    let off = 1 - on;
+    assert_eq!(count(on) - [a1, b1][on], 1.0);
     assert!(
         !agent.stderr().contains("intercepted connection"),
         "the agent accepted none of them"
     );
 
-    // Re-steer: this client's connects now go to B only (the table an agent computes; the
-    // test writes it through the pinned map).
-    let vip: std::net::SocketAddr = VIP.parse().unwrap();
-    let mut table = FailOpen::open_pinned(&bed.pins.path).unwrap();
-    let id = cgroup_id(bed.client_cgroup.path()).unwrap();
-    table
-        .set_affinity(id, vip, &[sims[1].parse().unwrap()])
-        .unwrap();
-    let (a1, b1) = (count(0), count(1));
-    for _ in 0..REQUESTS {
-        let answer = ask(&mut client);
-        assert_eq!(answer["status"], 200, "{answer}");
-        assert!(answer["pod"].is_null(), "{answer}");
-    }
-    assert_eq!(count(1) - b1, REQUESTS as f64, "all moved to B");
-    assert_eq!(count(0) - a1, 0.0);
+    // The other simulator stops: its scrapes fail, the agent re-steers to `on` alone.
+    drop(running[off].take());
+    let resteered = Instant::now();
+    wait_for_set(node, |s| s == std::slice::from_ref(&sims[on]));
+    let took = resteered.elapsed();
+    let before = count(on);
+    ask(&mut fresh, "run", REQUESTS);
+    assert_eq!(
+        count(on) - before,
+        REQUESTS as f64,
+        "all moved to {}",
+        sims[on]
+    );
+    // The keep-alive connection to the pod still up keeps working.
+    let before = count(on);
+    ask(&mut kept, "keep", 3);
+    assert_eq!(count(on) - before, 3.0);
     assert!(!agent.stderr().contains("intercepted connection"));
 
-    drop(client);
+    drop((fresh, kept));
     drop(agent);
+    drop(running);
     gate::announce(&format!(
-        "bpf: steer: {REQUESTS} connects to {VIP} straight to {} / {} (A {} B {}), none accepted by the agent; after re-steering all {REQUESTS} to {}",
-        sims[0],
-        sims[1],
+        "bpf: steer: table {both:?}; {REQUESTS} connects straight to the pods (A {} B {}), none accepted by the agent; {} stopped, re-steered to {} in {took:?}, then {REQUESTS} of {REQUESTS} new connects there and the keep-alive connection kept serving",
         a1 - a0,
         b1 - b0,
-        sims[1]
+        sims[off],
+        sims[on],
     ));
 }

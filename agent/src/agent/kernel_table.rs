@@ -297,6 +297,8 @@ pub struct Report {
     writes: AtomicU64,
     removals: AtomicU64,
     failures: AtomicU64,
+    /// The backend sets written (one per intercepted VIP: bounded by the VIPs).
+    sets: parking_lot::Mutex<BTreeMap<SocketAddr, Vec<SocketAddr>>>,
 }
 
 impl Report {
@@ -311,6 +313,12 @@ impl Report {
             "writes": get(&self.writes),
             "removals": get(&self.removals),
             "failures": get(&self.failures),
+            "backends": self
+                .sets
+                .lock()
+                .iter()
+                .map(|(vip, pods)| (vip.to_string(), serde_json::json!(pods)))
+                .collect::<serde_json::Map<_, _>>(),
         })
     }
 }
@@ -448,6 +456,10 @@ impl Writer {
         r.backends
             .store(self.written.backends.len() as u64, Ordering::Relaxed);
         r.shed.store(self.shed.len() as u64, Ordering::Relaxed);
+        let mut sets = r.sets.lock();
+        if *sets != self.written.backends {
+            sets.clone_from(&self.written.backends);
+        }
     }
 
     /// Every pool's members with an IP address (host names cannot be written to the kernel).

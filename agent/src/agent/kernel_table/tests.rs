@@ -119,7 +119,7 @@ fn affinity_keeps_usable_learned_pods_of_fresh_clients() {
         member(3, false, 0),
     ]];
     let inputs = Inputs {
-        now: t0 + Duration::from_secs(11 * 60),
+        now: t0 + Duration::from_secs(10 * 60 + 30),
         ttl: Duration::from_secs(10 * 60),
         clients: &clients,
         vips: &[(vip(), 0)],
