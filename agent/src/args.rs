@@ -646,6 +646,7 @@ impl TelemetryArgs {
         let policy = tenant::TenantPolicy {
             order: self.tenant_order.clone(),
             directory: std::sync::Arc::new(directory),
+            cgroups: None,
             cidrs: self.tenant_cidrs.clone(),
             header: self.tenant_header.clone(),
             trusted: self.trusted_header_sources.clone(),

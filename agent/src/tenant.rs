@@ -1,11 +1,15 @@
 //! Who sent a request: one function over configured identity sources, in order.
 //!
-//! 1. `workload`: the verified source workload. Off-cluster this is a CIDR table (longest
-//!    prefix wins); on Kubernetes a pod directory ([`Workloads`], `k8s::identity`) is asked
-//!    first: the pod at the source address, matched against the `Tenant`s' workload
-//!    selectors ([`WorkloadSelectors`]: service account, then pod labels, then namespace),
-//!    then the CIDR table ([`LayeredDirectory`]). Interception keeps the client's real
-//!    source address, so this cannot be spoofed.
+//! 1. `workload`: the verified source workload. First, on a connection intercepted by the
+//!    eBPF data path, the client's cgroup ([`CgroupDirectory`], [`cgroups`]): off-cluster
+//!    the configuration's cgroup directories (`tenants.cgroups`), on Kubernetes the pod
+//!    whose cgroup it is (`k8s::identity::cgroup`) matched against the `Tenant`s' workload
+//!    selectors. The kernel sets the id, so no client can claim another's. Then the source
+//!    address: off-cluster a CIDR table (longest prefix wins); on Kubernetes a pod directory
+//!    ([`Workloads`], `k8s::identity`) is asked first: the pod at the source address,
+//!    matched against the selectors ([`WorkloadSelectors`]: service account, then pod
+//!    labels, then namespace), then the CIDR table ([`LayeredDirectory`]). Interception
+//!    keeps the client's real source address, so this cannot be spoofed either.
 //! 2. `header`: a request header (`x-warmpath-tenant` by default), believed ONLY when the
 //!    connection comes from a source listed as trusted (a gateway that authenticates users).
 //! 3. the default tenant.
@@ -23,6 +27,8 @@ use std::{
 use ipnet::IpNet;
 
 use crate::http::Headers;
+
+pub mod cgroups;
 
 /// Header a trusted gateway sets.
 pub const DEFAULT_HEADER: &str = "x-warmpath-tenant";
@@ -44,6 +50,8 @@ pub enum IdentitySource {
 /// How a request's tenant was found (for status and debug logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {
+    /// The client's cgroup (intercepted connections).
+    Cgroup,
     Workload,
     Header,
     Default,
@@ -52,6 +60,28 @@ pub enum Via {
 /// Maps a client address to the tenant of the workload there.
 pub trait WorkloadDirectory: std::fmt::Debug + Send + Sync {
     fn tenant_of(&self, addr: IpAddr) -> Option<Arc<str>>;
+}
+
+/// Maps the cgroup a client's socket was opened from (its cgroup v2 id, which the kernel
+/// records for intercepted connections) to the tenant of the workload there.
+pub trait CgroupDirectory: std::fmt::Debug + Send + Sync {
+    fn tenant_of_cgroup(&self, cgroup_id: u64) -> Option<Arc<str>>;
+}
+
+/// One cgroup directory first, then another (on Kubernetes: the pods' cgroups, then the
+/// configuration's `tenants.cgroups`).
+#[derive(Debug)]
+pub struct LayeredCgroups {
+    pub first: Arc<dyn CgroupDirectory>,
+    pub then: Arc<dyn CgroupDirectory>,
+}
+
+impl CgroupDirectory for LayeredCgroups {
+    fn tenant_of_cgroup(&self, cgroup_id: u64) -> Option<Arc<str>> {
+        self.first
+            .tenant_of_cgroup(cgroup_id)
+            .or_else(|| self.then.tenant_of_cgroup(cgroup_id))
+    }
 }
 
 /// The off-cluster directory: CIDR -> tenant, longest prefix first.
@@ -199,6 +229,8 @@ impl WorkloadDirectory for LayeredDirectory {
 pub struct TenantPolicy {
     pub order: Vec<IdentitySource>,
     pub directory: Arc<dyn WorkloadDirectory>,
+    /// Tenants by client cgroup (intercepted connections), asked before `directory`.
+    pub cgroups: Option<Arc<dyn CgroupDirectory>>,
     /// The configuration's CIDR rules (what `directory` was built from off-cluster), kept so
     /// that declared `Tenant`s can be merged with them ([`crate::policy`]).
     pub cidrs: Vec<(IpNet, String)>,
@@ -215,6 +247,7 @@ impl Default for TenantPolicy {
         Self {
             order: vec![IdentitySource::Workload, IdentitySource::Header],
             directory: Arc::new(CidrTable::default()),
+            cgroups: None,
             cidrs: Vec::new(),
             header: http::HeaderName::from_static(DEFAULT_HEADER),
             trusted: Vec::new(),
@@ -227,10 +260,24 @@ impl Default for TenantPolicy {
 impl TenantPolicy {
     /// The tenant of a request from `peer` carrying `headers`.
     pub fn resolve(&self, peer: Option<IpAddr>, headers: &Headers) -> (Arc<str>, Via) {
+        self.resolve_client(peer, None, headers)
+    }
+
+    /// The tenant of a request from `peer`, on a connection opened from cgroup `cgroup`
+    /// when it was intercepted, carrying `headers`.
+    pub fn resolve_client(
+        &self,
+        peer: Option<IpAddr>,
+        cgroup: Option<u64>,
+        headers: &Headers,
+    ) -> (Arc<str>, Via) {
         let peer = peer.map(canonical);
         for source in &self.order {
             match source {
                 IdentitySource::Workload => {
+                    if let Some(name) = cgroup.and_then(|id| self.tenant_of_cgroup(id)) {
+                        return (name, Via::Cgroup);
+                    }
                     if let Some(name) = peer.and_then(|p| self.directory.tenant_of(p)) {
                         return (name, Via::Workload);
                     }
@@ -253,6 +300,12 @@ impl TenantPolicy {
 }
 
 impl TenantPolicy {
+    /// The tenant whose workload runs in cgroup `cgroup_id`, if a cgroup selector claims it
+    /// (also for the kernel's per-cgroup counters of steered connections).
+    pub fn tenant_of_cgroup(&self, cgroup_id: u64) -> Option<Arc<str>> {
+        self.cgroups.as_ref()?.tenant_of_cgroup(cgroup_id)
+    }
+
     /// Whether `peer` may name `tenant` in the header: a source trusted for every tenant,
     /// or one of that tenant's own `headerSources`.
     pub fn header_trusted(&self, peer: IpAddr, tenant: &str) -> bool {
@@ -369,6 +422,77 @@ mod tests {
         );
         // A malformed value from a trusted source is ignored, not used as a label.
         assert_eq!(p.resolve(trusted, &headers("a b")).1, Via::Workload);
+    }
+
+    /// Cgroup 42 is team-c's.
+    #[derive(Debug)]
+    struct OneCgroup;
+    impl CgroupDirectory for OneCgroup {
+        fn tenant_of_cgroup(&self, cgroup_id: u64) -> Option<Arc<str>> {
+            (cgroup_id == 42).then(|| Arc::from("team-c"))
+        }
+    }
+
+    #[test]
+    fn the_cgroup_decides_first_within_the_workload_source() {
+        let p = TenantPolicy {
+            cgroups: Some(Arc::new(OneCgroup)),
+            order: vec![IdentitySource::Workload, IdentitySource::Header],
+            ..policy()
+        };
+        let trusted = Some("127.0.0.9".parse().unwrap());
+        let team_a = Some("127.0.0.2".parse().unwrap());
+        // Before the source address and a trusted header alike.
+        assert_eq!(
+            p.resolve_client(team_a, Some(42), &headers("team-z")),
+            (Arc::from("team-c"), Via::Cgroup)
+        );
+        assert_eq!(
+            p.resolve_client(trusted, Some(42), &headers("team-z")),
+            (Arc::from("team-c"), Via::Cgroup)
+        );
+        // A cgroup nobody claims, or none: as before.
+        assert_eq!(
+            p.resolve_client(team_a, Some(7), &headers("team-z")),
+            (Arc::from("team-a"), Via::Workload)
+        );
+        assert_eq!(
+            p.resolve_client(None, None, &headers("team-z")),
+            (Arc::from("default"), Via::Default)
+        );
+        assert_eq!(p.tenant_of_cgroup(42).as_deref(), Some("team-c"));
+        assert_eq!(p.tenant_of_cgroup(7), None);
+        // Header first in the order: a trusted gateway's header wins over its own cgroup.
+        let header_first = TenantPolicy {
+            order: vec![IdentitySource::Header, IdentitySource::Workload],
+            ..p.clone()
+        };
+        assert_eq!(
+            header_first.resolve_client(trusted, Some(42), &headers("team-z")),
+            (Arc::from("team-z"), Via::Header)
+        );
+        assert_eq!(
+            header_first.resolve_client(team_a, Some(42), &headers("team-z")),
+            (Arc::from("team-c"), Via::Cgroup)
+        );
+    }
+
+    #[test]
+    fn layered_cgroups_ask_the_first_then_the_second() {
+        #[derive(Debug)]
+        struct Seven;
+        impl CgroupDirectory for Seven {
+            fn tenant_of_cgroup(&self, cgroup_id: u64) -> Option<Arc<str>> {
+                (cgroup_id == 7 || cgroup_id == 42).then(|| Arc::from("seven"))
+            }
+        }
+        let layered = LayeredCgroups {
+            first: Arc::new(OneCgroup),
+            then: Arc::new(Seven),
+        };
+        assert_eq!(layered.tenant_of_cgroup(42).as_deref(), Some("team-c"));
+        assert_eq!(layered.tenant_of_cgroup(7).as_deref(), Some("seven"));
+        assert_eq!(layered.tenant_of_cgroup(8), None);
     }
 
     #[test]

@@ -63,6 +63,8 @@ struct Recorder {
 }
 
 impl Handler for Recorder {
+    type Peer = IpAddr;
+
     fn max_body(&self) -> usize {
         MAX_BODY
     }

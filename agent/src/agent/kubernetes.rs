@@ -51,6 +51,15 @@ pub(super) async fn start_kubernetes(
         (crate::config::IdentityScope::Cluster, _) => crate::k8s::identity::Scope::Cluster,
     };
     let (workloads, identity) = crate::k8s::identity::spawn(client.clone(), scope);
+    // Intercepted clients by their pod's cgroup first (walked on the first lookup only).
+    match crate::ebpf::cgroup2_root() {
+        Ok(root) => proxy.policy.set_cgroups(std::sync::Arc::new(
+            crate::k8s::identity::cgroup::PodCgroups::new(workloads.clone(), root),
+        )),
+        Err(err) => {
+            tracing::info!(%err, "no cgroup v2 mount: clients are identified by address, not by cgroup")
+        }
+    }
     proxy.policy.set_workloads(workloads);
     let status = match (k.status_writes, &k.node_name) {
         (true, Some(node)) => Some(crate::k8s::status::Settings {

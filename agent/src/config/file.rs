@@ -229,6 +229,9 @@ struct TenantsFile {
     /// Tenant name -> source CIDRs of its workloads.
     #[serde(default)]
     cidrs: BTreeMap<String, Vec<String>>,
+    /// Tenant name -> cgroup v2 directories of its workloads (intercepted clients).
+    #[serde(default)]
+    cgroups: BTreeMap<String, Vec<std::path::PathBuf>>,
     #[serde(default = "default_tenant_header")]
     header: String,
     #[serde(default)]
@@ -244,6 +247,7 @@ impl Default for TenantsFile {
         Self {
             order: default_order(),
             cidrs: BTreeMap::new(),
+            cgroups: BTreeMap::new(),
             header: default_tenant_header(),
             trust_header_from: Vec::new(),
             default: default_tenant(),
@@ -467,12 +471,33 @@ fn convert(f: File, file: &str, env: &Environment<'_>) -> Result<Config, ConfigE
             tenant::parse_net(n).map_err(|m| err(format!("tenants.trustHeaderFrom[{k}]"), m))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let mut cgroup_dirs = Vec::new();
+    for (name, dirs) in &t.cgroups {
+        tenant::check_name(name).map_err(|m| err(format!("tenants.cgroups.{name}"), m))?;
+        for (k, dir) in dirs.iter().enumerate() {
+            if !dir.is_absolute() {
+                return Err(err(
+                    format!("tenants.cgroups.{name}[{k}]"),
+                    format!(
+                        "`{}`: expected an absolute cgroup v2 directory, e.g. /sys/fs/cgroup/team-a.slice",
+                        dir.display()
+                    ),
+                ));
+            }
+            cgroup_dirs.push((dir.clone(), std::sync::Arc::<str>::from(name.as_str())));
+        }
+    }
+    let cgroups = (!cgroup_dirs.is_empty()).then(|| {
+        std::sync::Arc::new(tenant::cgroups::CgroupPaths::new(cgroup_dirs))
+            as std::sync::Arc<dyn tenant::CgroupDirectory>
+    });
     tenant::check_name(&t.default).map_err(|m| err("tenants.default".into(), m))?;
     let tenants = TenantPolicy {
         order: t.order,
         directory: std::sync::Arc::new(
             CidrTable::new(rules.clone()).map_err(|m| err("tenants.cidrs".into(), m))?,
         ),
+        cgroups,
         cidrs: rules,
         header: t.header.parse().map_err(|_| {
             err(
@@ -626,6 +651,25 @@ mod tests {
             "{base}tenants:\n  cidrs: {{team-a: [300.1.1.1/8]}}\n"
         ));
         assert!(e.contains("tenants.cidrs.team-a[0]"), "{e}");
+        let e = error(&format!(
+            "{base}tenants:\n  cgroups: {{team-a: [team-a.slice]}}\n"
+        ));
+        assert!(
+            e.contains("tenants.cgroups.team-a[0]") && e.contains("absolute"),
+            "{e}"
+        );
+        let e = error(&format!(
+            "{base}tenants:\n  cgroups: {{\"a b\": [/sys/fs/cgroup/x]}}\n"
+        ));
+        assert!(e.contains("tenants.cgroups.a b"), "{e}");
+        let c = parse(
+            &format!("{base}tenants:\n  cgroups: {{team-a: [/nonexistent/warmpath]}}\n"),
+            "f",
+        )
+        .unwrap();
+        // Listed but absent: accepted, claims nothing until it exists.
+        assert_eq!(c.tenants.tenant_of_cgroup(1), None);
+        assert!(c.tenants.cgroups.is_some());
         let e = error(&format!("{base}proxy: {{workers: 0}}\n"));
         assert!(e.contains("proxy.workers") && e.contains("1 to 256"), "{e}");
         assert_eq!(

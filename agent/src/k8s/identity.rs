@@ -71,6 +71,8 @@ struct View {
     tenants: HashMap<IpAddr, Arc<str>>,
     workloads: HashMap<IpAddr, Arc<Workload>>,
     by_uid: HashMap<String, Arc<Workload>>,
+    /// Pod UID -> tenant (what a client cgroup resolves to, [`cgroup::PodCgroups`]).
+    tenants_by_uid: HashMap<String, Arc<str>>,
 }
 
 /// Client pods by address; a [`Workloads`] directory for the policy (see the module docs).
@@ -170,9 +172,13 @@ impl PodDirectory {
         cgroups: &cgroup::CgroupIndex,
         cgroup_id: u64,
     ) -> Option<Arc<str>> {
-        let w = self.workload_of_cgroup(cgroups, cgroup_id)?;
-        let selectors = self.state.lock().selectors.clone();
-        selectors.tenant_of(&w).map(|(t, _)| t)
+        self.tenant_of_uid(cgroups.pod_uid(cgroup_id)?)
+    }
+
+    /// The tenant the selectors in effect give the pod with this UID: one lookup in the
+    /// view (no lock; requests of intercepted clients ask it).
+    pub fn tenant_of_uid(&self, uid: &str) -> Option<Arc<str>> {
+        self.view.load().tenants_by_uid.get(uid).cloned()
     }
 
     /// Changes after every recomputation of the address map (its value counts them).
@@ -234,6 +240,9 @@ impl PodDirectory {
             }
             if let Some(uid) = &e.uid {
                 view.by_uid.insert(uid.clone(), e.workload.clone());
+                if let Some((tenant, _)) = state.selectors.tenant_of(&e.workload) {
+                    view.tenants_by_uid.insert(uid.clone(), tenant);
+                }
             }
         }
         self.view.store(Arc::new(view));

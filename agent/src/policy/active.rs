@@ -151,6 +151,23 @@ impl ActivePolicy {
         self.publish(&mut inputs);
     }
 
+    /// Resolves intercepted clients' cgroups through `cgroups` (on Kubernetes, the pods'
+    /// cgroups) before the configuration's `tenants.cgroups`, from the next set on —
+    /// published now.
+    pub fn set_cgroups(&self, cgroups: Arc<dyn crate::tenant::CgroupDirectory>) {
+        let mut inputs = self.inputs.lock();
+        let layered: Arc<dyn crate::tenant::CgroupDirectory> = match inputs.identity.cgroups.take()
+        {
+            Some(then) => Arc::new(crate::tenant::LayeredCgroups {
+                first: cgroups,
+                then,
+            }),
+            None => cgroups,
+        };
+        inputs.identity.cgroups = Some(layered);
+        self.publish(&mut inputs);
+    }
+
     /// Sets the labels and Services of the configured pool `name` (what `selector` and
     /// `service` targets match).
     pub fn set_pool_targets(

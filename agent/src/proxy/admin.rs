@@ -199,6 +199,12 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
         "block_size": first.block_size, "pools": pools, "index_entries": proxy.index.len(),
         "index_bytes": proxy.index.bytes(), "pods": pods, "tenants": proxy.telemetry.live(),
         "policies": policies(proxy)});
+    if crate::ebpf::intercepting() || !proxy.client_pods().is_empty() {
+        // The client-affinity learner behind the kernel's fail-open and steer tables.
+        let learner = proxy.client_pods();
+        v["client_affinity"] =
+            serde_json::json!({"clients": learner.len(), "capacity": learner.capacity()});
+    }
     for (name, value) in proxy.sections.values() {
         v[name] = value;
     }

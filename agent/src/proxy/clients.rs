@@ -27,7 +27,7 @@
 //! [`ClientPods::forget_pod`] walk every shard and are for the table writer, not the data
 //! path.
 
-use std::{hash::BuildHasher, net::SocketAddr, num::NonZeroUsize, time::Instant};
+use std::{hash::BuildHasher, net::SocketAddr, num::NonZeroUsize, sync::Arc, time::Instant};
 
 use lru::LruCache;
 use parking_lot::Mutex;
@@ -192,6 +192,33 @@ impl std::fmt::Debug for ClientPods {
             .field("shards", &self.shards.len())
             .field("per_client", &self.per_client)
             .finish_non_exhaustive()
+    }
+}
+
+/// An intercepted client a request came from, and the learner its answer goes to (carried
+/// by the request's [`super::record::Attempt`]).
+#[derive(Debug, Clone)]
+pub struct Learning {
+    clients: Arc<ClientPods>,
+    cgroup_id: u64,
+    vip: SocketAddr,
+}
+
+impl Learning {
+    pub fn new(clients: &Arc<ClientPods>, cgroup_id: u64, vip: SocketAddr) -> Self {
+        Self {
+            clients: clients.clone(),
+            cgroup_id,
+            vip,
+        }
+    }
+
+    /// The request was answered by the pod at `authority` (`ip:port`; a host name is
+    /// skipped: the kernel table needs addresses).
+    pub fn answered(&self, pool: PoolId, authority: &str, at: Instant) {
+        if let Ok(pod) = authority.parse::<SocketAddr>() {
+            self.clients.record(self.cgroup_id, self.vip, pool, pod, at);
+        }
     }
 }
 

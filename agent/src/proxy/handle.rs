@@ -5,13 +5,13 @@
 //! key built into the routing input ([`RequestCtx`]), and handed to [`super::forward`]. The
 //! proxy's own error answers are recorded here ([`Attempt::record`]).
 
-use std::{net::IpAddr, sync::Arc, time::Instant};
+use std::{sync::Arc, time::Instant};
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use super::{
-    Proxy, ProxyError, admission, error,
+    ClientOrigin, Proxy, ProxyError, admission, clients, error,
     forward::forward,
     record::{Attempt, Ending},
     request,
@@ -24,6 +24,8 @@ use crate::{
 };
 
 impl Handler for Proxy {
+    type Peer = ClientOrigin;
+
     fn max_body(&self) -> usize {
         self.max_body
     }
@@ -32,8 +34,13 @@ impl Handler for Proxy {
         self.admission.limits().read_timeout
     }
 
-    async fn call(&self, peer: IpAddr, head: &RequestHead, body: Result<Bytes, Refusal>) -> Answer {
-        let mut answer = respond(self, peer, head, body.map_err(ProxyError::from)).await;
+    async fn call(
+        &self,
+        client: ClientOrigin,
+        head: &RequestHead,
+        body: Result<Bytes, Refusal>,
+    ) -> Answer {
+        let mut answer = respond(self, client, head, body.map_err(ProxyError::from)).await;
         // Draining: each kept-alive connection closes after its current answer, so that
         // clients reconnect (to the next agent, or fail open) instead of sending more here.
         if self.draining.load(std::sync::atomic::Ordering::Relaxed) {
@@ -53,7 +60,7 @@ impl Handler for Proxy {
 /// Answers a request whose body has been read (or could not be: `body` is the error).
 pub(super) async fn respond(
     proxy: &Proxy,
-    peer: IpAddr,
+    client: ClientOrigin,
     parts: &RequestHead,
     body: Result<Bytes, ProxyError>,
 ) -> Answer {
@@ -65,7 +72,10 @@ pub(super) async fn respond(
         _ => None,
     };
     let policy = proxy.policy.current();
-    let (tenant, via) = policy.identity.resolve(Some(peer), &parts.headers);
+    let cgroup = client.intercepted.map(|i| i.cgroup_id);
+    let (tenant, via) = policy
+        .identity
+        .resolve_client(Some(client.addr), cgroup, &parts.headers);
     let rule = policy.tenant(&tenant);
     let mut attempt = Attempt {
         start: Instant::now(),
@@ -76,6 +86,9 @@ pub(super) async fn respond(
         receipt: None,
         prediction: None,
         quota: None,
+        client: client
+            .intercepted
+            .map(|i| clients::Learning::new(proxy.client_pods(), i.cgroup_id, i.vip)),
     };
     tracing::trace!(tenant = %tenant, ?via, "tenant");
     let unread_body = body.is_err();

@@ -1,9 +1,13 @@
 //! Step 1 of a request: the listener. Connections are accepted on the agent's runtime and
 //! handed to a data-path worker ([`super::workers`]), where the first bytes tell HTTP/1.x
 //! (warmpath's own server, [`crate::http::server`]) from h2c with prior knowledge (hyper's
-//! server). Either way a request ends up in [`super::handle`].
+//! server). Either way a request ends up in [`super::handle`], with the connection's
+//! [`ClientOrigin`]: the client's address and, when the eBPF data path intercepted the
+//! connection, the VIP it dialled and the cgroup it came from (docs/ebpf.md).
 
 use std::{convert::Infallible, net::IpAddr, net::SocketAddr, sync::Arc};
+
+pub use crate::ebpf::Intercepted;
 
 use http::StatusCode;
 use http_body_util::{BodyExt, Limited};
@@ -29,39 +33,60 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, workers: Arc<Worker
             }
         };
         let _ = stream.set_nodelay(true);
-        origin(&stream, peer);
+        let client = ClientOrigin {
+            addr: peer.ip(),
+            intercepted: origin(&stream, peer),
+        };
         let proxy = proxy.clone();
-        workers.serve(stream, move |stream| connection(stream, peer, proxy));
+        workers.serve(stream, move |stream| connection(stream, client, proxy));
     }
 }
 
-/// Notes where an intercepted connection was headed and which cgroup opened it (recorded by
-/// the kernel, docs/ebpf.md). A no-op unless this agent intercepts.
-// TODO(#20): hand the origin to tenant resolution (cgroup -> tenant).
-fn origin(stream: &TcpStream, peer: SocketAddr) {
+/// Who is at the other end of a client connection, for every request on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientOrigin {
+    /// The client's address (interception keeps it: the connection comes from the pod).
+    pub addr: IpAddr,
+    /// Where an intercepted connection was headed and which cgroup opened it; `None` when
+    /// this agent does not intercept or the connection was made to the agent directly.
+    pub intercepted: Option<Intercepted>,
+}
+
+impl ClientOrigin {
+    /// A client at `addr`, not intercepted.
+    pub fn direct(addr: IpAddr) -> Self {
+        Self {
+            addr,
+            intercepted: None,
+        }
+    }
+}
+
+/// Where an intercepted connection was headed and which cgroup opened it (recorded by the
+/// kernel, docs/ebpf.md); `None` at the cost of one atomic load unless this agent
+/// intercepts.
+fn origin(stream: &TcpStream, peer: SocketAddr) -> Option<Intercepted> {
     if !crate::ebpf::intercepting() {
-        return;
+        return None;
     }
-    let Ok(local) = stream.local_addr() else {
-        return;
-    };
-    if let Some(found) = crate::ebpf::intercepted(peer, local) {
-        tracing::debug!(%peer, vip = %found.vip, cgroup_id = found.cgroup_id, "intercepted connection");
-    }
+    let local = stream.local_addr().ok()?;
+    let found = crate::ebpf::intercepted(peer, local)?;
+    tracing::debug!(%peer, vip = %found.vip, cgroup_id = found.cgroup_id, "intercepted connection");
+    Some(found)
 }
 
 /// Serves one client connection: HTTP/1.x on warmpath's own server, h2c on hyper's.
-async fn connection(mut stream: TcpStream, peer: SocketAddr, proxy: Arc<Proxy>) {
+async fn connection(mut stream: TcpStream, client: ClientOrigin, proxy: Arc<Proxy>) {
     let mut buf = bytes::BytesMut::with_capacity(8 * 1024);
     match server::sniff(&mut stream, &mut buf).await {
         Ok(Sniffed::Http1) => {
-            server::serve(stream, buf, peer.ip(), proxy.as_ref()).await;
+            server::serve(stream, buf, client, proxy.as_ref()).await;
         }
         Ok(Sniffed::H2) => {
             let io = Rewind::new(buf.freeze(), stream);
             let service = service_fn(move |req| {
                 let proxy = proxy.clone();
-                async move { Ok::<_, Infallible>(h2c(&proxy, peer.ip(), req).await) }
+                async move { Ok::<_, Infallible>(h2c(&proxy, client, req).await) }
             });
             let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(io), service)
@@ -76,7 +101,11 @@ async fn connection(mut stream: TcpStream, peer: SocketAddr, proxy: Arc<Proxy>) 
 }
 
 /// A request from hyper's server (h2c): its body read (size-limited), then answered.
-async fn h2c(proxy: &Proxy, peer: IpAddr, req: http::Request<Incoming>) -> http::Response<Body> {
+async fn h2c(
+    proxy: &Proxy,
+    client: ClientOrigin,
+    req: http::Request<Incoming>,
+) -> http::Response<Body> {
     let (parts, body) = req.into_parts();
     let body = Limited::new(body, proxy.max_body)
         .collect()
@@ -94,5 +123,7 @@ async fn h2c(proxy: &Proxy, peer: IpAddr, req: http::Request<Incoming>) -> http:
                 ProxyError::bad_request(format!("Could not read the request body: {e}"))
             }
         });
-    respond(proxy, peer, &parts.into(), body).await.into_http()
+    respond(proxy, client, &parts.into(), body)
+        .await
+        .into_http()
 }

@@ -44,7 +44,7 @@ use std::sync::Arc;
 
 pub use admin::serve_admin;
 pub use error::ProxyError;
-pub use listener::serve;
+pub use listener::{ClientOrigin, serve};
 pub use pools::PoolRuntime;
 pub use scrape::scrape_loop;
 pub use scrape::{parse_adapters, parse_lora};

@@ -34,6 +34,9 @@ pub struct Attempt {
     /// The tenant's quota permit (a stream slot, charges settled from the engine's usage
     /// when the request ends); shared by the clones an answer's body carries.
     pub quota: Option<Arc<parking_lot::Mutex<QuotaPermit>>>,
+    /// The intercepted client, whose answered requests teach the affinity learner which
+    /// pods serve it; `None` for connections not intercepted.
+    pub client: Option<super::clients::Learning>,
 }
 
 /// How a request ended.
@@ -63,6 +66,9 @@ impl Attempt {
             let measured = ttft.saturating_sub(self.queue.unwrap_or_default());
             let error = p.calibration.check(p, measured.as_secs_f64());
             telemetry.record_prediction_error(self.pool, error);
+        }
+        if let (Some(client), Some((_, pod)), Outcome::Ok) = (&self.client, end.pod, end.outcome) {
+            client.answered(self.pool, pod, end.at);
         }
         telemetry.record(
             &self.tenant,

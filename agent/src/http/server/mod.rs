@@ -18,7 +18,7 @@
 //! Every refusal is answered with the handler's body for it ([`Handler::refusal_body`]).
 //! `Expect: 100-continue` is answered before the body is read. Pipelined requests are answered in order.
 
-use std::{future::Future, io, net::IpAddr, task::Poll};
+use std::{future::Future, io, task::Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::StatusCode;
@@ -55,6 +55,10 @@ const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What answers requests.
 pub trait Handler: Send + Sync + 'static {
+    /// What the handler knows of the client of a connection (its address, and whatever the
+    /// accepting side learned), handed to every request on it.
+    type Peer: Copy + Send + Sync + 'static;
+
     /// Largest request body accepted (413 beyond).
     fn max_body(&self) -> usize;
 
@@ -67,7 +71,7 @@ pub trait Handler: Send + Sync + 'static {
     /// it could not be read (too large, malformed framing).
     fn call<'a>(
         &'a self,
-        peer: IpAddr,
+        peer: Self::Peer,
         head: &'a RequestHead,
         body: Result<Bytes, Refusal>,
     ) -> impl Future<Output = Answer> + Send + 'a;
@@ -82,7 +86,7 @@ pub trait Handler: Send + Sync + 'static {
 pub async fn serve<H: Handler>(
     mut stream: TcpStream,
     mut buf: BytesMut,
-    peer: IpAddr,
+    peer: H::Peer,
     handler: &H,
 ) {
     if let Err(err) = connection(&mut stream, &mut buf, peer, handler).await {
@@ -93,7 +97,7 @@ pub async fn serve<H: Handler>(
 async fn connection<H: Handler>(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
-    peer: IpAddr,
+    peer: H::Peer,
     handler: &H,
 ) -> io::Result<()> {
     let (mut r, mut w) = stream.split();

@@ -28,6 +28,8 @@ impl Drop for NoteDrop {
 }
 
 impl Handler for Echo {
+    type Peer = std::net::IpAddr;
+
     fn max_body(&self) -> usize {
         1024
     }
@@ -39,7 +41,7 @@ impl Handler for Echo {
     }
     fn call<'a>(
         &'a self,
-        _peer: IpAddr,
+        _peer: std::net::IpAddr,
         head: &'a RequestHead,
         body: Result<Bytes, Refusal>,
     ) -> impl Future<Output = Answer> + Send + 'a {

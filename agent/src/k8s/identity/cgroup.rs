@@ -11,14 +11,19 @@
 //!   (dashes of the UID written as underscores).
 //!
 //! [`CgroupIndex::scan`] walks the `kubepods` subtree of the cgroup v2 mount once (at most
-//! [`MAX_CGROUPS`] directories, [`MAX_DEPTH`] deep) into id -> pod UID; a caller rescans
-//! when pods change or an id is not found.
+//! [`MAX_CGROUPS`] directories, [`MAX_DEPTH`] deep) into id -> pod UID. [`PodCgroups`] is
+//! tenant resolution's view of it (a [`CgroupDirectory`]): id -> UID from the latest scan,
+//! rescanned in the background when an id is not found (a new pod; at most once a second,
+//! [`crate::tenant::cgroups::Rescanned`]), then UID -> tenant from the pod directory.
 
 use std::{
     collections::HashMap,
     io,
-    path::{Component, Path},
+    path::{Component, Path, PathBuf},
+    sync::Arc,
 };
+
+use crate::tenant::{CgroupDirectory, cgroups::Rescanned};
 
 /// Most cgroup directories walked in one scan (a node runs at most a few hundred pods of a
 /// few containers each).
@@ -130,6 +135,47 @@ impl CgroupIndex {
     }
 }
 
+/// Tenants of intercepted clients by their pod's cgroup (see the module docs).
+#[derive(Debug)]
+pub struct PodCgroups {
+    pods: Arc<super::PodDirectory>,
+    uids: Arc<Rescanned<Arc<str>>>,
+}
+
+impl PodCgroups {
+    /// Cgroups under `root` (the cgroup v2 mount), pods from `pods`. Nothing is scanned
+    /// until the first lookup: an agent that intercepts nothing never walks the tree.
+    pub fn new(pods: Arc<super::PodDirectory>, root: PathBuf) -> Self {
+        let uids = Rescanned::new(Box::new(move || match CgroupIndex::scan(&root) {
+            Ok(index) => index
+                .by_id
+                .into_iter()
+                .map(|(id, uid)| (id, Arc::<str>::from(uid)))
+                .collect(),
+            Err(err) => {
+                tracing::debug!(root = %root.display(), %err, "cannot walk the pod cgroups");
+                HashMap::new()
+            }
+        }));
+        Self { pods, uids }
+    }
+
+    /// Cgroups known from the latest scan.
+    pub fn len(&self) -> usize {
+        self.uids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.uids.is_empty()
+    }
+}
+
+impl CgroupDirectory for PodCgroups {
+    fn tenant_of_cgroup(&self, cgroup_id: u64) -> Option<Arc<str>> {
+        self.pods.tenant_of_uid(&self.uids.get(cgroup_id)?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::MetadataExt as _;
@@ -205,5 +251,47 @@ mod tests {
         assert_eq!(index.pod_uid(ino(&qos)), None, "a QoS class is no pod");
         assert_eq!(index.pod_uid(ino(&other)), None, "outside kubepods");
         assert_eq!(index.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_client_cgroup_resolves_to_its_pod_s_tenant_once_scanned() {
+        use crate::tenant::{WorkloadSelectors, Workloads as _};
+        let tree =
+            Tree(std::env::temp_dir().join(format!("warmpath-podcgroups-{}", std::process::id())));
+        let root = tree.0.clone();
+        let _ = std::fs::remove_dir_all(&root);
+        let container = root.join(format!("kubepods/besteffort/pod{UID}/abc"));
+        std::fs::create_dir_all(&container).unwrap();
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "a", "uid": UID},
+            "spec": {"containers": []},
+            "status": {"phase": "Running", "podIP": "10.0.0.1"},
+        }))
+        .unwrap();
+        let pods = Arc::new(super::super::PodDirectory::default());
+        pods.replace_pods([&pod]);
+        let mut selectors = WorkloadSelectors::default();
+        selectors.add(&Arc::from("team-a"), &["a".to_string()], &[], None);
+        pods.select(Arc::new(selectors));
+        let cgroups = PodCgroups::new(pods.clone(), root.clone());
+        let mut scans = cgroups.uids.subscribe();
+        // Nothing scanned before the first lookup; that lookup misses and starts the scan.
+        assert!(cgroups.is_empty());
+        assert_eq!(cgroups.tenant_of_cgroup(ino(&container)), None);
+        scans.changed().await.expect("the map lives");
+        assert_eq!(cgroups.len(), 2, "the pod's cgroup and its container's");
+        assert_eq!(
+            cgroups.tenant_of_cgroup(ino(&container)).as_deref(),
+            Some("team-a")
+        );
+        // The selectors change: the same cgroup follows its pod to the new tenant.
+        let mut selectors = WorkloadSelectors::default();
+        selectors.add(&Arc::from("team-b"), &["a".to_string()], &[], None);
+        pods.select(Arc::new(selectors));
+        assert_eq!(
+            cgroups.tenant_of_cgroup(ino(&container)).as_deref(),
+            Some("team-b")
+        );
     }
 }

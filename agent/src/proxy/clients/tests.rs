@@ -198,3 +198,26 @@ fn forget_pod_drops_it_everywhere_and_empty_clients_with_it() {
     assert_eq!(clients.len(), 1);
     assert!(!clients.is_empty());
 }
+
+#[test]
+fn answers_are_learned_from_ip_pods_only() {
+    let (pool, _) = pools();
+    let clients = std::sync::Arc::new(ClientPods::new(16, 4));
+    let learning = Learning::new(&clients, 9, addr(VIP));
+    let now = Instant::now();
+    learning.answered(pool, "engine.local:8000", now);
+    assert!(clients.is_empty(), "a host name is no kernel-table backend");
+    learning.answered(pool, "[fd00::1]:8000", now);
+    learning.answered(pool, A, now);
+    learning.answered(pool, A, now);
+    let all = clients.snapshot(None);
+    assert_eq!(all.len(), 1);
+    assert_eq!(
+        (all[0].cgroup_id, all[0].vip, all[0].pods.clone()),
+        (
+            9,
+            addr(VIP),
+            vec![(addr(A), 2), (addr("[fd00::1]:8000"), 1)]
+        )
+    );
+}

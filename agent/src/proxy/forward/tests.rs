@@ -67,6 +67,7 @@ async fn a_refused_attempt_leaves_no_stall_debt_and_withdraws_its_entries() {
         receipt: None,
         prediction: None,
         quota: None,
+        client: None,
     };
     let picked = Instant::now();
     let err = forward(
