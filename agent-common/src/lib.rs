@@ -62,6 +62,14 @@ pub const COUNTERS_MAP: &str = "WARMPATH_COUNTERS";
 /// Number of slots in [`COUNTERS_MAP`].
 pub const COUNTERS_LEN: u32 = 12;
 
+/// Map: client cgroup id -> [`CgroupStats`] (per-CPU, summed by the agent): how that cgroup's
+/// connects to intercepted VIPs were served and the bytes of the sockets the programs
+/// rewrote, so per-tenant telemetry covers steered and failed-open traffic too.
+pub const CGROUP_STATS_MAP: &str = "WARMPATH_CGROUP_STATS";
+/// LRU-bounded: the least recently active cgroups age out (the agent keeps what it already
+/// counted).
+pub const CGROUP_STATS_CAPACITY: u32 = 16_384;
+
 /// Indices into [`COUNTERS_MAP`]. Plain consts, not an enum: the kernel side only sees `u32`.
 pub struct Counter;
 
@@ -215,6 +223,25 @@ pub struct Backends {
 
 const _: () = assert!(size_of::<Backends>() == 88);
 
+/// Value of [`CGROUP_STATS_MAP`]: monotonic per-CPU counts for one client cgroup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct CgroupStats {
+    /// Connects to a VIP rewritten to the agent listener (proxy mode).
+    pub connects_proxy: u64,
+    /// Connects to a steered VIP sent straight to a pod.
+    pub connects_steered: u64,
+    /// Connects to a VIP while the heartbeat was stale: to an affinity or backend-set pod, or
+    /// left to the VIP untouched.
+    pub connects_failopen: u64,
+    /// Bytes (IP packet lengths, headers included) sent on sockets whose connect was rewritten.
+    pub bytes_sent: u64,
+    /// Bytes received on those sockets.
+    pub bytes_received: u64,
+}
+
+const _: () = assert!(size_of::<CgroupStats>() == 40);
+
 #[cfg(feature = "user")]
 #[allow(unsafe_code)]
 mod pod {
@@ -225,6 +252,7 @@ mod pod {
     unsafe impl aya::Pod for super::FourTuple {}
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::Backends {}
+    unsafe impl aya::Pod for super::CgroupStats {}
 }
 
 #[cfg(test)]

@@ -27,7 +27,9 @@ use warmpath_common::{
     HEARTBEAT_FOREVER, HEARTBEAT_STALE_NS, Origin,
 };
 
-use crate::{AFFINITY, BACKENDS, EXCLUDED, HEARTBEAT, ORIG_DST, SERVICES, STEER, count};
+use crate::{
+    AFFINITY, BACKENDS, EXCLUDED, HEARTBEAT, ORIG_DST, SERVICES, STEER, cgroup_stats, count,
+};
 
 /// Allow the connect() to proceed (the only verdict these programs give).
 pub const ALLOW: i32 = 1;
@@ -151,20 +153,24 @@ fn try_connect<const FAMILY: u16, const PROXY: bool>(ctx: &SockAddrContext) -> R
         if !alive || table.is_some() {
             return Ok(ALLOW);
         }
+        count_connect(cgroup_id, Mode::Proxy);
         listener
     } else {
         match (alive, table) {
             (true, None) => return Ok(ALLOW),
             (true, Some((pod, _))) => {
                 count(Counter::STEERED);
+                count_connect(cgroup_id, Mode::Steered);
                 pod
             }
             (false, Some((pod, kind))) => {
                 count(kind);
+                count_connect(cgroup_id, Mode::FailOpen);
                 pod
             }
             (false, None) => {
                 count(Counter::FAILOPEN_UNTOUCHED);
+                count_connect(cgroup_id, Mode::FailOpen);
                 return Ok(ALLOW);
             }
         }
@@ -186,6 +192,30 @@ fn try_connect<const FAMILY: u16, const PROXY: bool>(ctx: &SockAddrContext) -> R
         "connect: cookie {} cgroup {} redirected", cookie, cgroup_id
     );
     Ok(ALLOW)
+}
+
+/// How one connect to a VIP was served, for the cgroup's stats.
+#[derive(Clone, Copy)]
+enum Mode {
+    Proxy,
+    Steered,
+    FailOpen,
+}
+
+/// Counts one connect of `cgroup_id` in WARMPATH_CGROUP_STATS.
+#[inline(always)]
+fn count_connect(cgroup_id: u64, mode: Mode) {
+    let Some(stats) = cgroup_stats(cgroup_id) else {
+        return;
+    };
+    // SAFETY: this CPU's slot of a per-CPU map; no other writer while the program runs.
+    unsafe {
+        match mode {
+            Mode::Proxy => (*stats).connects_proxy += 1,
+            Mode::Steered => (*stats).connects_steered += 1,
+            Mode::FailOpen => (*stats).connects_failopen += 1,
+        }
+    }
 }
 
 /// Whether the agent's heartbeat is fresh (or its links die with it).

@@ -5,17 +5,20 @@
 #![no_std]
 #![no_main]
 
+mod bytes;
 mod connect;
 mod getpeername;
 mod sockops;
 
 use aya_ebpf::{
+    bindings::BPF_NOEXIST,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray},
 };
 use warmpath_common::{
-    AFFINITY_CAPACITY, AffinityKey, BACKENDS_CAPACITY, Backends, CONNS_CAPACITY, EXCLUDED_CAPACITY,
-    Endpoint, FourTuple, ORIG_DST_CAPACITY, Origin, SERVICES_CAPACITY,
+    AFFINITY_CAPACITY, AffinityKey, BACKENDS_CAPACITY, Backends, CGROUP_STATS_CAPACITY,
+    CONNS_CAPACITY, CgroupStats, EXCLUDED_CAPACITY, Endpoint, FourTuple, ORIG_DST_CAPACITY, Origin,
+    SERVICES_CAPACITY,
 };
 
 /// Intercepted VIP:port -> the agent listener. Written by the agent, read on every connect().
@@ -54,6 +57,26 @@ static STEER: HashMap<Endpoint, u32> = HashMap::with_max_entries(SERVICES_CAPACI
 /// Counters indexed by `warmpath_common::Counter`.
 #[map(name = "WARMPATH_COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(warmpath_common::COUNTERS_LEN, 0);
+
+/// Client cgroup id -> how its connects to VIPs were served and its rewritten sockets' bytes.
+#[map(name = "WARMPATH_CGROUP_STATS")]
+static CGROUP_STATS: LruPerCpuHashMap<u64, CgroupStats> =
+    LruPerCpuHashMap::with_max_entries(CGROUP_STATS_CAPACITY, 0);
+
+/// This CPU's stats slot for `cgroup_id`, created zeroed on first use; `None` only if the
+/// kernel refuses (the count is then lost, the traffic never affected).
+#[inline(always)]
+fn cgroup_stats(cgroup_id: u64) -> Option<*mut CgroupStats> {
+    if let Some(slot) = CGROUP_STATS.get_ptr_mut(cgroup_id) {
+        return Some(slot);
+    }
+    // NOEXIST: another CPU may have created the entry meanwhile; an error here means just that
+    // (or the map refused), and the second lookup tells which.
+    match CGROUP_STATS.insert(cgroup_id, CgroupStats::default(), u64::from(BPF_NOEXIST)) {
+        Ok(()) | Err(_) => {}
+    }
+    CGROUP_STATS.get_ptr_mut(cgroup_id)
+}
 
 #[inline(always)]
 fn count(index: u32) {

@@ -10,6 +10,7 @@ use crate::{args::AgentArgs, config::Config, ebpf};
 
 mod intercept;
 mod kernel_table;
+mod kernel_traffic;
 mod kubernetes;
 
 pub use intercept::{Interception, start_intercept, start_interception};

@@ -638,3 +638,74 @@ while True:
         done += 1
     print(json.dumps({"done": done}), flush=True)
 "#;
+
+// === Prometheus scrapes and byte-counting clients (bpf_counters.rs) ===
+
+const SCRAPE_SERIES: &str = r#"
+import sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+name, labels = sys.argv[2], sys.argv[3:]
+print(sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+          if (l.startswith(name + "{") or l.startswith(name + " ")) and all(x in l for x in labels)))
+"#;
+
+/// The sum of the Prometheus samples of `name` at `url` whose line contains every one of
+/// `labels` (e.g. `tenant="default"`), scraped from namespace `ns`.
+pub fn scrape_series(ns: &Netns, url: &str, name: &str, labels: &[&str]) -> Result<f64, String> {
+    let out = ns
+        .command("python3")
+        .args(["-c", SCRAPE_SERIES, url, name])
+        .args(labels)
+        .output()
+        .map_err(|e| format!("scrape {url}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "scrape {url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| format!("scrape {url}: {e}"))
+}
+
+/// A client script for a pod: for each stdin line "HOST PORT", one completion over a fresh
+/// raw TCP connection (`Connection: close`); prints one JSON line `{"status", "sent",
+/// "received", "pod"}` with the exact bytes it wrote and read (HTTP head and body), or
+/// `{"error"}`.
+pub const BYTES_CLIENT: &str = r#"
+import json, socket, sys
+BODY = json.dumps({"model": "sim-llama", "prompt": "count these bytes " * 16, "max_tokens": 4}).encode()
+for line in sys.stdin:
+    host, port = line.split()
+    try:
+        s = socket.create_connection((host, int(port)), timeout=10)
+        req = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n"
+               "Connection: close\r\n\r\n").encode() + BODY
+        s.sendall(req)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        head, _, body = got.partition(b"\r\n\r\n")
+        fields = dict(l.split(b":", 1) for l in head.split(b"\r\n")[1:] if b":" in l)
+        fields = {k.strip().lower(): v.strip() for k, v in fields.items()}
+        length = int(fields.get(b"content-length", b"-1"))
+        while length < 0 or len(body) < length:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+            got += chunk
+        s.close()
+        status = int(head.split(b" ", 2)[1])
+        pod = fields.get(b"x-warmpath-pod")
+        print(json.dumps({"status": status, "sent": len(req), "received": len(got),
+                          "pod": pod.decode() if pod else None}), flush=True)
+    except (OSError, ValueError, IndexError) as e:
+        print(json.dumps({"error": str(e)}), flush=True)
+"#;

@@ -14,6 +14,7 @@ pub struct Interception {
     pub redirector: std::sync::Arc<parking_lot::Mutex<ebpf::Redirector>>,
     _services: Option<AbortOnDrop>,
     _table: Option<AbortOnDrop>,
+    _kernel_traffic: Option<AbortOnDrop>,
 }
 
 /// Starts interception when there is anything to intercept: `--redirect` rules, or Services
@@ -58,10 +59,13 @@ pub fn start_interception(
         )))),
         _ => None,
     };
+    let kernel_traffic =
+        routing.map(|routing| AbortOnDrop(super::kernel_traffic::export(&redirector, routing)));
     Ok(Some(Interception {
         redirector,
         _services: services,
         _table: table,
+        _kernel_traffic: kernel_traffic,
     }))
 }
 

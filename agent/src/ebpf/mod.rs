@@ -6,6 +6,7 @@
 
 mod bpffs;
 mod cgroup;
+mod layout;
 mod logs;
 mod origins;
 mod pinned;
@@ -13,9 +14,11 @@ mod redirector;
 
 pub use bpffs::{DEFAULT_BPFFS, ensure_bpffs, is_bpffs};
 pub use cgroup::{ChildCgroup, cgroup_id, cgroup2_root, find_cgroup2_mount, own_cgroup};
+pub use layout::{LAYOUTS, Layout, Replaced, replace_mismatched, wanted as wanted_layout};
 pub use origins::{Intercepted, Origins, intercepted, intercepting};
 pub use pinned::{Cleaned, FailOpen, cleanup, default_dir as default_pin_dir};
-pub use redirector::{Counters, Redirector};
+pub use redirector::{Counters, Reconciled, Redirector, pinned_cgroup_stats};
+pub use warmpath_common::{CgroupStats, Endpoint};
 
 /// The compiled eBPF object, when this binary was built with the `bpf` feature.
 #[cfg(feature = "bpf")]

@@ -27,7 +27,7 @@ use super::{
 };
 
 /// Every map the object declares; all are pinned.
-pub const MAPS: [&str; 9] = [
+pub const MAPS: [&str; 10] = [
     SERVICES_MAP,
     ORIG_DST_MAP,
     CONNS_MAP,
@@ -37,6 +37,7 @@ pub const MAPS: [&str; 9] = [
     AFFINITY_MAP,
     BACKENDS_MAP,
     STEER_MAP,
+    warmpath_common::CGROUP_STATS_MAP,
 ];
 
 /// The default pin directory under a bpffs mount.

@@ -6,24 +6,25 @@
 //! links are pinned and outlive the process; its heartbeat then tells the programs whether it
 //! is alive (`pinned.rs`).
 
-use std::{fs::File, net::SocketAddr, path::Path, path::PathBuf, sync::Arc};
+use std::{collections::HashSet, fs::File, net::SocketAddr, path::Path, path::PathBuf, sync::Arc};
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, MapData, PerCpuArray},
+    maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap},
     programs::{
-        CgroupAttachMode, CgroupSockAddr, SockOps, cgroup_sock_addr::CgroupSockAddrLink,
-        links::FdLink, sock_ops::SockOpsLink,
+        CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, SockOps,
+        cgroup_skb::CgroupSkbLink, cgroup_sock_addr::CgroupSockAddrLink, links::FdLink,
+        sock_ops::SockOpsLink,
     },
 };
 use warmpath_common::{
-    AFFINITY_MAP, BACKENDS_MAP, CONNS_MAP, COUNTERS_MAP, Counter, EXCLUDED_MAP, Endpoint,
-    HEARTBEAT_FOREVER, HEARTBEAT_INTERVAL_NS, HEARTBEAT_MAP, ORIG_DST_MAP, Origin, SERVICES_MAP,
-    STEER_MAP,
+    AFFINITY_MAP, BACKENDS_MAP, CGROUP_STATS_MAP, CONNS_MAP, COUNTERS_MAP, CgroupStats, Counter,
+    EXCLUDED_MAP, Endpoint, HEARTBEAT_FOREVER, HEARTBEAT_INTERVAL_NS, HEARTBEAT_MAP, ORIG_DST_MAP,
+    Origin, SERVICES_MAP, STEER_MAP,
 };
 
 use super::{
-    Error, OBJECT, logs,
+    Error, OBJECT, layout, logs,
     origins::{Intercepted, Origins, endpoint, socket_addr},
     pinned::{self, FailOpen},
 };
@@ -43,6 +44,13 @@ const SOCK_ADDR_PROGRAMS: [&str; 6] = [
 const PINNED_SOCK_ADDR: usize = 4;
 /// The sock_ops entry point.
 const SOCK_OPS: &str = "sock_ops";
+/// The cgroup_skb entry points counting rewritten sockets' bytes per cgroup (`bytes.rs`;
+/// pinned in pinned mode, so steered and failed-open traffic is counted with the agent
+/// down too).
+const SKB_PROGRAMS: [(&str, CgroupSkbAttachType); 2] = [
+    ("bytes_egress", CgroupSkbAttachType::Egress),
+    ("bytes_ingress", CgroupSkbAttachType::Ingress),
+];
 
 /// Totals of the programs' per-CPU counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,12 +78,35 @@ pub struct Counters {
     pub steered: u64,
 }
 
-/// One cgroup's links: four sock_addr programs and sock_ops (none held when pinned).
+/// One cgroup's links: the sock_addr programs, sock_ops and the byte counters (only the
+/// proxy pair held when pinned).
 struct Attachment {
     cgroup: PathBuf,
     // Dropping a link detaches it.
     _sock_addr: Vec<CgroupSockAddrLink>,
     _sock_ops: Option<SockOpsLink>,
+    _skb: Vec<CgroupSkbLink>,
+}
+
+/// Entries of the shared tables an earlier agent left in the pinned maps, and what this agent
+/// wrote itself: at attach the former minus the latter are removed (this agent's flags are
+/// the truth).
+#[derive(Default)]
+struct Adopted {
+    services: HashSet<Endpoint>,
+    excluded: HashSet<u64>,
+    steer: HashSet<Endpoint>,
+    own_services: HashSet<Endpoint>,
+    own_excluded: HashSet<u64>,
+    own_steer: HashSet<Endpoint>,
+}
+
+/// What [`Redirector::reconcile_adopted`] removed of an earlier agent's entries.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Reconciled {
+    pub services: usize,
+    pub excluded: usize,
+    pub steer: usize,
 }
 
 /// The heartbeat map and whether the agent stood down (shared with the heartbeat task).
@@ -92,6 +123,9 @@ pub struct Redirector {
     origins: Arc<Origins>,
     failopen: FailOpen,
     counters: PerCpuArray<MapData, u64>,
+    cgroup_stats: PerCpuHashMap<MapData, u64, CgroupStats>,
+    /// Pinned mode: the earlier agent's entries found at load, reconciled at the first attach.
+    adopted: Option<Adopted>,
     /// The heartbeat map (pinned mode), shared with the heartbeat task; `true` once stood
     /// down (the task writes nothing more).
     heartbeat: Option<Heartbeat>,
@@ -123,6 +157,7 @@ impl Redirector {
     /// there) and links pinned under `dir/links` on attach; writes a fresh heartbeat.
     pub fn load_pinned(dir: &Path) -> Result<Self, Error> {
         pinned::prepare(dir)?;
+        layout::replace_mismatched(dir)?;
         let mut r = Self::load_with(Some(dir))?;
         r.write_heartbeat(monotonic_ns())?;
         Ok(r)
@@ -150,6 +185,9 @@ impl Redirector {
         sock_ops(&mut bpf)?
             .load()
             .map_err(program_error(SOCK_OPS))?;
+        for (name, _) in SKB_PROGRAMS {
+            skb(&mut bpf, name)?.load().map_err(program_error(name))?;
+        }
         let services = take_hash_map(&mut bpf, SERVICES_MAP)?;
         let orig_dst = take_hash_map(&mut bpf, ORIG_DST_MAP)?;
         let excluded = take_hash_map(&mut bpf, EXCLUDED_MAP)?;
@@ -173,6 +211,22 @@ impl Redirector {
             name: COUNTERS_MAP,
             source,
         })?;
+        let cgroup_stats = bpf
+            .take_map(CGROUP_STATS_MAP)
+            .ok_or(Error::Missing(CGROUP_STATS_MAP))?;
+        let cgroup_stats = PerCpuHashMap::try_from(cgroup_stats).map_err(|source| Error::Map {
+            name: CGROUP_STATS_MAP,
+            source,
+        })?;
+        let adopted = match pin_dir {
+            Some(_) => Some(Adopted {
+                services: keys(&services, SERVICES_MAP)?,
+                excluded: keys(&excluded, EXCLUDED_MAP)?,
+                steer: keys(&steer, STEER_MAP)?,
+                ..Adopted::default()
+            }),
+            None => None,
+        };
         Ok(Self {
             attachments: Vec::new(),
             services,
@@ -182,6 +236,8 @@ impl Redirector {
             origins,
             failopen,
             counters,
+            cgroup_stats,
+            adopted,
             heartbeat: Some(Arc::new(parking_lot::Mutex::new((heartbeat, false)))),
             heartbeat_task: None,
             pin_dir: pin_dir.map(Path::to_path_buf),
@@ -278,11 +334,20 @@ impl Redirector {
             .attach(&file, CgroupAttachMode::Single)
             .map_err(program_error(SOCK_OPS))?;
         let ops = program.take_link(id).map_err(program_error(SOCK_OPS))?;
+        let mut skbs = Vec::with_capacity(SKB_PROGRAMS.len());
+        for (name, attach_type) in SKB_PROGRAMS {
+            let program = skb(&mut self.bpf, name)?;
+            let id = program
+                .attach(&file, attach_type, CgroupAttachMode::Single)
+                .map_err(program_error(name))?;
+            skbs.push(program.take_link(id).map_err(program_error(name))?);
+        }
         let Some(dir) = self.pin_dir.clone() else {
             self.attachments.push(Attachment {
                 cgroup: cgroup.to_path_buf(),
                 _sock_addr: links,
                 _sock_ops: Some(ops),
+                _skb: skbs,
             });
             return Ok(());
         };
@@ -299,6 +364,10 @@ impl Redirector {
         let proxy: Vec<CgroupSockAddrLink> = links.collect();
         let fd = FdLink::try_from(ops).map_err(|e| Error::Pin(format!("{SOCK_OPS}: {e}")))?;
         pinned::pin_link(&dir, SOCK_OPS, cgroup_id, fd)?;
+        for ((name, _), link) in SKB_PROGRAMS.iter().zip(skbs) {
+            let fd = FdLink::try_from(link).map_err(|e| Error::Pin(format!("{name}: {e}")))?;
+            pinned::pin_link(&dir, name, cgroup_id, fd)?;
+        }
         // Ours are attached: now the links an earlier agent pinned can go.
         let stale = pinned::remove_stale_links(&dir)?;
         if stale > 0 {
@@ -308,7 +377,17 @@ impl Redirector {
             cgroup: cgroup.to_path_buf(),
             _sock_addr: proxy,
             _sock_ops: None,
+            _skb: Vec::new(),
         });
+        let gone = self.reconcile_adopted()?;
+        if gone != Reconciled::default() {
+            tracing::info!(
+                services = gone.services,
+                excluded = gone.excluded,
+                steer = gone.steer,
+                "removed an earlier agent's pinned entries that this agent's flags do not name"
+            );
+        }
         Ok(())
     }
 
@@ -341,12 +420,20 @@ impl Redirector {
             .map_err(|source| Error::Map {
                 name: SERVICES_MAP,
                 source,
-            })
+            })?;
+        if let Some(a) = self.adopted.as_mut() {
+            a.own_services.insert(endpoint(vip));
+        }
+        Ok(())
     }
 
     /// Stops intercepting `vip`. Removing a VIP that is not intercepted is not an error.
     pub fn remove_redirect(&mut self, vip: impl Into<SocketAddr>) -> Result<(), Error> {
-        match self.services.remove(&endpoint(vip.into())) {
+        let key = endpoint(vip.into());
+        if let Some(a) = self.adopted.as_mut() {
+            a.own_services.remove(&key);
+        }
+        match self.services.remove(&key) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(source) => Err(Error::Map {
                 name: SERVICES_MAP,
@@ -359,6 +446,13 @@ impl Redirector {
     /// from the fail-open tables, through the agent only when they have no entry.
     pub fn set_steer(&mut self, vip: impl Into<SocketAddr>, on: bool) -> Result<(), Error> {
         let key = endpoint(vip.into());
+        if let Some(a) = self.adopted.as_mut() {
+            if on {
+                a.own_steer.insert(key);
+            } else {
+                a.own_steer.remove(&key);
+            }
+        }
         let done = if on {
             self.steer.insert(key, 1, 0)
         } else {
@@ -383,7 +477,43 @@ impl Redirector {
                 name: EXCLUDED_MAP,
                 source,
             })?;
+        if let Some(a) = self.adopted.as_mut() {
+            a.own_excluded.insert(id);
+        }
         Ok(id)
+    }
+
+    /// Removes the `SERVICES`, `STEER` and `EXCLUDED` entries an earlier agent left in the
+    /// pinned maps that this one did not write itself (`set_redirect`, `set_steer`,
+    /// `exclude_cgroup`): a VIP dropped from the flags stops being intercepted, and an earlier
+    /// agent's cgroup id (an inode number, reusable) is no longer excluded. Done once, at the
+    /// first [`attach`](Self::attach) in pinned mode; a no-op otherwise. Service VIPs that a
+    /// Kubernetes watch installs later are removed and installed again: in between, their
+    /// connects reach the VIP untouched.
+    pub fn reconcile_adopted(&mut self) -> Result<Reconciled, Error> {
+        let Some(a) = self.adopted.take() else {
+            return Ok(Reconciled::default());
+        };
+        let mut done = Reconciled::default();
+        for key in a.services.difference(&a.own_services) {
+            remove_key(&mut self.services, key, SERVICES_MAP)?;
+            done.services += 1;
+        }
+        for key in a.steer.difference(&a.own_steer) {
+            remove_key(&mut self.steer, key, STEER_MAP)?;
+            done.steer += 1;
+        }
+        for key in a.excluded.difference(&a.own_excluded) {
+            remove_key(&mut self.excluded, key, EXCLUDED_MAP)?;
+            done.excluded += 1;
+        }
+        Ok(done)
+    }
+
+    /// Every client cgroup's connects and bytes as the programs counted them (summed over
+    /// CPUs): at most `CGROUP_STATS_CAPACITY` entries, the least recently active aged out.
+    pub fn cgroup_stats(&self) -> Result<Vec<(u64, CgroupStats)>, Error> {
+        sum_cgroup_stats(&self.cgroup_stats)
     }
 
     /// What the programs recorded for the client socket with this cookie, if they
@@ -463,6 +593,79 @@ fn sock_addr<'a>(bpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Cgroup
         .ok_or(Error::Missing(name))?
         .try_into()
         .map_err(program_error(name))
+}
+
+/// Every client cgroup's stats in the map pinned under `dir` (for inspection and tests).
+pub fn pinned_cgroup_stats(dir: &Path) -> Result<Vec<(u64, CgroupStats)>, Error> {
+    let map = |source| Error::Map {
+        name: CGROUP_STATS_MAP,
+        source,
+    };
+    let data = MapData::from_pin(pinned::map_path(dir, CGROUP_STATS_MAP)).map_err(map)?;
+    let stats: PerCpuHashMap<MapData, u64, CgroupStats> =
+        PerCpuHashMap::try_from(aya::maps::Map::from_map_data(data).map_err(map)?).map_err(map)?;
+    sum_cgroup_stats(&stats)
+}
+
+/// The per-CPU values of every entry, summed.
+fn sum_cgroup_stats(
+    map: &PerCpuHashMap<MapData, u64, CgroupStats>,
+) -> Result<Vec<(u64, CgroupStats)>, Error> {
+    let mut out = Vec::new();
+    for entry in map.iter() {
+        let (cgroup_id, per_cpu) = match entry {
+            Ok(e) => e,
+            // Aged out between the key walk and the read.
+            Err(aya::maps::MapError::KeyNotFound) => continue,
+            Err(source) => {
+                return Err(Error::Map {
+                    name: CGROUP_STATS_MAP,
+                    source,
+                });
+            }
+        };
+        let total = per_cpu
+            .iter()
+            .fold(CgroupStats::default(), |t, c| CgroupStats {
+                connects_proxy: t.connects_proxy.wrapping_add(c.connects_proxy),
+                connects_steered: t.connects_steered.wrapping_add(c.connects_steered),
+                connects_failopen: t.connects_failopen.wrapping_add(c.connects_failopen),
+                bytes_sent: t.bytes_sent.wrapping_add(c.bytes_sent),
+                bytes_received: t.bytes_received.wrapping_add(c.bytes_received),
+            });
+        out.push((cgroup_id, total));
+    }
+    Ok(out)
+}
+
+/// One of the object's cgroup_skb programs.
+fn skb<'a>(bpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut CgroupSkb, Error> {
+    bpf.program_mut(name)
+        .ok_or(Error::Missing(name))?
+        .try_into()
+        .map_err(program_error(name))
+}
+
+/// The keys of a hash map (a pinned map's entries at load).
+fn keys<K: aya::Pod + Eq + std::hash::Hash, V: aya::Pod>(
+    map: &HashMap<MapData, K, V>,
+    name: &'static str,
+) -> Result<HashSet<K>, Error> {
+    map.keys()
+        .collect::<Result<_, _>>()
+        .map_err(|source| Error::Map { name, source })
+}
+
+/// Removes `key` (absent is not an error).
+fn remove_key<K: aya::Pod, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    key: &K,
+    name: &'static str,
+) -> Result<(), Error> {
+    match map.remove(key) {
+        Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        Err(source) => Err(Error::Map { name, source }),
+    }
 }
 
 /// The object's sock_ops program.

@@ -16,6 +16,7 @@
 mod cells;
 pub mod export;
 pub mod index;
+pub mod kernel;
 mod live;
 mod logging;
 pub mod prometheus;
@@ -296,6 +297,11 @@ impl Telemetry {
     /// The meter, for subsystems registering their own observable instruments.
     pub fn meter(&self) -> &Meter {
         &self.meter
+    }
+
+    /// Distinct tenant names with their own series (later ones share [`OTHER_TENANT`]).
+    pub fn max_tenants(&self) -> usize {
+        self.max_tenants
     }
 
     /// Registers a pool; its name and model label every series of it.

@@ -1,0 +1,182 @@
+//! Per-cgroup kernel counters (issue #20; docs/ebpf.md `WARMPATH_CGROUP_STATS`,
+//! docs/telemetry.md `warmpath.kernel.*`): connects by mode and the bytes of rewritten
+//! sockets, counted in the kernel per client cgroup and exported per tenant.
+//!
+//! Root only. Node and two pods (`tests/src/pods.rs`): pod 0 is the client in its own cgroup,
+//! pod 1 runs a simulator. The client sends [`REQUESTS`] completions through the VIP, each on
+//! a fresh connection, and reports the exact bytes it wrote and read. The pinned map then
+//! holds exactly that many connects for the client's cgroup in the mode under test, and at
+//! least those bytes (the kernel counts IP packets, headers included); the agent's `/metrics`
+//! shows the same connects for the default tenant (no tenant claims the test's cgroup).
+#![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
+
+use std::time::{Duration, Instant};
+
+use warmpath_agent::ebpf::{CgroupStats, cgroup_id, pinned_cgroup_stats};
+use warmpath_e2e::{
+    gate,
+    pods::{BYTES_CLIENT, Bed, Node, scrape_series},
+    process::OwnedChild,
+};
+
+const WAIT: Duration = Duration::from_secs(15);
+const SIM_PORT: u16 = 8000;
+const REQUESTS: u64 = 5;
+const ADMIN: &str = "http://127.0.0.1:9090/metrics";
+
+#[test]
+#[ignore = "entry point of the pod child processes (tests/src/pods.rs)"]
+fn pod_child() {
+    warmpath_e2e::pods::child_main();
+}
+
+/// What the client measured over all its requests.
+#[derive(Debug, Default)]
+struct Sent {
+    sent: u64,
+    received: u64,
+    proxied: u64,
+}
+
+fn run_client(client: &mut OwnedChild, vip: &str) -> Sent {
+    let (host, port) = vip.rsplit_once(':').unwrap();
+    let mut total = Sent::default();
+    for _ in 0..REQUESTS {
+        client.send_line(&format!("{host} {port}")).unwrap();
+        let line = client.next_line(WAIT).expect("the client answered");
+        let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(answer["status"], 200, "{answer}");
+        total.sent += answer["sent"].as_u64().unwrap();
+        total.received += answer["received"].as_u64().unwrap();
+        total.proxied += u64::from(!answer["pod"].is_null());
+    }
+    total
+}
+
+fn stats_of(bed: &Bed, id: u64) -> CgroupStats {
+    pinned_cgroup_stats(&bed.pins.path)
+        .unwrap()
+        .into_iter()
+        .find(|(c, _)| *c == id)
+        .map(|(_, s)| s)
+        .unwrap_or_default()
+}
+
+/// Waits until the agent's `/metrics` shows `want` for the default tenant's connects in
+/// `mode` (the export reads the kernel every 2 s).
+fn wait_for_export(node: &Node, mode: &str, want: f64) -> f64 {
+    let mode = format!("mode=\"{mode}\"");
+    let labels = ["tenant=\"default\"", mode.as_str()];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = scrape_series(
+            &node.ns,
+            ADMIN,
+            "warmpath_kernel_connections_total",
+            &labels,
+        )
+        .unwrap_or(-1.0);
+        if got == want || Instant::now() >= deadline {
+            return got;
+        }
+        // Polling another process's export: nothing to await but its next read.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// One bed, agent and client; `steer` adds `--steer VIP`.
+fn counted(tag: &str, vip: &str, steer: bool) -> (CgroupStats, Sent, f64, f64) {
+    let bed = Bed::create(tag, if steer { "cnt-steer" } else { "cnt" }, 2).unwrap();
+    let node = &bed.node;
+    let sim_addr = format!("{}:{SIM_PORT}", node.pods[1].ip4);
+    let _sim = bed.sim(1, &node.pods[1].ip4.to_string(), SIM_PORT).unwrap();
+    let mut args: Vec<String> = [
+        "--listen",
+        "0.0.0.0:8080",
+        "--admin",
+        "127.0.0.1:9090",
+        "--endpoint",
+        &format!("http://{sim_addr}"),
+        "--explain",
+        "--redirect",
+        &format!("{vip}={}:8080", Node::IP4),
+    ]
+    .map(String::from)
+    .to_vec();
+    if steer {
+        args.extend(["--steer".into(), vip.into()]);
+    }
+    let agent = bed
+        .agent(&args, "info", &["interception attached"], WAIT)
+        .unwrap();
+    let mut client = bed.client(BYTES_CLIENT).unwrap();
+    let id = cgroup_id(bed.client_cgroup.path()).unwrap();
+    let sent = run_client(&mut client, vip);
+    let stats = stats_of(&bed, id);
+    let mode = if steer { "steer" } else { "proxy" };
+    let exported = wait_for_export(node, mode, REQUESTS as f64);
+    let unresolved =
+        scrape_series(&node.ns, ADMIN, "warmpath_kernel_unresolved_cgroups", &[]).unwrap();
+    drop(client);
+    drop(agent);
+    (stats, sent, exported, unresolved)
+}
+
+#[test]
+fn proxied_connects_and_their_bytes_are_counted_per_cgroup() {
+    if !gate::bpf_available("proxied_connects_and_their_bytes_are_counted_per_cgroup") {
+        return;
+    }
+    let tag = format!("wc{}", std::process::id() % 100_000);
+    let (stats, sent, exported, unresolved) = counted(&tag, "10.96.0.30:8000", false);
+    assert_eq!(
+        sent.proxied, REQUESTS,
+        "every request went through the agent"
+    );
+    assert_eq!(stats.connects_proxy, REQUESTS, "{stats:?}");
+    assert_eq!(stats.connects_steered, 0, "{stats:?}");
+    assert_eq!(stats.connects_failopen, 0, "{stats:?}");
+    assert!(stats.bytes_sent >= sent.sent, "{stats:?} vs {sent:?}");
+    assert!(
+        stats.bytes_received >= sent.received,
+        "{stats:?} vs {sent:?}"
+    );
+    assert_eq!(
+        exported, REQUESTS as f64,
+        "the default tenant's proxied connects"
+    );
+    assert!(
+        unresolved >= 1.0,
+        "the client's cgroup is claimed by no tenant"
+    );
+    gate::announce(&format!(
+        "bpf: counters (proxy): {} connects, {} B sent >= {} B written, {} B received >= {} B read; /metrics {exported}",
+        stats.connects_proxy, stats.bytes_sent, sent.sent, stats.bytes_received, sent.received
+    ));
+}
+
+#[test]
+fn steered_connects_and_their_bytes_are_counted_per_cgroup() {
+    if !gate::bpf_available("steered_connects_and_their_bytes_are_counted_per_cgroup") {
+        return;
+    }
+    let tag = format!("wk{}", std::process::id() % 100_000);
+    let (stats, sent, exported, _) = counted(&tag, "10.96.0.31:8000", true);
+    assert_eq!(sent.proxied, 0, "straight to the pod, not proxied");
+    assert_eq!(stats.connects_steered, REQUESTS, "{stats:?}");
+    assert_eq!(stats.connects_proxy, 0, "{stats:?}");
+    assert_eq!(stats.connects_failopen, 0, "{stats:?}");
+    assert!(stats.bytes_sent >= sent.sent, "{stats:?} vs {sent:?}");
+    assert!(
+        stats.bytes_received >= sent.received,
+        "{stats:?} vs {sent:?}"
+    );
+    assert_eq!(
+        exported, REQUESTS as f64,
+        "the default tenant's steered connects"
+    );
+    gate::announce(&format!(
+        "bpf: counters (steer): {} connects, {} B sent >= {} B written, {} B received >= {} B read; /metrics {exported}",
+        stats.connects_steered, stats.bytes_sent, sent.sent, stats.bytes_received, sent.received
+    ));
+}
