@@ -7,14 +7,20 @@
 //! the kernel rewrite to the node's address can reach the agent, which routes the request to
 //! the simulator pod. The simulator's own address is intercepted too, so an agent whose
 //! upstream connects were rewritten would send its requests to itself.
+//!
+//! Tenant identity from the client's cgroup (issue #20): a tenant of the agent's file selects
+//! pod 0's cgroup (`tenants.cgroups`); requests from it name another tenant in the header,
+//! from an address trusted to, and still count as the cgroup's tenant, while a second cgroup
+//! in the same pod, and the node's own processes (not intercepted), get the header or CIDR
+//! tenant as without interception.
 #![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use warmpath_agent::ebpf::cgroup_id;
 use warmpath_e2e::{
     gate,
-    pods::{Bed, Node},
+    pods::{Bed, Node, get_json},
     process::OwnedChild,
 };
 
@@ -150,5 +156,173 @@ fn pods_reach_the_agent_through_vips_and_it_reaches_the_sim_pod() {
     gate::announce(&format!(
         "bpf: pod netns {} -> VIPs {VIP4} and {VIP6} -> agent {listener4}/{listener6} (cgroup {client_id}) -> sim pod {sim_addr}",
         node.pods[0].ns.name()
+    ));
+}
+
+/// For each line "HOST PORT TENANT [SOURCE]": one completion over a fresh connection (from
+/// address SOURCE when given) claiming tenant TENANT in the header; prints one JSON line with
+/// the status and the pod that served it.
+const TENANT_CLIENT: &str = r#"
+import http.client, json, sys
+for line in sys.stdin:
+    host, port, tenant, *source = line.split()
+    try:
+        src = (source[0], 0) if source else None
+        c = http.client.HTTPConnection(host, int(port), timeout=10, source_address=src)
+        body = json.dumps({"model": "sim-llama", "prompt": "whose request is this", "max_tokens": 2})
+        c.request("POST", "/v1/completions", body,
+                  {"content-type": "application/json", "x-warmpath-tenant": tenant})
+        r = c.getresponse()
+        r.read()
+        print(json.dumps({"status": r.status, "pod": r.getheader("x-warmpath-pod")}), flush=True)
+        c.close()
+    except OSError as e:
+        print(json.dumps({"error": str(e)}), flush=True)
+"#;
+
+/// A file removed on drop (the agent's configuration).
+struct TempFile(std::path::PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// One request through `client`; its answer must be a 200 from the simulator at `sim`.
+fn claim(client: &mut OwnedChild, line: &str, sim: &str) {
+    client.send_line(line).unwrap();
+    let answer: serde_json::Value =
+        serde_json::from_str(&client.next_line(WAIT).expect("the client answered")).unwrap();
+    assert_eq!(answer["status"], 200, "{line}: {answer}");
+    assert_eq!(answer["pod"], sim, "{line}: {answer}");
+}
+
+/// Requests per tenant in the agent's `/status`, once `ok` holds for them (bounded by WAIT).
+fn wait_for_tenants(
+    node: &Node,
+    ok: impl Fn(&std::collections::BTreeMap<String, u64>) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = get_json(&node.ns, "http://127.0.0.1:9090/status").unwrap_or_default();
+        let tenants: std::collections::BTreeMap<String, u64> = status["tenants"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| Some((t["tenant"].as_str()?.to_string(), t["requests"].as_u64()?)))
+            .collect();
+        if ok(&tenants) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tenants never as expected: {tenants:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn the_client_cgroup_names_the_tenant_whatever_the_header_says() {
+    if !gate::bpf_available("the_client_cgroup_names_the_tenant_whatever_the_header_says") {
+        return;
+    }
+    let tag = format!("wt{}", std::process::id() % 100_000);
+    let bed = Bed::create(&tag, "tenants", 2).unwrap();
+    let node = &bed.node;
+    // Pod 0's second cgroup: intercepted too, but selected by no tenant.
+    let other_cgroup = bed.cgroup("pod-0-other").unwrap();
+
+    let sim_addr = format!("{}:{SIM_PORT}", node.pods[1].ip4);
+    let sim = bed.sim(1, &node.pods[1].ip4.to_string(), SIM_PORT).unwrap();
+    let listener4 = format!("{}:{LISTEN_PORT}", Node::IP4);
+    let pod0 = node.pods[0].ip4;
+    // Pod 0's address may name any tenant in the header; 127.0.0.1 is team-host's by CIDR
+    // (CIDRs come before the header), other loopback addresses may use the header.
+    let config = TempFile(std::env::temp_dir().join(format!("warmpath-{tag}-agent.yaml")));
+    std::fs::write(
+        &config.0,
+        format!(
+            "version: 1\nlisten: \"[::]:{LISTEN_PORT}\"\nadmin: 127.0.0.1:9090\nproxy: {{explain: true}}\n\
+             pools:\n- name: default\n  model: sim-llama\n  endpoints:\n  - url: http://{sim_addr}\n\
+             tenants:\n  cgroups:\n    team-pod: [{}]\n  cidrs:\n    team-host: [127.0.0.1/32]\n  \
+             trustHeaderFrom: [{pod0}/32, 127.0.0.0/8]\n",
+            bed.client_cgroup.path().display()
+        ),
+    )
+    .unwrap();
+    let agent_args: Vec<String> = [
+        "--config",
+        &config.0.display().to_string(),
+        "--redirect",
+        &format!("{VIP4}={listener4}"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let agent = bed
+        .agent(&agent_args, "info", &["interception attached"], WAIT)
+        .unwrap();
+
+    let (host, port) = VIP4.rsplit_once(':').unwrap();
+    // The selected cgroup claims another tenant from a trusted address: the cgroup decides.
+    let mut selected = bed.client(TENANT_CLIENT).unwrap();
+    claim(
+        &mut selected,
+        &format!("{host} {port} team-spoofed"),
+        &sim_addr,
+    );
+    claim(
+        &mut selected,
+        &format!("{host} {port} team-spoofed"),
+        &sim_addr,
+    );
+    // The same pod from a cgroup no tenant selects: the trusted header, as before.
+    let mut unselected = bed.client_in(0, &other_cgroup, TENANT_CLIENT, &[]).unwrap();
+    claim(
+        &mut unselected,
+        &format!("{host} {port} team-header"),
+        &sim_addr,
+    );
+    // The node's own processes, not intercepted, straight to the listener: the CIDR tenant
+    // from 127.0.0.1, the header from another loopback address.
+    let mut host_client = {
+        let mut cmd = node.ns.command("python3");
+        cmd.args(["-c", TENANT_CLIENT]);
+        OwnedChild::spawn(cmd).unwrap()
+    };
+    claim(
+        &mut host_client,
+        &format!("127.0.0.1 {LISTEN_PORT} team-spoofed"),
+        &sim_addr,
+    );
+    claim(
+        &mut host_client,
+        &format!("127.0.0.1 {LISTEN_PORT} team-loopback 127.0.0.2"),
+        &sim_addr,
+    );
+
+    let want: std::collections::BTreeMap<String, u64> = [
+        ("team-pod", 2),
+        ("team-header", 1),
+        ("team-host", 1),
+        ("team-loopback", 1),
+    ]
+    .into_iter()
+    .map(|(t, n)| (t.to_string(), n))
+    .collect();
+    let status = wait_for_tenants(node, |t| *t == want);
+    // The affinity learner holds both intercepted clients (one per cgroup), not the node's.
+    assert_eq!(status["client_affinity"]["clients"], 2, "{status}");
+
+    drop(host_client);
+    drop(unselected);
+    drop(selected);
+    drop(agent);
+    drop(sim);
+    gate::announce(&format!(
+        "bpf: tenant from cgroup {} (team-pod) over a trusted header; header and CIDR tenants unchanged elsewhere",
+        bed.client_cgroup.path().display()
     ));
 }
