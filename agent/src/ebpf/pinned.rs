@@ -145,6 +145,9 @@ pub fn cleanup(dir: &Path) -> Result<Cleaned, Error> {
     Ok(Cleaned { links, maps })
 }
 
+/// Whose affinity entry: (client cgroup id, VIP).
+pub type AffinityOf = (u64, SocketAddr);
+
 /// The fail-open tables: (client cgroup, VIP) -> pods, and VIP -> pods.
 pub struct FailOpen {
     affinity: HashMap<MapData, AffinityKey, Backends>,
@@ -237,7 +240,7 @@ impl FailOpen {
     /// Every affinity entry in the map now — (cgroup id, VIP) -> pods, a pod listed as
     /// often as it is in the entry — e.g. what an earlier agent wrote (pinned maps). Entries
     /// that do not decode are left out.
-    pub fn affinity_entries(&self) -> Result<Vec<((u64, SocketAddr), Vec<SocketAddr>)>, Error> {
+    pub fn affinity_entries(&self) -> Result<Vec<(AffinityOf, Vec<SocketAddr>)>, Error> {
         let map = |source| Error::Map {
             name: AFFINITY_MAP,
             source,
