@@ -2,7 +2,7 @@
 //! each time in front of a fresh, identical simulator fleet (same seed, same KV capacity),
 //! then one side-by-side table with ratios to round-robin (a plain Service).
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc};
 
 use clap::Args;
 
@@ -13,10 +13,13 @@ use super::{
     logs::{BenchLog, Logs},
     process::fleet_flags,
     progress::Phase,
-    run::report::Quantiles,
     workload::SharedPrefix,
 };
 use warmpath_agent::routing::Policy;
+
+mod drive;
+
+use drive::drive;
 
 /// Options of `warmpath bench compare`.
 #[derive(Debug, Clone, Args)]
@@ -94,12 +97,55 @@ pub enum Switch {
     Off,
 }
 
-/// What one request looked like to the client (modelled seconds).
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    ttft: f64,
-    e2e: f64,
-    output_tokens: u64,
+/// Requests sent one after another by one client: each no earlier than its `at`, and after
+/// the previous one's answer. With `grow`, each prompt is the conversation so far: every
+/// earlier prompt and answer, then this turn's text (multi-turn chat, agent loops).
+#[derive(Debug, Clone)]
+pub struct Chain {
+    pub turns: Vec<super::workload::Planned>,
+    pub grow: bool,
+}
+
+impl Chain {
+    /// Independent requests, one chain each (the shared-prefix plan).
+    pub fn singles(plan: Vec<super::workload::Planned>) -> Vec<Self> {
+        plan.into_iter()
+            .map(|p| Self {
+                turns: vec![p],
+                grow: false,
+            })
+            .collect()
+    }
+}
+
+/// What a row needs of the run besides its plan: the fleet, the agents, the limits.
+#[derive(Debug, Clone)]
+pub(crate) struct Setup {
+    pub replicas: u16,
+    pub agents: u16,
+    pub cluster: Switch,
+    pub num_gpu_blocks: usize,
+    pub profile: String,
+    pub time_scale: f64,
+    pub seed: u64,
+    pub precise_weights: Vec<String>,
+    pub max_seconds: f64,
+}
+
+impl CompareArgs {
+    fn setup(&self) -> Setup {
+        Setup {
+            replicas: self.replicas,
+            agents: self.agents,
+            cluster: self.cluster,
+            num_gpu_blocks: self.num_gpu_blocks,
+            profile: self.profile.clone(),
+            time_scale: self.time_scale,
+            seed: self.seed,
+            precise_weights: self.precise_weights.clone(),
+            max_seconds: self.max_seconds,
+        }
+    }
 }
 
 /// One policy's results.
@@ -114,6 +160,18 @@ pub struct Row {
     pub e2e_p50: f64,
     pub output_tokens_per_s: f64,
     pub prefix_hit_ratio: f64,
+    /// Prompt tokens of the answered requests (from their usage).
+    pub prompt_tokens: u64,
+    /// Route receipts summed over the answered requests (docs/routing.md "Route receipts"):
+    /// the longest prefix any ready pod held and what the chosen pod held, from the agents'
+    /// explain headers (`None` when no request had them: a peer router), and what the engines
+    /// delivered (`usage.prompt_tokens_details.cached_tokens`).
+    pub available_tokens: Option<u64>,
+    pub captured_tokens: Option<u64>,
+    pub delivered_tokens: u64,
+    /// Median of |predicted - measured TTFT| (modelled ms) over the requests whose answer
+    /// carried the cost model's `x-warmpath-predicted-ttft-ms`; `None` without any.
+    pub ttft_prediction_error_ms_p50: Option<f64>,
     /// Requests answered through each agent (one entry for a peer router).
     pub requests_per_agent: Vec<usize>,
     /// A cluster row's agents: what each subscribed to and replicated when the run started
@@ -129,7 +187,7 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
     // Logs first: from here on this process's own tracing goes to bench.log, not the terminal.
     let logs = Logs::create(&args.out)?;
     let bench_log = BenchLog::install(&logs)?;
-    let plan = Arc::new(args.workload.plan(args.seed));
+    let plan = args.workload.plan(args.seed);
     if args.workload.skew > 0.0 {
         println!(
             "group popularity: Zipf, exponent {} (users per group: {:?})",
@@ -196,10 +254,13 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
     }
     let mut rows = Vec::new();
     let count = targets.len();
+    let setup = args.setup();
+    let requests = plan.len() as u64;
+    let chains = Arc::new(Chain::singles(plan));
     for (i, target) in targets.into_iter().enumerate() {
         let label = format!("[{}/{count}] {}", i + 1, target.name());
-        let phase = Arc::new(Phase::start(label, plan.len() as u64));
-        let row = match run_target(&args, target, plan.clone(), &logs, &phase).await {
+        let phase = Arc::new(Phase::start(label, requests));
+        let row = match run_target(&setup, target, chains.clone(), &logs, &phase).await {
             Ok(row) => row,
             // A peer that cannot run here is reported, not fatal.
             Err(e) if matches!(target, Target::Peer(_)) => {
@@ -256,7 +317,7 @@ fn write_outputs(args: &CompareArgs, rows: &[Row]) -> Result<(), Error> {
 
 /// What a run goes through: warmpath with a policy, or a peer router.
 #[derive(Debug, Clone, Copy)]
-enum Target {
+pub(crate) enum Target {
     Warmpath(Policy),
     /// Precise through one agent subscribed to every engine, whatever --agents says.
     Central,
@@ -266,7 +327,7 @@ enum Target {
 }
 
 impl Target {
-    fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         match self {
             Target::Warmpath(p) => format!("{p:?}"),
             Target::Central => CENTRAL_ROW.into(),
@@ -277,7 +338,7 @@ impl Target {
 }
 
 /// The peers `--peers` asks for.
-fn select_peers(asked: &[String]) -> Result<Vec<super::peers::Peer>, Error> {
+pub(crate) fn select_peers(asked: &[String]) -> Result<Vec<super::peers::Peer>, Error> {
     use super::peers::PEERS;
     let by_flag = |n: &str| match n {
         "vllm-router-kv" => Some(PEERS[0]),
@@ -300,7 +361,7 @@ fn select_peers(asked: &[String]) -> Result<Vec<super::peers::Peer>, Error> {
 }
 
 /// The name of the central precise row.
-const CENTRAL_ROW: &str = "Precise (1 agent)";
+pub(crate) const CENTRAL_ROW: &str = "Precise (1 agent)";
 
 /// The multi-agent precise row against the central one, when both ran.
 fn print_central_gap(rows: &[Row]) {
@@ -345,10 +406,10 @@ fn print_peer_ratios(rows: &[Row]) {
     }
 }
 
-async fn run_target(
-    args: &CompareArgs,
+pub(crate) async fn run_target(
+    args: &Setup,
     target: Target,
-    plan: Arc<Vec<super::workload::Planned>>,
+    plan: Arc<Vec<Chain>>,
     logs: &Logs,
     phase: &Arc<Phase>,
 ) -> Result<Row, Error> {
@@ -390,9 +451,9 @@ async fn run_target(
 
 /// The plan through one peer router in front of `engines`.
 async fn run_peer(
-    args: &CompareArgs,
+    args: &Setup,
     peer: super::peers::Peer,
-    plan: Arc<Vec<super::workload::Planned>>,
+    plan: Arc<Vec<Chain>>,
     logs: &Logs,
     phase: &Arc<Phase>,
     engines: &[warmpath_sim::fleet::RunningEngine],
@@ -409,15 +470,20 @@ async fn run_peer(
 
 /// The plan through `args.agents` warmpath agents (processes of their own) with `policy`.
 async fn run_agents(
-    args: &CompareArgs,
+    args: &Setup,
     target: Target,
     policy: Policy,
-    plan: Arc<Vec<super::workload::Planned>>,
+    plan: Arc<Vec<Chain>>,
     logs: &Logs,
     phase: &Arc<Phase>,
     engines: &[warmpath_sim::fleet::RunningEngine],
 ) -> Result<Row, Error> {
-    let mut common = vec!["--policy".to_string(), policy_flag(policy)];
+    // --explain: the route receipt and the cost model's prediction come back as headers.
+    let mut common = vec![
+        "--policy".to_string(),
+        policy_flag(policy),
+        "--explain".into(),
+    ];
     if policy == Policy::Precise {
         for w in &args.precise_weights {
             common.extend(["--weight".into(), w.clone()]);
@@ -535,106 +601,6 @@ fn intercept(
     r.attach(&warmpath_agent::ebpf::own_cgroup().map_err(fail)?)
         .map_err(fail)?;
     Ok((r, vips))
-}
-
-/// Sends the plan (user `i` to `urls[i mod len]`) and measures it against `engines`' prefix
-/// caches.
-async fn drive(
-    args: &CompareArgs,
-    target: &Target,
-    plan: Arc<Vec<super::workload::Planned>>,
-    engines: &[warmpath_sim::fleet::RunningEngine],
-    urls: &[String],
-    phase: &Arc<Phase>,
-) -> Result<Row, Error> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(1024)
-        .tcp_nodelay(true)
-        .build()
-        .map_err(|e| Error::Setup(e.to_string()))?;
-
-    let start = tokio::time::Instant::now();
-    let scale = args.time_scale;
-    let tasks: Vec<_> = plan
-        .iter()
-        .cloned()
-        .map(|p| {
-            let agent = p.user % urls.len();
-            let (client, url) = (client.clone(), urls[agent].clone());
-            let phase = phase.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep_until(start + p.at.mul_f64(scale)).await;
-                let sample = one_request(&client, &url, &p.prompt, p.max_tokens).await;
-                phase.inc();
-                sample.map(|s| (agent, s))
-            })
-        })
-        .collect();
-    let deadline = start + Duration::from_secs_f64(args.max_seconds);
-    let mut samples = Vec::new();
-    let mut errors = 0;
-    let mut requests_per_agent = vec![0; urls.len()];
-    for t in tasks {
-        match tokio::time::timeout_at(deadline, t).await {
-            Ok(Ok(Some((agent, s)))) => {
-                requests_per_agent[agent] += 1;
-                samples.push(s);
-            }
-            _ => errors += 1,
-        }
-    }
-    let wall = start.elapsed().as_secs_f64();
-    let (hits, queries) = engines.iter().fold((0u64, 0u64), |(h, q), e| {
-        let st = e.served.engine.stats();
-        (h + st.prefix_hits, q + st.prefix_queries)
-    });
-    let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft / scale).collect();
-    ttft.sort_by(f64::total_cmp);
-    let ttft_q = Quantiles::of(ttft.iter().copied());
-    let output: u64 = samples.iter().map(|s| s.output_tokens).sum();
-    Ok(Row {
-        policy: target.name(),
-        requests: samples.len(),
-        errors,
-        ttft_p50: ttft_q.p50,
-        ttft_p90: ttft_q.p90,
-        ttft_p99: ttft_q.p99,
-        e2e_p50: Quantiles::of(samples.iter().map(|s| s.e2e / scale)).p50,
-        output_tokens_per_s: output as f64 / (wall / scale),
-        prefix_hit_ratio: if queries == 0 {
-            0.0
-        } else {
-            hits as f64 / queries as f64
-        },
-        requests_per_agent,
-        cluster: Vec::new(),
-        ttfts: ttft,
-    })
-}
-
-/// Streams one completion; wall-clock TTFT (first text) and end-to-end, and output tokens.
-async fn one_request(
-    client: &reqwest::Client,
-    url: &str,
-    prompt: &str,
-    max_tokens: usize,
-) -> Option<Sample> {
-    // `model` explicitly: some routers (sglang-router) require it.
-    let model = warmpath_sim::cli::DEFAULT_MODEL;
-    let req = super::run::Completion {
-        client,
-        url,
-        model,
-        prompt,
-        max_tokens,
-        header: None,
-    };
-    let (s, _) = req.stream().await?;
-    Some(Sample {
-        ttft: s.ttft,
-        e2e: s.e2e,
-        output_tokens: s.output_tokens,
-    })
 }
 
 fn print_table(rows: &[Row]) {

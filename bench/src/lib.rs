@@ -8,6 +8,7 @@ pub mod compare;
 pub mod ebpf;
 pub mod index;
 mod logs;
+pub mod matrix;
 mod peers;
 mod proc_stat;
 mod process;
@@ -30,6 +31,9 @@ pub enum BenchCommand {
     SimStreams(SimStreamsArgs),
     /// The same workload through each routing policy, in front of identical fresh fleets.
     Compare(Box<compare::CompareArgs>),
+    /// Issue #19's workload matrix: RAG, chat, agent loops and a no-sharing control at a load
+    /// ladder, every router on fresh identical fleets; one table and the targets judged.
+    Matrix(Box<matrix::MatrixArgs>),
     /// What the proxy adds: latency vs direct (and nginx), requests/s per core, decision cost.
     Proxy(proxy::ProxyBenchArgs),
     /// KV index: ingestion rate, lookup latency, bytes per entry, memory under the cap.
@@ -69,12 +73,16 @@ pub enum Error {
 /// Runs a benchmark and prints its report. Sets up this process's tracing: `bench compare`
 /// into its logs directory (the terminal is for its progress and table), the others to stderr.
 pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
-    if !matches!(cmd, BenchCommand::Compare(_) | BenchCommand::Cluster(_)) {
+    if !matches!(
+        cmd,
+        BenchCommand::Compare(_) | BenchCommand::Matrix(_) | BenchCommand::Cluster(_)
+    ) {
         warmpath_agent::telemetry::init_tracing();
     }
     match cmd {
         BenchCommand::SimStreams(args) => sim_streams::run(args).await,
         BenchCommand::Compare(args) => compare::run(*args).await,
+        BenchCommand::Matrix(args) => matrix::run(*args).await,
         BenchCommand::Proxy(args) => proxy::run(args).await,
         BenchCommand::Run(args) => run::run(*args).await,
         BenchCommand::Soak(args) => soak::run(*args).await,

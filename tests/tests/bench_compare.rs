@@ -67,25 +67,7 @@ fn compare_shows_progress_and_the_table_and_logs_every_agent_to_a_file() {
         "60",
     ]
     .map(String::from);
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_warmpath-roles"))
-        .args(&argv)
-        // The default filter (info): what a user gets, and what must stay off the terminal.
-        .env_remove("RUST_LOG")
-        .process_group(0)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut group = Group(i32::try_from(child.id()).ok());
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || done.send(child.wait_with_output()));
-    // On a timeout the panic drops `group`: the kill ends the waiting thread too.
-    let output = finished
-        .recv_timeout(RUN_WITHIN)
-        .expect("bench compare finished in time")
-        .unwrap();
-    group.0 = None;
+    let output = bench(&argv);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -256,6 +238,154 @@ fn check_cluster(cluster: &serde_json::Value, logs: &Path) {
             "{joined}"
         );
     }
+}
+
+/// Runs `warmpath-roles <argv>` as a user does (the default log filter, no terminal) in a
+/// process group of its own, killed if it outlives [`RUN_WITHIN`] or the test panics.
+fn bench(argv: &[String]) -> std::process::Output {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_warmpath-roles"))
+        .args(argv)
+        // The default filter (info): what a user gets, and what must stay off the terminal.
+        .env_remove("RUST_LOG")
+        .process_group(0)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut group = Group(i32::try_from(child.id()).ok());
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(child.wait_with_output()));
+    // On a timeout the panic drops `group`: the kill ends the waiting thread too.
+    let output = finished
+        .recv_timeout(RUN_WITHIN)
+        .expect("the bench finished in time")
+        .unwrap();
+    group.0 = None;
+    output
+}
+
+#[test]
+fn matrix_runs_every_cell_and_row_and_writes_one_table() {
+    let rows = ["RoundRobin", "LeastLoaded", "Precise", "Precise (1 agent)"];
+    let out = std::env::temp_dir().join(format!("warmpath-bench-matrix-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    // Two workloads x two loads, four requests a cell (chat: 2 sessions of 3 turns would be
+    // a multiple of the 2 engines, so 3 sessions, 9 requests); no peers.
+    let argv = [
+        "bench",
+        "matrix",
+        "--quick",
+        "--out",
+        &out.display().to_string(),
+        "--workloads",
+        "rag:1.0:64,chat",
+        "--loads",
+        "0.5,1.0",
+        "--requests",
+        "4",
+        "--replicas",
+        "2",
+        "--agents",
+        "2",
+        "--peers",
+        "none",
+        "--profile",
+        "tiny",
+        "--time-scale",
+        "0.05",
+        "--max-seconds",
+        "60",
+    ]
+    .map(String::from);
+    let output = bench(&argv);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    assert!(
+        stdout.starts_with("bench matrix: 2 workloads x 2 loads = 4 cells, 4 rows each (4 run)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("min\n"), "the estimate: {stdout}");
+    assert!(
+        stdout.contains("| workload | load | req/s | row | answered/sent | TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | output tok/s | prefix hit % | available % | captured % | delivered % | pred. error p50 (ms) |"),
+        "{stdout}"
+    );
+    for (workload, sent) in [("rag:1:64", 4), ("chat", 9)] {
+        for load in ["0.5x", "1x"] {
+            for row in rows {
+                let line = format!("| {workload} | {load} | ");
+                let found = stdout
+                    .lines()
+                    .find(|l| l.starts_with(&line) && l.contains(&format!(" | {row} | ")))
+                    .unwrap_or_else(|| panic!("{workload} {load} {row}: {stdout}"));
+                assert!(
+                    found.contains(&format!(" | {row} | {sent}/{sent} | ")),
+                    "{found}"
+                );
+                // 14 columns, every one filled (receipts: the agents sent their headers).
+                let cols: Vec<&str> = found.trim_matches('|').split(" | ").collect();
+                assert_eq!(cols.len(), 14, "{found}");
+                assert!(cols[..13].iter().all(|c| c.trim() != "-"), "{found}");
+            }
+        }
+    }
+    // No peer ran: the peer targets against the stand-in, said so.
+    assert!(
+        stdout.contains("Precise: p50 <= 1.05x best non-warmpath row (stand-in: no peer ran): "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(" PASS, ") && stdout.contains(" MISS\n"),
+        "{stdout}"
+    );
+    for name in ["matrix.md", "matrix.json"] {
+        let line = format!("results: {}", out.join(name).display());
+        assert!(stdout.contains(&line), "{line}: {stdout}");
+    }
+    for (name, text) in [("stdout", &stdout), ("stderr", &stderr)] {
+        assert!(
+            !text.lines().any(|l| l.contains(" INFO ")),
+            "{name}: {text}"
+        );
+    }
+    let md = read(&out.join("matrix.md"));
+    assert!(stdout.contains(&md), "matrix.md is the printed report");
+
+    let json: serde_json::Value = serde_json::from_str(&read(&out.join("matrix.json"))).unwrap();
+    let cells = json["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 4, "{json}");
+    for cell in cells {
+        let sent = cell["requests"].as_u64().unwrap();
+        assert!(cell["blocks_per_engine"].as_u64().unwrap() >= 2, "{cell}");
+        let names: Vec<&str> = cell["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, rows, "{cell}");
+        for r in cell["rows"].as_array().unwrap() {
+            let x = &r["result"];
+            let n = |k: &str| x[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
+            assert_eq!(r["status"], "ok", "{r}");
+            assert_eq!((n("requests"), n("errors")), (sent as f64, 0.0), "{r}");
+            assert!((0.0..=1.0).contains(&n("prefix_hit_ratio")), "{r}");
+            assert!(0.0 < n("ttft_p50") && n("ttft_p50") <= n("ttft_p90"), "{r}");
+            assert!(
+                n("ttft_p90") <= n("ttft_p99") && n("output_tokens_per_s") > 0.0,
+                "{r}"
+            );
+            // Receipts: captured never exceeds available; delivered at most the prompts.
+            assert!(n("captured_tokens") <= n("available_tokens"), "{r}");
+            assert!(n("delivered_tokens") <= n("prompt_tokens"), "{r}");
+        }
+    }
+    std::fs::remove_dir_all(&out).unwrap();
 }
 
 fn read(path: &Path) -> String {

@@ -415,6 +415,7 @@ fn failed() -> Sample {
         output_tokens: 0,
         available_tokens: None,
         captured_tokens: None,
+        predicted_ttft_ms: None,
     }
 }
 
@@ -557,6 +558,10 @@ fn read_receipt(s: &mut Sample, headers: &reqwest::header::HeaderMap) {
     let tokens = |name: &str| headers.get(name)?.to_str().ok()?.parse::<u64>().ok();
     s.available_tokens = tokens("x-warmpath-available-tokens");
     s.captured_tokens = tokens("x-warmpath-captured-tokens");
+    s.predicted_ttft_ms = headers
+        .get("x-warmpath-predicted-ttft-ms")
+        .and_then(|v| v.to_str().ok()?.parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0);
 }
 
 #[cfg(test)]

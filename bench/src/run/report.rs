@@ -30,6 +30,8 @@ pub struct Sample {
     /// `--explain`); `cached_tokens` is the receipt's delivered figure.
     pub available_tokens: Option<u64>,
     pub captured_tokens: Option<u64>,
+    /// The cost model's predicted TTFT (`x-warmpath-predicted-ttft-ms`), when sent.
+    pub predicted_ttft_ms: Option<f64>,
 }
 
 /// p50 / p90 / p99 of latencies (see [`quantile`]); NaN without data.
@@ -314,6 +316,7 @@ mod tests {
             // Tenant a's requests came with receipts, b's without.
             available_tokens: (tenant == "a").then_some(90),
             captured_tokens: (tenant == "a").then_some(80),
+            predicted_ttft_ms: None,
         }
     }
 

@@ -1,0 +1,220 @@
+//! Sending a plan of chains through a row's endpoints and turning what came back into a
+//! [`Row`]: latency quantiles, throughput, the engines' prefix hits, the route receipts and
+//! the cost model's prediction error.
+
+use std::{sync::Arc, time::Duration};
+
+use super::{Chain, Error, Phase, Row, Setup, Target};
+use crate::run::report::{Quantiles, Sample};
+
+/// Sends the plan (chain `c` from user `u` to `urls[u mod len]`) and measures it against
+/// `engines`' prefix caches. Every request is bounded by `--max-seconds` from the start; a
+/// chain whose turn fails or runs out of time sends none of its later turns (they count as
+/// errors).
+pub(super) async fn drive(
+    args: &Setup,
+    target: &Target,
+    plan: Arc<Vec<Chain>>,
+    engines: &[warmpath_sim::fleet::RunningEngine],
+    urls: &[String],
+    phase: &Arc<Phase>,
+) -> Result<Row, Error> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| Error::Setup(e.to_string()))?;
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs_f64(args.max_seconds);
+    let scale = args.time_scale;
+    let sent: usize = plan.iter().map(|c| c.turns.len()).sum();
+    let tasks: Vec<_> = plan
+        .iter()
+        .cloned()
+        .map(|chain| {
+            let agent = chain.turns.first().map_or(0, |t| t.user) % urls.len();
+            let (client, url, phase) = (client.clone(), urls[agent].clone(), phase.clone());
+            tokio::spawn(async move {
+                let mut done = Vec::with_capacity(chain.turns.len());
+                let mut context = String::new();
+                for turn in &chain.turns {
+                    let at = start + turn.at.mul_f64(scale);
+                    if at >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep_until(at).await;
+                    let prompt = if chain.grow {
+                        context.push_str(&turn.prompt);
+                        context.clone()
+                    } else {
+                        turn.prompt.clone()
+                    };
+                    let answer = tokio::time::timeout_at(
+                        deadline,
+                        one_request(&client, &url, &prompt, turn.max_tokens),
+                    )
+                    .await;
+                    phase.inc();
+                    let Ok(Some((sample, text))) = answer else {
+                        break;
+                    };
+                    if !sample.ok {
+                        break;
+                    }
+                    if chain.grow {
+                        context.push_str(&text);
+                    }
+                    done.push(sample);
+                }
+                (agent, done)
+            })
+        })
+        .collect();
+    let mut samples = Vec::with_capacity(sent);
+    let mut requests_per_agent = vec![0; urls.len()];
+    for t in tasks {
+        let (agent, done) = t
+            .await
+            .map_err(|e| Error::Setup(format!("a client task failed: {e}")))?;
+        requests_per_agent[agent] += done.len();
+        samples.extend(done);
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let (hits, queries) = engines.iter().fold((0u64, 0u64), |(h, q), e| {
+        let st = e.served.engine.stats();
+        (h + st.prefix_hits, q + st.prefix_queries)
+    });
+    let mut row = summarize(&samples, wall, scale);
+    row.policy = target.name();
+    row.errors = sent - samples.len();
+    row.prefix_hit_ratio = if queries == 0 {
+        0.0
+    } else {
+        hits as f64 / queries as f64
+    };
+    row.requests_per_agent = requests_per_agent;
+    Ok(row)
+}
+
+/// The client-side figures of a row from its answered requests (`wall` seconds of run at
+/// `scale` wall seconds per modelled second); the caller fills in the rest.
+pub(super) fn summarize(samples: &[Sample], wall: f64, scale: f64) -> Row {
+    let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft / scale).collect();
+    ttft.sort_by(f64::total_cmp);
+    let ttft_q = Quantiles::of(ttft.iter().copied());
+    let output: u64 = samples.iter().map(|s| s.output_tokens).sum();
+    let receipt = |f: fn(&Sample) -> Option<u64>| -> Option<u64> {
+        samples.iter().filter_map(f).reduce(|a, b| a + b)
+    };
+    let mut errors: Vec<f64> = samples
+        .iter()
+        .filter_map(|s| Some((s.predicted_ttft_ms? / 1e3 - s.ttft).abs() / scale * 1e3))
+        .collect();
+    errors.sort_by(f64::total_cmp);
+    Row {
+        policy: String::new(),
+        requests: samples.len(),
+        errors: 0,
+        ttft_p50: ttft_q.p50,
+        ttft_p90: ttft_q.p90,
+        ttft_p99: ttft_q.p99,
+        e2e_p50: Quantiles::of(samples.iter().map(|s| s.e2e / scale)).p50,
+        output_tokens_per_s: output as f64 / (wall / scale),
+        prefix_hit_ratio: 0.0,
+        prompt_tokens: samples.iter().map(|s| s.prompt_tokens).sum(),
+        available_tokens: receipt(|s| s.available_tokens),
+        captured_tokens: receipt(|s| s.captured_tokens),
+        delivered_tokens: samples.iter().map(|s| s.cached_tokens).sum(),
+        ttft_prediction_error_ms_p50: median(&errors),
+        requests_per_agent: Vec::new(),
+        cluster: Vec::new(),
+        ttfts: ttft,
+    }
+}
+
+/// The middle value of sorted `v` (the mean of the two middle ones for an even count).
+fn median(v: &[f64]) -> Option<f64> {
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// Streams one completion: the sample (wall-clock TTFT and end to end, usage, receipt and
+/// prediction headers) and the generated text.
+async fn one_request(
+    client: &reqwest::Client,
+    url: &str,
+    prompt: &str,
+    max_tokens: usize,
+) -> Option<(Sample, String)> {
+    // `model` explicitly: some routers (sglang-router) require it.
+    let model = warmpath_sim::cli::DEFAULT_MODEL;
+    let req = crate::run::Completion {
+        client,
+        url,
+        model,
+        prompt,
+        max_tokens,
+        header: None,
+    };
+    req.stream().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ttft: f64, receipt: Option<(u64, u64)>, predicted_ms: Option<f64>) -> Sample {
+        Sample {
+            tenant: "-".into(),
+            step: 0,
+            ok: true,
+            start: 0.0,
+            ttft,
+            e2e: ttft + 1.0,
+            itl: Vec::new(),
+            prompt_tokens: 100,
+            cached_tokens: 32,
+            output_tokens: 10,
+            available_tokens: receipt.map(|r| r.0),
+            captured_tokens: receipt.map(|r| r.1),
+            predicted_ttft_ms: predicted_ms,
+        }
+    }
+
+    #[test]
+    fn receipts_and_prediction_error_are_summed_and_medianed() {
+        // Wall seconds at scale 0.5: modelled = wall / 0.5.
+        let samples = [
+            sample(0.10, Some((64, 48)), Some(150.0)),
+            sample(0.20, Some((96, 96)), Some(180.0)),
+            sample(0.30, None, None),
+        ];
+        let row = summarize(&samples, 2.0, 0.5);
+        assert_eq!(row.requests, 3);
+        assert_eq!(row.prompt_tokens, 300);
+        assert_eq!(row.delivered_tokens, 96);
+        assert_eq!(row.available_tokens, Some(160));
+        assert_eq!(row.captured_tokens, Some(144));
+        // |150 - 100| / 0.5 = 100 ms and |180 - 200| / 0.5 = 40 ms: median 70 ms.
+        let err = row.ttft_prediction_error_ms_p50.unwrap();
+        assert!((err - 70.0).abs() < 1e-9, "{err}");
+        // 30 output tokens over 2 wall s = 4 modelled s.
+        assert!((row.output_tokens_per_s - 7.5).abs() < 1e-9);
+        assert!((row.ttft_p50 - 0.4).abs() < 0.001, "{}", row.ttft_p50);
+        // A peer sends no headers: no receipt, no error.
+        let peer = summarize(&[sample(0.1, None, None)], 1.0, 1.0);
+        assert_eq!(peer.available_tokens, None);
+        assert_eq!(peer.ttft_prediction_error_ms_p50, None);
+    }
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[1.0, 2.0, 9.0]), Some(2.0));
+        assert_eq!(median(&[1.0, 2.0, 4.0, 9.0]), Some(3.0));
+    }
+}

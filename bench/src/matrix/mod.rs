@@ -1,0 +1,318 @@
+//! `warmpath bench matrix`: issue #19's workload matrix in one command. Every workload
+//! ([`workloads`]) at every load of the ladder is a cell; every cell runs each row — round-
+//! robin, least-loaded, warmpath precise through `--agents` agents (cluster mode, as `bench
+//! compare`) and through one central agent, and each peer router — in front of a fresh,
+//! identical simulator fleet whose KV capacity is below the cell's working set. One table
+//! (terminal, `<out>/matrix.md`, `<out>/matrix.json`), then the targets per cell
+//! ([`verdict`]).
+//!
+//! The ladder: load 1.0x is the rate at which prefilling every prompt cold would take the
+//! whole fleet's prefill throughput (engines x the profile's prefill tokens/s / the cell's
+//! mean prompt tokens); a cache-blind router saturates there, a cache-aware one has headroom
+//! in proportion to its hits.
+
+mod table;
+pub mod verdict;
+pub mod workloads;
+
+use std::{path::PathBuf, sync::Arc};
+
+use clap::Args;
+use warmpath_agent::routing::Policy;
+
+use super::{
+    Error,
+    compare::{self, Row, Setup, Switch, Target},
+    logs::{BenchLog, Logs},
+    peers::PEERS,
+    progress::Phase,
+};
+use workloads::{Generated, Sizes, Workload};
+
+/// Options of `warmpath bench matrix`.
+#[derive(Debug, Clone, Args)]
+pub struct MatrixArgs {
+    /// Workloads (rows of cells): `rag:SKEW:TOKENS` (Zipf-popular documents of TOKENS tokens),
+    /// `chat`, `agentic`, `no-sharing`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "rag:0.6:1000,rag:1.0:2500,rag:1.4:1000,rag:1.4:2500,chat,agentic,no-sharing"
+    )]
+    pub workloads: Vec<Workload>,
+    /// The load ladder, as multiples of the cell's cold-prefill capacity (see the module docs).
+    #[arg(long, value_delimiter = ',', default_value = "0.5,0.8,1.0")]
+    pub loads: Vec<f64>,
+    /// Requests per cell (chat and agentic: rounded up to whole sessions).
+    #[arg(long, default_value_t = 120)]
+    pub requests: usize,
+    /// Tiny requests (a few tokens each) for tests; --requests still sets how many.
+    #[arg(long)]
+    pub quick: bool,
+    /// The fleet's KV capacity as a share of the cell's working set (each engine gets at least
+    /// twice its longest request).
+    #[arg(long, default_value_t = 0.5)]
+    pub kv_fraction: f64,
+    /// Engines in each fleet.
+    #[arg(long, default_value_t = 4)]
+    pub replicas: u16,
+    /// warmpath agents of the multi-agent precise row (a cluster, as `bench compare`).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub agents: u16,
+    #[arg(long, default_value = "llama-3.1-8b-h100")]
+    pub profile: String,
+    /// Wall seconds per modelled second.
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Peer routers: `auto` (all three; a missing one gets a "not installed" row), `none`,
+    /// or names (`vllm-router-kv`, `vllm-router-cache`, `sglang-router-cache`).
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    pub peers: Vec<String>,
+    /// Scorer weight overrides for the precise rows (`NAME=W`, repeatable).
+    #[arg(long = "precise-weight", value_name = "NAME=W")]
+    pub precise_weights: Vec<String>,
+    /// Give up on a row after this many wall seconds (its unanswered requests fail).
+    #[arg(long, default_value_t = 90.0)]
+    pub max_seconds: f64,
+    /// Directory for `matrix.md`, `matrix.json` and `logs/`.
+    #[arg(long, value_name = "DIR", default_value = "warmpath-matrix")]
+    pub out: PathBuf,
+}
+
+/// One row of a cell: its results, or why there are none.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CellRow {
+    pub name: String,
+    /// `ok`, `not installed`, or the error that ended it.
+    pub status: String,
+    pub result: Option<Row>,
+}
+
+/// One workload at one load, every row.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Cell {
+    pub workload: String,
+    pub shares: bool,
+    pub load: f64,
+    /// Offered requests per modelled second.
+    pub rate: f64,
+    pub requests: usize,
+    pub working_set_tokens: usize,
+    pub blocks_per_engine: usize,
+    pub rows: Vec<CellRow>,
+}
+
+/// What runs in a cell: a target, or a peer that is not installed.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    Run(Target),
+    NotInstalled(&'static str),
+}
+
+/// Estimated wall seconds to start and stop a row's fleet and router(s) and to drain its
+/// last requests (a debug build on a loaded 2-core machine: 1-3 s measured).
+const ROW_SETUP_S: f64 = 4.0;
+
+/// The settings a cell's rows share, its KV sized for `g`.
+fn setup(args: &MatrixArgs, g: &Generated) -> (Setup, usize) {
+    let block = 16usize;
+    let fleet = (args.kv_fraction * g.working_set_tokens as f64 / block as f64).ceil() as usize;
+    let per_engine = fleet.div_ceil(usize::from(args.replicas.max(1)));
+    let blocks = per_engine.max(2 * g.longest_tokens.div_ceil(block));
+    let s = Setup {
+        replicas: args.replicas,
+        agents: args.agents,
+        cluster: Switch::On,
+        num_gpu_blocks: blocks,
+        profile: args.profile.clone(),
+        time_scale: args.time_scale,
+        seed: args.seed,
+        precise_weights: args.precise_weights.clone(),
+        max_seconds: args.max_seconds,
+    };
+    (s, blocks)
+}
+
+fn slots(args: &MatrixArgs) -> Result<Vec<Slot>, Error> {
+    let mut out = vec![
+        Slot::Run(Target::Warmpath(Policy::RoundRobin)),
+        Slot::Run(Target::Warmpath(Policy::LeastLoaded)),
+        Slot::Run(Target::Warmpath(Policy::Precise)),
+    ];
+    if args.agents > 1 {
+        out.push(Slot::Run(Target::Central));
+    }
+    let asked = compare::select_peers(&args.peers)?;
+    let auto = args.peers.iter().any(|p| p == "auto");
+    for peer in PEERS {
+        if asked.contains(&peer) {
+            out.push(Slot::Run(Target::Peer(peer)));
+        } else if auto {
+            out.push(Slot::NotInstalled(peer.name));
+        }
+    }
+    Ok(out)
+}
+
+pub async fn run(args: MatrixArgs) -> Result<(), Error> {
+    let logs = Logs::create(&args.out)?;
+    let bench_log = BenchLog::install(&logs)?;
+    let profile = warmpath_sim::engine::timing::Profile::by_name(&args.profile)
+        .ok_or_else(|| Error::Setup(format!("--profile {}: no such profile", args.profile)))?;
+    if args.loads.is_empty() || args.loads.iter().any(|l| !(l.is_finite() && *l > 0.0)) {
+        return Err(Error::Setup("--loads: each must be > 0".into()));
+    }
+    if args.workloads.is_empty()
+        || args.requests == 0
+        || args.kv_fraction.is_nan()
+        || args.kv_fraction <= 0.0
+    {
+        return Err(Error::Setup(
+            "--workloads, --requests and --kv-fraction must be non-empty / > 0".into(),
+        ));
+    }
+    let slots = slots(&args)?;
+    let runs = slots.iter().filter(|s| matches!(s, Slot::Run(_))).count();
+    if args.agents > 1 {
+        super::cluster_agents::check_nodes(args.agents, args.replicas)?;
+    }
+    let sizes = if args.quick {
+        Sizes::quick(args.requests)
+    } else {
+        Sizes::full(args.requests)
+    };
+    let replicas = usize::from(args.replicas);
+    // Every cell's plan first: the estimate, and the header's sizing, before anything runs.
+    let mut plans = Vec::new();
+    let mut estimate = 0.0;
+    for w in &args.workloads {
+        let unit = w.generate(&sizes, 1.0, replicas, args.seed);
+        let capacity = replicas as f64 * profile.prefill_tokens_per_s / unit.mean_prompt_tokens;
+        for &load in &args.loads {
+            let rate = load * capacity;
+            let g = w.generate(&sizes, rate, replicas, args.seed);
+            let span = g
+                .chains
+                .iter()
+                .flat_map(|c| c.turns.last())
+                .map(|t| t.at.as_secs_f64())
+                .fold(0.0, f64::max);
+            estimate +=
+                runs as f64 * (ROW_SETUP_S + (span * args.time_scale).min(args.max_seconds));
+            plans.push((*w, load, rate, g));
+        }
+    }
+    println!(
+        "bench matrix: {} workloads x {} loads = {} cells, {} rows each ({} run), {} engines, {} agents (cluster) + 1 central, profile {}, time-scale {}; estimated {:.0} min",
+        args.workloads.len(),
+        args.loads.len(),
+        plans.len(),
+        slots.len(),
+        runs,
+        args.replicas,
+        args.agents,
+        args.profile,
+        args.time_scale,
+        (estimate / 60.0).ceil()
+    );
+    let mut cells = Vec::new();
+    let total = plans.len();
+    for (n, (w, load, rate, g)) in plans.into_iter().enumerate() {
+        let (setup, blocks) = setup(&args, &g);
+        let mut cell = Cell {
+            workload: w.to_string(),
+            shares: w.shares(),
+            load,
+            rate,
+            requests: g.requests(),
+            working_set_tokens: g.working_set_tokens,
+            blocks_per_engine: blocks,
+            rows: Vec::new(),
+        };
+        let chains = Arc::new(g.chains);
+        for (i, slot) in slots.iter().enumerate() {
+            cell.rows.push(
+                run_slot(
+                    &setup,
+                    *slot,
+                    &chains,
+                    &logs,
+                    &cell,
+                    (n, total, i, slots.len()),
+                )
+                .await?,
+            );
+        }
+        cells.push(cell);
+    }
+    let report = table::render(&args, &cells);
+    println!("\n{report}");
+    table::write(&args, &cells, &report)?;
+    println!("{}", bench_log.summary());
+    Ok(())
+}
+
+/// One row of a cell; a peer that fails is reported in its row, warmpath's failures end the
+/// run.
+async fn run_slot(
+    setup: &Setup,
+    slot: Slot,
+    chains: &Arc<Vec<compare::Chain>>,
+    logs: &Logs,
+    cell: &Cell,
+    (n, cells, i, rows): (usize, usize, usize, usize),
+) -> Result<CellRow, Error> {
+    let target = match slot {
+        Slot::NotInstalled(name) => {
+            return Ok(CellRow {
+                name: name.into(),
+                status: "not installed".into(),
+                result: None,
+            });
+        }
+        Slot::Run(t) => t,
+    };
+    let label = format!(
+        "[cell {}/{cells} {} @ {}x, row {}/{rows}] {}",
+        n + 1,
+        cell.workload,
+        cell.load,
+        i + 1,
+        target.name()
+    );
+    let phase = Arc::new(Phase::start(label, cell.requests as u64));
+    match compare::run_target(setup, target, chains.clone(), logs, &phase).await {
+        Ok(row) => {
+            phase.finish(&format!(
+                "{} answered, {} errors, p90 TTFT {:.0} ms",
+                row.requests,
+                row.errors,
+                row.ttft_p90 * 1e3
+            ));
+            Ok(CellRow {
+                name: row.policy.clone(),
+                status: "ok".into(),
+                result: Some(row),
+            })
+        }
+        Err(e) if matches!(target, Target::Peer(_)) => {
+            phase.finish(&format!("failed: {e}"));
+            Ok(CellRow {
+                name: target.name(),
+                status: format!("failed: {e}"),
+                result: None,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `load` is one of the two highest of `loads`.
+fn top_two(loads: &[f64], load: f64) -> bool {
+    let mut l: Vec<f64> = loads.to_vec();
+    l.sort_by(|a, b| b.total_cmp(a));
+    l.dedup();
+    l.iter().take(2).any(|x| *x == load)
+}

@@ -1,0 +1,154 @@
+//! The matrix as one markdown report — settings, each workload's sizing, the table, the
+//! targets — printed and written to `<out>/matrix.md`, with the same data in
+//! `<out>/matrix.json`.
+
+use std::fmt::Write as _;
+
+use super::{Cell, MatrixArgs, top_two, verdict};
+use crate::Error;
+
+/// The whole report.
+pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Workload matrix: {} engines ({} profile), time-scale {}, seed {}, {} requests per cell{}; rows: warmpath with {} agents (precise: a cluster) and 1 central agent, peers; fleet KV {:.0} % of each cell's working set (at least twice the longest request per engine).",
+        args.replicas,
+        args.profile,
+        args.time_scale,
+        args.seed,
+        args.requests,
+        if args.quick { " (--quick sizes)" } else { "" },
+        args.agents,
+        args.kv_fraction * 100.0
+    );
+    let _ = writeln!(s);
+    let mut seen: Vec<&str> = Vec::new();
+    for c in cells {
+        if seen.contains(&c.workload.as_str()) {
+            continue;
+        }
+        seen.push(&c.workload);
+        let fleet = usize::from(args.replicas) * c.blocks_per_engine * 16;
+        let _ = writeln!(
+            s,
+            "- {}: working set {} tokens; fleet KV {} x {} blocks = {} tokens ({:.0} % of it); 1.0x load = {:.1} req/s",
+            c.workload,
+            c.working_set_tokens,
+            args.replicas,
+            c.blocks_per_engine,
+            fleet,
+            100.0 * fleet as f64 / c.working_set_tokens.max(1) as f64,
+            c.rate / c.load
+        );
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "| workload | load | req/s | row | answered/sent | TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | output tok/s | prefix hit % | available % | captured % | delivered % | pred. error p50 (ms) |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for c in cells {
+        for r in &c.rows {
+            let _ = write!(
+                s,
+                "| {} | {}x | {:.1} | {} | ",
+                c.workload, c.load, c.rate, r.name
+            );
+            let Some(x) = &r.result else {
+                let _ = writeln!(s, "{} | - | - | - | - | - | - | - | - | - |", r.status);
+                continue;
+            };
+            let pct = |t: Option<u64>| {
+                t.map_or("-".into(), |t| {
+                    format!("{:.1}", 100.0 * t as f64 / x.prompt_tokens.max(1) as f64)
+                })
+            };
+            let _ = writeln!(
+                s,
+                "{}/{} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {} | {} | {} | {} |",
+                x.requests,
+                x.requests + x.errors,
+                x.ttft_p50 * 1e3,
+                x.ttft_p90 * 1e3,
+                x.ttft_p99 * 1e3,
+                x.output_tokens_per_s,
+                x.prefix_hit_ratio * 100.0,
+                pct(x.available_tokens),
+                pct(x.captured_tokens),
+                pct(Some(x.delivered_tokens)),
+                x.ttft_prediction_error_ms_p50
+                    .map_or("-".into(), |e| format!("{e:.0}")),
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\n(modelled time: wall-clock / time-scale; receipts as % of the answered requests' prompt tokens; \"-\": the row sent no such header)"
+    );
+    let _ = writeln!(s, "\nTargets (issue #19):\n");
+    let (mut pass, mut miss) = (0, 0);
+    for c in cells {
+        for v in verdict::judge(c, top_two(&args.loads, c.load)) {
+            if v.pass {
+                pass += 1;
+            } else {
+                miss += 1;
+            }
+            let _ = writeln!(
+                s,
+                "- {} @ {}x, {}: {}: {} ({})",
+                c.workload,
+                c.load,
+                v.row,
+                v.target,
+                if v.pass { "PASS" } else { "MISS" },
+                v.detail
+            );
+        }
+    }
+    let _ = writeln!(s, "\n{pass} PASS, {miss} MISS");
+    s
+}
+
+/// `matrix.md` (the report) and `matrix.json` (settings, cells, verdicts) under `--out`.
+pub fn write(args: &MatrixArgs, cells: &[Cell], report: &str) -> Result<(), Error> {
+    let verdicts: Vec<_> = cells
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "workload": c.workload,
+                "load": c.load,
+                "verdicts": verdict::judge(c, top_two(&args.loads, c.load)),
+            })
+        })
+        .collect();
+    let json = serde_json::json!({
+        "settings": {
+            "replicas": args.replicas,
+            "agents": args.agents,
+            "profile": args.profile,
+            "time_scale": args.time_scale,
+            "seed": args.seed,
+            "requests": args.requests,
+            "quick": args.quick,
+            "kv_fraction": args.kv_fraction,
+            "loads": args.loads,
+        },
+        "cells": cells,
+        "targets": verdicts,
+    });
+    let text = serde_json::to_string_pretty(&json).map_err(|e| Error::Setup(e.to_string()))?;
+    for (name, body) in [("matrix.md", report), ("matrix.json", text.as_str())] {
+        let path = args.out.join(name);
+        std::fs::write(&path, body).map_err(|source| Error::Io {
+            what: format!("write {}", path.display()),
+            source,
+        })?;
+        println!("results: {}", path.display());
+    }
+    Ok(())
+}

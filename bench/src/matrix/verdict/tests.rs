@@ -1,0 +1,134 @@
+use super::*;
+
+fn row(name: &str, p50: f64, p90: f64, p99: f64, tps: f64) -> CellRow {
+    CellRow {
+        name: name.into(),
+        status: "ok".into(),
+        result: Some(Row {
+            policy: name.into(),
+            requests: 10,
+            errors: 0,
+            ttft_p50: p50,
+            ttft_p90: p90,
+            ttft_p99: p99,
+            e2e_p50: 1.0,
+            output_tokens_per_s: tps,
+            prefix_hit_ratio: 0.5,
+            prompt_tokens: 1000,
+            available_tokens: None,
+            captured_tokens: None,
+            delivered_tokens: 0,
+            ttft_prediction_error_ms_p50: None,
+            requests_per_agent: vec![10],
+            cluster: Vec::new(),
+            ttfts: Vec::new(),
+        }),
+    }
+}
+
+fn cell(shares: bool, rows: Vec<CellRow>) -> Cell {
+    Cell {
+        workload: "w".into(),
+        shares,
+        load: 1.0,
+        rate: 10.0,
+        requests: 10,
+        working_set_tokens: 100,
+        blocks_per_engine: 8,
+        rows,
+    }
+}
+
+fn find<'a>(v: &'a [Verdict], row: &str, target: &str) -> &'a Verdict {
+    v.iter()
+        .find(|x| x.row == row && x.target == target)
+        .unwrap_or_else(|| panic!("{row} / {target} in {v:?}"))
+}
+
+#[test]
+fn precise_is_judged_against_the_best_peer_per_figure() {
+    let c = cell(
+        true,
+        vec![
+            row("RoundRobin", 0.5, 1.0, 2.0, 900.0),
+            row("Precise", 0.10, 0.30, 0.60, 1000.0),
+            row("vllm-router cache_aware", 0.09, 0.50, 0.50, 1010.0),
+            row("sglang-router cache_aware", 0.20, 0.40, 0.90, 1000.0),
+            CellRow {
+                name: "vllm-router kv_aware".into(),
+                status: "not installed".into(),
+                result: None,
+            },
+        ],
+    );
+    let v = judge(&c, true);
+    // Best p90 is sglang's 0.40: 0.30 / 0.40 = 0.75 > 0.7.
+    let p90 = find(&v, "Precise", "p90 <= 0.7x best peer");
+    assert!(!p90.pass, "{p90:?}");
+    assert!(
+        p90.detail
+            .starts_with("0.75x: 300 ms vs 400 ms (sglang-router"),
+        "{p90:?}"
+    );
+    // p50: 0.10 / 0.09 = 1.11 > 1.05; p99: 0.60 / 0.50 = 1.2; p90 0.75 is fine.
+    assert!(!find(&v, "Precise", "p50 <= 1.05x best peer").pass);
+    assert!(find(&v, "Precise", "p90 <= 1.05x best peer").pass);
+    assert!(!find(&v, "Precise", "p99 <= 1.05x best peer").pass);
+    // 1000 / 1010 = 0.990 >= 0.98.
+    assert!(find(&v, "Precise", "throughput >= 0.98x best peer").pass);
+    // Not at a top load: no 0.7x target; no central row: nothing judged for it.
+    let v = judge(&c, false);
+    assert!(v.iter().all(|x| !x.target.starts_with("p90 <= 0.7x")));
+    assert!(v.iter().all(|x| x.row == "Precise"));
+    assert_eq!(v.len(), 4);
+}
+
+#[test]
+fn without_peers_the_stand_in_is_labelled_and_the_control_is_judged_against_least_loaded() {
+    let c = cell(
+        false,
+        vec![
+            row("RoundRobin", 0.5, 1.0, 2.0, 900.0),
+            row("LeastLoaded", 0.4, 0.8, 1.5, 950.0),
+            row("Precise", 0.41, 0.83, 1.5, 940.0),
+            row(CENTRAL_ROW, 0.45, 0.90, 1.6, 800.0),
+        ],
+    );
+    let v = judge(&c, true);
+    let stand_in = "best non-warmpath row (stand-in: no peer ran)";
+    // No sharing: no 0.7x target even at the top load.
+    assert!(v.iter().all(|x| !x.target.starts_with("p90 <= 0.7x")));
+    assert!(find(&v, "Precise", &format!("p50 <= 1.05x {stand_in}")).pass);
+    // 0.83 / 0.8 = 1.0375 <= 1.05; 940 / 950 = 0.989.
+    assert!(find(&v, "Precise", "p90 <= 1.05x least-loaded (control)").pass);
+    assert!(find(&v, "Precise", "throughput >= 0.95x least-loaded (control)").pass);
+    // The central row: 0.90 / 0.8 = 1.125; 800 / 950 = 0.84.
+    assert!(!find(&v, CENTRAL_ROW, "p90 <= 1.05x least-loaded (control)").pass);
+    assert!(
+        !find(
+            &v,
+            CENTRAL_ROW,
+            "throughput >= 0.95x least-loaded (control)"
+        )
+        .pass
+    );
+}
+
+#[test]
+fn a_row_with_failed_requests_misses_every_target() {
+    let mut precise = row("Precise", 0.01, 0.01, 0.01, 5000.0);
+    if let Some(r) = &mut precise.result {
+        r.errors = 2;
+    }
+    let c = cell(
+        true,
+        vec![row("vllm-router kv_aware", 1.0, 1.0, 1.0, 100.0), precise],
+    );
+    let v = judge(&c, true);
+    assert_eq!(v.len(), 5);
+    assert!(
+        v.iter()
+            .all(|x| !x.pass && x.detail.ends_with("; 2 failed requests")),
+        "{v:?}"
+    );
+}

@@ -1,0 +1,362 @@
+//! The matrix's workload generators, seeded: the same seed gives the same requests byte for
+//! byte. Each makes a plan of [`Chain`]s with Poisson arrivals at a given rate:
+//!
+//! | workload | chains | each request |
+//! |---|---|---|
+//! | `rag:SKEW:TOKENS` | one per request | one of `docs` documents of TOKENS tokens, drawn with Zipf popularity (document d's share proportional to 1/(d+1)^SKEW), then a question of its own |
+//! | `chat` | interleaved sessions (a count that is not a multiple of the engine count) | a user message appended to the conversation so far: the session's system prompt, every earlier message and answer |
+//! | `agentic` | interleaved agent loops | a tool result appended to everything before it, after a long task |
+//! | `no-sharing` | one per request | a prefix of its own and a question: nothing to reuse (the control) |
+//!
+//! Arrivals: the n-th request of the plan arrives at the n-th point of a Poisson process of
+//! the rate; in `chat` and `agentic` the arrivals go to the sessions in a seeded interleaving,
+//! each session's turns in order (a turn also waits for the previous answer, see [`Chain`]).
+//! Token counts are estimated at the built-in tokenizer's 3.85 characters per token.
+
+use std::{fmt, str::FromStr, time::Duration};
+
+use rand::{Rng, SeedableRng, seq::SliceRandom};
+use rand_chacha::ChaCha8Rng;
+use warmpath_tokenizer::text::TextGen;
+
+use crate::{compare::Chain, run::plan::CHARS_PER_TOKEN, workload::Planned};
+
+fn chars(tokens: usize) -> usize {
+    (tokens as f64 * CHARS_PER_TOKEN) as usize
+}
+
+/// One workload of the matrix.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Workload {
+    /// Retrieval-augmented questions over Zipf-popular documents.
+    Rag {
+        skew: f64,
+        doc_tokens: usize,
+    },
+    Chat,
+    Agentic,
+    NoSharing,
+}
+
+impl FromStr for Workload {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "chat" => return Ok(Self::Chat),
+            "agentic" => return Ok(Self::Agentic),
+            "no-sharing" => return Ok(Self::NoSharing),
+            _ => {}
+        }
+        let bad = || {
+            format!(
+                "`{s}`: expected rag:SKEW:TOKENS (e.g. rag:1.0:2500), chat, agentic or no-sharing"
+            )
+        };
+        let mut parts = s.split(':');
+        let (Some("rag"), Some(skew), Some(tokens), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        let skew: f64 = skew.parse().map_err(|_| bad())?;
+        let doc_tokens: usize = tokens.parse().map_err(|_| bad())?;
+        if !(skew.is_finite() && (0.0..=4.0).contains(&skew) && (16..=16_384).contains(&doc_tokens))
+        {
+            return Err(format!(
+                "`{s}`: the skew must be in 0..=4 and the tokens in 16..=16384"
+            ));
+        }
+        Ok(Self::Rag { skew, doc_tokens })
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Rag { skew, doc_tokens } => write!(f, "rag:{skew}:{doc_tokens}"),
+            Self::Chat => f.write_str("chat"),
+            Self::Agentic => f.write_str("agentic"),
+            Self::NoSharing => f.write_str("no-sharing"),
+        }
+    }
+}
+
+/// Sizes of the generated requests (the full matrix's, or `--quick`'s for tests).
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Sizes {
+    /// Requests per cell (chat and agentic: rounded up to whole sessions).
+    pub requests: usize,
+    /// Documents a RAG cell draws from.
+    pub docs: usize,
+    pub question_tokens: usize,
+    pub output_tokens: usize,
+    pub chat_system_tokens: usize,
+    pub chat_turns: usize,
+    pub chat_message_tokens: usize,
+    pub agent_task_tokens: usize,
+    pub agent_steps: usize,
+    pub tool_tokens: usize,
+    pub agent_output_tokens: usize,
+    pub no_sharing_tokens: usize,
+}
+
+impl Sizes {
+    /// The matrix's sizes, `requests` per cell.
+    pub fn full(requests: usize) -> Self {
+        Self {
+            requests,
+            docs: 24,
+            question_tokens: 64,
+            output_tokens: 64,
+            chat_system_tokens: 512,
+            chat_turns: 6,
+            chat_message_tokens: 96,
+            agent_task_tokens: 2048,
+            agent_steps: 6,
+            tool_tokens: 512,
+            agent_output_tokens: 48,
+            no_sharing_tokens: 1024,
+        }
+    }
+
+    /// Tiny requests for tests: a few tokens each, `requests` per cell.
+    pub fn quick(requests: usize) -> Self {
+        Self {
+            requests,
+            docs: 3,
+            question_tokens: 8,
+            output_tokens: 4,
+            chat_system_tokens: 32,
+            chat_turns: 3,
+            chat_message_tokens: 8,
+            agent_task_tokens: 64,
+            agent_steps: 3,
+            tool_tokens: 16,
+            agent_output_tokens: 4,
+            no_sharing_tokens: 64,
+        }
+    }
+}
+
+/// A cell's plan and what sizing the fleet and the rate needs of it.
+#[derive(Debug, Clone)]
+pub struct Generated {
+    pub chains: Vec<Chain>,
+    /// Distinct prompt and answer tokens of the whole plan: what a cache would hold to serve
+    /// every reuse.
+    pub working_set_tokens: usize,
+    /// Mean prompt tokens per request (a growing turn counts everything before it).
+    pub mean_prompt_tokens: f64,
+    /// The longest request: prompt and output tokens.
+    pub longest_tokens: usize,
+}
+
+impl Generated {
+    /// Requests in the plan.
+    pub fn requests(&self) -> usize {
+        self.chains.iter().map(|c| c.turns.len()).sum()
+    }
+}
+
+/// Poisson arrival times of `n` requests at `rate` per modelled second.
+fn arrivals(n: usize, rate: f64, rng: &mut ChaCha8Rng) -> Vec<Duration> {
+    let mut at = 0.0;
+    (0..n)
+        .map(|_| {
+            at += -(1.0 - rng.random::<f64>()).ln() / rate;
+            Duration::from_secs_f64(at)
+        })
+        .collect()
+}
+
+/// A chain count for `wanted` that is not a multiple of `replicas` (so round-robin cannot
+/// give each session its own engine by accident), at least 1.
+fn not_a_multiple(wanted: usize, replicas: usize) -> usize {
+    let n = wanted.max(1);
+    if replicas > 1 && n.is_multiple_of(replicas) {
+        n + 1
+    } else {
+        n
+    }
+}
+
+impl Workload {
+    /// The plan at `rate` requests per modelled second in front of `replicas` engines.
+    pub fn generate(&self, sizes: &Sizes, rate: f64, replicas: usize, seed: u64) -> Generated {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        match *self {
+            Self::Rag { skew, doc_tokens } => rag(sizes, skew, doc_tokens, rate, &mut rng, seed),
+            Self::NoSharing => no_sharing(sizes, rate, &mut rng),
+            Self::Chat => {
+                let shape = Growing {
+                    turns: sizes.chat_turns,
+                    first_tokens: sizes.chat_system_tokens,
+                    step_tokens: sizes.chat_message_tokens,
+                    output_tokens: sizes.output_tokens,
+                    first: "System",
+                    step: "\nUser",
+                };
+                shape.plan(sizes.requests, rate, replicas, &mut rng)
+            }
+            Self::Agentic => {
+                let shape = Growing {
+                    turns: sizes.agent_steps,
+                    first_tokens: sizes.agent_task_tokens,
+                    step_tokens: sizes.tool_tokens,
+                    output_tokens: sizes.agent_output_tokens,
+                    first: "Task",
+                    step: "\nTool output",
+                };
+                shape.plan(sizes.requests, rate, replicas, &mut rng)
+            }
+        }
+    }
+
+    /// Whether requests share prefixes (every workload but the control).
+    pub fn shares(&self) -> bool {
+        *self != Self::NoSharing
+    }
+}
+
+/// Document popularity: `docs` weights proportional to 1/(d+1)^skew, as a CDF.
+fn zipf_cdf(docs: usize, skew: f64) -> Vec<f64> {
+    let w: Vec<f64> = (0..docs).map(|d| (d as f64 + 1.0).powf(-skew)).collect();
+    let total: f64 = w.iter().sum();
+    w.iter()
+        .scan(0.0, |acc, x| {
+            *acc += x / total;
+            Some(*acc)
+        })
+        .collect()
+}
+
+fn rag(
+    sizes: &Sizes,
+    skew: f64,
+    doc_tokens: usize,
+    rate: f64,
+    rng: &mut ChaCha8Rng,
+    seed: u64,
+) -> Generated {
+    let docs: Vec<String> = (0..sizes.docs)
+        .map(|d| TextGen::new(seed ^ ((d as u64 + 1) * 7919)).text(chars(doc_tokens)))
+        .collect();
+    let cdf = zipf_cdf(sizes.docs, skew);
+    let times = arrivals(sizes.requests, rate, rng);
+    let mut text = TextGen::new(seed ^ 0xabcdef);
+    let mut used = vec![false; sizes.docs];
+    let turns: Vec<Planned> = times
+        .into_iter()
+        .enumerate()
+        .map(|(i, at)| {
+            let x: f64 = rng.random();
+            let d = cdf.iter().position(|c| x < *c).unwrap_or(sizes.docs - 1);
+            used[d] = true;
+            let question = text.text(chars(sizes.question_tokens));
+            Planned {
+                at,
+                user: i,
+                prompt: format!("{}\nQuestion {i}: {question}", docs[d]),
+                max_tokens: sizes.output_tokens,
+            }
+        })
+        .collect();
+    let distinct = used.iter().filter(|u| **u).count();
+    let request_tokens = doc_tokens + sizes.question_tokens;
+    Generated {
+        working_set_tokens: distinct * doc_tokens
+            + sizes.requests * (sizes.question_tokens + sizes.output_tokens),
+        mean_prompt_tokens: request_tokens as f64,
+        longest_tokens: request_tokens + sizes.output_tokens,
+        chains: Chain::singles(turns),
+    }
+}
+
+fn no_sharing(sizes: &Sizes, rate: f64, rng: &mut ChaCha8Rng) -> Generated {
+    let times = arrivals(sizes.requests, rate, rng);
+    let turns: Vec<Planned> = times
+        .into_iter()
+        .enumerate()
+        .map(|(i, at)| {
+            let prefix = TextGen::new(rng.random()).text(chars(sizes.no_sharing_tokens));
+            let question = TextGen::new(rng.random()).text(chars(sizes.question_tokens));
+            Planned {
+                at,
+                user: i,
+                prompt: format!("{prefix}\nQuestion {i}: {question}"),
+                max_tokens: sizes.output_tokens,
+            }
+        })
+        .collect();
+    let request_tokens = sizes.no_sharing_tokens + sizes.question_tokens;
+    Generated {
+        working_set_tokens: sizes.requests * (request_tokens + sizes.output_tokens),
+        mean_prompt_tokens: request_tokens as f64,
+        longest_tokens: request_tokens + sizes.output_tokens,
+        chains: Chain::singles(turns),
+    }
+}
+
+/// Sessions whose context grows each turn: a first text of its own, then one appended text
+/// per turn (the answers are appended between them as they arrive).
+struct Growing {
+    turns: usize,
+    first_tokens: usize,
+    step_tokens: usize,
+    output_tokens: usize,
+    first: &'static str,
+    step: &'static str,
+}
+
+impl Growing {
+    fn plan(&self, requests: usize, rate: f64, replicas: usize, rng: &mut ChaCha8Rng) -> Generated {
+        let turns = self.turns.max(1);
+        let sessions = not_a_multiple(requests.div_ceil(turns), replicas);
+        // A seeded interleaving: each session's turns in order, sessions mixed.
+        let mut order: Vec<usize> = (0..sessions).flat_map(|s| vec![s; turns]).collect();
+        order.shuffle(rng);
+        let times = arrivals(order.len(), rate, rng);
+        let mut text = TextGen::new(rng.random());
+        let mut chains: Vec<Chain> = (0..sessions)
+            .map(|_| Chain {
+                turns: Vec::with_capacity(turns),
+                grow: true,
+            })
+            .collect();
+        for (s, at) in order.into_iter().zip(times) {
+            let chain = &mut chains[s];
+            let k = chain.turns.len();
+            let prompt = if k == 0 {
+                let first = text.text(chars(self.first_tokens));
+                let step = text.text(chars(self.step_tokens));
+                format!("{} {s}: {first}{} {k}: {step}\n", self.first, self.step)
+            } else {
+                format!(
+                    "{} {k}: {}\n",
+                    self.step,
+                    text.text(chars(self.step_tokens))
+                )
+            };
+            chain.turns.push(Planned {
+                at,
+                user: s,
+                prompt,
+                max_tokens: self.output_tokens,
+            });
+        }
+        // Turn k's prompt: the first text, k + 1 appended texts and k answers.
+        let prompt_at =
+            |k: usize| self.first_tokens + (k + 1) * self.step_tokens + k * self.output_tokens;
+        let mean = (0..turns).map(prompt_at).sum::<usize>() as f64 / turns as f64;
+        Generated {
+            working_set_tokens: sessions * (prompt_at(turns - 1) + self.output_tokens),
+            mean_prompt_tokens: mean,
+            longest_tokens: prompt_at(turns - 1) + self.output_tokens,
+            chains,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

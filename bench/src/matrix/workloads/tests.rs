@@ -1,0 +1,165 @@
+use std::collections::{HashMap, HashSet};
+
+use super::*;
+
+/// The text before the first newline: a RAG request's document, a no-sharing request's
+/// prefix.
+fn head(p: &Planned) -> &str {
+    p.prompt.split('\n').next().unwrap_or_default()
+}
+
+fn all(g: &Generated) -> Vec<&Planned> {
+    g.chains.iter().flat_map(|c| &c.turns).collect()
+}
+
+#[test]
+fn workload_names_parse_and_print_back() {
+    assert_eq!(
+        "rag:1.4:2500".parse::<Workload>(),
+        Ok(Workload::Rag {
+            skew: 1.4,
+            doc_tokens: 2500
+        })
+    );
+    for name in ["chat", "agentic", "no-sharing", "rag:0.6:1000"] {
+        assert_eq!(name.parse::<Workload>().unwrap().to_string(), name);
+    }
+    for bad in [
+        "rag",
+        "rag:x:10",
+        "rag:1.0",
+        "rag:1.0:10:3",
+        "rag:9:100",
+        "rag:1:8",
+        "chats",
+    ] {
+        assert!(bad.parse::<Workload>().is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn rag_is_seeded_zipf_over_the_documents_with_a_question_each() {
+    let sizes = Sizes {
+        requests: 2000,
+        ..Sizes::full(0)
+    };
+    let w = Workload::Rag {
+        skew: 1.4,
+        doc_tokens: 100,
+    };
+    let a = w.generate(&sizes, 10.0, 4, 3);
+    let b = w.generate(&sizes, 10.0, 4, 3);
+    let prompts = |g: &Generated| all(g).iter().map(|p| p.prompt.clone()).collect::<Vec<_>>();
+    assert_eq!(prompts(&a), prompts(&b));
+    assert_ne!(prompts(&a), prompts(&w.generate(&sizes, 10.0, 4, 4)));
+    assert_eq!(a.requests(), 2000);
+    assert!(a.chains.iter().all(|c| c.turns.len() == 1 && !c.grow));
+    // Poisson at 10/s: arrivals increasing, 2000 of them over about 200 s.
+    let turns = all(&a);
+    assert!(turns.windows(2).all(|w| w[0].at <= w[1].at));
+    let rate = 2000.0 / turns.last().unwrap().at.as_secs_f64();
+    assert!((9.0..11.0).contains(&rate), "{rate}");
+    // 24 documents at most; the hottest one's share is 1/sum_{d=1..24} d^-1.4 = 0.41.
+    let mut by_doc = HashMap::<&str, usize>::new();
+    for p in &turns {
+        *by_doc.entry(head(p)).or_default() += 1;
+    }
+    assert!(by_doc.len() <= 24 && by_doc.len() >= 20, "{}", by_doc.len());
+    let top = *by_doc.values().max().unwrap() as f64 / 2000.0;
+    assert!((0.36..0.46).contains(&top), "{top}");
+    // Every question its own.
+    let questions: HashSet<_> = turns.iter().map(|p| &p.prompt).collect();
+    assert_eq!(questions.len(), 2000);
+    // ~100 tokens of document at 3.85 characters per token.
+    assert!(
+        (370..=390).contains(&head(turns[0]).len()),
+        "{}",
+        head(turns[0]).len()
+    );
+    assert_eq!(a.mean_prompt_tokens, 164.0);
+    assert_eq!(a.longest_tokens, 228);
+    // Skew 0: every document about equally popular (1/24 = 0.042 each).
+    let flat = Workload::Rag {
+        skew: 0.0,
+        doc_tokens: 100,
+    }
+    .generate(&sizes, 10.0, 4, 3);
+    let mut by_doc = HashMap::<&str, usize>::new();
+    for p in all(&flat) {
+        *by_doc.entry(head(p)).or_default() += 1;
+    }
+    assert_eq!(by_doc.len(), 24);
+    assert!(by_doc.values().all(|n| (40..130).contains(n)), "{by_doc:?}");
+}
+
+#[test]
+fn chat_sessions_interleave_grow_and_are_not_a_multiple_of_the_engines() {
+    let sizes = Sizes {
+        requests: 12,
+        ..Sizes::quick(0)
+    };
+    // 12 requests of 3 turns: 4 sessions, a multiple of 4 engines, so 5.
+    let g = Workload::Chat.generate(&sizes, 5.0, 4, 1);
+    assert_eq!(g.chains.len(), 5);
+    assert_eq!(Workload::Chat.generate(&sizes, 5.0, 3, 1).chains.len(), 4);
+    assert_eq!(g.requests(), 15);
+    for (s, c) in g.chains.iter().enumerate() {
+        assert!(c.grow);
+        assert_eq!(c.turns.len(), 3);
+        assert!(c.turns.windows(2).all(|w| w[0].at < w[1].at));
+        assert!(c.turns.iter().all(|t| t.user == s));
+        assert!(c.turns[0].prompt.starts_with(&format!("System {s}: ")));
+        assert!(c.turns[1].prompt.starts_with("\nUser 1: "));
+        assert!(c.turns[2].prompt.starts_with("\nUser 2: "));
+    }
+    // Interleaved: some session's second turn arrives before another's first.
+    let second_min = g.chains.iter().map(|c| c.turns[1].at).min().unwrap();
+    let first_max = g.chains.iter().map(|c| c.turns[0].at).max().unwrap();
+    assert!(second_min < first_max);
+    // Tokens: 32 system + (k + 1) x 8 + k x 4 answer tokens at turn k = 0, 1, 2.
+    assert_eq!(g.longest_tokens, 32 + 24 + 8 + 4);
+    assert_eq!(g.mean_prompt_tokens, (40.0 + 52.0 + 64.0) / 3.0);
+    assert_eq!(g.working_set_tokens, 5 * 68);
+    let again = Workload::Chat.generate(&sizes, 5.0, 4, 1);
+    assert_eq!(
+        all(&g).iter().map(|p| &p.prompt).collect::<Vec<_>>(),
+        all(&again).iter().map(|p| &p.prompt).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn agent_loops_grow_by_tool_output() {
+    let sizes = Sizes {
+        requests: 9,
+        ..Sizes::quick(0)
+    };
+    let g = Workload::Agentic.generate(&sizes, 5.0, 2, 9);
+    assert_eq!(g.chains.len(), 3);
+    for c in &g.chains {
+        assert!(c.grow);
+        assert!(c.turns[0].prompt.starts_with("Task "));
+        assert!(
+            c.turns[1..]
+                .iter()
+                .all(|t| t.prompt.starts_with("\nTool output "))
+        );
+        // A tool result of at least 16 tokens (61 characters, whole sentences) and its label.
+        let len = c.turns[1].prompt.len();
+        assert!((61..200).contains(&len), "{len}");
+    }
+    // 64 task + 3 x 16 tool + 2 x 4 answer tokens, then 4 output.
+    assert_eq!(g.longest_tokens, 64 + 48 + 8 + 4);
+}
+
+#[test]
+fn no_sharing_gives_every_request_its_own_prefix() {
+    let sizes = Sizes {
+        requests: 40,
+        ..Sizes::quick(0)
+    };
+    let g = Workload::NoSharing.generate(&sizes, 5.0, 4, 2);
+    let heads: HashSet<_> = all(&g).into_iter().map(head).collect();
+    assert_eq!(heads.len(), 40);
+    assert!(!Workload::NoSharing.shares() && Workload::Chat.shares());
+    assert_eq!(g.working_set_tokens, 40 * (64 + 8 + 4));
+}
