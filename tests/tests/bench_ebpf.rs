@@ -49,6 +49,8 @@ fn bench_ebpf_measures_every_row_and_leaves_nothing_behind() {
         &out.display().to_string(),
         "--tag",
         &tag,
+        "--connect-rounds",
+        &ROUNDS.to_string(),
         "--rounds",
         &ROUNDS.to_string(),
         "--connects",

@@ -41,6 +41,10 @@ const TABLE_SETTLE: Duration = Duration::from_millis(1500);
 /// After the kill: the kernel calls a heartbeat stale after 1 s.
 const STALE_AFTER: Duration = Duration::from_millis(1500);
 
+/// The agent's log filter: its table writes too (`kernel table updated`).
+const TABLE_LOG: &[(&str, &str)] =
+    &[("RUST_LOG", "info,warmpath_agent::agent::kernel_table=debug")];
+
 pub const AFFINITY: &str = "affinity fail-open";
 pub const PLAIN: &str = "plain VIP fallback";
 
@@ -69,6 +73,7 @@ pub async fn measure(
             errors: 0,
             ttft_ms: quantiles_ms(&[]),
             cached_share: f64::NAN,
+            affinity_entries: 0,
             note: "iptables not installed (the VIP's fallback is kube-proxy's iptables rules)"
                 .into(),
         };
@@ -98,13 +103,17 @@ async fn one_variant(
     let mut sims = Vec::with_capacity(SIMS);
     for i in 0..SIMS {
         let args = sim_args(s, i);
-        let mut sim = node.pods[1 + i].spawn(&exe, &args, "sim-failover", logs)?;
+        let mut sim = node.pods[1 + i].spawn(&exe, &args, &[], "sim-failover", logs)?;
         wait_log(&mut sim, "\"engines\"", START_WITHIN).await?;
         sims.push(sim);
     }
-    let mut agent = node
-        .ns
-        .spawn(&exe, &agent_args(&cgroups, &pins), "agent-failover", logs)?;
+    let mut agent = node.ns.spawn(
+        &exe,
+        &agent_args(&cgroups, &pins),
+        TABLE_LOG,
+        "agent-failover",
+        logs,
+    )?;
     wait_log(&mut agent, "interception attached", START_WITHIN).await?;
     let mut clients = (0..s.clients)
         .map(|k| {
@@ -130,6 +139,19 @@ async fn one_variant(
     agent.check_running()?;
     let _ = agent.child.0.start_kill();
     let _ = agent.exited().await;
+    // What the dead agent left the kernel: this run's clients' affinity entries.
+    let ids: Vec<u64> = cgroups
+        .children
+        .iter()
+        .filter_map(|c| warmpath_agent::ebpf::cgroup_id(c.path()).ok())
+        .collect();
+    let entries = warmpath_agent::ebpf::FailOpen::open_pinned(&pins.dir)
+        .and_then(|t| t.affinity_entries())
+        .map_err(|e| Error::Setup(format!("read the pinned affinity table: {e}")))?;
+    let affinity = entries
+        .iter()
+        .filter(|((id, _), _)| ids.contains(id))
+        .count();
     if variant == PLAIN {
         let dir = pins.dir.display().to_string();
         run_tool(
@@ -158,9 +180,20 @@ async fn one_variant(
         } else {
             cached as f64 / prompt as f64
         },
+        affinity_entries: affinity,
         note: format!(
-            "{} clients x {} requests after the kill, {} x {}-token prefixes on {SIMS} pods of {} blocks",
-            s.clients, s.half, s.clients, s.system_tokens, s.num_gpu_blocks
+            "{} clients x {} requests after the kill, {} x {}-token prefixes on {SIMS} pods of {} blocks; the dead agent's table held affinity entries for {affinity} of the {} clients{}",
+            s.clients,
+            s.half,
+            s.clients,
+            s.system_tokens,
+            s.num_gpu_blocks,
+            s.clients,
+            if variant == PLAIN {
+                ", removed with --cleanup"
+            } else {
+                ""
+            }
         ),
     })
 }

@@ -40,17 +40,20 @@ pub struct EbpfBenchArgs {
     /// Where the table (`ebpf.json`, `ebpf.md`) and every process's log (`logs/`) go.
     #[arg(long, default_value = "target/bench-ebpf")]
     pub out: PathBuf,
-    /// Rounds of the connect and request parts; the variants take turns within each.
+    /// Rounds of the connect part; the variants take turns within each.
+    #[arg(long, default_value_t = 40)]
+    pub connect_rounds: usize,
+    /// connect() calls per variant per round.
+    #[arg(long, default_value_t = 1000)]
+    pub connects: usize,
+    /// Rounds of the request part; the variants take turns within each.
     #[arg(long, default_value_t = 10)]
     pub rounds: usize,
-    /// connect() calls per variant per round.
-    #[arg(long, default_value_t = 2000)]
-    pub connects: usize,
     /// Longest one variant's connect loop may take in one round, seconds.
     #[arg(long, default_value_t = 20.0)]
     pub max_round_seconds: f64,
     /// Requests of each kind (non-streamed, SSE) per variant per round.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 40)]
     pub requests: usize,
     /// Simulator profile and time scale of the request part (short requests).
     #[arg(long, default_value = "tiny")]
@@ -61,7 +64,7 @@ pub struct EbpfBenchArgs {
     #[arg(long, default_value_t = 4)]
     pub clients: usize,
     /// Requests per client before the agent's kill, and as many after it.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     pub half: usize,
     /// Each client's system-prompt tokens.
     #[arg(long, default_value_t = 2048)]
@@ -133,11 +136,11 @@ async fn measure(
     let logs = Logs::create(&args.out)?;
     eprintln!(
         "bench ebpf: connect() x {} per variant per round, {} rounds",
-        args.connects, args.rounds
+        args.connects, args.connect_rounds
     );
     let settings = connects::Settings {
         tag: tag.into(),
-        rounds: args.rounds,
+        rounds: args.connect_rounds,
         connects: args.connects,
         max_round: Duration::from_secs_f64(args.max_round_seconds.clamp(0.1, 600.0)),
     };

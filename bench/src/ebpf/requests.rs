@@ -29,6 +29,8 @@ const SIM_PORT: u16 = 8000;
 pub const START_WITHIN: Duration = Duration::from_secs(60);
 /// Warm-up requests per path before measuring (the first may race the agent's start).
 const WARM_TRIES: usize = 50;
+/// The agent's log filter: one line per connection it accepts, with the VIP dialled.
+const ACCEPT_LOG: &[(&str, &str)] = &[("RUST_LOG", "info,warmpath_agent::proxy::listener=debug")];
 const PROMPT: &str = "Say hello to the benchmark in a few words.";
 const MAX_TOKENS: usize = 8;
 
@@ -66,7 +68,7 @@ pub async fn measure(
     ]
     .map(String::from)
     .to_vec();
-    let mut sim = node.pods[1].spawn(&exe, &sim_args, "sim-requests", logs)?;
+    let mut sim = node.pods[1].spawn(&exe, &sim_args, &[], "sim-requests", logs)?;
     wait_log(&mut sim, "\"engines\"", START_WITHIN).await?;
     let listener = format!("{}:8080", Node::IP);
     let agent_args: Vec<String> = [
@@ -92,7 +94,9 @@ pub async fn measure(
     ]
     .map(String::from)
     .to_vec();
-    let mut agent = node.ns.spawn(&exe, &agent_args, "agent-requests", logs)?;
+    let mut agent = node
+        .ns
+        .spawn(&exe, &agent_args, ACCEPT_LOG, "agent-requests", logs)?;
     wait_log(&mut agent, "interception attached", START_WITHIN).await?;
     wait_log(&mut agent, "steering in the kernel", START_WITHIN).await?;
     let mut client = Client::start(
@@ -113,9 +117,8 @@ pub async fn measure(
     for (name, url) in &variants {
         warm(&mut client, name, url).await?;
     }
-    // [variant][kind] -> (latencies ms, per-round medians, errors)
-    let mut seen: Vec<[(Vec<f64>, Vec<f64>, usize); 2]> =
-        variants.iter().map(|_| Default::default()).collect();
+    // [variant][kind: non-streamed, SSE]
+    let mut seen: Vec<[Seen; 2]> = variants.iter().map(|_| Default::default()).collect();
     for round in 0..s.rounds {
         for k in 0..variants.len() {
             let i = (k + round) % variants.len();
@@ -129,33 +132,63 @@ pub async fn measure(
                     if a.ok {
                         this.push(if stream { a.ttft } else { a.e2e } * 1000.0);
                     } else {
-                        seen[i][kind].2 += 1;
+                        seen[i][kind].errors += 1;
                     }
                 }
-                seen[i][kind].1.push(quantiles_ms(&this).p50);
-                seen[i][kind].0.extend(this);
+                seen[i][kind].medians.push(quantiles_ms(&this).p50);
+                seen[i][kind].all.extend(this);
             }
         }
         agent.check_running()?;
     }
     drop(client);
     agent.stop(crate::agents::STOP_WITHIN).await;
+    // Steered connects the kernel did not rewrite to the pod reached the agent instead.
+    let log = tokio::fs::read_to_string(&agent.log.path)
+        .await
+        .unwrap_or_default();
+    let steer_via_agent = log
+        .lines()
+        .filter(|l| l.contains("intercepted connection") && l.contains(&format!("vip={STEER_VIP}")))
+        .count();
     sim.stop(crate::agents::STOP_WITHIN).await;
     let mut rows = Vec::new();
     for (kind_i, kind) in ["non-streamed", "SSE"].iter().enumerate() {
         for ((name, _), per) in variants.iter().zip(&seen) {
-            let (all, medians, errors) = &per[kind_i];
+            let Seen {
+                all,
+                medians,
+                errors,
+            } = &per[kind_i];
             rows.push(RequestRow {
                 variant: (*name).into(),
                 kind: (*kind).into(),
                 requests: all.len(),
                 errors: *errors,
                 latency_ms: quantiles_ms(all),
+                round_p50_ms: medians.clone(),
                 p50_ms_rounds: Spread::of(medians.iter().copied()),
+                note: if *name == "steer" {
+                    format!(
+                        "{steer_via_agent} steered connections (of both kinds) reached the agent"
+                    )
+                } else {
+                    String::new()
+                },
             });
         }
     }
     Ok(rows)
+}
+
+/// What one variant saw of one kind.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Every answered request's latency (ms).
+    all: Vec<f64>,
+    /// Each round's median (ms).
+    medians: Vec<f64>,
+    errors: usize,
 }
 
 fn ask(url: &str, stream: bool) -> Ask {

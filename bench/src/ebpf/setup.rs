@@ -108,12 +108,13 @@ impl Netns {
             .map_err(|e| setup(format!("setns into {}: {e}", self.name)))
     }
 
-    /// Starts `exe args...` inside the namespace (`nsenter --net`: nothing else changes, so
+    /// Starts `exe args...` (with `env` added) inside the namespace (`nsenter --net`: nothing else changes, so
     /// the cgroup and bpffs mounts stay visible), its output into the next `<role>-<n>.log`.
     pub fn spawn(
         &self,
         exe: &Path,
         args: &[String],
+        env: &[(&str, &str)],
         role: &str,
         logs: &Logs,
     ) -> Result<Logged, Error> {
@@ -124,7 +125,8 @@ impl Netns {
             .arg("--")
             .arg(exe)
             .args(args)
-            .env("TOKIO_WORKER_THREADS", "1");
+            .env("TOKIO_WORKER_THREADS", "1")
+            .envs(env.iter().copied());
         spawn_logged(&mut cmd, &name, log, false)
     }
 }
