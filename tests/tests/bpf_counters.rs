@@ -7,7 +7,9 @@
 //! a fresh connection, and reports the exact bytes it wrote and read. The pinned map then
 //! holds exactly that many connects for the client's cgroup in the mode under test, and at
 //! least those bytes (the kernel counts IP packets, headers included); the agent's `/metrics`
-//! shows the same connects for the default tenant (no tenant claims the test's cgroup).
+//! shows the same connects for the client's tenant: the one whose `tenants.cgroups` selects
+//! its cgroup (proxy test, from a config file), or the default tenant when none does (steer
+//! test, flags only).
 #![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
 
 use std::time::{Duration, Instant};
@@ -62,11 +64,12 @@ fn stats_of(bed: &Bed, id: u64) -> CgroupStats {
         .unwrap_or_default()
 }
 
-/// Waits until the agent's `/metrics` shows `want` for the default tenant's connects in
-/// `mode` (the export reads the kernel every 2 s).
-fn wait_for_export(node: &Node, mode: &str, want: f64) -> f64 {
+/// Waits until the agent's `/metrics` shows `want` for `tenant`'s connects in `mode` (the
+/// export reads the kernel every 2 s).
+fn wait_for_export(node: &Node, tenant: &str, mode: &str, want: f64) -> f64 {
     let mode = format!("mode=\"{mode}\"");
-    let labels = ["tenant=\"default\"", mode.as_str()];
+    let tenant = format!("tenant=\"{tenant}\"");
+    let labels = [tenant.as_str(), mode.as_str()];
     let deadline = Instant::now() + WAIT;
     loop {
         let got = scrape_series(
@@ -84,25 +87,56 @@ fn wait_for_export(node: &Node, mode: &str, want: f64) -> f64 {
     }
 }
 
-/// One bed, agent and client; `steer` adds `--steer VIP`.
-fn counted(tag: &str, vip: &str, steer: bool) -> (CgroupStats, Sent, f64, f64) {
+/// A file removed on drop.
+struct TempFile(std::path::PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// One bed, agent and client; `steer` adds `--steer VIP`. With `tenant`, the agent runs
+/// from a config file whose `tenants.cgroups` gives the client's cgroup to that tenant; else
+/// from flags (no tenant selects it).
+fn counted(
+    tag: &str,
+    vip: &str,
+    steer: bool,
+    tenant: Option<&str>,
+) -> (CgroupStats, Sent, f64, f64) {
     let bed = Bed::create(tag, if steer { "cnt-steer" } else { "cnt" }, 2).unwrap();
     let node = &bed.node;
     let sim_addr = format!("{}:{SIM_PORT}", node.pods[1].ip4);
     let _sim = bed.sim(1, &node.pods[1].ip4.to_string(), SIM_PORT).unwrap();
-    let mut args: Vec<String> = [
-        "--listen",
-        "0.0.0.0:8080",
-        "--admin",
-        "127.0.0.1:9090",
-        "--endpoint",
-        &format!("http://{sim_addr}"),
-        "--explain",
-        "--redirect",
-        &format!("{vip}={}:8080", Node::IP4),
-    ]
-    .map(String::from)
-    .to_vec();
+    let config = TempFile(std::env::temp_dir().join(format!("warmpath-{tag}-agent.yaml")));
+    let mut args: Vec<String> = match tenant {
+        Some(tenant) => {
+            std::fs::write(
+                &config.0,
+                format!(
+                    "version: 1\nlisten: \"0.0.0.0:8080\"\nadmin: 127.0.0.1:9090\nproxy: {{explain: true}}\n\
+                     pools:\n- name: default\n  model: sim-llama\n  endpoints:\n  - url: http://{sim_addr}\n\
+                     tenants:\n  cgroups:\n    {tenant}: [{}]\n",
+                    bed.client_cgroup.path().display()
+                ),
+            )
+            .unwrap();
+            vec!["--config".into(), config.0.display().to_string()]
+        }
+        None => [
+            "--listen",
+            "0.0.0.0:8080",
+            "--admin",
+            "127.0.0.1:9090",
+            "--endpoint",
+            &format!("http://{sim_addr}"),
+            "--explain",
+        ]
+        .map(String::from)
+        .to_vec(),
+    };
+    args.extend(["--redirect".into(), format!("{vip}={}:8080", Node::IP4)]);
     if steer {
         args.extend(["--steer".into(), vip.into()]);
     }
@@ -114,7 +148,7 @@ fn counted(tag: &str, vip: &str, steer: bool) -> (CgroupStats, Sent, f64, f64) {
     let sent = run_client(&mut client, vip);
     let stats = stats_of(&bed, id);
     let mode = if steer { "steer" } else { "proxy" };
-    let exported = wait_for_export(node, mode, REQUESTS as f64);
+    let exported = wait_for_export(node, tenant.unwrap_or("default"), mode, REQUESTS as f64);
     let unresolved =
         scrape_series(&node.ns, ADMIN, "warmpath_kernel_unresolved_cgroups", &[]).unwrap();
     drop(client);
@@ -128,7 +162,8 @@ fn proxied_connects_and_their_bytes_are_counted_per_cgroup() {
         return;
     }
     let tag = format!("wc{}", std::process::id() % 100_000);
-    let (stats, sent, exported, unresolved) = counted(&tag, "10.96.0.30:8000", false);
+    let (stats, sent, exported, unresolved) =
+        counted(&tag, "10.96.0.30:8000", false, Some("team-pod"));
     assert_eq!(
         sent.proxied, REQUESTS,
         "every request went through the agent"
@@ -143,14 +178,11 @@ fn proxied_connects_and_their_bytes_are_counted_per_cgroup() {
     );
     assert_eq!(
         exported, REQUESTS as f64,
-        "the default tenant's proxied connects"
+        "the cgroup's tenant's proxied connects"
     );
-    assert!(
-        unresolved >= 1.0,
-        "the client's cgroup is claimed by no tenant"
-    );
+    assert_eq!(unresolved, 0.0, "the client's cgroup is its tenant's");
     gate::announce(&format!(
-        "bpf: counters (proxy): {} connects, {} B sent >= {} B written, {} B received >= {} B read; /metrics {exported}",
+        "bpf: counters (proxy): {} connects, {} B sent >= {} B written, {} B received >= {} B read; /metrics team-pod {exported}",
         stats.connects_proxy, stats.bytes_sent, sent.sent, stats.bytes_received, sent.received
     ));
 }
@@ -161,7 +193,7 @@ fn steered_connects_and_their_bytes_are_counted_per_cgroup() {
         return;
     }
     let tag = format!("wk{}", std::process::id() % 100_000);
-    let (stats, sent, exported, _) = counted(&tag, "10.96.0.31:8000", true);
+    let (stats, sent, exported, unresolved) = counted(&tag, "10.96.0.31:8000", true, None);
     assert_eq!(sent.proxied, 0, "straight to the pod, not proxied");
     assert_eq!(stats.connects_steered, REQUESTS, "{stats:?}");
     assert_eq!(stats.connects_proxy, 0, "{stats:?}");
@@ -175,8 +207,12 @@ fn steered_connects_and_their_bytes_are_counted_per_cgroup() {
         exported, REQUESTS as f64,
         "the default tenant's steered connects"
     );
+    assert_eq!(
+        unresolved, 1.0,
+        "the client's cgroup is claimed by no tenant"
+    );
     gate::announce(&format!(
-        "bpf: counters (steer): {} connects, {} B sent >= {} B written, {} B received >= {} B read; /metrics {exported}",
+        "bpf: counters (steer): {} connects, {} B sent >= {} B written, {} B received >= {} B read; /metrics default {exported}",
         stats.connects_steered, stats.bytes_sent, sent.sent, stats.bytes_received, sent.received
     ));
 }
