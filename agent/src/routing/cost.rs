@@ -81,8 +81,8 @@ impl Timing {
     }
 }
 
-/// 10 M to 100 prompt tokens per second.
-const PER_TOKEN_RANGE: (f64, f64) = (1e-7, 1e-2);
+/// 1 M to 100 prompt tokens per second.
+const PER_TOKEN_RANGE: (f64, f64) = (1e-6, 1e-2);
 /// A running request never shortens a prefill; one second each is beyond any engine.
 const PER_RUNNING_RANGE: (f64, f64) = (0.0, 1.0);
 const BASE_RANGE: (f64, f64) = (0.0, 10.0);
@@ -90,7 +90,7 @@ const BASE_RANGE: (f64, f64) = (0.0, 10.0);
 pub const PRIOR_WEIGHT: f64 = 2.0;
 /// Effective memory of the fit in observations (forgetting factor `1 - 1/N`): long enough to
 /// average noise, short enough to follow a pod that slows down.
-pub const MEMORY: f64 = 64.0;
+pub const MEMORY: f64 = 128.0;
 /// A measured TTFT is clamped to `[predicted / R, predicted x R]` before it is fitted.
 pub const OUTLIER_RATIO: f64 = 4.0;
 /// Work tokens are fitted in thousands, so the three features have comparable scales.

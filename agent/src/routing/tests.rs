@@ -1,0 +1,330 @@
+//! The ranking rule's unit tests: the cost model's picks, fallbacks, rotation, presets.
+
+use super::*;
+
+fn cand(id: usize, matched: usize, queued: u64, in_flight: u32) -> Candidate {
+    Candidate {
+        id: EndpointId(id),
+        affinity: id as u64,
+        matched_blocks: matched,
+        prefix_trusted: true,
+        in_flight,
+        queued_prefill_blocks: queued,
+        kv_usage: 0.0,
+        history_blocks: 0,
+        lora: LoraState::NotApplicable,
+        excluded: false,
+        timing: BlockTiming::default(),
+    }
+}
+
+fn ctx(blocks: usize) -> RequestCtx {
+    RequestCtx {
+        keys: (0..blocks as u64).map(RouterKey).collect(),
+        ..RequestCtx::default()
+    }
+}
+
+#[test]
+fn precise_prefers_the_prefix_until_its_queue_costs_more() {
+    let rr = AtomicUsize::new(0);
+    let d = rank(
+        Policy::Precise,
+        &ctx(100),
+        &[cand(0, 0, 0, 0), cand(1, 90, 0, 3)],
+        &rr,
+    )
+    .unwrap();
+    assert_eq!((d.ranked[0], d.prefix_blocks), (EndpointId(1), 90));
+    // The holder has 200 blocks of prefill queued: recomputing 100 elsewhere is cheaper.
+    let d = rank(
+        Policy::Precise,
+        &ctx(100),
+        &[cand(0, 0, 0, 0), cand(1, 90, 200, 3)],
+        &rr,
+    )
+    .unwrap();
+    assert_eq!(d.ranked[0], EndpointId(0));
+}
+
+#[test]
+fn cold_prefills_avoid_stalling_busy_decoders_warm_ones_keep_affinity() {
+    let rr = AtomicUsize::new(0);
+    // A: six requests decoding, nothing queued; B: one request, 30 blocks queued.
+    let busy = cand(0, 0, 0, 6);
+    let queued = cand(1, 0, 30, 1);
+    // Cold everywhere: 100 blocks of prefill would stall A's six decoders.
+    let d = rank(
+        Policy::Precise,
+        &ctx(100),
+        &[busy.clone(), queued.clone()],
+        &rr,
+    )
+    .unwrap();
+    assert_eq!(d.ranked[0], EndpointId(1));
+    // Without the stall term the cheaper queue wins.
+    let mut no_stall = RoutePolicy::from(Policy::Precise);
+    no_stall.weights.stall = 0.0;
+    let d = rank(no_stall, &ctx(100), &[busy.clone(), queued.clone()], &rr).unwrap();
+    assert_eq!(d.ranked[0], EndpointId(0));
+    // Warm on A: five uncached blocks stall little; affinity wins.
+    let warm = cand(0, 95, 0, 6);
+    let d = rank(Policy::Precise, &ctx(100), &[warm, queued], &rr).unwrap();
+    assert_eq!((d.ranked[0], d.prefix_blocks), (EndpointId(0), 95));
+}
+
+#[test]
+fn an_untrusted_pod_is_scored_by_its_history_and_wins_over_a_cold_pod() {
+    let rr = AtomicUsize::new(0);
+    // Pod 1's index is unsure: whatever it says (90 blocks, maybe stale) is not used,
+    // but this agent sent it 80 blocks of this prefix recently.
+    let mut unsure = cand(1, 90, 0, 0);
+    unsure.prefix_trusted = false;
+    unsure.history_blocks = 80;
+    let d = rank(
+        Policy::Precise,
+        &ctx(100),
+        &[cand(0, 0, 0, 0), unsure.clone()],
+        &rr,
+    )
+    .unwrap();
+    assert_eq!(
+        (d.ranked[0], d.prefix_blocks, d.prefix_source),
+        (EndpointId(1), 80, PrefixSource::History)
+    );
+    // Cost: 20 uncached + 2 x 20 away from home, at the prior's 1.6 ms per block, + 20 ms
+    // base; the cold pod: 100 + 2 x 100 blocks.
+    assert!(
+        (d.score - (60.0 * 0.0016 + 0.02)).abs() < 1e-12,
+        "{}",
+        d.score
+    );
+    // Level on history, a trusted pod holding more by its index wins (5 + 40), and
+    // says its prefix is the index's.
+    let mut warm = cand(0, 95, 0, 0);
+    warm.history_blocks = 80;
+    let d = rank(Policy::Precise, &ctx(100), &[warm, unsure], &rr).unwrap();
+    assert_eq!(
+        (d.ranked[0], d.prefix_blocks, d.prefix_source),
+        (EndpointId(0), 95, PrefixSource::Index)
+    );
+}
+
+#[test]
+fn untrusted_prefix_without_history_counts_as_no_match_and_excluded_are_skipped() {
+    let rr = AtomicUsize::new(0);
+    let mut unsure = cand(1, 90, 0, 0);
+    unsure.prefix_trusted = false;
+    let d = rank(
+        Policy::Precise,
+        &ctx(100),
+        &[cand(0, 10, 0, 0), unsure],
+        &rr,
+    )
+    .unwrap();
+    assert_eq!(d.ranked[0], EndpointId(0));
+    let mut gone = cand(0, 10, 0, 0);
+    gone.excluded = true;
+    let d = rank(Policy::Precise, &ctx(100), &[gone, cand(1, 0, 0, 0)], &rr).unwrap();
+    assert_eq!(d.ranked.as_slice(), [EndpointId(1)]);
+    let mut all = cand(0, 0, 0, 0);
+    all.excluded = true;
+    assert!(rank(Policy::Precise, &ctx(1), &[all], &rr).is_none());
+}
+
+#[test]
+fn cold_requests_spread_and_round_robin_rotates() {
+    let rr = AtomicUsize::new(0);
+    let cands = [cand(0, 0, 0, 0), cand(1, 0, 0, 0), cand(2, 0, 0, 0)];
+    let firsts: Vec<_> = (0..3)
+        .map(|_| rank(Policy::Precise, &ctx(4), &cands, &rr).unwrap().ranked[0])
+        .collect();
+    assert_eq!(
+        firsts
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len(),
+        3,
+        "ties rotate"
+    );
+    let rr = AtomicUsize::new(0);
+    let firsts: Vec<_> = (0..3)
+        .map(|_| {
+            rank(Policy::RoundRobin, &ctx(4), &cands, &rr)
+                .unwrap()
+                .ranked[0]
+                .0
+        })
+        .collect();
+    assert_eq!(firsts, vec![0, 1, 2]);
+    let d = rank(
+        Policy::LeastLoaded,
+        &ctx(4),
+        &[cand(0, 0, 0, 5), cand(1, 0, 0, 1)],
+        &rr,
+    )
+    .unwrap();
+    assert_eq!(d.ranked[0], EndpointId(1));
+}
+
+#[test]
+fn session_is_sticky() {
+    let rr = AtomicUsize::new(0);
+    let cands = [cand(0, 0, 0, 0), cand(1, 0, 0, 0), cand(2, 0, 0, 0)];
+    let c = RequestCtx {
+        session: Some("user-42".into()),
+        ..RequestCtx::default()
+    };
+    let a = rank(Policy::Session, &c, &cands, &rr).unwrap().ranked[0];
+    let b = rank(Policy::Session, &c, &cands, &rr).unwrap().ranked[0];
+    assert_eq!(a, b);
+    // Rendezvous: removing another pod never moves this session.
+    let others: Vec<Candidate> = cands
+        .iter()
+        .map(|x| Candidate {
+            excluded: x.id != a && x.id.0 == (a.0 + 1) % 3,
+            ..x.clone()
+        })
+        .collect();
+    assert_eq!(
+        rank(Policy::Session, &c, &others, &rr).unwrap().ranked[0],
+        a
+    );
+    // Many sessions spread over all pods.
+    let owners: std::collections::HashSet<_> = (0..64)
+        .map(|i| {
+            let c = RequestCtx {
+                session: Some(format!("user-{i}")),
+                ..RequestCtx::default()
+            };
+            rank(Policy::Session, &c, &cands, &rr).unwrap().ranked[0]
+        })
+        .collect();
+    assert_eq!(owners.len(), 3);
+}
+
+#[test]
+fn kv_usage_and_lora_weights_move_the_pick() {
+    let rr = AtomicUsize::new(0);
+    let mut full = cand(0, 0, 0, 0);
+    full.kv_usage = 0.95;
+    let empty = cand(1, 0, 0, 1);
+    // Precise ignores KV usage by default: the pod with nothing in flight wins.
+    assert_eq!(
+        rank(
+            Policy::Precise,
+            &ctx(10),
+            &[full.clone(), empty.clone()],
+            &rr
+        )
+        .unwrap()
+        .ranked[0],
+        EndpointId(0)
+    );
+    let mut w = Policy::Precise.weights();
+    // A nearly full cache (19 blocks at weight 2) outweighs one request in flight
+    // (4 + 10 blocks it would stall).
+    w.set("kv-usage", 2.0).unwrap();
+    let p = RoutePolicy {
+        kind: Policy::Precise,
+        weights: w,
+    };
+    assert_eq!(
+        rank(p, &ctx(10), &[full, empty], &rr).unwrap().ranked[0],
+        EndpointId(1)
+    );
+    // A pod with the adapter loaded wins over one that must load it, unless its queue
+    // costs more than the load.
+    let mut loaded = cand(0, 0, 10, 0);
+    loaded.lora = LoraState::Loaded;
+    let mut missing = cand(1, 0, 0, 0);
+    missing.lora = LoraState::NotLoaded;
+    assert_eq!(
+        rank(
+            Policy::Precise,
+            &ctx(10),
+            &[loaded.clone(), missing.clone()],
+            &rr
+        )
+        .unwrap()
+        .ranked[0],
+        EndpointId(0)
+    );
+    loaded.queued_prefill_blocks = 100;
+    assert_eq!(
+        rank(Policy::Precise, &ctx(10), &[loaded, missing], &rr)
+            .unwrap()
+            .ranked[0],
+        EndpointId(1)
+    );
+}
+
+#[test]
+fn an_evicted_prefix_goes_home_unless_home_is_too_busy() {
+    let rr = AtomicUsize::new(0);
+    // Nobody holds the prefix any more; pod 1 served it last.
+    let idle = cand(0, 0, 0, 0);
+    let first = |home_queued: u64| {
+        let mut home = cand(1, 0, home_queued, 0);
+        home.history_blocks = 100;
+        rank(Policy::Precise, &ctx(100), &[idle.clone(), home], &rr)
+            .unwrap()
+            .ranked[0]
+    };
+    assert_eq!(
+        first(10),
+        EndpointId(1),
+        "10 queued blocks < the 200-block pull of home"
+    );
+    assert_eq!(
+        first(190),
+        EndpointId(1),
+        "190 queued blocks do not outweigh it"
+    );
+    assert_eq!(first(230), EndpointId(0), "230 queued blocks outweigh it");
+}
+
+#[test]
+fn each_pod_is_predicted_on_its_own_calibration_and_ranked_at_the_pools_median_rate() {
+    let rr = AtomicUsize::new(0);
+    // Both cold for a 100-block prompt. Pod 0 prefills 16k tokens/s (1 ms per 16-token
+    // block) with 2 running and 20 blocks queued; pod 1 4k tokens/s (4 ms per block), idle.
+    let mut fast = cand(0, 0, 20, 2);
+    fast.timing = BlockTiming {
+        secs_per_block: 0.001,
+        secs_per_running: 0.005,
+        base: 0.01,
+    };
+    let mut slow = cand(1, 0, 0, 0);
+    slow.timing = BlockTiming {
+        secs_per_block: 0.004,
+        secs_per_running: 0.005,
+        base: 0.01,
+    };
+    let d = rank(Policy::Precise, &ctx(100), &[fast, slow], &rr).unwrap();
+    // Predictions, each on its pod's own fit: fast (100 + 20) x 1 ms + 2 x 5 ms + 10 ms =
+    // 140 ms; slow 100 x 4 ms + 10 ms = 410 ms.
+    // Costs at the median 2.5 ms per block + 10 ms: fast 100 + 20 + stall 200 + home 200 +
+    // spread 8 = 528 blocks = 1,330 ms; slow 100 + home 200 = 300 blocks = 760 ms.
+    assert_eq!(d.ranked.as_slice(), [EndpointId(1), EndpointId(0)]);
+    assert!((d.predicted_ttft() - 0.410).abs() < 1e-12);
+    assert!((d.predicted[1] - 0.140).abs() < 1e-12);
+    assert!((d.score - 0.760).abs() < 1e-12, "{}", d.score);
+    // Replication moving the other pod first keeps each row's figures with its pod.
+    let mut moved = d.clone();
+    moved.promote(EndpointId(0));
+    assert_eq!(moved.ranked.as_slice(), [EndpointId(0), EndpointId(1)]);
+    assert!((moved.predicted_ttft() - 0.140).abs() < 1e-12);
+    assert!((moved.score - 1.330).abs() < 1e-12);
+    moved.prefer(|id| id == EndpointId(1));
+    assert_eq!(moved, d);
+}
+
+#[test]
+fn weights_are_validated_by_name() {
+    let mut w = Weights::default();
+    assert!(w.set("in_flight", 2.0).is_ok());
+    assert_eq!(w.in_flight, 2.0);
+    assert!(w.set("prefix", -1.0).unwrap_err().contains(">= 0"));
+    assert!(w.set("magic", 1.0).unwrap_err().contains("unknown scorer"));
+}
