@@ -304,3 +304,96 @@ pub fn quantiles_ms(ms: &[f64]) -> Quantiles {
         p99: q.p99 * 1000.0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_is_the_median_and_range_of_finite_values() {
+        let s = Spread::of([3.0, 1.0, f64::NAN, 2.0]);
+        assert_eq!((s.median, s.min, s.max, s.rounds), (2.0, 1.0, 3.0, 3));
+        assert_eq!(Spread::of([4.0, 1.0, 2.0, 3.0]).median, 2.5);
+        assert!(Spread::of([]).median.is_nan());
+    }
+
+    fn request(variant: &str, kind: &str, rounds: &[f64]) -> RequestRow {
+        RequestRow {
+            variant: variant.into(),
+            kind: kind.into(),
+            requests: rounds.len(),
+            errors: 0,
+            latency_ms: quantiles_ms(rounds),
+            round_p50_ms: rounds.to_vec(),
+            p50_ms_rounds: Spread::of(rounds.iter().copied()),
+            note: String::new(),
+        }
+    }
+
+    fn failover(variant: &str, p90: f64) -> FailoverRow {
+        FailoverRow {
+            variant: variant.into(),
+            requests: 1,
+            errors: 0,
+            ttft_ms: Quantiles {
+                p50: p90,
+                p90,
+                p99: p90,
+            },
+            cached_share: 0.5,
+            affinity_entries: 1,
+            note: String::new(),
+        }
+    }
+
+    fn connect(variant: &str, rate: f64) -> ConnectRow {
+        let mut row = ConnectRow::absent(variant, "");
+        row.measured = true;
+        row.connections_per_s = Spread::of([rate]);
+        row
+    }
+
+    #[test]
+    fn targets_are_judged_from_the_rows() {
+        let mut r = Report {
+            command: "bench ebpf".into(),
+            machine: "test".into(),
+            build: "debug",
+            connect: vec![
+                connect("no interception", 100.0),
+                connect("iptables REDIRECT", 80.0),
+                connect("warmpath connect4", 90.0),
+            ],
+            connect4_cost_us: Spread::of([1.0, 3.0, 1.5]),
+            requests: vec![
+                request("direct", "non-streamed", &[1.0, 2.0, 4.0]),
+                // Per round 1.1, 1.0, 1.0: median 1.0.
+                request("steer", "non-streamed", &[1.1, 2.0, 4.0]),
+                request("direct", "SSE", &[1.0, 1.0, 1.0]),
+                // Per round 1.2, 1.06, 1.0: median 1.06.
+                request("steer", "SSE", &[1.2, 1.06, 1.0]),
+            ],
+            failover: vec![
+                failover("affinity fail-open", 30.0),
+                failover("plain VIP fallback", 100.0),
+            ],
+            targets: Vec::new(),
+        };
+        r.judge();
+        let met: Vec<bool> = r.targets.iter().map(|t| t.met).collect();
+        assert_eq!(met, [true, true, true, false, true], "{:?}", r.targets);
+        assert_eq!(r.targets[0].value, "1.50 us (rounds 1.00..3.00)");
+        assert_eq!(r.targets[1].value, "90 vs 80 /s (1.12x)");
+        assert_eq!(r.targets[4].value, "0.30x");
+        let md = r.markdown();
+        assert!(
+            md.contains("\nMISS steer within 5 % of direct (SSE, "),
+            "{md}"
+        );
+        // Without iptables the rate target cannot be met.
+        r.connect.remove(1);
+        r.judge();
+        assert_eq!(r.targets[1].value, "iptables not measured");
+        assert!(!r.targets[1].met);
+    }
+}
