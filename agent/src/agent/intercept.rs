@@ -80,10 +80,10 @@ fn start_table(
     let mut writer = kernel_table::Writer::new(redirector.clone(), routing.proxy.clone(), vips);
     writer.round(std::time::Instant::now());
     let report = writer.report();
-    routing.proxy.sections.set(
-        "kernel_table",
-        std::sync::Arc::new(move || report.status()),
-    );
+    routing
+        .proxy
+        .sections
+        .set("kernel_table", std::sync::Arc::new(move || report.status()));
     AbortOnDrop(tokio::spawn(writer.run()))
 }
 
