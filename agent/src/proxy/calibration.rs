@@ -8,7 +8,8 @@
 //! pod's — is fitted and its error recorded. Only streams count: a non-streamed body's first
 //! byte comes after the whole answer, not after prefill.
 //!
-//! Bounded: at most [`MAX_PODS`] fits (the least observed is dropped for a new pod when full)
+//! Bounded: at most [`MAX_PODS`] fits (the least recently observed — a pod that left, whose
+//! fit no stream refreshes — is dropped for a new pod when full)
 //! and [`ERROR_WINDOW`] errors.
 
 use std::{collections::HashMap, sync::Arc};
@@ -25,7 +26,10 @@ pub const ERROR_WINDOW: usize = 512;
 /// One pool's calibration.
 #[derive(Debug, Default)]
 pub struct Calibration {
-    fits: RwLock<HashMap<u16, Fit>>,
+    /// Each pod's fit and the tick of its last observation.
+    fits: RwLock<HashMap<u16, (Fit, u64)>>,
+    /// Observations so far (the clock of the ticks).
+    ticks: std::sync::atomic::AtomicU64,
     errors: Mutex<Errors>,
 }
 
@@ -73,12 +77,15 @@ impl Calibration {
         self.fits
             .read()
             .get(&serial)
-            .map_or(Timing::PRIOR, Fit::timing)
+            .map_or(Timing::PRIOR, |(f, _)| f.timing())
     }
 
     pub fn pod_status(&self, serial: u16) -> PodTiming {
         let fits = self.fits.read();
-        let fit = fits.get(&serial).cloned().unwrap_or_default();
+        let fit = fits
+            .get(&serial)
+            .map(|(f, _)| f.clone())
+            .unwrap_or_default();
         let t = fit.timing();
         PodTiming {
             prefill_tokens_per_s: 1.0 / t.secs_per_token,
@@ -92,19 +99,22 @@ impl Calibration {
     /// the error. Returns the absolute error, seconds.
     pub fn check(&self, p: &Prediction, measured: f64) -> f64 {
         {
+            let tick = self
+                .ticks
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let mut fits = self.fits.write();
             if !fits.contains_key(&p.serial) && fits.len() >= MAX_PODS {
-                let least = fits
+                let stalest = fits
                     .iter()
-                    .min_by_key(|(_, f)| f.observations())
+                    .min_by_key(|(_, (_, last))| *last)
                     .map(|(s, _)| *s);
-                if let Some(s) = least {
+                if let Some(s) = stalest {
                     fits.remove(&s);
                 }
             }
-            fits.entry(p.serial)
-                .or_default()
-                .observe(p.features, measured);
+            let (fit, last) = fits.entry(p.serial).or_default();
+            fit.observe(p.features, measured);
+            *last = tick;
         }
         let error = (p.predicted - measured).abs();
         let mut e = self.errors.lock();
@@ -187,5 +197,27 @@ mod tests {
         }
         assert!(c.fits.read().len() <= MAX_PODS);
         assert_eq!(c.errors.lock().ring.len(), ERROR_WINDOW);
+    }
+
+    #[test]
+    fn a_full_table_drops_the_least_recently_observed_pod() {
+        let c = Arc::new(Calibration::default());
+        // Pod 0 observed many times first, then pods 1..MAX_PODS once each: pod 0 is the
+        // stalest, though the most observed.
+        for _ in 0..50 {
+            c.check(&prediction(&c, 0, 0.1), 0.1);
+        }
+        for serial in 1..MAX_PODS as u16 {
+            c.check(&prediction(&c, serial, 0.1), 0.1);
+        }
+        assert_eq!(c.fits.read().len(), MAX_PODS);
+        // A new pod takes pod 0's place; then another takes pod 1's, not the new one's.
+        let new = MAX_PODS as u16;
+        c.check(&prediction(&c, new, 0.1), 0.1);
+        c.check(&prediction(&c, new + 1, 0.1), 0.1);
+        let fits = c.fits.read();
+        assert!(!fits.contains_key(&0) && !fits.contains_key(&1));
+        assert!(fits.contains_key(&new) && fits.contains_key(&(new + 1)));
+        assert_eq!(fits.len(), MAX_PODS);
     }
 }

@@ -14,7 +14,9 @@
 //!   (`rate x pods >= pool_rate`) — more than one pod would get if every prefix were spread
 //!   evenly, so a workload of many equally popular prefixes has none.
 //! - **Homes.** The pods the prefix is kept on, first the best pod holding it when it is first
-//!   seen. A home that no longer holds it (evicted) or left is dropped.
+//!   seen. A home that no longer holds it (evicted) or left is dropped — except the one just
+//!   warmed, which has `tau` to show its copy (the warming request in flight, the engine's
+//!   events not yet seen).
 //! - **Pressure.** Hot and the best home's predicted TTFT is above the
 //!   best other pod's (a cold prefill there, by the same cost model): for
 //!   [`Settings::sustain`] consecutive requests of the prefix, the wanted number of homes
@@ -103,6 +105,10 @@ struct Entry {
     raised_at: SmallVec<[f64; MAX_HOMES]>,
     pressure: u32,
     slack: u32,
+    /// The home added last and when, until it is seen holding the prefix: its copy is still
+    /// being written (the warming request in flight, the engine's events not yet seen), so it
+    /// is not dropped for not holding it within [`Settings::tau`].
+    warming: Option<(u64, Instant)>,
 }
 
 /// The tracked prefixes of one pool.
@@ -174,12 +180,23 @@ impl Replication {
             raised_at: SmallVec::new(),
             pressure: 0,
             slack: 0,
+            warming: None,
         });
         e.rate = decayed(e.rate, e.at, now, tau) + 1.0 / tau;
         e.at = now.max(e.at);
-        // Homes that left or no longer hold the prefix are gone.
-        e.homes
-            .retain(|h| pods.iter().any(|p| p.affinity == *h && p.holds));
+        // Homes that left or no longer hold the prefix are gone; the one being warmed is
+        // given `tau` to show that it holds it.
+        if let Some((w, since)) = e.warming {
+            let holds = pods.iter().any(|p| p.affinity == w && p.holds);
+            if holds || now.saturating_duration_since(since) >= s.tau {
+                e.warming = None;
+            }
+        }
+        let warming = e.warming.map(|(w, _)| w);
+        e.homes.retain(|h| {
+            pods.iter()
+                .any(|p| p.affinity == *h && (p.holds || warming == Some(*h)))
+        });
         let best = |only_homes: bool, e: &Entry| {
             pods.iter()
                 .filter(|p| e.homes.contains(&p.affinity) == only_homes)
@@ -219,6 +236,7 @@ impl Replication {
             e.raised_at.push(e.rate);
             if let Some(next) = best(false, e) {
                 e.homes.push(next.affinity);
+                e.warming = Some((next.affinity, now));
                 advice.warm = Some(next.affinity);
             }
         } else if e.slack >= s.sustain {
@@ -396,6 +414,36 @@ mod tests {
         // Pod 1's copy was evicted: it is no longer a home.
         let a = r.observe(KEY, now + Duration::from_millis(20), &pods(0.05, 0.1, &[0]));
         assert_eq!(a.homes.as_slice(), [0]);
+    }
+
+    #[test]
+    fn a_home_being_warmed_is_kept_until_its_copy_shows_or_tau_passes() {
+        let mut r = Replication::default();
+        let mut now = Instant::now();
+        // Hot and the home slower than a cold prefill: a second home is warmed...
+        let mut warmed = None;
+        for _ in 0..40 {
+            now += Duration::from_millis(100);
+            if let Some(w) = r.observe(KEY, now, &pods(0.5, 0.2, &[0])).warm {
+                warmed = Some(w);
+                break;
+            }
+        }
+        assert_eq!(warmed, Some(1));
+        // ... whose copy the index does not show yet: for the next 3 s it stays a home.
+        let (a, now) = run(&mut r, now, 30, Duration::from_millis(100), |_| {
+            pods(0.1, 0.2, &[0])
+        });
+        assert_eq!(a.homes.as_slice(), [0, 1], "kept while warming");
+        // Still not holding it 4 s (tau) after it was warmed: dropped.
+        let (a, _) = run(&mut r, now, 11, Duration::from_millis(100), |_| {
+            pods(0.1, 0.2, &[0])
+        });
+        assert_eq!(
+            a.homes.as_slice(),
+            [0],
+            "a warm-up that never showed is dropped"
+        );
     }
 
     #[test]
