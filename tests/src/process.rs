@@ -66,3 +66,19 @@ impl Drop for OwnedChild {
         let _ = self.child.wait();
     }
 }
+
+/// Kills a process group (a bench and everything it started) on drop unless disarmed
+/// (`None`): a timed-out or panicking test leaves no process behind.
+#[derive(Debug)]
+pub struct ProcessGroup(pub Option<i32>);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}

@@ -5,23 +5,10 @@
 
 use std::{os::unix::process::CommandExt, path::Path, time::Duration};
 
+use warmpath_e2e::process::ProcessGroup;
+
 /// The whole run, start-up of four debug agents included, on a loaded 2-core machine.
 const RUN_WITHIN: Duration = Duration::from_secs(240);
-
-/// Kills the bench's process group (the bench and the agents it started) unless disarmed:
-/// a timed-out or panicking test leaves no process behind.
-struct Group(Option<i32>);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        if let Some(pgid) = self.0 {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pgid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
-}
 
 #[test]
 fn compare_shows_progress_and_the_table_and_logs_every_agent_to_a_file() {
@@ -253,7 +240,7 @@ fn bench(argv: &[String]) -> std::process::Output {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut group = Group(i32::try_from(child.id()).ok());
+    let mut group = ProcessGroup(i32::try_from(child.id()).ok());
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || done.send(child.wait_with_output()));
     // On a timeout the panic drops `group`: the kill ends the waiting thread too.

@@ -5,7 +5,7 @@
 
 use std::{os::unix::process::CommandExt, path::Path, time::Duration};
 
-use warmpath_e2e::gate;
+use warmpath_e2e::{gate, process::ProcessGroup};
 
 /// The whole run, start-up of three debug agents and five simulators included, on a loaded
 /// 2-core machine.
@@ -15,20 +15,6 @@ const CONNECTS: u64 = 50;
 const REQUESTS: u64 = 2;
 const CLIENTS: u64 = 2;
 const HALF: u64 = 2;
-
-/// Kills the bench's process group (the bench and what it started) unless disarmed.
-struct Group(Option<i32>);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        if let Some(pgid) = self.0 {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pgid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
-}
 
 fn num(v: &serde_json::Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
@@ -81,7 +67,7 @@ fn bench_ebpf_measures_every_row_and_leaves_nothing_behind() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut group = Group(i32::try_from(child.id()).ok());
+    let mut group = ProcessGroup(i32::try_from(child.id()).ok());
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || done.send(child.wait_with_output()));
     // On a timeout the panic drops `group`: the kill ends the waiting thread too.
