@@ -314,7 +314,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
             .protocol = pc.upstream;
         proxy
             .policy
-            .set_pool_targets(&pc.name, pc.labels.clone(), pc.services.clone());
+            .set_pool_targets(&pc.name, pool_targets(pc, config.kubernetes.as_ref()));
     }
     proxy.salt = Arc::new(cache_salt(config)?);
     proxy.quotas.observe(proxy.telemetry.meter());
@@ -510,4 +510,42 @@ pub fn cleanup(args: &AgentArgs) -> Result<(), Error> {
     let cleaned = ebpf::cleanup(&dir)?;
     tracing::info!(dir = %dir.display(), links = cleaned.links, maps = cleaned.maps, "removed pinned interception state");
     Ok(())
+}
+
+/// What `RoutePolicy` targets name pool `pc` by: the file's labels and Services, and on
+/// Kubernetes the `InferencePool` it follows, its selector's labels (every member carries
+/// them) and the Services `kubernetes.intercept` sends to it, each in its namespace.
+fn pool_targets(
+    pc: &crate::config::PoolConfig,
+    kubernetes: Option<&crate::config::KubernetesConfig>,
+) -> crate::policy::compiled::PoolTargets {
+    use crate::config::PoolMembers;
+    let mut t = crate::policy::compiled::PoolTargets {
+        labels: pc.labels.clone(),
+        namespace: pc.members.as_ref().map(|m| m.namespace().to_string()),
+        inference_pool: None,
+        services: pc
+            .services
+            .iter()
+            .map(|(name, port)| (None, name.clone(), *port))
+            .collect(),
+    };
+    match &pc.members {
+        Some(PoolMembers::InferencePool { namespace, name }) => {
+            t.inference_pool = Some((namespace.clone(), name.clone()));
+        }
+        Some(PoolMembers::Selector { match_labels, .. }) => {
+            t.labels.extend(match_labels.clone());
+        }
+        None => {}
+    }
+    if let Some(k) = kubernetes.filter(|k| k.enabled) {
+        t.services.extend(
+            k.intercept
+                .iter()
+                .filter(|i| i.pool == pc.name)
+                .map(|i| (Some(i.namespace.clone()), i.name.clone(), i.port)),
+        );
+    }
+    t
 }

@@ -16,7 +16,7 @@ use serde_json::json;
 use warmpath_bench::BenchCommand;
 use warmpath_e2e::{
     agent::{start, urls},
-    sim::{Fleet, get_json},
+    sim::{Fleet, get_json, wait_for},
 };
 
 /// A temporary policy directory, removed on drop.
@@ -403,4 +403,54 @@ spec:
         }
     }
     assert_eq!(to_b, 4, "weights 1:1, exactly per cycle of 2");
+}
+
+/// `failureMode`: a precise policy that cannot score any pod (the engine publishes no KV
+/// events, so no pod's index is trusted) answers 503 when it fails closed, and routes to a
+/// ready pod once the same policy fails open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failclosed_policy_answers_503_when_no_pod_can_be_scored_and_failopen_routes() {
+    let fleet = Fleet::tiny(1, &[]).await;
+    let dir = Dir::new("failure");
+    let policy = |mode: &str| {
+        format!(
+            "apiVersion: warmpath.dev/v1alpha1\nkind: RoutePolicy\nmetadata: {{name: strict, namespace: ml}}\nspec:\n  targetRef: {{pool: {{name: default}}}}\n  action: {{preset: precise, failureMode: {mode}}}\n"
+        )
+    };
+    dir.write("strict.yaml", &policy("failClosed"));
+    // No --kv-events: the pod has no trusted index.
+    let routing = start([
+        "--endpoint".to_string(),
+        fleet.url(0),
+        "--policy-dir".into(),
+        dir.path().display().to_string(),
+    ])
+    .await;
+    let (base, _) = urls(&routing);
+    let ask = || {
+        let base = base.clone();
+        async move {
+            let resp = reqwest::Client::new()
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"model": "sim-llama", "prompt": "hello there", "max_tokens": 1}))
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let (status, v) = ask().await;
+    assert_eq!(status, 503, "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("ml/strict") && message.contains("fails closed"),
+        "{v}"
+    );
+    assert_eq!(v["error"]["code"], 503, "{v}");
+    dir.write("strict.yaml", &policy("failOpen"));
+    wait_for("the fail-open version", Duration::from_secs(5), || async {
+        (ask().await.0 == 200).then_some(())
+    })
+    .await;
 }

@@ -475,3 +475,155 @@ async fn four_agents_hold_a_cluster_wide_prompt_token_quota_within_10_percent() 
     );
     drop(agents);
 }
+
+/// Tenants of the other three dimensions, each with a whole minute of burst so that the
+/// refill during the test (a few seconds) stays small against the bucket.
+const KINDS: &str = r#"apiVersion: warmpath.dev/v1alpha1
+kind: Tenant
+metadata: {name: output}
+spec:
+  identity: {cidrs: [127.0.0.2/32]}
+  quotas: {outputTokens: 120/min, burstSeconds: 60}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: Tenant
+metadata: {name: requests}
+spec:
+  identity: {cidrs: [127.0.0.3/32]}
+  quotas: {requests: 2/min, burstSeconds: 60}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: Tenant
+metadata: {name: streams}
+spec:
+  identity: {cidrs: [127.0.0.4/32]}
+  quotas: {concurrentStreams: 1}
+"#;
+
+/// One completion from `source`: (status, Retry-After, the body).
+async fn complete(
+    base: &str,
+    source: &str,
+    max_tokens: u64,
+) -> (u16, Option<u64>, serde_json::Value) {
+    let resp = reqwest::Client::builder()
+        .local_address(source.parse::<IpAddr>().unwrap())
+        .build()
+        .unwrap()
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"model": "sim-llama", "prompt": "Tell me about the sea.", "max_tokens": max_tokens}))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    (status, retry_after, resp.json().await.unwrap())
+}
+
+/// The refusal message of a 429 body.
+fn refusal(v: &serde_json::Value) -> &str {
+    assert_eq!(v["error"]["type"], "RateLimitError", "{v}");
+    v["error"]["message"].as_str().unwrap_or_default()
+}
+
+/// Output-token, request and stream quotas through the proxy, each judged by the rules of
+/// docs/policy.md ("Quotas") from what the engine reported: output tokens are charged after
+/// the answer from its `usage.completion_tokens` and refuse only once in debt, with
+/// `Retry-After` the time the refill needs to repay it; a request quota refuses the request
+/// its bucket cannot pay; a stream cap refuses while a stream is open and admits again once
+/// it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_token_request_and_stream_quotas_refuse_as_documented() {
+    // Real decode timing (~10 ms a token), so a long stream stays open while we look.
+    let fleet = Fleet::start(&["--port", "0", "--profile", "llama-3.1-8b-h100"]).await;
+    let dir = Dir::new("kinds");
+    dir.write("tenants.yaml", KINDS);
+    let routing = start([
+        "--endpoint".to_string(),
+        format!("http://{}", fleet.engines[0].http),
+        "--policy-dir".into(),
+        dir.path().display().to_string(),
+    ])
+    .await;
+
+    // outputTokens 120/min, burst 60 s: a bucket of 120 tokens refilled at 2 per second.
+    let start_at = Instant::now();
+    let (base, admin) = urls(&routing);
+    let answered = |n: f64| {
+        let admin = admin.clone();
+        async move {
+            // Charged before the request is counted (proxy/record.rs): once the count shows
+            // it, its output tokens are in the bucket.
+            let text = metrics_text(&reqwest::Client::new(), &admin).await;
+            let ok = ["tenant=\"output\"", "outcome=\"ok\""];
+            (series(&text, "warmpath_requests_total", &ok) == Some(n)).then_some(())
+        }
+    };
+    let (s1, _, v1) = complete(&base, "127.0.0.2", 100).await;
+    wait_for("the first answer settled", Duration::from_secs(10), || {
+        answered(1.0)
+    })
+    .await;
+    let (s2, _, v2) = complete(&base, "127.0.0.2", 100).await;
+    assert_eq!((s1, s2), (200, 200), "{v1} {v2}");
+    wait_for("the second answer settled", Duration::from_secs(10), || {
+        answered(2.0)
+    })
+    .await;
+    let generated: u64 = [&v1, &v2]
+        .iter()
+        .map(|v| v["usage"]["completion_tokens"].as_u64().unwrap())
+        .sum();
+    let (s3, retry, v3) = complete(&base, "127.0.0.2", 100).await;
+    let elapsed = start_at.elapsed().as_secs_f64();
+    assert_eq!(s3, 429, "{v3}");
+    assert!(refusal(&v3).contains("`output`") && refusal(&v3).contains("output tokens"));
+    // Debt = generated - 120 - refill so far; repaid at 2 tokens/s.
+    let debt = generated as f64 - 120.0 - 2.0 * elapsed;
+    assert!(
+        debt > 0.0,
+        "the two answers put the bucket in debt ({generated} tokens)"
+    );
+    let expected = debt / 2.0;
+    let retry = retry.expect("Retry-After") as f64;
+    assert!(
+        (expected - 1.0..=expected + 2.0).contains(&retry),
+        "Retry-After {retry} s, the refill needs {expected:.1} s"
+    );
+
+    // requests 2/min, burst 60 s: two requests, then the third waits for the refill (30 s
+    // a request).
+    let (a, _, _) = complete(&base, "127.0.0.3", 1).await;
+    let (b, _, _) = complete(&base, "127.0.0.3", 1).await;
+    let (c, retry, v) = complete(&base, "127.0.0.3", 1).await;
+    assert_eq!((a, b, c), (200, 200, 429), "{v}");
+    assert!(refusal(&v).contains("`requests`"), "{v}");
+    let retry = retry.expect("Retry-After");
+    assert!((28..=30).contains(&retry), "Retry-After {retry} s of 30");
+
+    // concurrentStreams 1: a long stream is open (its headers arrived, its body not read).
+    let client = reqwest::Client::builder()
+        .local_address("127.0.0.4".parse::<IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let open = client
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"model": "sim-llama", "prompt": "A long story, please.", "max_tokens": 3000, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.status(), 200);
+    let (s, retry, v) = complete(&base, "127.0.0.4", 1).await;
+    assert_eq!((s, retry), (429, Some(1)), "{v}");
+    assert!(refusal(&v).contains("`streams`"), "{v}");
+    // The client goes away: the stream ends at the agent, and the next request is admitted.
+    drop(open);
+    wait_for("the stream's slot freed", Duration::from_secs(10), || {
+        let base = base.clone();
+        async move { (complete(&base, "127.0.0.4", 1).await.0 == 200).then_some(()) }
+    })
+    .await;
+}

@@ -48,7 +48,12 @@ pub fn start_interception(
     let redirector = std::sync::Arc::new(parking_lot::Mutex::new(redirector));
     let table = routing.map(|routing| {
         let vips = vip_source(args, routing, services.clone(), target);
-        start_table(&redirector, routing, vips)
+        start_table(
+            &redirector,
+            routing,
+            vips,
+            args.steer.iter().copied().collect(),
+        )
     });
     let services = match (services, routing) {
         (Some(services), Some(_)) => Some(AbortOnDrop(tokio::spawn(sync_intercepts(
@@ -69,15 +74,17 @@ pub fn start_interception(
     }))
 }
 
-/// Writes the first kernel table now (so steered VIPs have their backend sets before this
-/// returns), then every [`kernel_table::TABLE_INTERVAL`]; its counters go to `/status`
+/// Writes the first kernel table now (so steered VIPs have their backend sets, and the VIPs
+/// policies steer are steered, before this returns), then every [`kernel_table::TABLE_INTERVAL`]; its counters go to `/status`
 /// (`kernel_table`).
 fn start_table(
     redirector: &std::sync::Arc<parking_lot::Mutex<ebpf::Redirector>>,
     routing: &Routing,
     vips: kernel_table::VipSource,
+    fixed_steer: std::collections::BTreeSet<std::net::SocketAddr>,
 ) -> AbortOnDrop {
-    let mut writer = kernel_table::Writer::new(redirector.clone(), routing.proxy.clone(), vips);
+    let mut writer =
+        kernel_table::Writer::new(redirector.clone(), routing.proxy.clone(), vips, fixed_steer);
     writer.round(std::time::Instant::now());
     let report = writer.report();
     routing
@@ -246,6 +253,10 @@ pub fn start_intercept(args: &AgentArgs) -> Result<ebpf::Redirector, Error> {
         tracing::info!(vip = %rule.vip, target = %rule.target, "intercepting");
     }
     steer(args, &mut redirector)?;
+    if args.sk_msg {
+        redirector.enable_sk_msg()?;
+        tracing::info!("sk_msg acceleration on: node-local hops bypass TCP (--sk-msg)");
+    }
     let own = ebpf::own_cgroup()?;
     let own_id = redirector.exclude_cgroup(&own)?;
     ebpf::Origins::install(redirector.origins());

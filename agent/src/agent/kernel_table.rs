@@ -23,6 +23,12 @@
 //!   ready pods when every one is shed), the [`BACKENDS_MAX`] least loaded; those within
 //!   [`LOAD_BAND`] of the least loaded one's load count twice.
 //!
+//! - `STEER[VIP]`: a VIP is steered when `--steer` names it, or when the policy deciding
+//!   every request of its pool says `mode: steer` ([`policy_steered`];
+//!   [`crate::policy::compiled::PolicySet::connection_mode`]); a policy change is applied at once (the
+//!   writer wakes on every published policy set), and a VIP whose policy no longer says
+//!   steer goes back through the agent.
+//!
 //! A pod that leaves its pool is out of every entry by the next round (and forgotten by the
 //! learner); an entry left empty is deleted. The kernel reads the tables only at connect(), so
 //! a rewrite moves new connections and never an existing one. Entries an earlier agent wrote
@@ -40,7 +46,7 @@ use std::{
 
 use warmpath_common::BACKENDS_MAX;
 
-use crate::{ebpf, proxy::Proxy};
+use crate::{ebpf, policy::resources::DataPathMode, proxy::Proxy};
 
 /// How often the table is recomputed (membership changes are seen within one interval).
 pub const TABLE_INTERVAL: Duration = Duration::from_millis(500);
@@ -285,6 +291,19 @@ pub fn diff(written: &Table, want: &Table) -> Diff {
     }
 }
 
+/// The VIPs to steer because their pool's policy says so (`steered(pool)`): every
+/// intercepted VIP of such a pool, except those `--steer` already steers.
+pub fn policy_steered(
+    vips: &[(SocketAddr, usize)],
+    fixed: &BTreeSet<SocketAddr>,
+    steered: impl Fn(usize) -> bool,
+) -> BTreeSet<SocketAddr> {
+    vips.iter()
+        .filter(|(vip, pool)| !fixed.contains(vip) && steered(*pool))
+        .map(|(vip, _)| *vip)
+        .collect()
+}
+
 // === the writer ===
 
 /// What the writer did, for `/status` (`kernel_table`).
@@ -297,6 +316,8 @@ pub struct Report {
     writes: AtomicU64,
     removals: AtomicU64,
     failures: AtomicU64,
+    /// The steered VIPs (`--steer` and policy), as written.
+    steered: parking_lot::Mutex<BTreeSet<SocketAddr>>,
     /// The backend sets written (one per intercepted VIP: bounded by the VIPs).
     sets: parking_lot::Mutex<BTreeMap<SocketAddr, Vec<SocketAddr>>>,
 }
@@ -313,6 +334,7 @@ impl Report {
             "writes": get(&self.writes),
             "removals": get(&self.removals),
             "failures": get(&self.failures),
+            "steered": self.steered.lock().iter().map(|v| v.to_string()).collect::<Vec<_>>(),
             "backends": self
                 .sets
                 .lock()
@@ -337,6 +359,10 @@ pub struct Writer {
     /// Entries found in the pinned map at start, kept as learned until they age out.
     adopted: Vec<Client>,
     members: BTreeSet<SocketAddr>,
+    /// VIPs steered by `--steer` (set at start, never turned off here).
+    fixed_steer: BTreeSet<SocketAddr>,
+    /// VIPs this writer steers because their pool's policy says so.
+    policy_steer: BTreeSet<SocketAddr>,
     report: Arc<Report>,
 }
 
@@ -355,6 +381,7 @@ impl Writer {
         redirector: Arc<parking_lot::Mutex<ebpf::Redirector>>,
         proxy: Arc<Proxy>,
         vips: VipSource,
+        fixed_steer: BTreeSet<SocketAddr>,
     ) -> Self {
         let now = Instant::now();
         let mut written = Table::default();
@@ -392,7 +419,12 @@ impl Writer {
             shed: BTreeSet::new(),
             adopted,
             members: BTreeSet::new(),
-            report: Arc::new(Report::default()),
+            report: Arc::new(Report {
+                steered: parking_lot::Mutex::new(fixed_steer.clone()),
+                ..Report::default()
+            }),
+            fixed_steer,
+            policy_steer: BTreeSet::new(),
         }
     }
 
@@ -401,12 +433,22 @@ impl Writer {
         self.report.clone()
     }
 
-    /// Writes the table every [`TABLE_INTERVAL`] until aborted.
+    /// Writes the table every [`TABLE_INTERVAL`], and at once when a policy set is
+    /// published (a steer policy applied or withdrawn), until aborted.
     pub async fn run(mut self) {
         let mut tick = tokio::time::interval(TABLE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut policies = self.proxy.policy.subscribe();
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                changed = policies.changed() => {
+                    if changed.is_err() {
+                        // The policy is the proxy's and lives as long as it: only at exit.
+                        return;
+                    }
+                }
+            }
             self.round(Instant::now());
         }
     }
@@ -460,6 +502,47 @@ impl Writer {
         if *sets != self.written.backends {
             sets.clone_from(&self.written.backends);
         }
+        drop(sets);
+        let set = self.proxy.policy.current();
+        let want = policy_steered(&vips, &self.fixed_steer, |pool| {
+            set.connection_mode(pool) == DataPathMode::Steer
+        });
+        self.steer(&want);
+    }
+
+    /// Turns steering on for the VIPs in `want` and off for the others this writer
+    /// steered (never a `--steer` VIP); a failed write is tried again next round.
+    fn steer(&mut self, want: &BTreeSet<SocketAddr>) {
+        let on: Vec<SocketAddr> = want.difference(&self.policy_steer).copied().collect();
+        let off: Vec<SocketAddr> = self.policy_steer.difference(want).copied().collect();
+        if on.is_empty() && off.is_empty() {
+            return;
+        }
+        let mut r = self.redirector.lock();
+        for (vips, steer) in [(on, true), (off, false)] {
+            for vip in vips {
+                match r.set_steer(vip, steer) {
+                    Ok(()) if steer => {
+                        self.policy_steer.insert(vip);
+                        tracing::info!(%vip, source = "policy", "steering in the kernel");
+                    }
+                    Ok(()) => {
+                        self.policy_steer.remove(&vip);
+                        tracing::info!(%vip, source = "policy", "no longer steering: connections through the agent");
+                    }
+                    Err(err) => {
+                        self.report.failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(%vip, %err, steer, "writing the steer map failed; retrying next round");
+                    }
+                }
+            }
+        }
+        drop(r);
+        *self.report.steered.lock() = self
+            .fixed_steer
+            .union(&self.policy_steer)
+            .copied()
+            .collect();
     }
 
     /// Every pool's members with an IP address (host names cannot be written to the kernel).

@@ -168,18 +168,12 @@ impl ActivePolicy {
         self.publish(&mut inputs);
     }
 
-    /// Sets the labels and Services of the configured pool `name` (what `selector` and
-    /// `service` targets match).
-    pub fn set_pool_targets(
-        &self,
-        name: &str,
-        labels: std::collections::BTreeMap<String, String>,
-        services: Vec<(String, u16)>,
-    ) {
+    /// Sets what `RoutePolicy` targets name the configured pool `name` by (its labels,
+    /// Services and, on Kubernetes, its `InferencePool`) and publishes.
+    pub fn set_pool_targets(&self, name: &str, targets: super::compiled::PoolTargets) {
         let mut inputs = self.inputs.lock();
         if let Some(p) = inputs.pools.iter_mut().find(|p| p.name == name) {
-            p.labels = labels;
-            p.services = services;
+            p.targets = targets;
         }
         self.publish(&mut inputs);
     }

@@ -48,12 +48,52 @@ pub enum Tokens {
 pub struct PoolBase {
     pub name: String,
     pub model: String,
-    /// Labels a `selector` target matches (the file's `pools[].labels`).
-    pub labels: BTreeMap<String, String>,
-    /// Services (`name`, port) a `service` target matches (the file's `pools[].services`).
-    pub services: Vec<(String, u16)>,
+    /// What a policy's `targetRef` names the pool by, besides its name.
+    pub targets: PoolTargets,
     /// The pool's configured preset and weights (what `weights` without a `preset` refine).
     pub policy: routing::RoutePolicy,
+}
+
+/// What a `RoutePolicy`'s `targetRef` can name a pool by (docs/policy.md "Targets").
+/// Off-cluster: the file's `pools[].name`, `labels` and `services`. On Kubernetes also the
+/// `InferencePool` the pool follows, the labels every one of its pods carries (its
+/// `selector`), and the Services `kubernetes.intercept` sends to it — each in its namespace,
+/// so a policy names them from that namespace only.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolTargets {
+    /// Labels a `selector` target matches: the file's `pools[].labels`, and on Kubernetes
+    /// the pool's own `selector.matchLabels` (every member carries them).
+    pub labels: BTreeMap<String, String>,
+    /// The namespace of the pool's pods (Kubernetes); a selector target must be in it.
+    pub namespace: Option<String>,
+    /// The `InferencePool` (namespace, name) the pool follows: a `pool` target names it
+    /// instead of the file's pool name.
+    pub inference_pool: Option<(String, String)>,
+    /// Services a `service` target matches: (namespace, name, port); no namespace (the
+    /// file's `pools[].services`) matches a policy in any namespace.
+    pub services: Vec<(Option<String>, String, u16)>,
+}
+
+impl PoolTargets {
+    /// Whether `targetRef.pool` named `name` from `namespace` is this pool (called `own`).
+    fn is_pool(&self, own: &str, namespace: &str, name: &str) -> bool {
+        match &self.inference_pool {
+            Some((ns, ip)) => ns == namespace && ip == name,
+            None => own == name,
+        }
+    }
+
+    fn has_service(&self, namespace: &str, name: &str, port: u16) -> bool {
+        self.services.iter().any(|(ns, n, p)| {
+            n == name && *p == port && ns.as_deref().is_none_or(|ns| ns == namespace)
+        })
+    }
+
+    fn selected_by(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+        !labels.is_empty()
+            && self.namespace.as_deref().is_none_or(|ns| ns == namespace)
+            && labels.iter().all(|(k, v)| self.labels.get(k) == Some(v))
+    }
 }
 
 /// What is done with a request: the winning policy's fields; `None` keeps the pool's or
@@ -285,6 +325,11 @@ struct Rule {
 }
 
 impl Rule {
+    /// Holds for every request of its pool.
+    fn unconditional(&self) -> bool {
+        self.target_models.is_empty() && self.matcher.specificity().0 == 0
+    }
+
     fn holds(&self, f: &RequestFacts<'_>) -> bool {
         (self.target_models.is_empty()
             || f.model
@@ -362,6 +407,19 @@ impl PolicySet {
             model,
             action,
         }
+    }
+
+    /// How connections to pool `pool`'s intercepted VIPs are carried (docs/ebpf.md "Steer
+    /// mode"): `Steer` when the rule that decides every request of the pool says so — the
+    /// first in precedence order, holding for any request (a steer policy has no matches and
+    /// names no model: validation) — else `Proxy`: a conditional rule ranked above it needs
+    /// the agent to see each request.
+    pub fn connection_mode(&self, pool: usize) -> DataPathMode {
+        self.pools
+            .get(pool)
+            .and_then(|p| p.rules.first())
+            .filter(|r| r.unconditional())
+            .map_or(DataPathMode::Proxy, |r| r.action.mode)
     }
 
     fn action(&self, pool: usize, facts: &RequestFacts<'_>) -> Arc<Action> {
@@ -480,6 +538,7 @@ pub fn compile(input: CompileInput<'_>, resources: &[Resource], generation: u64)
         .zip(pools)
         .map(|(mut rules, base)| {
             rules.sort_by(|a, b| b.0.cmp(&a.0));
+            note_shadowed_steer(&base.name, &rules, &mut resolved);
             PoolRules {
                 rules: rules.into_iter().map(|(_, r)| r).collect(),
                 base: Arc::new(Action::base(&base.name)),
@@ -495,6 +554,36 @@ pub fn compile(input: CompileInput<'_>, resources: &[Resource], generation: u64)
         tenants,
         resolved,
         workload_selectors: Arc::new(selectors),
+    }
+}
+
+/// A steer policy that does not decide its pool's connections (another policy that does not
+/// steer ranks above it) says so in its `ResolvedRefs` message.
+fn note_shadowed_steer(
+    pool: &str,
+    rules: &[(RuleKey, Rule)],
+    resolved: &mut [(&'static str, String, Condition)],
+) {
+    let Some((first, decider)) = rules.first() else {
+        return;
+    };
+    if decider.unconditional() && decider.action.mode == DataPathMode::Steer {
+        return;
+    }
+    for (key, rule) in &rules[1..] {
+        if rule.action.mode != DataPathMode::Steer || key.name == first.name {
+            continue;
+        }
+        let name = &key.name.0;
+        if let Some((_, _, c)) = resolved
+            .iter_mut()
+            .find(|(kind, k, _)| *kind == "RoutePolicy" && k == name)
+        {
+            c.message.push_str(&format!(
+                "; pool {pool}: connections proxied, not steered ({} takes precedence)",
+                first.name.0
+            ));
+        }
     }
 }
 
@@ -516,41 +605,26 @@ fn compile_policy(
     builtin: &dyn Fn() -> Tokens,
 ) -> Result<Compiled, (&'static str, String)> {
     let t = &p.spec.target_ref;
+    let namespace = p.metadata.namespace.as_deref().unwrap_or("default");
+    let matching = |hit: &dyn Fn(&PoolBase) -> bool| -> Vec<usize> {
+        pools
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| hit(b))
+            .map(|(i, _)| i)
+            .collect()
+    };
     let (targets, target_rank): (Vec<usize>, u8) = match (&t.pool, &t.service, &t.selector) {
         (Some(pool), None, None) => (
-            pools
-                .iter()
-                .position(|b| b.name == pool.name)
-                .into_iter()
-                .collect(),
+            matching(&|b| b.targets.is_pool(&b.name, namespace, &pool.name)),
             1,
         ),
         (None, Some(svc), None) => (
-            pools
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| {
-                    b.services
-                        .iter()
-                        .any(|(n, port)| *n == svc.name && *port == svc.port)
-                })
-                .map(|(i, _)| i)
-                .collect(),
+            matching(&|b| b.targets.has_service(namespace, &svc.name, svc.port)),
             1,
         ),
         (None, None, Some(sel)) => (
-            pools
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| {
-                    !sel.match_labels.is_empty()
-                        && sel
-                            .match_labels
-                            .iter()
-                            .all(|(k, v)| b.labels.get(k) == Some(v))
-                })
-                .map(|(i, _)| i)
-                .collect(),
+            matching(&|b| b.targets.selected_by(namespace, &sel.match_labels)),
             0,
         ),
         _ => {

@@ -18,7 +18,8 @@
 //! agent keeps applying: a pool's definition (`model`, `blockSize`, `endpoints`,
 //! `upstreamProtocol`, `labels`, `services`: on Kubernetes an `InferencePool` and its
 //! pods); `tenants.order`, `tenants.header`, `tenants.default` and `tenants.maxTenants`
-//! (agent-wide identity settings); tenants that only a trusted header names (the file
+//! (agent-wide identity settings); `tenants.cgroups` (a node's cgroup directories: on
+//! Kubernetes a `Tenant`'s workload selectors resolve the client's cgroup instead); tenants that only a trusted header names (the file
 //! accepts any name from a trusted source; there is no list to convert); and everything
 //! outside `pools` and `tenants` (listeners, admin, proxy limits, telemetry, cluster).
 
@@ -189,9 +190,9 @@ pub fn run(args: &ConvertArgs, out: &mut dyn Write) -> Result<(), Error> {
     )?;
     writeln!(
         out,
-        "# tenants.order, tenants.header, tenants.default, tenants.maxTenants, and everything"
+        "# tenants.order, tenants.header, tenants.default, tenants.maxTenants, tenants.cgroups,"
     )?;
-    writeln!(out, "# outside `pools` and `tenants`.")?;
+    writeln!(out, "# and everything outside `pools` and `tenants`.")?;
     out.write_all(super::documents::to_yaml(&resources).as_bytes())?;
     let mut errors: Vec<String> = resources
         .iter()

@@ -53,15 +53,18 @@ pub struct RoutePolicySpec {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TargetRef {
-    /// A Gateway API Inference Extension `InferencePool` by name (in the policy's
-    /// namespace); off-cluster, a pool of the agent's configuration file by its `name`.
+    /// A Gateway API Inference Extension `InferencePool` by name, in the policy's namespace:
+    /// the configured pool that follows it (`inferencePool`); a pool that follows none (as
+    /// off-cluster) by its `name` in the configuration file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<PoolRef>,
-    /// A Service and port whose traffic the agent intercepts; off-cluster, a pool that
-    /// lists it in its `services`.
+    /// A Service and port whose traffic the agent intercepts: the pool a
+    /// `kubernetes.intercept` entry of the policy's namespace sends it to; off-cluster, a
+    /// pool that lists it in its `services`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceRef>,
-    /// Pools whose pods carry these labels; off-cluster, pools whose `labels` include them.
+    /// Pools whose pods all carry these labels: a `selector` pool in the policy's namespace
+    /// whose `matchLabels` include them, or a pool whose `labels` (configuration file) do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
     /// Only requests naming one of these models (base model or LoRA adapter); empty: any.

@@ -62,8 +62,7 @@ impl Proxy {
         self.policy.add_pool(PoolBase {
             name: name.to_string(),
             model: pool.model.clone(),
-            labels: Default::default(),
-            services: Vec::new(),
+            targets: Default::default(),
             policy: pool.policy,
         });
         self.pools.push(PoolRuntime {

@@ -213,3 +213,23 @@ fn backend_sets_favour_the_least_loaded_and_follow_membership() {
 fn adopted_slots_count_back_to_weights() {
     assert_eq!(counted(&set(&[2, 2, 1, 2])), vec![(pod(2), 3), (pod(1), 1)]);
 }
+
+#[test]
+fn policy_steers_every_vip_of_its_pools_but_not_the_flags() {
+    let a: SocketAddr = "10.96.0.10:8000".parse().unwrap();
+    let b: SocketAddr = "10.96.0.11:8000".parse().unwrap();
+    let c: SocketAddr = "[fd00:96::10]:8000".parse().unwrap();
+    let flagged: SocketAddr = "10.96.0.12:8000".parse().unwrap();
+    // a and c serve pool 0, b pool 1, the flagged VIP pool 0.
+    let vips = [(a, 0), (b, 1), (c, 0), (flagged, 0)];
+    let fixed: BTreeSet<SocketAddr> = [flagged].into();
+    assert_eq!(
+        policy_steered(&vips, &fixed, |pool| pool == 0),
+        BTreeSet::from([a, c])
+    );
+    assert_eq!(
+        policy_steered(&vips, &fixed, |pool| pool == 1),
+        BTreeSet::from([b])
+    );
+    assert!(policy_steered(&vips, &fixed, |_| false).is_empty());
+}

@@ -9,11 +9,17 @@ fn pools() -> Vec<PoolBase> {
         |name: &str, model: &str, labels: &[(&str, &str)], services: &[(&str, u16)]| PoolBase {
             name: name.into(),
             model: model.into(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            services: services.iter().map(|(n, p)| (n.to_string(), *p)).collect(),
+            targets: PoolTargets {
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                services: services
+                    .iter()
+                    .map(|(n, p)| (None, n.to_string(), *p))
+                    .collect(),
+                ..PoolTargets::default()
+            },
             policy: routing::RoutePolicy::from(Policy::Precise),
         };
     vec![
@@ -77,6 +83,22 @@ metadata: {name: aaa-same-as-pool-default, namespace: ml}
 spec:
   targetRef: {service: {name: llama-svc, port: 8000}}
   action: {preset: approximate}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: aa-lora-only, namespace: ml}
+spec:
+  targetRef: {pool: {name: chat}, models: [llama-lora]}
+  action: {preset: least-loaded}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: model-match, namespace: ml}
+spec:
+  targetRef: {pool: {name: chat}}
+  matches:
+  - models: [llama-sql]
+  action: {preset: round-robin}
 ---
 apiVersion: warmpath.dev/v1alpha1
 kind: RoutePolicy
@@ -174,6 +196,43 @@ fn the_most_specific_policy_wins() {
             &premium,
             "team-a",
             "ml/exact-completions",
+        ),
+        // targetRef.models filters: a policy naming a model applies to that model only
+        // (and adds no specificity: the name decides against the other unconditional ones).
+        (
+            0,
+            Some("llama-lora"),
+            "/v1/chat/completions",
+            &none,
+            "team-a",
+            "ml/aa-lora-only",
+        ),
+        // A model condition in matches is one condition kind: it beats none...
+        (
+            0,
+            Some("llama-sql"),
+            "/v1/chat/completions",
+            &none,
+            "team-a",
+            "ml/model-match",
+        ),
+        // ...and ties with a header condition on kinds, which then wins on header count.
+        (
+            0,
+            Some("llama-sql"),
+            "/v1/chat/completions",
+            &premium,
+            "team-a",
+            "ml/premium-header",
+        ),
+        // A request without a model matches no model condition and no model target.
+        (
+            0,
+            None,
+            "/v1/chat/completions",
+            &none,
+            "team-a",
+            "ml/aaa-same-as-pool-default",
         ),
         // A selector target loses to references, but applies where nothing else does.
         (
@@ -373,4 +432,157 @@ spec:
         .find(|(_, k, _)| k == "k8s-only")
         .unwrap();
     assert_eq!(k8s.2.reason, "WorkloadSelectorsInactive");
+}
+
+fn compile_text(pools: &[PoolBase], text: &str) -> PolicySet {
+    let resources = documents::parse("t.yaml", text).unwrap();
+    let identity = TenantPolicy::default();
+    let mut tokenizers = |_: &str| -> Result<Tokens, String> { Err("none".into()) };
+    compile(
+        CompileInput {
+            pools,
+            identity: &identity,
+            tokenizers: &mut tokenizers,
+            builtin: &|| Tokens::Approximate,
+            workloads: None,
+        },
+        &resources,
+        1,
+    )
+}
+
+fn status_of<'a>(set: &'a PolicySet, key: &str) -> &'a Condition {
+    &set.resolved
+        .iter()
+        .find(|(_, k, _)| k == key)
+        .unwrap_or_else(|| panic!("{key} reported"))
+        .2
+}
+
+#[test]
+fn a_pool_is_steered_only_by_the_policy_that_decides_all_its_requests() {
+    let text = r#"
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: steer-chat, namespace: ml}
+spec:
+  targetRef: {pool: {name: chat}}
+  action: {mode: steer}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: steer-gpu, namespace: ml}
+spec:
+  targetRef: {selector: {matchLabels: {tier: gpu}}}
+  action: {mode: steer}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: premium-v2, namespace: ml}
+spec:
+  targetRef: {pool: {name: chat-v2}}
+  matches:
+  - headers: [{name: x-tier, value: premium}]
+  action: {preset: session}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: proxy-code, namespace: ml}
+spec:
+  targetRef: {pool: {name: code}}
+  action: {mode: proxy, preset: least-loaded}
+"#;
+    let set = compile_text(&pools(), text);
+    // chat: its own steer policy ranks first (a pool reference before the selector).
+    assert_eq!(set.connection_mode(0), DataPathMode::Steer);
+    // chat-v2: the selector says steer, but a policy with conditions ranks above it, so the
+    // agent must see each request: proxied, and the steer policy says why.
+    assert_eq!(set.connection_mode(1), DataPathMode::Proxy);
+    let gpu = status_of(&set, "ml/steer-gpu");
+    assert_eq!(gpu.status, "True");
+    assert!(
+        gpu.message
+            .contains("pool chat-v2: connections proxied, not steered (ml/premium-v2"),
+        "{}",
+        gpu.message
+    );
+    assert!(!gpu.message.contains("pool chat:"), "{}", gpu.message);
+    // code: an explicit proxy policy; a pool no set knows: proxy.
+    assert_eq!(set.connection_mode(2), DataPathMode::Proxy);
+    assert_eq!(set.connection_mode(9), DataPathMode::Proxy);
+    // Without any policy, every pool is proxied.
+    let none = compile_text(&pools(), "");
+    assert_eq!(none.connection_mode(0), DataPathMode::Proxy);
+}
+
+#[test]
+fn on_kubernetes_targets_name_the_inference_pool_services_and_labels_of_their_namespace() {
+    // Config pool "chat" follows InferencePool ml/llama-pool; "code" selects app=coder pods
+    // in namespace tools and receives the intercepted Service tools/coder:8000.
+    let k8s = |name: &str, targets: PoolTargets| PoolBase {
+        name: name.into(),
+        model: "m".into(),
+        targets,
+        policy: routing::RoutePolicy::from(Policy::Precise),
+    };
+    let pools = vec![
+        k8s(
+            "chat",
+            PoolTargets {
+                namespace: Some("ml".into()),
+                inference_pool: Some(("ml".into(), "llama-pool".into())),
+                ..PoolTargets::default()
+            },
+        ),
+        k8s(
+            "code",
+            PoolTargets {
+                namespace: Some("tools".into()),
+                labels: [("app".to_string(), "coder".to_string())].into(),
+                services: vec![(Some("tools".into()), "coder".into(), 8000)],
+                ..PoolTargets::default()
+            },
+        ),
+    ];
+    let policy = |ns: &str, name: &str, target: &str| {
+        format!(
+            "apiVersion: warmpath.dev/v1alpha1\nkind: RoutePolicy\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  targetRef: {target}\n---\n"
+        )
+    };
+    let text = [
+        policy("ml", "ip", "{pool: {name: llama-pool}}"),
+        policy("other", "ip-elsewhere", "{pool: {name: llama-pool}}"),
+        policy("ml", "config-name", "{pool: {name: chat}}"),
+        policy("tools", "svc", "{service: {name: coder, port: 8000}}"),
+        policy(
+            "ml",
+            "svc-elsewhere",
+            "{service: {name: coder, port: 8000}}",
+        ),
+        policy("tools", "svc-port", "{service: {name: coder, port: 9000}}"),
+        policy("tools", "labels", "{selector: {matchLabels: {app: coder}}}"),
+        policy(
+            "ml",
+            "labels-elsewhere",
+            "{selector: {matchLabels: {app: coder}}}",
+        ),
+    ]
+    .concat();
+    let set = compile_text(&pools, &text);
+    // (key, resolves, message fragment)
+    let rows = [
+        ("ml/ip", true, "pool(s) chat"),
+        ("other/ip-elsewhere", false, "selects no pool"),
+        ("ml/config-name", false, "selects no pool"),
+        ("tools/svc", true, "pool(s) code"),
+        ("ml/svc-elsewhere", false, "selects no pool"),
+        ("tools/svc-port", false, "selects no pool"),
+        ("tools/labels", true, "pool(s) code"),
+        ("ml/labels-elsewhere", false, "selects no pool"),
+    ];
+    for (key, ok, fragment) in rows {
+        let c = status_of(&set, key);
+        assert_eq!(c.status == "True", ok, "{key}: {c:?}");
+        assert!(c.message.contains(fragment), "{key}: {}", c.message);
+    }
 }
