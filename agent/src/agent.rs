@@ -126,6 +126,8 @@ pub struct Routing {
     pub policy: Option<crate::policy::PolicyWatch>,
     /// The Kubernetes watchers (`kubernetes.enabled`).
     pub kubernetes: Option<std::sync::Arc<Kubernetes>>,
+    /// The file's `intercept:` entries (interception starts from them and the flags).
+    pub intercepts: Vec<crate::config::InterceptRule>,
     /// The proxy listeners' accept loops.
     listeners: Vec<tokio::task::JoinHandle<()>>,
     /// The data-path threads serving accepted connections (they outlive the accept loops
@@ -460,6 +462,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         cluster,
         policy: policy_watch,
         kubernetes,
+        intercepts: config.intercept.clone(),
         listeners,
         _workers: workers,
         tasks,

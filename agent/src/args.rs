@@ -613,6 +613,7 @@ impl AgentArgs {
             policy_dir: self.policy_dir.clone(),
             cache_salt_key_file: self.cache_salt_key_file.clone(),
             kubernetes: None,
+            intercept: Vec::new(),
         };
         config.validate(FLAGS)?;
         Ok(config)

@@ -34,8 +34,14 @@ fn pod_child() {
     warmpath_e2e::pods::child_main();
 }
 
-/// `verb` (`run` or `keep`) `n` completions to the VIP; their lines.
+/// `verb` (`run` or `keep`) `n` completions to the VIP, each straight to a pod; their lines.
 fn ask(client: &mut OwnedChild, verb: &str, n: usize) -> Vec<Value> {
+    ask_expecting(client, verb, n, true)
+}
+
+/// `verb` `n` completions to the VIP, each answered straight by a pod (`direct`) or through
+/// the agent (its `x-warmpath-pod`); their lines.
+fn ask_expecting(client: &mut OwnedChild, verb: &str, n: usize, direct: bool) -> Vec<Value> {
     client
         .send_line(&format!("{verb} {VIP_IP} {SIM_PORT} {n}"))
         .unwrap();
@@ -47,7 +53,11 @@ fn ask(client: &mut OwnedChild, verb: &str, n: usize) -> Vec<Value> {
             return out;
         }
         assert_eq!(v["status"], 200, "{v}");
-        assert!(v["pod"].is_null(), "straight to a pod, not proxied: {v}");
+        if direct {
+            assert!(v["pod"].is_null(), "straight to a pod, not proxied: {v}");
+        } else {
+            assert!(v["pod"].is_string(), "through the agent: {v}");
+        }
         out.push(v);
     }
 }
@@ -167,5 +177,116 @@ fn steered_connects_go_straight_to_a_pod_and_move_when_the_agent_re_steers() {
         b1 - b0,
         sims[off],
         sims[on],
+    ));
+}
+
+/// The VIPs the agent's kernel table steers now (`/status` `kernel_table.steered`), once
+/// `ok` holds for them (bounded by WAIT).
+fn wait_for_steered(node: &Node, ok: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let steered: Vec<String> = get_json(&node.ns, "http://127.0.0.1:9090/status")
+            .ok()
+            .and_then(|s| serde_json::from_value(s["kernel_table"]["steered"].clone()).ok())
+            .unwrap_or_default();
+        if ok(&steered) {
+            return steered;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "steered VIPs never as expected: {steered:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A RoutePolicy for the flags' pool (`default`) with `action.mode: MODE`.
+fn mode_policy(mode: &str) -> String {
+    format!(
+        "apiVersion: warmpath.dev/v1alpha1\nkind: RoutePolicy\nmetadata: {{name: data-path, namespace: ml}}\nspec:\n  targetRef: {{pool: {{name: default}}}}\n  action: {{mode: {mode}}}\n"
+    )
+}
+
+/// Steer mode from a `RoutePolicy` (no `--steer`), the VIP from the configuration file's
+/// `intercept:` (no `--redirect`): `mode: steer` steers the pool's VIP, `mode: proxy` sends
+/// new connects through the agent again, and steer once more takes them straight to the
+/// pod, each change applied from the policy directory without a restart.
+#[test]
+fn a_route_policy_turns_steering_on_and_off_without_a_restart() {
+    if !gate::bpf_available("a_route_policy_turns_steering_on_and_off_without_a_restart") {
+        return;
+    }
+    let tag = format!("wq{}", std::process::id() % 100_000);
+    let bed = Bed::create(&tag, "steerpol", 2).unwrap();
+    let node = &bed.node;
+    let sim = format!("{}:{SIM_PORT}", node.pods[1].ip4);
+    let _running = bed.sim(1, &node.pods[1].ip4.to_string(), SIM_PORT).unwrap();
+    let dir = std::env::temp_dir().join(format!("warmpath-steer-policy-{tag}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(dir.join("policies")).unwrap();
+    let write = |mode: &str| {
+        let tmp = dir.join("policies/.route.yaml.tmp");
+        std::fs::write(&tmp, mode_policy(mode)).unwrap();
+        std::fs::rename(&tmp, dir.join("policies/route.yaml")).unwrap();
+    };
+    write("steer");
+    let config = dir.join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: 1\nlisten: 0.0.0.0:8080\nadmin: 127.0.0.1:9090\nproxy: {{explain: true}}\npolicyDir: {}\npools:\n- {{name: default, model: sim-llama, endpoints: [{{url: 'http://{sim}'}}]}}\nintercept:\n- {{vip: '{VIP}', target: '{}:8080'}}\n",
+            dir.join("policies").display(),
+            Node::IP4
+        ),
+    )
+    .unwrap();
+    let args: Vec<String> = vec!["--config".into(), config.display().to_string()];
+    let agent = bed
+        .agent(
+            &args,
+            "info,warmpath_agent::proxy::listener=debug",
+            &["steering in the kernel", "interception attached"],
+            WAIT,
+        )
+        .unwrap();
+    wait_for_set(node, |s| s == std::slice::from_ref(&sim));
+    assert_eq!(wait_for_steered(node, |s| !s.is_empty()), vec![VIP]);
+    let mut fresh = bed
+        .client_in(0, &bed.client_cgroup, LOAD_CLIENT, &["0"])
+        .unwrap();
+    let accepted = || agent.stderr().matches("intercepted connection").count();
+    let count = || served(&node.ns, &sim).unwrap();
+
+    let before = count();
+    ask(&mut fresh, "run", REQUESTS);
+    assert_eq!(count() - before, REQUESTS as f64);
+    assert_eq!(accepted(), 0, "steered: the agent accepted none");
+
+    write("proxy");
+    let switched = Instant::now();
+    wait_for_steered(node, <[String]>::is_empty);
+    let to_proxy = switched.elapsed();
+    let before = count();
+    ask_expecting(&mut fresh, "run", REQUESTS, false);
+    assert_eq!(count() - before, REQUESTS as f64);
+    assert_eq!(
+        accepted(),
+        REQUESTS,
+        "proxied: each connect accepted by the agent"
+    );
+
+    write("steer");
+    let switched = Instant::now();
+    wait_for_steered(node, |s| s == [VIP]);
+    let to_steer = switched.elapsed();
+    ask(&mut fresh, "run", REQUESTS);
+    assert_eq!(accepted(), REQUESTS, "steered again: no new accept");
+
+    drop(fresh);
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+    gate::announce(&format!(
+        "bpf: steer by policy: {REQUESTS} connects straight to {sim}; mode: proxy applied in {to_proxy:?}, {REQUESTS} through the agent; mode: steer again in {to_steer:?}, {REQUESTS} straight again"
     ));
 }

@@ -17,8 +17,8 @@ pub struct Interception {
     _kernel_traffic: Option<AbortOnDrop>,
 }
 
-/// Starts interception when there is anything to intercept: `--redirect` rules, or Services
-/// named in `kubernetes.intercept` (followed as they change). With a routing proxy to fall
+/// Starts interception when there is anything to intercept: `--redirect` rules, the file's
+/// `intercept:` entries, or Services named in `kubernetes.intercept` (followed as they change). With a routing proxy to fall
 /// back on, missing kernel features are not fatal: the agent serves as an explicit proxy and
 /// says so once (docs/ebpf.md).
 pub fn start_interception(
@@ -29,15 +29,16 @@ pub fn start_interception(
         .and_then(|r| r.kubernetes.as_ref())
         .filter(|k| k.intercepts)
         .map(|k| k.watchers.services.clone());
-    if args.redirects.is_empty() && services.is_none() {
+    // Checked before anything is loaded: a bad rule or target changes no kernel state.
+    let rules = rules(args, routing)?;
+    if rules.is_empty() && services.is_none() {
         return Ok(None);
     }
-    // Checked before anything is loaded: a bad target changes no kernel state.
     let target = match (&services, routing) {
-        (Some(_), Some(routing)) => intercept_target(routing.listen)?,
+        (Some(_), Some(routing)) => intercept_target(routing.listen, "kubernetes.intercept")?,
         _ => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
     };
-    let redirector = match (start_intercept(args), routing) {
+    let redirector = match (start_intercept(args, &rules), routing) {
         (Ok(r), _) => r,
         (Err(err @ (Error::Unavailable(_) | Error::Ebpf(_))), Some(routing)) => {
             tracing::warn!(listen = ?routing.listens, "interception off: {err}; serving as an explicit proxy");
@@ -47,12 +48,12 @@ pub fn start_interception(
     };
     let redirector = std::sync::Arc::new(parking_lot::Mutex::new(redirector));
     let table = routing.map(|routing| {
-        let vips = vip_source(args, routing, services.clone(), target);
+        let vips = vip_source(&rules, routing, services.clone(), target);
         start_table(
             &redirector,
             routing,
             vips,
-            args.steer.iter().copied().collect(),
+            rules.iter().filter(|r| r.steer).map(|r| r.vip).collect(),
         )
     });
     let services = match (services, routing) {
@@ -60,7 +61,7 @@ pub fn start_interception(
             redirector.clone(),
             services,
             target,
-            args.redirects.iter().map(|r| r.vip).collect(),
+            rules.iter().map(|r| r.vip).collect(),
         )))),
         _ => None,
     };
@@ -94,20 +95,20 @@ fn start_table(
     AbortOnDrop(tokio::spawn(writer.run()))
 }
 
-/// The intercepted VIPs, each with its pool: a `--redirect` VIP goes with the first pool (the
-/// one that takes requests without a model), a Service's with the pool its entry names
-/// (Services of the other family than the listener are not intercepted).
+/// The intercepted VIPs, each with its pool: a rule's with its pool (a `--redirect` VIP goes
+/// with the first pool, the one that takes requests without a model), a Service's with the
+/// pool its entry names (Services of the other family than the listener are not
+/// intercepted).
 fn vip_source(
-    args: &AgentArgs,
+    rules: &[Rule],
     routing: &Routing,
     services: Option<tokio::sync::watch::Receiver<Vec<crate::k8s::services::InterceptedService>>>,
     target: std::net::SocketAddr,
 ) -> kernel_table::VipSource {
-    let fixed: Vec<std::net::SocketAddr> = args.redirects.iter().map(|r| r.vip).collect();
+    let fixed: Vec<(std::net::SocketAddr, usize)> = rules.iter().map(|r| (r.vip, r.pool)).collect();
     let pools: Vec<String> = routing.proxy.pools.iter().map(|p| p.name.clone()).collect();
     Box::new(move || {
-        let mut vips: Vec<(std::net::SocketAddr, usize)> =
-            fixed.iter().map(|vip| (*vip, 0)).collect();
+        let mut vips = fixed.clone();
         if let Some(services) = &services {
             for s in services.borrow().iter() {
                 let Some(pool) = pools.iter().position(|p| *p == s.pool) else {
@@ -116,7 +117,10 @@ fn vip_source(
                 vips.extend(
                     s.vips
                         .iter()
-                        .filter(|vip| vip.is_ipv4() == target.is_ipv4() && !fixed.contains(vip))
+                        .filter(|vip| {
+                            vip.is_ipv4() == target.is_ipv4()
+                                && !fixed.iter().any(|(f, _)| f == *vip)
+                        })
                         .map(|vip| (*vip, pool)),
                 );
             }
@@ -137,14 +141,17 @@ impl Drop for AbortOnDrop {
 
 /// Where intercepted connects are sent: the first proxy listener, which pods must be able to
 /// reach — so when it listens on every address, the node's own (`$POD_IP` of a hostNetwork
-/// agent, docs/install.md).
-fn intercept_target(listen: std::net::SocketAddr) -> Result<std::net::SocketAddr, Error> {
+/// agent, docs/install.md). `what` names the setting that needs it, in the error.
+fn intercept_target(
+    listen: std::net::SocketAddr,
+    what: &str,
+) -> Result<std::net::SocketAddr, Error> {
     if !listen.ip().is_unspecified() {
         return Ok(listen);
     }
     let ip = std::env::var("POD_IP").map_err(|_| {
         Error::Config(format!(
-            "kubernetes.intercept: the proxy listens on {listen}; set POD_IP (the node address pods reach) or listen on that address"
+            "{what}: the proxy listens on {listen}; set POD_IP (the node address pods reach), listen on that address or give the entry a target"
         ))
     })?;
     let ip: std::net::IpAddr = ip
@@ -230,10 +237,11 @@ async fn sync_intercepts(
 /// How soon a Service VIP that could not be (un)installed is tried again.
 const INTERCEPT_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Loads and attaches the interception programs with the `--redirect` rules, excludes the
-/// agent's own cgroup and lets the proxy listeners look up each accepted connection's VIP and
-/// client cgroup. Everything is detached when the returned value drops (docs/ebpf.md).
-pub fn start_intercept(args: &AgentArgs) -> Result<ebpf::Redirector, Error> {
+/// Loads and attaches the interception programs with `rules` (redirects, steer mode),
+/// excludes the agent's own cgroup and lets the proxy listeners look up each accepted
+/// connection's VIP and client cgroup. Everything is detached when the returned value drops
+/// (docs/ebpf.md).
+pub fn start_intercept(args: &AgentArgs, rules: &[Rule]) -> Result<ebpf::Redirector, Error> {
     if let Some(reason) = ebpf::unavailable_reason() {
         return Err(Error::Unavailable(reason));
     }
@@ -248,14 +256,15 @@ pub fn start_intercept(args: &AgentArgs) -> Result<ebpf::Redirector, Error> {
     let mut redirector = ebpf::Redirector::load_pinned(&pin_dir)?;
     redirector.forward_logs()?;
     redirector.start_heartbeat();
-    for rule in &args.redirects {
+    for rule in rules {
         redirector.set_redirect(rule.vip, rule.target)?;
         tracing::info!(vip = %rule.vip, target = %rule.target, "intercepting");
-    }
-    steer(args, &mut redirector)?;
-    if args.sk_msg {
-        redirector.enable_sk_msg()?;
-        tracing::info!("sk_msg acceleration on: node-local hops bypass TCP (--sk-msg)");
+        if rule.steer {
+            // Connects go straight to a pod from the kernel table ([`kernel_table`]) while it
+            // has an entry, else through the agent.
+            redirector.set_steer(rule.vip, true)?;
+            tracing::info!(vip = %rule.vip, "steering in the kernel");
+        }
     }
     let own = ebpf::own_cgroup()?;
     let own_id = redirector.exclude_cgroup(&own)?;
@@ -265,22 +274,76 @@ pub fn start_intercept(args: &AgentArgs) -> Result<ebpf::Redirector, Error> {
     Ok(redirector)
 }
 
-/// Steer mode for each `--steer` VIP (which must be intercepted): connects go straight to a
-/// pod from the kernel table ([`kernel_table`]) while it has an entry, else through the agent.
-fn steer(args: &AgentArgs, redirector: &mut ebpf::Redirector) -> Result<(), Error> {
-    for vip in &args.steer {
-        if !args.redirects.iter().any(|r| r.vip == *vip) {
+/// One intercepted address: a `--redirect VIP=TARGET` (steered with `--steer VIP`) or an
+/// entry of the file's `intercept:`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub vip: std::net::SocketAddr,
+    /// The agent listener connects are rewritten to.
+    pub target: std::net::SocketAddr,
+    /// Its pool's index in `Proxy::pools` (`--redirect`: the first).
+    pub pool: usize,
+    pub steer: bool,
+}
+
+/// The flags' and the file's intercepted addresses, checked: a VIP given once, a file entry's
+/// pool known and its target resolved, every `--steer` VIP intercepted and with pods to
+/// steer to.
+pub fn rules(args: &AgentArgs, routing: Option<&Routing>) -> Result<Vec<Rule>, Error> {
+    let mut out: Vec<Rule> = args
+        .redirects
+        .iter()
+        .map(|r| Rule {
+            vip: r.vip,
+            target: r.target,
+            pool: 0,
+            steer: false,
+        })
+        .collect();
+    for (i, e) in routing
+        .map_or(&[][..], |r| &r.intercepts)
+        .iter()
+        .enumerate()
+    {
+        if out.iter().any(|r| r.vip == e.vip) {
             return Err(Error::Config(format!(
-                "--steer {vip}: not intercepted (add --redirect {vip}=LISTENER)"
+                "intercept[{i}].vip: {} is also a --redirect",
+                e.vip
             )));
         }
-        if args.endpoints.is_empty() && args.config.is_none() {
-            return Err(Error::Config(format!(
-                "--steer {vip}: no pods to steer to (give --endpoint URLs or --config FILE)"
-            )));
-        }
-        redirector.set_steer(*vip, true)?;
-        tracing::info!(%vip, "steering in the kernel");
+        let Some(routing) = routing else { break };
+        let pool = routing
+            .proxy
+            .pools
+            .iter()
+            .position(|p| p.name == e.pool)
+            .ok_or_else(|| Error::Config(format!("intercept[{i}].pool: no pool `{}`", e.pool)))?;
+        let target = match e.target {
+            Some(t) => t,
+            None => intercept_target(routing.listen, &format!("intercept[{i}]"))?,
+        };
+        out.push(Rule {
+            vip: e.vip,
+            target,
+            pool,
+            steer: e.steer,
+        });
     }
-    Ok(())
+    for vip in &args.steer {
+        let Some(rule) = out.iter_mut().find(|r| r.vip == *vip) else {
+            return Err(Error::Config(format!(
+                "--steer {vip}: not intercepted (add --redirect {vip}=LISTENER or an intercept: entry)"
+            )));
+        };
+        rule.steer = true;
+    }
+    if routing.is_none()
+        && let Some(rule) = out.iter().find(|r| r.steer)
+    {
+        return Err(Error::Config(format!(
+            "--steer {}: no pods to steer to (give --endpoint URLs or --config FILE)",
+            rule.vip
+        )));
+    }
+    Ok(out)
 }

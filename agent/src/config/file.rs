@@ -47,6 +47,9 @@ struct File {
     kubernetes: Option<KubernetesFile>,
     /// Agents sharing one index (docs/config.md, "Cluster"; docs/cluster.md).
     cluster: Option<ClusterFile>,
+    /// Addresses intercepted in the kernel off-cluster (docs/config.md, "Interception").
+    #[serde(default)]
+    intercept: Vec<super::intercept::InterceptFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -539,6 +542,7 @@ fn convert(f: File, file: &str, env: &Environment<'_>) -> Result<Config, ConfigE
     let kubernetes = kubernetes::convert(f.kubernetes, file, env)?;
     let watching = kubernetes.as_ref().filter(|k| k.enabled);
     let cluster = cluster::convert(f.cluster, file, watching, env)?;
+    let intercept = super::intercept::convert(f.intercept, &pools, file)?;
     Ok(Config {
         listen: match f.listen {
             OneOrMany::One(a) => vec![a],
@@ -557,6 +561,7 @@ fn convert(f: File, file: &str, env: &Environment<'_>) -> Result<Config, ConfigE
         policy_dir: f.policy_dir,
         cache_salt_key_file: f.cache_salt_key_file,
         kubernetes,
+        intercept,
         tenants,
         telemetry: TelemetryConfig {
             max_tenants: t.max_tenants,

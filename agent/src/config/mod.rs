@@ -5,6 +5,7 @@
 mod admin;
 mod cluster;
 mod file;
+mod intercept;
 mod kubernetes;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
@@ -15,6 +16,7 @@ pub use cluster::{
     host_name,
 };
 pub use file::{load, parse, parse_in};
+pub use intercept::InterceptRule;
 pub use kubernetes::{
     Environment, IdentityScope, InterceptConfig, KubernetesConfig, MAX_SELECTOR_LABELS,
     NODE_NAME_VAR, PoolMembers, SERVICE_ACCOUNT_TOKEN, check_label_key, check_label_name,
@@ -175,6 +177,9 @@ pub struct Config {
     /// The `kubernetes:` section (`enabled` resolved); `None`: the file has none (the flags
     /// never set it).
     pub kubernetes: Option<KubernetesConfig>,
+    /// Addresses intercepted in the kernel (the file's `intercept:`; the flags' `--redirect`
+    /// stay the flags').
+    pub intercept: Vec<InterceptRule>,
 }
 
 /// A configuration that cannot run, with the field it is about.
