@@ -256,6 +256,14 @@ fn a_route_policy_turns_steering_on_and_off_without_a_restart() {
         .client_in(0, &bed.client_cgroup, LOAD_CLIENT, &["0"])
         .unwrap();
     let accepted = || agent.stderr().matches("intercepted connection").count();
+    // The agent's log is read by a thread of its own: a count may lag the answers a moment.
+    let accepted_reaches = |n: usize, within: Duration| {
+        let deadline = Instant::now() + within;
+        while accepted() < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        accepted()
+    };
     let count = || served(&node.ns, &sim).unwrap();
 
     let before = count();
@@ -271,7 +279,7 @@ fn a_route_policy_turns_steering_on_and_off_without_a_restart() {
     ask_expecting(&mut fresh, "run", REQUESTS, false);
     assert_eq!(count() - before, REQUESTS as f64);
     assert_eq!(
-        accepted(),
+        accepted_reaches(REQUESTS, WAIT),
         REQUESTS,
         "proxied: each connect accepted by the agent"
     );
@@ -281,7 +289,13 @@ fn a_route_policy_turns_steering_on_and_off_without_a_restart() {
     wait_for_steered(node, |s| s == [VIP]);
     let to_steer = switched.elapsed();
     ask(&mut fresh, "run", REQUESTS);
-    assert_eq!(accepted(), REQUESTS, "steered again: no new accept");
+    // Had one of these connects reached the agent, its line would follow its answer within
+    // moments (the ten lines above took far less): a second before counting.
+    assert_eq!(
+        accepted_reaches(REQUESTS + 1, Duration::from_secs(1)),
+        REQUESTS,
+        "steered again: no new accept"
+    );
 
     drop(fresh);
     drop(agent);

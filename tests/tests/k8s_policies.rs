@@ -60,8 +60,7 @@ async fn agent_in(fake: &FakeKube, node: &str, namespaces: Vec<String>) -> Agent
     active.add_pool(PoolBase {
         name: "chat".into(),
         model: "llama".into(),
-        labels: Default::default(),
-        services: Vec::new(),
+        targets: Default::default(),
         policy: Weights::from(Policy::Precise),
     });
     let telemetry = Telemetry::new(&TelemetryConfig::default()).expect("telemetry");

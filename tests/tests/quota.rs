@@ -550,7 +550,6 @@ async fn output_token_request_and_stream_quotas_refuse_as_documented() {
     .await;
 
     // outputTokens 120/min, burst 60 s: a bucket of 120 tokens refilled at 2 per second.
-    let start_at = Instant::now();
     let (base, admin) = urls(&routing);
     let answered = |n: f64| {
         let admin = admin.clone();
@@ -562,11 +561,16 @@ async fn output_token_request_and_stream_quotas_refuse_as_documented() {
             (series(&text, "warmpath_requests_total", &ok) == Some(n)).then_some(())
         }
     };
+    // The bucket is full until the first answer is charged, somewhere between the first
+    // request's start and the moment its count shows: the refill before the refusal lies
+    // between (third sent - first counted) and (third answered - first sent).
+    let first_sent = Instant::now();
     let (s1, _, v1) = complete(&base, "127.0.0.2", 100).await;
     wait_for("the first answer settled", Duration::from_secs(10), || {
         answered(1.0)
     })
     .await;
+    let first_counted = Instant::now();
     let (s2, _, v2) = complete(&base, "127.0.0.2", 100).await;
     assert_eq!((s1, s2), (200, 200), "{v1} {v2}");
     wait_for("the second answer settled", Duration::from_secs(10), || {
@@ -577,21 +581,27 @@ async fn output_token_request_and_stream_quotas_refuse_as_documented() {
         .iter()
         .map(|v| v["usage"]["completion_tokens"].as_u64().unwrap())
         .sum();
+    let third_sent = Instant::now();
     let (s3, retry, v3) = complete(&base, "127.0.0.2", 100).await;
-    let elapsed = start_at.elapsed().as_secs_f64();
+    let refill = (
+        (third_sent - first_counted).as_secs_f64(),
+        first_sent.elapsed().as_secs_f64(),
+    );
     assert_eq!(s3, 429, "{v3}");
     assert!(refusal(&v3).contains("`output`") && refusal(&v3).contains("output tokens"));
-    // Debt = generated - 120 - refill so far; repaid at 2 tokens/s.
-    let debt = generated as f64 - 120.0 - 2.0 * elapsed;
+    // Debt = generated - 120 - 2 x refill; Retry-After = the seconds the refill needs to
+    // repay it at 2 tokens/s, rounded up.
+    let wait = |refilled: f64| ((generated as f64 - 120.0 - 2.0 * refilled) / 2.0).ceil();
     assert!(
-        debt > 0.0,
+        wait(refill.0) >= 1.0,
         "the two answers put the bucket in debt ({generated} tokens)"
     );
-    let expected = debt / 2.0;
     let retry = retry.expect("Retry-After") as f64;
     assert!(
-        (expected - 1.0..=expected + 2.0).contains(&retry),
-        "Retry-After {retry} s, the refill needs {expected:.1} s"
+        (wait(refill.1).max(1.0)..=wait(refill.0)).contains(&retry),
+        "Retry-After {retry} s; the debt needs {}-{} s",
+        wait(refill.1),
+        wait(refill.0)
     );
 
     // requests 2/min, burst 60 s: two requests, then the third waits for the refill (30 s

@@ -54,6 +54,13 @@ pub fn start_interception(
             routing,
             vips,
             rules.iter().filter(|r| r.steer).map(|r| r.vip).collect(),
+            // With several pools, a VIP whose pool was not named carries every model's
+            // requests: no one pool's policy may steer it.
+            rules
+                .iter()
+                .filter(|r| !r.pool_given && routing.proxy.pools.len() > 1)
+                .map(|r| r.vip)
+                .collect(),
         )
     });
     let services = match (services, routing) {
@@ -83,9 +90,15 @@ fn start_table(
     routing: &Routing,
     vips: kernel_table::VipSource,
     fixed_steer: std::collections::BTreeSet<std::net::SocketAddr>,
+    unsteerable: std::collections::BTreeSet<std::net::SocketAddr>,
 ) -> AbortOnDrop {
-    let mut writer =
-        kernel_table::Writer::new(redirector.clone(), routing.proxy.clone(), vips, fixed_steer);
+    let mut writer = kernel_table::Writer::new(
+        redirector.clone(),
+        routing.proxy.clone(),
+        vips,
+        fixed_steer,
+        unsteerable,
+    );
     writer.round(std::time::Instant::now());
     let report = writer.report();
     routing
@@ -274,6 +287,48 @@ pub fn start_intercept(args: &AgentArgs, rules: &[Rule]) -> Result<ebpf::Redirec
     Ok(redirector)
 }
 
+/// The file's `intercept[i]` as a rule: not a VIP already given, its pool's index, its target
+/// (the first listener by default) of the VIP's family.
+fn file_rule(
+    i: usize,
+    e: &crate::config::InterceptRule,
+    routing: &Routing,
+    before: &[Rule],
+) -> Result<Rule, Error> {
+    if before.iter().any(|r| r.vip == e.vip) {
+        return Err(Error::Config(format!(
+            "intercept[{i}].vip: {} is also a --redirect",
+            e.vip
+        )));
+    }
+    let pool = match &e.pool {
+        None => 0,
+        Some(name) => routing
+            .proxy
+            .pools
+            .iter()
+            .position(|p| p.name == *name)
+            .ok_or_else(|| Error::Config(format!("intercept[{i}].pool: no pool `{name}`")))?,
+    };
+    let target = match e.target {
+        Some(t) => t,
+        None => intercept_target(routing.listen, &format!("intercept[{i}]"))?,
+    };
+    if target.is_ipv4() != e.vip.is_ipv4() {
+        return Err(Error::Config(format!(
+            "intercept[{i}].target: {target} is of the other address family than {} (give the entry a target)",
+            e.vip
+        )));
+    }
+    Ok(Rule {
+        vip: e.vip,
+        target,
+        pool,
+        pool_given: e.pool.is_some(),
+        steer: e.steer,
+    })
+}
+
 /// One intercepted address: a `--redirect VIP=TARGET` (steered with `--steer VIP`) or an
 /// entry of the file's `intercept:`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,51 +338,32 @@ pub struct Rule {
     pub target: std::net::SocketAddr,
     /// Its pool's index in `Proxy::pools` (`--redirect`: the first).
     pub pool: usize,
+    /// Whether the pool was named (an `intercept:` entry's `pool`), not defaulted.
+    pub pool_given: bool,
     pub steer: bool,
 }
 
 /// The flags' and the file's intercepted addresses, checked: a VIP given once, a file entry's
-/// pool known and its target resolved, every `--steer` VIP intercepted and with pods to
-/// steer to.
+/// pool known and its target resolved (of the VIP's family), every `--steer` VIP intercepted
+/// and with pods to steer to.
 pub fn rules(args: &AgentArgs, routing: Option<&Routing>) -> Result<Vec<Rule>, Error> {
-    let mut out: Vec<Rule> = args
-        .redirects
-        .iter()
-        .map(|r| Rule {
+    let mut out: Vec<Rule> = Vec::new();
+    for r in &args.redirects {
+        if out.iter().any(|o| o.vip == r.vip) {
+            return Err(Error::Config(format!("--redirect {}: given twice", r.vip)));
+        }
+        out.push(Rule {
             vip: r.vip,
             target: r.target,
             pool: 0,
+            pool_given: false,
             steer: false,
-        })
-        .collect();
-    for (i, e) in routing
-        .map_or(&[][..], |r| &r.intercepts)
-        .iter()
-        .enumerate()
-    {
-        if out.iter().any(|r| r.vip == e.vip) {
-            return Err(Error::Config(format!(
-                "intercept[{i}].vip: {} is also a --redirect",
-                e.vip
-            )));
-        }
-        let Some(routing) = routing else { break };
-        let pool = routing
-            .proxy
-            .pools
-            .iter()
-            .position(|p| p.name == e.pool)
-            .ok_or_else(|| Error::Config(format!("intercept[{i}].pool: no pool `{}`", e.pool)))?;
-        let target = match e.target {
-            Some(t) => t,
-            None => intercept_target(routing.listen, &format!("intercept[{i}]"))?,
-        };
-        out.push(Rule {
-            vip: e.vip,
-            target,
-            pool,
-            steer: e.steer,
         });
+    }
+    if let Some(routing) = routing {
+        for (i, e) in routing.intercepts.iter().enumerate() {
+            out.push(file_rule(i, e, routing, &out)?);
+        }
     }
     for vip in &args.steer {
         let Some(rule) = out.iter_mut().find(|r| r.vip == *vip) else {

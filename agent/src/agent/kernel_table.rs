@@ -292,14 +292,15 @@ pub fn diff(written: &Table, want: &Table) -> Diff {
 }
 
 /// The VIPs to steer because their pool's policy says so (`steered(pool)`): every
-/// intercepted VIP of such a pool, except those `--steer` already steers.
+/// intercepted VIP of such a pool, except `excluded` (those `--steer` already steers, and
+/// those no pool's policy may steer).
 pub fn policy_steered(
     vips: &[(SocketAddr, usize)],
-    fixed: &BTreeSet<SocketAddr>,
+    excluded: &BTreeSet<SocketAddr>,
     steered: impl Fn(usize) -> bool,
 ) -> BTreeSet<SocketAddr> {
     vips.iter()
-        .filter(|(vip, pool)| !fixed.contains(vip) && steered(*pool))
+        .filter(|(vip, pool)| !excluded.contains(vip) && steered(*pool))
         .map(|(vip, _)| *vip)
         .collect()
 }
@@ -363,6 +364,11 @@ pub struct Writer {
     fixed_steer: BTreeSet<SocketAddr>,
     /// VIPs this writer steers because their pool's policy says so.
     policy_steer: BTreeSet<SocketAddr>,
+    /// VIPs no policy may steer (a VIP whose pool was not named, on an agent with several
+    /// pools: it carries every model's requests).
+    unsteerable: BTreeSet<SocketAddr>,
+    /// VIPs whose steer write failed, warned about once (until one succeeds).
+    steer_warned: BTreeSet<SocketAddr>,
     report: Arc<Report>,
 }
 
@@ -382,6 +388,7 @@ impl Writer {
         proxy: Arc<Proxy>,
         vips: VipSource,
         fixed_steer: BTreeSet<SocketAddr>,
+        unsteerable: BTreeSet<SocketAddr>,
     ) -> Self {
         let now = Instant::now();
         let mut written = Table::default();
@@ -425,6 +432,8 @@ impl Writer {
             }),
             fixed_steer,
             policy_steer: BTreeSet::new(),
+            unsteerable,
+            steer_warned: BTreeSet::new(),
         }
     }
 
@@ -504,7 +513,9 @@ impl Writer {
         }
         drop(sets);
         let set = self.proxy.policy.current();
-        let want = policy_steered(&vips, &self.fixed_steer, |pool| {
+        let excluded: BTreeSet<SocketAddr> =
+            self.fixed_steer.union(&self.unsteerable).copied().collect();
+        let want = policy_steered(&vips, &excluded, |pool| {
             set.connection_mode(pool) == DataPathMode::Steer
         });
         self.steer(&want);
@@ -521,7 +532,11 @@ impl Writer {
         let mut r = self.redirector.lock();
         for (vips, steer) in [(on, true), (off, false)] {
             for vip in vips {
-                match r.set_steer(vip, steer) {
+                let done = r.set_steer(vip, steer);
+                if done.is_ok() {
+                    self.steer_warned.remove(&vip);
+                }
+                match done {
                     Ok(()) if steer => {
                         self.policy_steer.insert(vip);
                         tracing::info!(%vip, source = "policy", "steering in the kernel");
@@ -532,7 +547,11 @@ impl Writer {
                     }
                     Err(err) => {
                         self.report.failures.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(%vip, %err, steer, "writing the steer map failed; retrying next round");
+                        if self.steer_warned.insert(vip) {
+                            tracing::warn!(%vip, %err, steer, "writing the steer map failed; retrying every round (said once)");
+                        } else {
+                            tracing::debug!(%vip, %err, steer, "writing the steer map failed again");
+                        }
                     }
                 }
             }

@@ -30,8 +30,10 @@ pub(super) struct InterceptFile {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InterceptRule {
     pub vip: SocketAddr,
-    /// The pool's name (one of the configuration's).
-    pub pool: String,
+    /// The pool's name (one of the configuration's); `None`: not given, the first pool. A
+    /// VIP of an agent with several pools carries every model's requests, so only a VIP
+    /// whose pool is given is steered by that pool's policy (docs/ebpf.md, "Steer mode").
+    pub pool: Option<String>,
     /// `None`: the first proxy listener, resolved when interception starts.
     pub target: Option<SocketAddr>,
     pub steer: bool,
@@ -78,17 +80,14 @@ pub(super) fn convert(
                 format!("{t} is of the other address family than {vip}"),
             ));
         }
-        let pool = match e.pool {
-            Some(name) if pools.iter().any(|p| p.name == name) => name,
-            Some(name) => return Err(err("pool", format!("no pool is named `{name}`"))),
-            None => pools
-                .first()
-                .map(|p| p.name.clone())
-                .ok_or_else(|| err("pool", "the file has no pool".into()))?,
-        };
+        if let Some(name) = &e.pool
+            && !pools.iter().any(|p| &p.name == name)
+        {
+            return Err(err("pool", format!("no pool is named `{name}`")));
+        }
         out.push(InterceptRule {
             vip,
-            pool,
+            pool: e.pool,
             target,
             steer: e.steer,
         });
@@ -120,13 +119,13 @@ mod tests {
             vec![
                 InterceptRule {
                     vip: "10.96.0.10:8000".parse().unwrap(),
-                    pool: "chat".into(),
+                    pool: None,
                     target: None,
                     steer: false,
                 },
                 InterceptRule {
                     vip: "[fd00:96::10]:8000".parse().unwrap(),
-                    pool: "code".into(),
+                    pool: Some("code".into()),
                     target: Some("[fd00:231::1]:8080".parse().unwrap()),
                     steer: true,
                 },

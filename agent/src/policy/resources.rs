@@ -63,8 +63,9 @@ pub struct TargetRef {
     /// pool that lists it in its `services`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceRef>,
-    /// Pools whose pods all carry these labels: a `selector` pool in the policy's namespace
-    /// whose `matchLabels` include them, or a pool whose `labels` (configuration file) do.
+    /// Pools whose pods all carry these labels: whose `labels` (configuration file) or, for a
+    /// `selector` pool, `matchLabels` include them; on Kubernetes only pools whose pods are
+    /// in the policy's namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
     /// Only requests naming one of these models (base model or LoRA adapter); empty: any.

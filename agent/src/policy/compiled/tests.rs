@@ -490,7 +490,14 @@ kind: RoutePolicy
 metadata: {name: proxy-code, namespace: ml}
 spec:
   targetRef: {pool: {name: code}}
-  action: {mode: proxy, preset: least-loaded}
+  action: {preset: least-loaded}
+---
+apiVersion: warmpath.dev/v1alpha1
+kind: RoutePolicy
+metadata: {name: steer-cpu, namespace: ml}
+spec:
+  targetRef: {selector: {matchLabels: {tier: cpu}}}
+  action: {mode: steer}
 "#;
     let set = compile_text(&pools(), text);
     // chat: its own steer policy ranks first (a pool reference before the selector).
@@ -507,8 +514,17 @@ spec:
         gpu.message
     );
     assert!(!gpu.message.contains("pool chat:"), "{}", gpu.message);
-    // code: an explicit proxy policy; a pool no set knows: proxy.
+    // code: an unconditional policy that does not steer (a pool reference) ranks above the
+    // selector's steer policy: proxied, and the steer policy says why.
     assert_eq!(set.connection_mode(2), DataPathMode::Proxy);
+    let cpu = status_of(&set, "ml/steer-cpu");
+    assert!(
+        cpu.message
+            .contains("pool code: connections proxied, not steered (ml/proxy-code"),
+        "{}",
+        cpu.message
+    );
+    // A pool no set knows: proxy.
     assert_eq!(set.connection_mode(9), DataPathMode::Proxy);
     // Without any policy, every pool is proxied.
     let none = compile_text(&pools(), "");
