@@ -7,7 +7,7 @@ use std::{net::SocketAddr, time::Duration};
 use super::{
     Error,
     logs::Logs,
-    process::{Logged, free_port, self_exe, spawn_exe, wait_child_ready},
+    process::{Logged, free_port, self_exe, spawn_logged, wait_child_ready},
 };
 
 /// How long an agent may take to answer `/ready` (a debug build loads its tokenizer slowly).
@@ -25,6 +25,17 @@ pub struct Agents {
     agents: Vec<Agent>,
 }
 
+/// Where [`Agents::start_at`] runs its agents.
+#[derive(Debug, Clone, Default)]
+pub struct Placement {
+    /// Agent `n`'s proxy listener.
+    pub listens: Vec<SocketAddr>,
+    /// A network namespace (`/run/netns/<name>`) to start them in.
+    pub netns: Option<std::path::PathBuf>,
+    /// Variables added to their environment (e.g. `RUST_LOG`).
+    pub env: Vec<(String, String)>,
+}
+
 struct Agent {
     process: Logged,
     listen: SocketAddr,
@@ -33,24 +44,68 @@ struct Agent {
 
 impl Agents {
     /// Starts one agent per entry of `flags`, agent `n` with `flags[n]` (a cluster's agents
-    /// differ in their node and engines), and waits until each answers `/ready`.
+    /// differ in their node and engines), on free loopback ports, and waits until each
+    /// answers `/ready`.
     pub async fn start(flags: &[Vec<String>], role: &str, logs: &Logs) -> Result<Self, Error> {
+        let listens = flags
+            .iter()
+            .map(|_| Ok(SocketAddr::from(([127, 0, 0, 1], free_port()?))))
+            .collect::<Result<Vec<_>, Error>>()?;
+        let placement = Placement {
+            listens,
+            netns: None,
+            env: Vec::new(),
+        };
+        Self::start_at(flags, &placement, role, logs).await
+    }
+
+    /// As [`Agents::start`], agent `n` listening at `placement.listens[n]`, in
+    /// `placement.netns` when given (`nsenter --net`: the caller must then be able to reach
+    /// the admin ports, i.e. run in that namespace too), with `placement.env` added.
+    pub async fn start_at(
+        flags: &[Vec<String>],
+        placement: &Placement,
+        role: &str,
+        logs: &Logs,
+    ) -> Result<Self, Error> {
+        if flags.len() != placement.listens.len() {
+            return Err(Error::Setup(format!(
+                "{} agents, {} listeners",
+                flags.len(),
+                placement.listens.len()
+            )));
+        }
         let exe = self_exe()?;
         let mut agents = Vec::with_capacity(flags.len());
-        for flags in flags {
-            let (listen, admin) = (free_port()?, free_port()?);
+        for (flags, &listen) in flags.iter().zip(&placement.listens) {
+            let admin = SocketAddr::from(([127, 0, 0, 1], free_port()?));
             let mut args = vec![
                 "agent".to_string(),
                 "--listen".into(),
-                format!("127.0.0.1:{listen}"),
+                listen.to_string(),
                 "--admin".into(),
-                format!("127.0.0.1:{admin}"),
+                admin.to_string(),
             ];
             args.extend_from_slice(flags);
+            let log = logs.open(role)?;
+            let name = log.name();
+            let mut command = match &placement.netns {
+                Some(ns) => {
+                    let mut c = tokio::process::Command::new("nsenter");
+                    c.arg(format!("--net={}", ns.display())).arg("--").arg(&exe);
+                    c
+                }
+                None => tokio::process::Command::new(&exe),
+            };
+            command
+                .args(&args)
+                .env("TOKIO_WORKER_THREADS", CONTROL_THREADS.to_string())
+                .envs(placement.env.iter().map(|(k, v)| (k, v)));
+            let process = spawn_logged(&mut command, &name, log, false)?;
             agents.push(Agent {
-                process: spawn_exe(&exe, &args, CONTROL_THREADS, role, logs)?,
-                listen: SocketAddr::from(([127, 0, 0, 1], listen)),
-                admin: SocketAddr::from(([127, 0, 0, 1], admin)),
+                process,
+                listen,
+                admin,
             });
         }
         let client = reqwest::Client::new();
@@ -81,6 +136,11 @@ impl Agents {
         for a in &mut self.agents {
             a.process.stop(STOP_WITHIN).await;
         }
+    }
+
+    /// Each agent's process, in start order (to read or wait on its log).
+    pub fn processes(&mut self) -> impl Iterator<Item = &mut Logged> + '_ {
+        self.agents.iter_mut().map(|a| &mut a.process)
     }
 
     /// An error naming the first agent that has exited, with the end of its log.

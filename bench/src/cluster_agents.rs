@@ -196,7 +196,19 @@ pub async fn wait_converged(
     agents: &mut Agents,
     engines: &[RunningEngine],
 ) -> Result<(Vec<AgentPods>, Duration), Error> {
-    let ids: Vec<String> = engines.iter().map(|e| e.http.to_string()).collect();
+    wait_converged_on(agents, &engine_ids(engines)).await
+}
+
+/// The pod ids the agents' `/status` gives `engines` (their HTTP addresses), in order.
+pub fn engine_ids(engines: &[RunningEngine]) -> Vec<String> {
+    engines.iter().map(|e| e.http.to_string()).collect()
+}
+
+/// As [`wait_converged`], on the engines `ids` ([`engine_ids`]).
+pub async fn wait_converged_on(
+    agents: &mut Agents,
+    ids: &[String],
+) -> Result<(Vec<AgentPods>, Duration), Error> {
     let admins: Vec<_> = agents.admins().collect();
     let client = reqwest::Client::new();
     let started = tokio::time::Instant::now();
@@ -216,7 +228,7 @@ pub async fn wait_converged(
                 Err(_) => None,
             };
             let pods = status.as_ref().map(pods_of).unwrap_or_default();
-            match converged(i, admins.len(), &ids, &pods) {
+            match converged(i, admins.len(), ids, &pods) {
                 Ok(p) => ready.push(p),
                 Err(why) => {
                     missing = Some(format!("{}: {why}", node_id(i)));

@@ -18,8 +18,13 @@ use super::{
 use warmpath_agent::routing::Policy;
 
 mod drive;
+mod netns;
+mod pod_client;
+mod pods;
 
 use drive::drive;
+pub use pod_client::{PodClientArgs, run as run_pod_client};
+pub use pods::{Intercept, PodRecord};
 
 /// Options of `warmpath bench compare`.
 #[derive(Debug, Clone, Args)]
@@ -67,8 +72,9 @@ pub struct CompareArgs {
     /// (`vllm-router-kv`, `vllm-router-cache`, `sglang-router-cache`).
     #[arg(long, value_delimiter = ',', default_value = "auto")]
     pub peers: Vec<String>,
-    /// Also run warmpath precise behind transparent interception (a VIP redirected to the
-    /// proxy by cgroup/connect4): `auto` (when privileged and supported), `on`, `off`.
+    /// Also run warmpath precise behind transparent interception, its clients in pod network
+    /// namespaces and cgroups dialling a Service VIP that each node's agent intercepts with
+    /// cgroup/connect4: `auto` (when privileged and supported), `on`, `off`.
     #[arg(long, default_value = "auto")]
     pub ebpf: String,
     /// Scorer weight overrides for the precise rows (`NAME=W`, repeatable; docs/routing.md).
@@ -100,7 +106,7 @@ pub enum Switch {
 /// Requests sent one after another by one client: each no earlier than its `at`, and after
 /// the previous one's answer. With `grow`, each prompt is the conversation so far: every
 /// earlier prompt and answer, then this turn's text (multi-turn chat, agent loops).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Chain {
     pub turns: Vec<super::workload::Planned>,
     pub grow: bool,
@@ -178,12 +184,27 @@ pub struct Row {
     /// (from their `/status`); empty for other rows.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub cluster: Vec<AgentPods>,
+    /// The intercepted row's pods: where each client ran and what its agent intercepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intercept: Option<Intercept>,
     /// Every TTFT, sorted (for the chart).
     #[serde(skip)]
     pub ttfts: Vec<f64>,
 }
 
+/// Runs the comparison; Ctrl-C ends it early, every process it started stopped and every
+/// namespace, cgroup and pin of the intercepted row removed.
 pub async fn run(args: CompareArgs) -> Result<(), Error> {
+    tokio::select! {
+        done = compare(args) => done,
+        Ok(()) = tokio::signal::ctrl_c() => {
+            eprintln!("interrupted: cleaning up");
+            Err(Error::Setup("interrupted".into()))
+        }
+    }
+}
+
+async fn compare(args: CompareArgs) -> Result<(), Error> {
     // Logs first: from here on this process's own tracing goes to bench.log, not the terminal.
     let logs = Logs::create(&args.out)?;
     let bench_log = BenchLog::install(&logs)?;
@@ -231,10 +252,7 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
             targets.push(Target::Central);
         }
     }
-    match (
-        args.ebpf.as_str(),
-        warmpath_agent::ebpf::unavailable_reason(),
-    ) {
+    match (args.ebpf.as_str(), pods::unavailable_reason()) {
         ("off", _) => {}
         ("auto" | "on", None) => targets.push(Target::Intercepted),
         ("auto", Some(why)) => println!("(transparent interception row skipped: {why})"),
@@ -321,7 +339,8 @@ pub(crate) enum Target {
     Warmpath(Policy),
     /// Precise through one agent subscribed to every engine, whatever --agents says.
     Central,
-    /// Precise, with clients connecting to a VIP that connect4 redirects to the proxy.
+    /// Precise, with clients in pod namespaces connecting to a VIP that connect4 redirects
+    /// to their node's agent.
     Intercepted,
     Peer(super::peers::Peer),
 }
@@ -430,18 +449,17 @@ pub(crate) async fn run_target(
         ]
         .map(String::from),
     );
+    // The intercepted row builds a node around its fleet (its sockets in the node's
+    // namespace): compare/pods.rs.
+    let policy = match target {
+        Target::Intercepted => return pods::run_row(args, sim_flags, plan, logs, phase).await,
+        Target::Peer(_) | Target::Central => Policy::Precise,
+        Target::Warmpath(policy) => policy,
+    };
     let (sim, engines) = super::process::start_fleet(sim_flags).await?;
     let result = match target {
         Target::Peer(peer) => run_peer(args, peer, plan, logs, phase, &engines, &sim.model).await,
-        Target::Warmpath(policy) => {
-            run_agents(args, target, policy, plan, logs, phase, &engines).await
-        }
-        Target::Central => {
-            run_agents(args, target, Policy::Precise, plan, logs, phase, &engines).await
-        }
-        Target::Intercepted => {
-            run_agents(args, target, Policy::Precise, plan, logs, phase, &engines).await
-        }
+        _ => run_agents(args, target, policy, plan, logs, phase, &engines).await,
     };
     for e in engines {
         e.shutdown();
@@ -478,6 +496,45 @@ async fn run_agents(
     phase: &Arc<Phase>,
     engines: &[warmpath_sim::fleet::RunningEngine],
 ) -> Result<Row, Error> {
+    let (flags, cluster) = agent_flags(args, target, policy, engines)?;
+    let role = match target {
+        Target::Central => format!("agent-{}-central", policy_flag(policy)),
+        _ => format!("agent-{}", policy_flag(policy)),
+    };
+    let mut agents = Agents::start(&flags, &role, logs).await?;
+    let mut held = Vec::new();
+    if cluster {
+        let (pods, took) = cluster_agents::wait_converged(&mut agents, engines).await?;
+        phase.note(&format!(
+            "  cluster: {} agents converged {:.1} s after they were ready (each subscribed to its own node's engines, replicating the others')",
+            flags.len(),
+            took.as_secs_f64()
+        ));
+        held = pods;
+    }
+    let urls: Vec<String> = agents
+        .listens()
+        .map(|a| format!("http://{a}/v1/completions"))
+        .collect();
+    let row = drive(args, &target, plan, engines, &urls, phase)
+        .await
+        .map(|row| Row {
+            cluster: held,
+            ..row
+        });
+    agents.check_running()?;
+    agents.stop().await;
+    row
+}
+
+/// Each agent's flags for a row of `target` with `policy` in front of `engines` (without
+/// `--listen` and `--admin`), and whether they form a cluster.
+fn agent_flags(
+    args: &Setup,
+    target: Target,
+    policy: Policy,
+    engines: &[warmpath_sim::fleet::RunningEngine],
+) -> Result<(Vec<Vec<String>>, bool), Error> {
     // --explain: the route receipt and the cost model's prediction come back as headers.
     let mut common = vec![
         "--policy".to_string(),
@@ -510,97 +567,13 @@ async fn run_agents(
     argv.extend(flags.first().into_iter().flatten().cloned());
     <warmpath_agent::args::AgentArgs as clap::Parser>::try_parse_from(argv)
         .map_err(|e| Error::Setup(e.to_string()))?;
-    let role = match target {
-        Target::Intercepted => format!("agent-{}-ebpf", policy_flag(policy)),
-        Target::Central => format!("agent-{}-central", policy_flag(policy)),
-        _ => format!("agent-{}", policy_flag(policy)),
-    };
-    let mut agents = Agents::start(&flags, &role, logs).await?;
-    let mut held = Vec::new();
-    if cluster {
-        let (pods, took) = cluster_agents::wait_converged(&mut agents, engines).await?;
-        phase.note(&format!(
-            "  cluster: {count} agents converged {:.1} s after they were ready (each subscribed to its own node's engines, replicating the others')",
-            took.as_secs_f64()
-        ));
-        held = pods;
-    }
-    let mut urls: Vec<String> = agents
-        .listens()
-        .map(|a| format!("http://{a}/v1/completions"))
-        .collect();
-    let redirector = match target {
-        Target::Intercepted => {
-            let listens: Vec<_> = agents.listens().collect();
-            let (redirector, vips) = intercept(&listens)?;
-            urls = vips
-                .iter()
-                .map(|vip| format!("http://{vip}/v1/completions"))
-                .collect();
-            Some(redirector)
-        }
-        _ => None,
-    };
-    let row = drive(args, &target, plan, engines, &urls, phase)
-        .await
-        .map(|row| Row {
-            cluster: held,
-            ..row
-        });
-    if let Some(r) = &redirector
-        && let Ok(c) = r.counters()
-    {
-        phase.note(&format!(
-            "  eBPF: {} connections to the VIPs redirected to the agents in the kernel",
-            c.redirected
-        ));
-    }
-    agents.check_running()?;
-    agents.stop().await;
-    row
+    Ok((flags, cluster))
 }
 
 /// `--policy` of `warmpath agent` for `policy` (its clap name).
 fn policy_flag(policy: Policy) -> String {
     clap::ValueEnum::to_possible_value(&policy)
         .map_or_else(|| format!("{policy:?}"), |v| v.get_name().to_string())
-}
-
-/// The VIPs clients use in the intercepted run, one per agent ("node"): 127.77.0.1:8000,
-/// 127.77.0.2:8000, ... (loopback: a failed rewrite is refused, never sent anywhere).
-fn demo_vip(agent: usize) -> std::net::SocketAddrV4 {
-    let host = u8::try_from(agent + 1).unwrap_or(u8::MAX);
-    std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(127, 77, 0, host), 8000)
-}
-
-/// connect4 in this process's cgroup: the i-th VIP -> the i-th proxy (detached when dropped).
-fn intercept(
-    proxies: &[std::net::SocketAddr],
-) -> Result<
-    (
-        warmpath_agent::ebpf::Redirector,
-        Vec<std::net::SocketAddrV4>,
-    ),
-    Error,
-> {
-    let fail = |e: warmpath_agent::ebpf::Error| Error::Setup(format!("eBPF interception: {e}"));
-    warmpath_agent::ebpf::ensure_bpffs(std::path::Path::new(warmpath_agent::ebpf::DEFAULT_BPFFS))
-        .map_err(fail)?;
-    let mut r = warmpath_agent::ebpf::Redirector::load().map_err(fail)?;
-    let mut vips = Vec::with_capacity(proxies.len());
-    for (i, proxy) in proxies.iter().enumerate() {
-        let std::net::SocketAddr::V4(target) = *proxy else {
-            return Err(Error::Setup(
-                "eBPF interception needs IPv4 proxy listeners".into(),
-            ));
-        };
-        let vip = demo_vip(i);
-        r.set_redirect(vip, target).map_err(fail)?;
-        vips.push(vip);
-    }
-    r.attach(&warmpath_agent::ebpf::own_cgroup().map_err(fail)?)
-        .map_err(fail)?;
-    Ok((r, vips))
 }
 
 fn print_table(rows: &[Row]) {

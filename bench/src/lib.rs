@@ -55,6 +55,10 @@ pub enum BenchCommand {
     /// `bench ebpf`'s client process (one request per stdin line, one answer per stdout line).
     #[command(hide = true)]
     EbpfClient(ebpf::ClientArgs),
+    /// `bench compare`'s load generator in a pod of the intercepted row (one job on stdin,
+    /// progress and samples on stdout).
+    #[command(hide = true)]
+    CompareClient(compare::PodClientArgs),
 }
 
 /// Errors that end a benchmark.
@@ -89,6 +93,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
         BenchCommand::Cluster(args) => cluster::run(*args).await,
         BenchCommand::Ebpf(args) => ebpf::run(*args).await,
         BenchCommand::EbpfClient(args) => ebpf::client::run(args).await,
+        BenchCommand::CompareClient(args) => compare::run_pod_client(args).await,
         BenchCommand::Index(args) => tokio::task::spawn_blocking(move || index::run(args))
             .await
             .map_err(|e| Error::Setup(format!("index benchmark panicked: {e}"))),

@@ -64,7 +64,7 @@ pub fn users_per_group(groups: usize, users: usize, skew: f64) -> Vec<usize> {
 }
 
 /// One request to send.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Planned {
     /// When to send it, from the start (modelled time).
     pub at: Duration,

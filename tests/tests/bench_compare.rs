@@ -1,11 +1,12 @@
 //! `warmpath bench compare` as a user runs it, a process of its own: the terminal gets
 //! progress and the table, never a log line; every agent it starts logs into its own file
-//! under `--out`; the multi-agent precise row runs on cluster mode beside a central agent.
+//! under `--out`; the multi-agent precise row runs on cluster mode beside a central agent;
+//! the intercepted row's clients run in pod network namespaces and cgroups (root).
 #![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
 
 use std::{os::unix::process::CommandExt, path::Path, time::Duration};
 
-use warmpath_e2e::process::ProcessGroup;
+use warmpath_e2e::{gate, process::ProcessGroup};
 
 /// The whole run, start-up of four debug agents included, on a loaded 2-core machine.
 const RUN_WITHIN: Duration = Duration::from_secs(240);
@@ -186,6 +187,176 @@ fn compare_shows_progress_and_the_table_and_logs_every_agent_to_a_file() {
         "{json}"
     );
     std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// Issue #20's test 6: the intercepted row's clients are processes in pod network namespaces
+/// and cgroups of the row's own, dialling the Service VIP, and each node's agent accepted
+/// their connections from interception — from the pod's address (which exists only on the
+/// row's pod network) and the pod's cgroup id (its log) —, every request answered; the row
+/// leaves no namespace, cgroup or pin directory behind.
+#[test]
+fn compare_intercepted_row_runs_its_clients_in_pod_namespaces() {
+    let test = "compare_intercepted_row_runs_its_clients_in_pod_namespaces";
+    if !gate::bpf_available(test) {
+        return;
+    }
+    let rows = ["Precise", "Precise (eBPF intercept)"];
+    let out = std::env::temp_dir().join(format!(
+        "warmpath-bench-compare-ebpf-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&out);
+    // 2 groups x 2 users x 2 rounds = 8 requests per row, through 2 agents (two nodes).
+    let argv = [
+        "bench",
+        "compare",
+        "--out",
+        &out.display().to_string(),
+        "--policies",
+        "precise",
+        "--central",
+        "off",
+        "--agents",
+        "2",
+        "--replicas",
+        "2",
+        "--peers",
+        "none",
+        "--ebpf",
+        "on",
+        "--groups",
+        "2",
+        "--users",
+        "2",
+        "--rounds",
+        "2",
+        "--system-tokens",
+        "64",
+        "--question-tokens",
+        "8",
+        "--output-tokens",
+        "4",
+        "--profile",
+        "tiny",
+        "--time-scale",
+        "0.05",
+        "--num-gpu-blocks",
+        "64",
+        "--max-seconds",
+        "60",
+    ]
+    .map(String::from);
+    let output = bench(&argv);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    for policy in rows {
+        assert!(
+            stdout.contains(&format!("\n| {policy} | 8 | 0 | ")),
+            "{policy}: {stdout}"
+        );
+    }
+    assert!(
+        stderr.contains("  eBPF: clients in 2 pod namespaces; "),
+        "{stderr}"
+    );
+    let logs = out.join("logs");
+    let json: serde_json::Value = serde_json::from_str(&read(&out.join("compare.json"))).unwrap();
+    let row = &json[1];
+    assert_eq!(row["policy"], rows[1], "{json}");
+    // On cluster mode like the Precise row, users pinned to nodes.
+    assert_eq!(row["cluster"].as_array().map(Vec::len), Some(2), "{row}");
+    assert_eq!(
+        row["requests_per_agent"],
+        serde_json::json!([4, 4]),
+        "{row}"
+    );
+    let intercept = &row["intercept"];
+    assert_eq!(intercept["vip"], "10.96.0.10:8000", "{intercept}");
+    assert_eq!(intercept["node_address"], "10.232.0.1", "{intercept}");
+    let pods = intercept["pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 2, "{intercept}");
+    for (k, pod) in pods.iter().enumerate() {
+        let address = format!("10.232.0.{}", k + 2);
+        assert_eq!(pod["address"], address, "{pod}");
+        assert_eq!(pod["requests"], 4, "{pod}");
+        assert_eq!(pod["intercepted_other"], 0, "{pod}");
+        let id = pod["cgroup_id"].as_u64().unwrap();
+        let cgroup = pod["cgroup"].as_str().unwrap();
+        assert!(cgroup.ends_with(&format!("/pod{k}")), "{pod}");
+        // The agent's own word: it attached to this pod's cgroup, and every connection it
+        // accepted from interception came from this pod's address and cgroup, to the VIP.
+        let path = logs.join(format!("agent-precise-ebpf-{k}.log"));
+        let text = read(&path);
+        assert!(
+            text.lines()
+                .any(|l| l.contains("interception attached") && l.contains(cgroup)),
+            "{}:\n{text}",
+            path.display()
+        );
+        let accepted: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("intercepted connection"))
+            .collect();
+        assert!(!accepted.is_empty(), "{}:\n{text}", path.display());
+        assert_eq!(pod["intercepted"], accepted.len(), "{pod}");
+        let (peer, cgroup_id) = (format!("peer={address}:"), format!("cgroup_id={id}"));
+        for line in &accepted {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            assert!(
+                words.iter().any(|w| w.starts_with(&peer))
+                    && words.contains(&"vip=10.96.0.10:8000")
+                    && words.contains(&cgroup_id.as_str()),
+                "{line}"
+            );
+        }
+        assert!(
+            logs.join(format!("client-precise-ebpf-{k}.log")).is_file(),
+            "{k}"
+        );
+    }
+    assert_left_nothing(intercept);
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// The row's namespaces, cgroups and pin directories are gone.
+fn assert_left_nothing(intercept: &serde_json::Value) {
+    let listed = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    let mut names = vec![intercept["node_netns"].as_str().unwrap()];
+    names.extend(
+        intercept["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["netns"].as_str().unwrap()),
+    );
+    for name in names {
+        assert!(
+            !listed
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(name)),
+            "{name} left:\n{listed}"
+        );
+    }
+    let mut dirs = vec![intercept["cgroup"].as_str().unwrap()];
+    dirs.extend(
+        intercept["pin_dirs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_str().unwrap()),
+    );
+    for dir in dirs {
+        assert!(!Path::new(dir).exists(), "{dir} left");
+    }
 }
 
 /// The cluster row's two agents as their `/status` showed them when the run started: each

@@ -19,81 +19,131 @@ pub(super) async fn drive(
     urls: &[String],
     phase: &Arc<Phase>,
 ) -> Result<Row, Error> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(1024)
-        .tcp_nodelay(true)
-        .build()
-        .map_err(|e| Error::Setup(e.to_string()))?;
+    let client = http_client()?;
     let start = tokio::time::Instant::now();
     let deadline = start + Duration::from_secs_f64(args.max_seconds);
     let scale = args.time_scale;
-    let sent: usize = plan.iter().map(|c| c.turns.len()).sum();
     let tasks: Vec<_> = plan
         .iter()
         .cloned()
         .map(|chain| {
-            let agent = chain.turns.first().map_or(0, |t| t.user) % urls.len();
+            let agent = node_of_chain(&chain, urls.len());
             let (client, url, phase) = (client.clone(), urls[agent].clone(), phase.clone());
             tokio::spawn(async move {
-                let mut done = Vec::with_capacity(chain.turns.len());
-                let mut context = String::new();
-                for turn in &chain.turns {
-                    let at = start + turn.at.mul_f64(scale);
-                    if at >= deadline {
-                        break;
-                    }
-                    tokio::time::sleep_until(at).await;
-                    let prompt = if chain.grow {
-                        context.push_str(&turn.prompt);
-                        context.clone()
-                    } else {
-                        turn.prompt.clone()
-                    };
-                    let answer = tokio::time::timeout_at(
-                        deadline,
-                        one_request(&client, &url, &prompt, turn.max_tokens),
-                    )
-                    .await;
-                    phase.inc();
-                    let Ok(Some((sample, text))) = answer else {
-                        break;
-                    };
-                    if !sample.ok {
-                        break;
-                    }
-                    if chain.grow {
-                        context.push_str(&text);
-                    }
-                    done.push(sample);
-                }
+                let times = Times {
+                    start,
+                    deadline,
+                    scale,
+                };
+                let done = run_chain(&client, &url, &chain, times, || phase.inc()).await;
                 (agent, done)
             })
         })
         .collect();
-    let mut samples = Vec::with_capacity(sent);
-    let mut requests_per_agent = vec![0; urls.len()];
+    let mut per_agent = vec![Vec::new(); urls.len()];
     for t in tasks {
         let (agent, done) = t
             .await
             .map_err(|e| Error::Setup(format!("a client task failed: {e}")))?;
-        requests_per_agent[agent] += done.len();
-        samples.extend(done);
+        per_agent[agent].extend(done);
     }
     let wall = start.elapsed().as_secs_f64();
+    Ok(finish(args, target, &plan, per_agent, wall, engines))
+}
+
+/// The load generator's HTTP client (connections kept and reused, as a Service's clients do).
+pub(super) fn http_client() -> Result<reqwest::Client, Error> {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| Error::Setup(e.to_string()))
+}
+
+/// The agent ("node") a chain's user sends through, of `nodes`: users are pinned to nodes.
+pub(super) fn node_of_chain(chain: &Chain, nodes: usize) -> usize {
+    chain.turns.first().map_or(0, |t| t.user) % nodes.max(1)
+}
+
+/// When a run started, when it must end, and its wall seconds per modelled second.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Times {
+    pub start: tokio::time::Instant,
+    pub deadline: tokio::time::Instant,
+    pub scale: f64,
+}
+
+/// Sends one chain's turns to `url`, each no earlier than its time and after the previous
+/// answer, calling `tick` once per request sent; the answered requests' samples. Stops at
+/// the first failure or at the deadline.
+pub(super) async fn run_chain(
+    client: &reqwest::Client,
+    url: &str,
+    chain: &Chain,
+    times: Times,
+    tick: impl Fn(),
+) -> Vec<Sample> {
+    let mut done = Vec::with_capacity(chain.turns.len());
+    let mut context = String::new();
+    for turn in &chain.turns {
+        let at = times.start + turn.at.mul_f64(times.scale);
+        if at >= times.deadline {
+            break;
+        }
+        tokio::time::sleep_until(at).await;
+        let prompt = if chain.grow {
+            context.push_str(&turn.prompt);
+            context.clone()
+        } else {
+            turn.prompt.clone()
+        };
+        let answer = tokio::time::timeout_at(
+            times.deadline,
+            one_request(client, url, &prompt, turn.max_tokens),
+        )
+        .await;
+        tick();
+        let Ok(Some((sample, text))) = answer else {
+            break;
+        };
+        if !sample.ok {
+            break;
+        }
+        if chain.grow {
+            context.push_str(&text);
+        }
+        done.push(sample);
+    }
+    done
+}
+
+/// The row from what each agent's users got back (`per_agent[n]`: the answered requests
+/// through agent `n`) over `wall` seconds, and the engines' prefix caches.
+pub(super) fn finish(
+    args: &Setup,
+    target: &Target,
+    plan: &[Chain],
+    per_agent: Vec<Vec<Sample>>,
+    wall: f64,
+    engines: &[warmpath_sim::fleet::RunningEngine],
+) -> Row {
+    let sent: usize = plan.iter().map(|c| c.turns.len()).sum();
+    let requests_per_agent = per_agent.iter().map(Vec::len).collect();
+    let samples: Vec<Sample> = per_agent.into_iter().flatten().collect();
     let (hits, queries) = engines.iter().fold((0u64, 0u64), |(h, q), e| {
         let st = e.served.engine.stats();
         (h + st.prefix_hits, q + st.prefix_queries)
     });
-    let mut row = summarize(&samples, wall, scale);
+    let mut row = summarize(&samples, wall, args.time_scale);
     row.policy = target.name();
-    row.errors = sent - samples.len();
+    row.errors = sent.saturating_sub(samples.len());
     row.prefix_hit_ratio = if queries == 0 {
         0.0
     } else {
         hits as f64 / queries as f64
     };
     row.requests_per_agent = requests_per_agent;
-    Ok(row)
+    row
 }
 
 /// The client-side figures of a row from its answered requests (`wall` seconds of run at
@@ -128,6 +178,7 @@ pub(super) fn summarize(samples: &[Sample], wall: f64, scale: f64) -> Row {
         ttft_prediction_error_ms_p50: median(&errors),
         requests_per_agent: Vec::new(),
         cluster: Vec::new(),
+        intercept: None,
         ttfts: ttft,
     }
 }

@@ -16,7 +16,7 @@ mod connects;
 mod failover;
 mod report;
 mod requests;
-mod setup;
+pub(crate) mod setup;
 
 use std::{
     path::PathBuf,

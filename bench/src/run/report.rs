@@ -8,8 +8,9 @@ use std::{collections::BTreeMap, time::Duration};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-/// One request as the client saw it. Times in seconds.
-#[derive(Debug, Clone, Serialize)]
+/// One request as the client saw it. Times in seconds. (Deserialize: `bench compare`'s pod
+/// clients send theirs back as JSON.)
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Sample {
     pub tenant: String,
     /// Ladder step (0 without a ladder).

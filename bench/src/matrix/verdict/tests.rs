@@ -21,6 +21,7 @@ fn row(name: &str, p50: f64, p90: f64, p99: f64, tps: f64) -> CellRow {
             ttft_prediction_error_ms_p50: None,
             requests_per_agent: vec![10],
             cluster: Vec::new(),
+            intercept: None,
             ttfts: Vec::new(),
         }),
     }
