@@ -60,7 +60,7 @@ pub const STEER_MAP: &str = "WARMPATH_STEER";
 /// Map: per-CPU counters indexed by [`Counter`] values.
 pub const COUNTERS_MAP: &str = "WARMPATH_COUNTERS";
 /// Number of slots in [`COUNTERS_MAP`].
-pub const COUNTERS_LEN: u32 = 12;
+pub const COUNTERS_LEN: u32 = 16;
 
 /// Map: client cgroup id -> [`CgroupStats`] (per-CPU, summed by the agent): how that cgroup's
 /// connects to intercepted VIPs were served and the bytes of the sockets the programs
@@ -69,6 +69,27 @@ pub const CGROUP_STATS_MAP: &str = "WARMPATH_CGROUP_STATS";
 /// LRU-bounded: the least recently active cgroups age out (the agent keeps what it already
 /// counted).
 pub const CGROUP_STATS_CAPACITY: u32 = 16_384;
+
+/// Map: [`SockKey`] -> socket, the two ends of each node-local hop (an intercepted client's
+/// socket and the agent's accepted one) while `sk_msg` acceleration is on (`warmpath agent
+/// --sk-msg`). Never pinned: the sockets are the agent's and its clients', and the map goes
+/// with the programs that use it.
+pub const SOCKHASH_MAP: &str = "WARMPATH_SOCKHASH";
+/// Two entries per accelerated connection; when full, new connections take the TCP path.
+pub const SOCKHASH_CAPACITY: u32 = 65_536;
+
+/// Map: one-slot array, 1 while `sk_msg` acceleration is on (sock_ops adds hops to
+/// [`SOCKHASH_MAP`] only then). Never pinned: each load starts with it off.
+pub const SK_MSG_ON_MAP: &str = "WARMPATH_SK_MSG_ON";
+
+/// Map: [`SockKey`] -> 1 for sockets that sent a message over TCP because their peer was not
+/// (yet) in [`SOCKHASH_MAP`]: from then on every message of that socket goes over TCP too, so
+/// the receiver never reads a redirected message before TCP bytes sent earlier. Never pinned.
+pub const SK_MSG_TCP_MAP: &str = "WARMPATH_SK_MSG_TCP";
+/// LRU-bounded. Marks are rare (a client that writes before the agent's end is in the map, a
+/// socket whose peer closed); a mark evicted while both ends still live could let a later
+/// message overtake unread TCP bytes, which takes this many newer marks meanwhile.
+pub const SK_MSG_TCP_CAPACITY: u32 = 16_384;
 
 /// Indices into [`COUNTERS_MAP`]. Plain consts, not an enum: the kernel side only sees `u32`.
 pub struct Counter;
@@ -96,6 +117,18 @@ impl Counter {
     pub const FAILOPEN_UNTOUCHED: u32 = 9;
     /// connect() calls to a steered VIP sent straight to a pod from the table.
     pub const STEERED: u32 = 10;
+    /// Sockets of node-local hops added to [`SOCKHASH_MAP`] (sock_ops, acceleration on).
+    pub const SOCKHASH_ADDED: u32 = 11;
+    /// ... that could not be added (map full or error): that connection stays on TCP.
+    pub const SOCKHASH_FAILED: u32 = 12;
+    /// Messages `sk_msg` redirected to the peer socket's receive queue.
+    pub const SK_MSG_REDIRECTED: u32 = 13;
+    /// Messages of accelerated sockets sent over TCP instead (peer not in the map, or the
+    /// socket already sent over TCP).
+    pub const SK_MSG_TCP: u32 = 14;
+    /// Messages sent over TCP whose socket could not be marked to stay on TCP (a later
+    /// message may then be redirected ahead of them; LRU maps practically never refuse).
+    pub const SK_MSG_MARK_FAILED: u32 = 15;
 }
 
 /// [`Endpoint::family`] of an IPv4 endpoint.
@@ -195,6 +228,28 @@ pub struct FourTuple {
 
 const _: () = assert!(size_of::<FourTuple>() == 40);
 
+/// Key of [`SOCKHASH_MAP`] and [`SK_MSG_TCP_MAP`]: one socket's own addresses, `local` its
+/// end and `remote` its peer's, IPv4-mapped IPv6 addresses turned back into IPv4. The peer of
+/// the socket `{local: a, remote: b}` is `{local: b, remote: a}`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SockKey {
+    pub local: Endpoint,
+    pub remote: Endpoint,
+}
+
+const _: () = assert!(size_of::<SockKey>() == 40);
+
+impl SockKey {
+    /// The key of the socket at the other end of this one's connection.
+    pub const fn peer(&self) -> Self {
+        Self {
+            local: self.remote,
+            remote: self.local,
+        }
+    }
+}
+
 /// Key of [`AFFINITY_MAP`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -253,6 +308,7 @@ mod pod {
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::Backends {}
     unsafe impl aya::Pod for super::CgroupStats {}
+    unsafe impl aya::Pod for super::SockKey {}
 }
 
 #[cfg(test)]
@@ -269,6 +325,24 @@ mod tests {
         assert_eq!(ep.addr[1..], [0, 0, 0]);
         assert_eq!(ep.port_be.to_ne_bytes(), 8000u16.to_be_bytes());
         assert_eq!(ep.family, FAMILY_V4);
+    }
+
+    #[test]
+    fn a_sockets_peer_key_swaps_its_ends() {
+        let client = Endpoint::v4([10, 231, 0, 2], 40_000);
+        let agent = Endpoint::v4([10, 231, 0, 1], 8080);
+        let key = SockKey {
+            local: client,
+            remote: agent,
+        };
+        assert_eq!(
+            key.peer(),
+            SockKey {
+                local: agent,
+                remote: client
+            }
+        );
+        assert_eq!(key.peer().peer(), key);
     }
 
     #[test]

@@ -8,17 +8,19 @@
 mod bytes;
 mod connect;
 mod getpeername;
+mod hop;
+mod skmsg;
 mod sockops;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, SockHash},
 };
 use warmpath_common::{
     AFFINITY_CAPACITY, AffinityKey, BACKENDS_CAPACITY, Backends, CGROUP_STATS_CAPACITY,
     CONNS_CAPACITY, CgroupStats, EXCLUDED_CAPACITY, Endpoint, FourTuple, ORIG_DST_CAPACITY, Origin,
-    SERVICES_CAPACITY,
+    SERVICES_CAPACITY, SK_MSG_TCP_CAPACITY, SOCKHASH_CAPACITY, SockKey,
 };
 
 /// Intercepted VIP:port -> the agent listener. Written by the agent, read on every connect().
@@ -62,6 +64,20 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(warmpath_commo
 #[map(name = "WARMPATH_CGROUP_STATS")]
 static CGROUP_STATS: LruPerCpuHashMap<u64, CgroupStats> =
     LruPerCpuHashMap::with_max_entries(CGROUP_STATS_CAPACITY, 0);
+
+/// Both ends of node-local hops (client socket, agent's accepted socket) by their own
+/// addresses, while sk_msg acceleration is on; the sk_msg program is attached to it. Not
+/// pinned (the loader pins only the maps it names).
+#[map(name = "WARMPATH_SOCKHASH")]
+static SOCKHASH: SockHash<SockKey> = SockHash::with_max_entries(SOCKHASH_CAPACITY, 0);
+
+/// Slot 0: 1 while sk_msg acceleration is on (the agent's `--sk-msg`). Not pinned.
+#[map(name = "WARMPATH_SK_MSG_ON")]
+static SK_MSG_ON: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Sockets that sent over TCP because their peer was not in SOCKHASH yet: they stay on TCP.
+#[map(name = "WARMPATH_SK_MSG_TCP")]
+static SK_MSG_TCP: LruHashMap<SockKey, u32> = LruHashMap::with_max_entries(SK_MSG_TCP_CAPACITY, 0);
 
 /// This CPU's stats slot for `cgroup_id`, created zeroed on first use; `None` only if the
 /// kernel refuses (the count is then lost, the traffic never affected).

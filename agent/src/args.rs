@@ -133,6 +133,12 @@ pub struct AgentArgs {
     #[arg(long)]
     pub cleanup: bool,
 
+    /// Accelerate node-local hops with sk_msg + SOCKHASH: bytes between an intercepted
+    /// client's socket and the agent's skip TCP (docs/ebpf.md). Off by default: `warmpath
+    /// bench ebpf` measures whether it wins.
+    #[arg(long)]
+    pub sk_msg: bool,
+
     /// On SIGTERM/SIGINT: how long requests in flight may take to finish (new connections
     /// are refused, `/ready` answers 503 and intercepted connects fail open meanwhile)
     /// before the agent exits anyway. Keep it below the pod's termination grace period.

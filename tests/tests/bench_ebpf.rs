@@ -1,13 +1,15 @@
 //! `warmpath bench ebpf` as a user runs it (root), with tiny counts: the table has every
-//! row with plausible, non-zero figures, and the run leaves nothing behind (no network
-//! namespace of its tag, no pin directory, no cgroup).
+//! row with plausible, non-zero figures (connect4's in-kernel cost from the kernel's run-time
+//! stats, with each program's exact run count; the sk_msg rows with messages redirected), and
+//! the run leaves nothing behind (no network namespace of its tag, no pin directory, no
+//! cgroup).
 #![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
 
 use std::{os::unix::process::CommandExt, path::Path, time::Duration};
 
 use warmpath_e2e::{gate, process::ProcessGroup};
 
-/// The whole run, start-up of three debug agents and five simulators included, on a loaded
+/// The whole run, start-up of four debug agents and five simulators included, on a loaded
 /// 2-core machine.
 const RUN_WITHIN: Duration = Duration::from_secs(300);
 const ROUNDS: u64 = 2;
@@ -126,6 +128,38 @@ fn bench_ebpf_measures_every_row_and_leaves_nothing_behind() {
         num(&json["connect4_cost_us"]["median"]).is_finite(),
         "{json}"
     );
+    // In-kernel: the connect4 pair ran exactly once per connect of the stats pass, sock_ops
+    // and the egress counter at least once (ESTABLISHED, the SYN); the sum is their time.
+    let kernel = &json["connect4_kernel"];
+    assert_eq!(kernel["missing"], "", "{kernel}");
+    assert_eq!(kernel["connects"], ROUNDS * CONNECTS, "{kernel}");
+    let program = |name: &str| {
+        kernel["programs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["program"] == name)
+            .unwrap_or_else(|| panic!("{name} in {kernel}"))
+            .clone()
+    };
+    for name in ["connect4_proxy", "connect4"] {
+        assert_eq!(program(name)["runs"], ROUNDS * CONNECTS, "{kernel}");
+    }
+    for name in ["sock_ops", "bytes_egress"] {
+        assert!(num(&program(name)["runs_per_connect"]) >= 1.0, "{kernel}");
+    }
+    assert_eq!(program("getpeername4")["runs"], 0, "{kernel}");
+    let total = num(&kernel["ns_per_connect"]);
+    let sum: f64 = kernel["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| num(&p["ns_per_connect"]))
+        .sum();
+    assert!(
+        total > 0.0 && (total - sum).abs() < 1e-6 * total,
+        "{kernel}"
+    );
 
     // Requests: both kinds through each path, every request answered.
     let requests = json["requests"].as_array().unwrap();
@@ -143,15 +177,27 @@ fn bench_ebpf_measures_every_row_and_leaves_nothing_behind() {
             num(&row["latency_ms"]["p99"]),
         );
         assert!(p50 > 0.0 && p50 <= p99 && p99 < 60_000.0, "{row}");
+        if row["variant"] == "proxy mode + sk_msg" {
+            // "sk_msg over both kinds: N messages redirected, ..."
+            let note = row["note"].as_str().unwrap();
+            let redirected: u64 = note
+                .split_once(": ")
+                .and_then(|(_, rest)| rest.split_once(' '))
+                .and_then(|(n, _)| n.parse().ok())
+                .unwrap_or_else(|| panic!("{note}"));
+            assert!(redirected > 0, "{note}");
+        }
     }
     assert_eq!(
         seen,
         [
             "non-streamed direct",
             "non-streamed proxy mode",
+            "non-streamed proxy mode + sk_msg",
             "non-streamed steer",
             "SSE direct",
             "SSE proxy mode",
+            "SSE proxy mode + sk_msg",
             "SSE steer"
         ]
     );
@@ -176,7 +222,7 @@ fn bench_ebpf_measures_every_row_and_leaves_nothing_behind() {
 
     // Every target judged, on the terminal too.
     let targets = json["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 5, "{json}");
+    assert_eq!(targets.len(), 6, "{json}");
     for t in targets {
         let name = t["name"].as_str().unwrap();
         let verdict = if t["met"] == true { "PASS" } else { "MISS" };
@@ -191,8 +237,9 @@ fn bench_ebpf_measures_every_row_and_leaves_nothing_behind() {
     );
     std::fs::remove_dir_all(&out).unwrap();
     gate::announce(&format!(
-        "bench ebpf (tiny counts): connect4 cost {:.2} us, {} targets judged",
+        "bench ebpf (tiny counts): connect4 cost {:.2} us (difference of medians), {:.3} us in the kernel, {} targets judged",
         num(&json["connect4_cost_us"]["median"]),
+        total / 1000.0,
         targets.len()
     ));
 }

@@ -279,6 +279,10 @@ pub fn start_intercept(args: &AgentArgs, rules: &[Rule]) -> Result<ebpf::Redirec
             tracing::info!(vip = %rule.vip, "steering in the kernel");
         }
     }
+    if args.sk_msg {
+        redirector.enable_sk_msg()?;
+        tracing::info!("sk_msg acceleration on: node-local hops bypass TCP (--sk-msg)");
+    }
     let own = ebpf::own_cgroup()?;
     let own_id = redirector.exclude_cgroup(&own)?;
     ebpf::Origins::install(redirector.origins());

@@ -12,6 +12,34 @@ use tokio::io::unix::AsyncFd;
 
 use super::Error;
 
+/// The targets of the programs' records: the modules of `agent-ebpf` that log.
+const TARGETS: [&str; 1] = ["warmpath_ebpf::connect"];
+
+/// aya-log's level byte (`AYA_LOG_LEVEL`, set in the object before load) for the most
+/// verbose level the installed log filter passes for the programs' targets; 0 when it passes
+/// none. The programs then skip records nobody would see: left at aya-log's default (every
+/// level), connect4 wrote a debug record per intercepted connect into the ring buffer, for
+/// the forwarder to decode and drop.
+pub fn level() -> u8 {
+    let levels = [
+        (log::Level::Trace, aya_log::Level::Trace),
+        (log::Level::Debug, aya_log::Level::Debug),
+        (log::Level::Info, aya_log::Level::Info),
+        (log::Level::Warn, aya_log::Level::Warn),
+        (log::Level::Error, aya_log::Level::Error),
+    ];
+    for (level, byte) in levels {
+        let passes = TARGETS.iter().any(|target| {
+            let meta = log::Metadata::builder().level(level).target(target).build();
+            level <= log::max_level() && log::logger().enabled(&meta)
+        });
+        if passes {
+            return byte as u8;
+        }
+    }
+    0
+}
+
 /// Starts draining the programs' log ring buffer on the current tokio runtime.
 ///
 /// Returns `Ok(None)` when the object has no log map (no program logs anything).

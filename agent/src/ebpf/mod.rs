@@ -6,18 +6,22 @@
 
 mod bpffs;
 mod cgroup;
+mod counters;
 mod layout;
 mod logs;
 mod origins;
 mod pinned;
 mod redirector;
+mod stats;
 
 pub use bpffs::{DEFAULT_BPFFS, ensure_bpffs, is_bpffs};
 pub use cgroup::{ChildCgroup, cgroup_id, cgroup2_root, find_cgroup2_mount, own_cgroup};
+pub use counters::{Counters, pinned_counters};
 pub use layout::{LAYOUTS, Layout, Replaced, replace_mismatched, wanted as wanted_layout};
 pub use origins::{Intercepted, Origins, intercepted, intercepting};
 pub use pinned::{Cleaned, FailOpen, cleanup, default_dir as default_pin_dir};
-pub use redirector::{Counters, Reconciled, Redirector, pinned_cgroup_stats};
+pub use redirector::{Reconciled, Redirector, pinned_cgroup_stats};
+pub use stats::{ProgramRuns, RunTimeStats};
 pub use warmpath_common::{CgroupStats, Endpoint};
 
 /// The compiled eBPF object, when this binary was built with the `bpf` feature.
@@ -62,6 +66,8 @@ pub enum Error {
     Pin(String),
     #[error("fail-open backends: {0}")]
     Backends(String),
+    #[error("BPF run-time statistics: {0}")]
+    Stats(String),
     #[error("BPF log forwarding: {0}")]
     Log(String),
     #[error("{what}: {source}")]

@@ -26,7 +26,9 @@ use super::{
     origins::{endpoint, socket_addr},
 };
 
-/// Every map the object declares; all are pinned.
+/// Every map the object declares except the sk_msg ones (`WARMPATH_SOCKHASH`,
+/// `WARMPATH_SK_MSG_ON`, `WARMPATH_SK_MSG_TCP`: per load, never pinned); all of these are
+/// pinned.
 pub const MAPS: [&str; 10] = [
     SERVICES_MAP,
     ORIG_DST_MAP,

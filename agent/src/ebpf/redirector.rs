@@ -1,5 +1,6 @@
-//! `Redirector`: the loaded interception programs (connect4/6, getpeername4/6, sock_ops),
-//! their cgroup links and typed map handles (docs/ebpf.md).
+//! `Redirector`: the loaded interception programs (connect4/6, getpeername4/6, sock_ops, the
+//! byte counters; sk_msg on the SOCKHASH when asked), their cgroup links and typed map handles
+//! (docs/ebpf.md).
 //!
 //! Loaded with [`Redirector::load`], dropping it detaches every link it attached, so a crashed
 //! test leaves nothing attached. Loaded with [`Redirector::load_pinned`] (the agent), maps and
@@ -10,23 +11,26 @@ use std::{collections::HashSet, fs::File, net::SocketAddr, path::Path, path::Pat
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, SockHash},
     programs::{
-        CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, SockOps,
+        CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, SkMsg, SockOps,
         cgroup_skb::CgroupSkbLink, cgroup_sock_addr::CgroupSockAddrLink, links::FdLink,
         sock_ops::SockOpsLink,
     },
 };
 use warmpath_common::{
-    AFFINITY_MAP, BACKENDS_MAP, CGROUP_STATS_MAP, CONNS_MAP, COUNTERS_MAP, CgroupStats, Counter,
+    AFFINITY_MAP, BACKENDS_MAP, CGROUP_STATS_MAP, CONNS_MAP, COUNTERS_MAP, CgroupStats,
     EXCLUDED_MAP, Endpoint, HEARTBEAT_FOREVER, HEARTBEAT_INTERVAL_NS, HEARTBEAT_MAP, ORIG_DST_MAP,
-    Origin, SERVICES_MAP, STEER_MAP,
+    Origin, SERVICES_MAP, SK_MSG_ON_MAP, SOCKHASH_MAP, STEER_MAP, SockKey,
 };
 
 use super::{
-    Error, OBJECT, layout, logs,
+    Error, OBJECT,
+    counters::{self, Counters},
+    layout, logs,
     origins::{Intercepted, Origins, endpoint, socket_addr},
     pinned::{self, FailOpen},
+    stats::{self, ProgramRuns},
 };
 
 /// The sock_addr entry points in the object: connect4/6 steer and fail open,
@@ -51,32 +55,9 @@ const SKB_PROGRAMS: [(&str, CgroupSkbAttachType); 2] = [
     ("bytes_egress", CgroupSkbAttachType::Egress),
     ("bytes_ingress", CgroupSkbAttachType::Ingress),
 ];
-
-/// Totals of the programs' per-CPU counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// connect() calls inspected.
-    pub seen: u64,
-    /// connect() calls rewritten.
-    pub redirected: u64,
-    /// Rewrites whose original destination could not be saved.
-    pub orig_dst_failed: u64,
-    /// connect() calls to an intercepted VIP left alone because their cgroup is excluded.
-    pub excluded: u64,
-    /// Established rewritten connections recorded by 4-tuple.
-    pub tuple_recorded: u64,
-    /// Established rewritten connections whose 4-tuple could not be recorded.
-    pub tuple_failed: u64,
-    /// getpeername() answers rewritten back to the VIP.
-    pub peername_rewritten: u64,
-    /// Connects while the heartbeat was stale sent to an affinity pod / a backend-set pod /
-    /// left to the VIP.
-    pub failopen_affinity: u64,
-    pub failopen_backends: u64,
-    pub failopen_untouched: u64,
-    /// Connects to a steered VIP sent straight to a pod.
-    pub steered: u64,
-}
+/// The sk_msg entry point, loaded and attached to the SOCKHASH only by
+/// [`Redirector::enable_sk_msg`].
+const SK_MSG: &str = "sk_msg_redirect";
 
 /// One cgroup's links: the sock_addr programs, sock_ops and the byte counters (only the
 /// proxy pair held when pinned).
@@ -124,6 +105,8 @@ pub struct Redirector {
     failopen: FailOpen,
     counters: PerCpuArray<MapData, u64>,
     cgroup_stats: PerCpuHashMap<MapData, u64, CgroupStats>,
+    /// The node-local hops' sockets, once sk_msg acceleration is on (never pinned).
+    sockhash: Option<SockHash<MapData, SockKey>>,
     /// Pinned mode: the earlier agent's entries found at load, reconciled at the first attach.
     adopted: Option<Adopted>,
     /// The heartbeat map (pinned mode), shared with the heartbeat task; `true` once stood
@@ -166,6 +149,8 @@ impl Redirector {
     fn load_with(pin_dir: Option<&Path>) -> Result<Self, Error> {
         let object = OBJECT.ok_or(Error::NotEmbedded)?;
         let mut loader = aya::EbpfLoader::new();
+        let log_level = logs::level();
+        loader.override_global(aya_log::LEVEL, &log_level, true);
         let paths: Vec<(&str, PathBuf)> = match pin_dir {
             Some(dir) => pinned::MAPS
                 .iter()
@@ -237,6 +222,7 @@ impl Redirector {
             failopen,
             counters,
             cgroup_stats,
+            sockhash: None,
             adopted,
             heartbeat: Some(Arc::new(parking_lot::Mutex::new((heartbeat, false)))),
             heartbeat_task: None,
@@ -539,26 +525,62 @@ impl Redirector {
 
     /// Sums the per-CPU counters.
     pub fn counters(&self) -> Result<Counters, Error> {
-        let read = |index: u32| -> Result<u64, Error> {
-            let values = self.counters.get(&index, 0).map_err(|source| Error::Map {
-                name: COUNTERS_MAP,
-                source,
-            })?;
-            Ok(values.iter().sum())
-        };
-        Ok(Counters {
-            seen: read(Counter::SEEN)?,
-            redirected: read(Counter::REDIRECTED)?,
-            orig_dst_failed: read(Counter::ORIG_DST_FAILED)?,
-            excluded: read(Counter::EXCLUDED)?,
-            tuple_recorded: read(Counter::TUPLE_RECORDED)?,
-            tuple_failed: read(Counter::TUPLE_FAILED)?,
-            peername_rewritten: read(Counter::PEERNAME_REWRITTEN)?,
-            failopen_affinity: read(Counter::FAILOPEN_AFFINITY)?,
-            failopen_backends: read(Counter::FAILOPEN_BACKENDS)?,
-            failopen_untouched: read(Counter::FAILOPEN_UNTOUCHED)?,
-            steered: read(Counter::STEERED)?,
-        })
+        counters::read(&self.counters)
+    }
+
+    /// Turns sk_msg acceleration of node-local hops on (`warmpath agent --sk-msg`;
+    /// docs/ebpf.md): loads the sk_msg program, attaches it to the SOCKHASH, then sets the flag
+    /// that makes sock_ops add both ends of each new proxy-mode connection — in that order,
+    /// since a socket takes the map's programs when it is added. Connections established
+    /// before stay on TCP. Nothing of it is pinned: the map and the flag belong to this load,
+    /// and a restarted agent without the flag starts with it off.
+    pub fn enable_sk_msg(&mut self) -> Result<(), Error> {
+        if self.sockhash.is_some() {
+            return Ok(());
+        }
+        let map = |name: &'static str| move |source| Error::Map { name, source };
+        let sockhash: SockHash<MapData, SockKey> = self
+            .bpf
+            .take_map(SOCKHASH_MAP)
+            .ok_or(Error::Missing(SOCKHASH_MAP))?
+            .try_into()
+            .map_err(map(SOCKHASH_MAP))?;
+        let fd = sockhash.fd().try_clone().map_err(|source| Error::Io {
+            what: format!("duplicate the {SOCKHASH_MAP} fd"),
+            source,
+        })?;
+        let program: &mut SkMsg = self
+            .bpf
+            .program_mut(SK_MSG)
+            .ok_or(Error::Missing(SK_MSG))?
+            .try_into()
+            .map_err(program_error(SK_MSG))?;
+        program.load().map_err(program_error(SK_MSG))?;
+        program.attach(&fd).map_err(program_error(SK_MSG))?;
+        let mut on: Array<MapData, u32> = self
+            .bpf
+            .take_map(SK_MSG_ON_MAP)
+            .ok_or(Error::Missing(SK_MSG_ON_MAP))?
+            .try_into()
+            .map_err(map(SK_MSG_ON_MAP))?;
+        on.set(0, 1, 0).map_err(map(SK_MSG_ON_MAP))?;
+        self.sockhash = Some(sockhash);
+        Ok(())
+    }
+
+    /// Whether [`enable_sk_msg`](Self::enable_sk_msg) turned acceleration on.
+    pub fn sk_msg_on(&self) -> bool {
+        self.sockhash.is_some()
+    }
+
+    /// Every loaded program's run count and run time, as the kernel accounted them while
+    /// run-time stats were on ([`super::RunTimeStats`]).
+    pub fn program_runs(&self) -> Result<Vec<ProgramRuns>, Error> {
+        let mut names: Vec<&'static str> = SOCK_ADDR_PROGRAMS.to_vec();
+        names.push(SOCK_OPS);
+        names.extend(SKB_PROGRAMS.iter().map(|(name, _)| *name));
+        names.push(SK_MSG);
+        stats::runs(&self.bpf, &names)
     }
 }
 

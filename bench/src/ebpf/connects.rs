@@ -9,6 +9,13 @@
 //! variant's whole loop for its rate. The process sits in cgroup `plain` (nothing attached)
 //! or `bpf` (warmpath's programs, `Redirector::load`, nothing pinned). Variants take turns
 //! within each round, in an order that rotates every round, so machine noise hits all.
+//!
+//! Each round ends with connect4's loop once more with BPF run-time stats on
+//! ([`super::kernel_cost`]): the kernel's own count and time of every warmpath program over
+//! those connects; and once more from the same cgroup straight to the listener (no VIP): what
+//! the programs cost a connection they do not intercept, which also bounds the accounting's
+//! own share of each run. Only these passes pay the stats' clock reads; the rows above never
+//! do.
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
@@ -28,6 +35,7 @@ use nix::sys::socket::{
 };
 
 use super::{
+    kernel_cost::{self, KernelCost, Runs},
     report::{ConnectRow, Spread},
     setup::{Cgroups, Moved, Netns, iptables_installed},
 };
@@ -78,8 +86,18 @@ struct Measured {
     rates: Vec<f64>,
 }
 
+/// What the part measured: the rows, connect4's cost as the difference of median connects
+/// per round (us), and as the kernel accounts it.
+pub struct Measurement {
+    pub rows: Vec<ConnectRow>,
+    pub difference_us: Spread,
+    pub kernel: KernelCost,
+    /// The same for connects from the intercepted cgroup to an address that is no VIP.
+    pub kernel_passing: KernelCost,
+}
+
 /// Runs the part (blocking: call it on a thread of its own).
-pub fn measure(s: &Settings, stop: &Arc<AtomicBool>) -> Result<(Vec<ConnectRow>, Spread), Error> {
+pub fn measure(s: &Settings, stop: &Arc<AtomicBool>) -> Result<Measurement, Error> {
     let with_iptables = iptables_installed();
     let plain_ns = Netns::create(&format!("{}a", s.tag))?;
     let ipt_ns = Netns::create(&format!("{}b", s.tag))?;
@@ -124,6 +142,7 @@ pub fn measure(s: &Settings, stop: &Arc<AtomicBool>) -> Result<(Vec<ConnectRow>,
             rates: Vec::new(),
         })
         .collect();
+    let (mut kernel, mut passing) = (Kernel::default(), Kernel::default());
     for round in 0..s.rounds {
         for k in 0..variants.len() {
             let i = (k + round) % variants.len();
@@ -154,6 +173,14 @@ pub fn measure(s: &Settings, stop: &Arc<AtomicBool>) -> Result<(Vec<ConnectRow>,
                 .add(&h)
                 .map_err(|e| Error::Setup(format!("histogram: {e}")))?;
         }
+        let bpf = (&plain_ns, cgroups.children[1].path());
+        for (k, to) in [(&mut kernel, BPF_VIP), (&mut passing, LISTENER)] {
+            if k.missing.is_empty()
+                && let Err(why) = k.pass(&redirector, bpf, to, s, stop)
+            {
+                k.missing = why.to_string();
+            }
+        }
     }
     drop(redirector);
     let mut rows: Vec<ConnectRow> = variants
@@ -169,8 +196,79 @@ pub fn measure(s: &Settings, stop: &Arc<AtomicBool>) -> Result<(Vec<ConnectRow>,
     }
     let base = &measured[0].medians;
     let bpf = &measured[variants.len() - 1].medians;
-    let cost = Spread::of(base.iter().zip(bpf).map(|(b, c)| (c - b) / 1000.0));
-    Ok((rows, cost))
+    let difference_us = Spread::of(base.iter().zip(bpf).map(|(b, c)| (c - b) / 1000.0));
+    Ok(Measurement {
+        rows,
+        difference_us,
+        kernel: kernel.cost(),
+        kernel_passing: passing.cost(),
+    })
+}
+
+/// The in-kernel passes so far: connects, each program's totals, each round's ns per
+/// connect; or why stats could not be had.
+#[derive(Default)]
+struct Kernel {
+    connects: u64,
+    totals: Vec<Runs>,
+    rounds: Vec<f64>,
+    missing: String,
+}
+
+impl Kernel {
+    /// The connect loop to `to` with run-time stats on, from `ns` and `cgroup`: each
+    /// program's runs and time over it.
+    fn pass(
+        &mut self,
+        redirector: &warmpath_agent::ebpf::Redirector,
+        (ns, cgroup): (&Netns, &Path),
+        to: SocketAddrV4,
+        s: &Settings,
+        stop: &AtomicBool,
+    ) -> Result<(), Error> {
+        let fail = |e: warmpath_agent::ebpf::Error| Error::Setup(format!("BPF stats: {e}"));
+        let runs = || -> Result<Vec<Runs>, Error> {
+            Ok(redirector
+                .program_runs()
+                .map_err(fail)?
+                .into_iter()
+                .map(|p| Runs {
+                    program: p.name.into(),
+                    runs: p.run_count,
+                    run_time_ns: p.run_time_ns,
+                })
+                .collect())
+        };
+        let stats = warmpath_agent::ebpf::RunTimeStats::enable().map_err(fail)?;
+        let before = runs()?;
+        let moved = Moved::into(cgroup)?;
+        let looped = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    ns.enter_thread()?;
+                    connect_loop(to, s.connects, s.max_round, stop)
+                })
+                .join()
+                .map_err(|_| Error::Setup("the connect loop panicked".into()))?
+        });
+        drop(moved);
+        let after = runs()?;
+        drop(stats);
+        let connects = looped?.0.len();
+        let d = kernel_cost::delta(&before, &after);
+        self.rounds.push(kernel_cost::ns_per_connect(connects, &d));
+        self.connects += connects;
+        kernel_cost::accumulate(&mut self.totals, &d);
+        Ok(())
+    }
+
+    fn cost(self) -> KernelCost {
+        if self.missing.is_empty() {
+            KernelCost::of(self.connects, &self.totals, &self.rounds)
+        } else {
+            KernelCost::missing(&self.missing)
+        }
+    }
 }
 
 fn histogram() -> Histogram<u64> {

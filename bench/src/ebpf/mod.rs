@@ -2,9 +2,10 @@
 //! docs/ebpf.md), one run on one machine, one table:
 //!
 //! 1. connect() latency and connections/s with no interception, iptables `REDIRECT` and
-//!    warmpath's connect4 ([`connects`]);
-//! 2. request latency direct to a pod, through the VIP in proxy mode and in steer mode
-//!    ([`requests`]);
+//!    warmpath's connect4 ([`connects`]), and connect4's in-kernel cost from the kernel's BPF
+//!    run-time stats ([`kernel_cost`]);
+//! 2. request latency direct to a pod, through the VIP in proxy mode, in proxy mode with
+//!    sk_msg acceleration (`--sk-msg`) and in steer mode ([`requests`]);
 //! 3. TTFT with the agent killed halfway: affinity fail-open vs the plain VIP fallback
 //!    ([`failover`]).
 //!
@@ -14,6 +15,7 @@
 pub(crate) mod client;
 mod connects;
 mod failover;
+mod kernel_cost;
 mod report;
 mod requests;
 pub(crate) mod setup;
@@ -145,12 +147,11 @@ async fn measure(
         max_round: Duration::from_secs_f64(args.max_round_seconds.clamp(0.1, 600.0)),
     };
     let flag = stop.clone();
-    let (connect, connect4_cost_us) =
-        tokio::task::spawn_blocking(move || connects::measure(&settings, &flag))
-            .await
-            .map_err(|e| Error::Setup(format!("the connect part panicked: {e}")))??;
+    let connects = tokio::task::spawn_blocking(move || connects::measure(&settings, &flag))
+        .await
+        .map_err(|e| Error::Setup(format!("the connect part panicked: {e}")))??;
     eprintln!(
-        "bench ebpf: requests direct / proxy mode / steer, {} of each kind per variant per round",
+        "bench ebpf: requests direct / proxy mode / proxy mode + sk_msg / steer, {} of each kind per variant per round",
         args.requests
     );
     let requests = requests::measure(
@@ -192,8 +193,10 @@ async fn measure(
         } else {
             "release"
         },
-        connect,
-        connect4_cost_us,
+        connect: connects.rows,
+        connect4_cost_us: connects.difference_us,
+        connect4_kernel: connects.kernel,
+        connect4_kernel_passing: connects.kernel_passing,
         requests,
         failover,
         targets: Vec::new(),

@@ -6,6 +6,7 @@ use std::{fmt::Write as _, path::Path};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use super::kernel_cost::KernelCost;
 use crate::{Error, run::report::Quantiles};
 
 /// Median and range of a figure over rounds.
@@ -129,6 +130,11 @@ pub struct Report {
     pub connect: Vec<ConnectRow>,
     /// connect4's median connect minus no interception's, per round (us).
     pub connect4_cost_us: Spread,
+    /// connect4's cost as the kernel accounts it: BPF run time per connect.
+    pub connect4_kernel: KernelCost,
+    /// The same programs' run time per connect from the intercepted cgroup to an address
+    /// that is no VIP (what they cost a connection they leave alone).
+    pub connect4_kernel_passing: KernelCost,
     pub requests: Vec<RequestRow>,
     pub failover: Vec<FailoverRow>,
     pub targets: Vec<Target>,
@@ -140,14 +146,38 @@ impl Report {
     /// Judges the targets from the rows.
     pub fn judge(&mut self) {
         let mut t = Vec::new();
-        let cost = self.connect4_cost_us.median;
+        let k = &self.connect4_kernel;
+        let d = &self.connect4_cost_us;
+        let difference = format!(
+            "the difference of median connects, which also holds the hooks, the syscall and noise: {:.2} us (rounds {:.2}..{:.2})",
+            d.median, d.min, d.max
+        );
+        // Each run's time holds the accounting's own clock reads: at most the cheapest run
+        // seen (a connect to no VIP, whose programs return almost at once), per run.
+        let floor = self.connect4_kernel_passing.cheapest_run_ns();
+        let accounting = if floor.is_finite() {
+            format!(
+                "; the accounting's share at most {:.3} us ({:.1} runs x {floor:.0} ns, the cheapest run on a connect to no VIP)",
+                k.runs_per_connect() * floor / 1000.0,
+                k.runs_per_connect()
+            )
+        } else {
+            String::new()
+        };
         t.push(Target {
-            name: "connect4 <= 2 us per connect (median difference vs no interception)".into(),
-            value: format!(
-                "{cost:.2} us (rounds {:.2}..{:.2})",
-                self.connect4_cost_us.min, self.connect4_cost_us.max
-            ),
-            met: cost <= 2.0,
+            name: "connect4 <= 2 us per connect (in-kernel: run time of every warmpath BPF program on a connect, kernel stats; not the hooks' dispatch, the syscall or TCP)".into(),
+            value: if k.missing.is_empty() {
+                format!(
+                    "{:.3} us = {} (rounds {:.3}..{:.3} us){accounting}; {difference}",
+                    k.ns_per_connect / 1000.0,
+                    k.terms(),
+                    k.rounds_ns.min / 1000.0,
+                    k.rounds_ns.max / 1000.0
+                )
+            } else {
+                format!("not measured ({}); {difference}", k.missing)
+            },
+            met: k.missing.is_empty() && k.ns_per_connect <= 2000.0,
         });
         let rate = |v: &str| {
             self.connect
@@ -186,6 +216,32 @@ impl Report {
                 met: ratios.is_some_and(|r| r.median <= 1.05),
             });
         }
+        let ratio = |v: &str, base: &str, kind: &str| {
+            let rounds = |v: &str| {
+                self.requests
+                    .iter()
+                    .find(|r| r.variant == v && r.kind == kind)
+                    .map(|r| r.round_p50_ms.clone())
+            };
+            rounds(v)
+                .zip(rounds(base))
+                .map(|(a, b)| Spread::of(a.iter().zip(&b).map(|(a, b)| a / b)))
+        };
+        // A win must clear the noise the steer target tolerates (5 %).
+        let sse = ratio(SK_MSG, "proxy mode", "SSE");
+        let whole = ratio(SK_MSG, "proxy mode", "non-streamed");
+        let faster = self.rounds_faster(SK_MSG, "proxy mode", "SSE");
+        t.push(Target {
+            name: "sk_msg wins for SSE-sized messages (proxy mode + sk_msg vs proxy mode, SSE TTFT, median of per-round p50 ratios <= 0.95)".into(),
+            value: match (sse, whole) {
+                (Some(s), Some(w)) => format!(
+                    "{:.3}x (rounds {:.3}..{:.3}; faster in {} of {}); non-streamed latency {:.3}x (rounds {:.3}..{:.3})",
+                    s.median, s.min, s.max, faster, s.rounds, w.median, w.min, w.max
+                ),
+                _ => "not measured".into(),
+            },
+            met: sse.is_some_and(|r| r.median <= 0.95),
+        });
         let p90 = |v: &str| {
             self.failover
                 .iter()
@@ -202,6 +258,22 @@ impl Report {
             met: ratio.is_some_and(|r| r <= 0.3),
         });
         self.targets = t;
+    }
+
+    /// Rounds in which `variant`'s p50 of `kind` was below `base`'s.
+    fn rounds_faster(&self, variant: &str, base: &str, kind: &str) -> usize {
+        let rounds = |v: &str| {
+            self.requests
+                .iter()
+                .find(|r| r.variant == v && r.kind == kind)
+                .map(|r| r.round_p50_ms.as_slice())
+                .unwrap_or_default()
+        };
+        rounds(variant)
+            .iter()
+            .zip(rounds(base))
+            .filter(|(a, b)| a < b)
+            .count()
     }
 
     /// The table (markdown) and the targets' lines.
@@ -233,6 +305,21 @@ impl Report {
             s,
             "| connect4 cost (us per connect) | median of per-round p50 differences | {} rounds | {:.2} | | | | rounds {:.2}..{:.2} |",
             c.rounds, c.median, c.min, c.max
+        );
+        let k = &self.connect4_kernel;
+        let _ = writeln!(
+            s,
+            "| connect4 cost (us per connect) | in-kernel BPF run time (kernel stats) | {} connects | {:.3} | | | | rounds {:.3}..{:.3}{}{} |",
+            k.connects,
+            k.ns_per_connect / 1000.0,
+            k.rounds_ns.min / 1000.0,
+            k.rounds_ns.max / 1000.0,
+            if k.missing.is_empty() {
+                ""
+            } else {
+                "; not measured: "
+            },
+            k.missing
         );
         for r in &self.requests {
             let what = if r.kind == "SSE" { "TTFT" } else { "latency" };
@@ -266,12 +353,51 @@ impl Report {
                 r.note
             );
         }
+        if k.missing.is_empty() {
+            self.kernel_table(&mut s);
+        }
         s.push('\n');
         for t in &self.targets {
             let verdict = if t.met { "PASS" } else { "MISS" };
             let _ = writeln!(s, "{verdict} {}: {}", t.name, t.value);
         }
         s
+    }
+
+    /// Per program: runs per connect, ns per run and per connect, intercepted and not.
+    fn kernel_table(&self, s: &mut String) {
+        let (k, p) = (&self.connect4_kernel, &self.connect4_kernel_passing);
+        let _ = writeln!(
+            s,
+            "\n| BPF run time per connect (kernel stats) | runs per connect | ns per run | ns per connect | no VIP: runs per connect | ns per run | ns per connect |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+        for row in &k.programs {
+            let other = p.programs.iter().find(|o| o.program == row.program);
+            let _ = writeln!(
+                s,
+                "| {} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} |",
+                row.program,
+                row.runs_per_connect,
+                row.ns_per_run,
+                row.ns_per_connect,
+                other.map_or(f64::NAN, |o| o.runs_per_connect),
+                other.map_or(f64::NAN, |o| o.ns_per_run),
+                other.map_or(f64::NAN, |o| o.ns_per_connect),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "| total ({} and {} connects) | | | {:.0} (rounds {:.0}..{:.0}) | | | {:.0} (rounds {:.0}..{:.0}) |",
+            k.connects,
+            p.connects,
+            k.ns_per_connect,
+            k.rounds_ns.min,
+            k.rounds_ns.max,
+            p.ns_per_connect,
+            p.rounds_ns.min,
+            p.rounds_ns.max
+        );
     }
 
     /// `<out>/ebpf.json` and `<out>/ebpf.md`.
@@ -294,6 +420,9 @@ impl Report {
     }
 }
 
+/// The request variant through the agent with sk_msg acceleration.
+pub const SK_MSG: &str = "proxy mode + sk_msg";
+
 /// Quantiles of millisecond values.
 pub fn quantiles_ms(ms: &[f64]) -> Quantiles {
     // Quantiles::of takes seconds and answers seconds: scaled both ways it stays in ms.
@@ -308,6 +437,7 @@ pub fn quantiles_ms(ms: &[f64]) -> Quantiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ebpf::kernel_cost::Runs;
 
     #[test]
     fn spread_is_the_median_and_range_of_finite_values() {
@@ -365,6 +495,39 @@ mod tests {
                 connect("warmpath connect4", 90.0),
             ],
             connect4_cost_us: Spread::of([1.0, 3.0, 1.5]),
+            connect4_kernel: KernelCost::of(
+                100,
+                &[
+                    Runs {
+                        program: "connect4_proxy".into(),
+                        runs: 100,
+                        run_time_ns: 30_000,
+                    },
+                    Runs {
+                        program: "sock_ops".into(),
+                        runs: 400,
+                        run_time_ns: 20_000,
+                    },
+                ],
+                &[450.0, 500.0, 700.0],
+            ),
+            // Without a VIP: 100 ns and 10 ns per run; 10 ns bounds the accounting's share.
+            connect4_kernel_passing: KernelCost::of(
+                100,
+                &[
+                    Runs {
+                        program: "connect4_proxy".into(),
+                        runs: 100,
+                        run_time_ns: 10_000,
+                    },
+                    Runs {
+                        program: "sock_ops".into(),
+                        runs: 400,
+                        run_time_ns: 4_000,
+                    },
+                ],
+                &[140.0],
+            ),
             requests: vec![
                 request("direct", "non-streamed", &[1.0, 2.0, 4.0]),
                 // Per round 1.1, 1.0, 1.0: median 1.0.
@@ -372,6 +535,12 @@ mod tests {
                 request("direct", "SSE", &[1.0, 1.0, 1.0]),
                 // Per round 1.2, 1.06, 1.0: median 1.06.
                 request("steer", "SSE", &[1.2, 1.06, 1.0]),
+                request("proxy mode", "non-streamed", &[2.0, 2.0, 2.0]),
+                // Per round 1.1, 0.9, 1.05: median 1.05.
+                request(SK_MSG, "non-streamed", &[2.2, 1.8, 2.1]),
+                request("proxy mode", "SSE", &[4.0, 4.0, 5.0]),
+                // Per round 0.9, 1.1, 0.9: median 0.9.
+                request(SK_MSG, "SSE", &[3.6, 4.4, 4.5]),
             ],
             failover: vec![
                 failover("affinity fail-open", 30.0),
@@ -381,10 +550,25 @@ mod tests {
         };
         r.judge();
         let met: Vec<bool> = r.targets.iter().map(|t| t.met).collect();
-        assert_eq!(met, [true, true, true, false, true], "{:?}", r.targets);
-        assert_eq!(r.targets[0].value, "1.50 us (rounds 1.00..3.00)");
+        assert_eq!(
+            met,
+            [true, true, true, false, true, true],
+            "{:?}",
+            r.targets
+        );
+        // 50,000 ns over 100 connects: 0.5 us, judged on that, not on the 1.5 us difference.
+        assert_eq!(
+            r.targets[0].value,
+            "0.500 us = connect4_proxy 1.00 x 300 ns + sock_ops 4.00 x 50 ns (rounds 0.450..0.700 us); \
+             the accounting's share at most 0.050 us (5.0 runs x 10 ns, the cheapest run on a connect to no VIP); \
+             the difference of median connects, which also holds the hooks, the syscall and noise: 1.50 us (rounds 1.00..3.00)"
+        );
         assert_eq!(r.targets[1].value, "90 vs 80 /s (1.12x)");
-        assert_eq!(r.targets[4].value, "0.30x");
+        assert_eq!(
+            r.targets[4].value,
+            "0.900x (rounds 0.900..1.100; faster in 2 of 3); non-streamed latency 1.050x (rounds 0.900..1.100)"
+        );
+        assert_eq!(r.targets[5].value, "0.30x");
         let md = r.markdown();
         assert!(
             md.contains("\nMISS steer within 5 % of direct (SSE, "),
@@ -395,5 +579,26 @@ mod tests {
         r.judge();
         assert_eq!(r.targets[1].value, "iptables not measured");
         assert!(!r.targets[1].met);
+        // 3 % faster at the median is within the noise: no win.
+        r.requests[7] = request(SK_MSG, "SSE", &[3.88, 4.4, 4.5]);
+        r.judge();
+        assert!(!r.targets[4].met, "{:?}", r.targets[4]);
+        assert!(
+            r.targets[4].value.starts_with("0.970x "),
+            "{:?}",
+            r.targets[4]
+        );
+        // Without run-time stats the 2 us target is not met, whatever the difference says.
+        r.connect4_kernel = KernelCost::missing("BPF_ENABLE_STATS refused");
+        r.connect4_cost_us = Spread::of([0.5]);
+        r.judge();
+        assert!(!r.targets[0].met);
+        assert!(
+            r.targets[0]
+                .value
+                .starts_with("not measured (BPF_ENABLE_STATS refused); "),
+            "{}",
+            r.targets[0].value
+        );
     }
 }

@@ -1,10 +1,13 @@
-//! Request latency direct to a pod, through the VIP in proxy mode (the agent's hop) and
-//! through the VIP in steer mode (connect() rewritten to the pod in the kernel).
+//! Request latency direct to a pod, through the VIP in proxy mode (the agent's hop), in proxy
+//! mode with sk_msg acceleration (the hop between the client's socket and the agent's in the
+//! SOCKHASH) and in steer mode (connect() rewritten to the pod in the kernel).
 //!
 //! A node `<tag>rn` with two pods: the client in pod 0 (its own cgroup, under the cgroup the
-//! agent attaches to), one simulator in pod 1. One agent in the node namespace intercepts two
-//! VIPs, one of them steered. Every request is on a new connection. Variants take turns
-//! within each round (the order rotates), each sending short non-streamed requests then
+//! agents attach to), one simulator in pod 1. Two agents in the node namespace, both in a
+//! cgroup under that one too (as on a node, where the agent attaches to the root: their own
+//! sockets pass the programs): one intercepts two VIPs, one of them steered; the other,
+//! started with `--sk-msg`, a third VIP. Every request is on a new connection. Variants take
+//! turns within each round (the order rotates), each sending short non-streamed requests then
 //! short SSE ones.
 
 use std::{
@@ -17,13 +20,18 @@ use std::{
 
 use super::{
     client::{Ask, Client},
-    report::{RequestRow, Spread, quantiles_ms},
+    report::{RequestRow, SK_MSG, Spread, quantiles_ms},
     setup::{Cgroups, Node, Pins, wait_log},
 };
-use crate::{Error, logs::Logs, process::self_exe};
+use crate::{
+    Error,
+    logs::Logs,
+    process::{Logged, self_exe},
+};
 
 const PROXY_VIP: &str = "10.96.0.10:8000";
 const STEER_VIP: &str = "10.96.0.11:8000";
+const SK_MSG_VIP: &str = "10.96.0.12:8000";
 const SIM_PORT: u16 = 8000;
 /// How long a debug agent or simulator may take to start.
 pub const START_WITHIN: Duration = Duration::from_secs(60);
@@ -51,8 +59,9 @@ pub async fn measure(
 ) -> Result<Vec<RequestRow>, Error> {
     let tag = format!("{}r", s.tag);
     let node = Node::create(&tag, 2)?;
-    let cgroups = Cgroups::create(&tag, &["client"])?;
+    let cgroups = Cgroups::create(&tag, &["client", "agent"])?;
     let pins = Pins::new(&tag);
+    let sk_msg_pins = Pins::new(&format!("{tag}k"));
     let exe = self_exe()?;
     let sim_ip = Node::pod_ip(1);
     let sim_args: Vec<String> = [
@@ -70,35 +79,61 @@ pub async fn measure(
     .to_vec();
     let mut sim = node.pods[1].spawn(&exe, &sim_args, &[], "sim-requests", logs)?;
     wait_log(&mut sim, "\"engines\"", START_WITHIN).await?;
+    let sim_url = format!("http://{sim_ip}:{SIM_PORT}");
+    let agent_cgroup = cgroups.children[1].path();
     let listener = format!("{}:8080", Node::IP);
-    let agent_args: Vec<String> = [
-        "agent",
-        "--listen",
-        "0.0.0.0:8080",
-        "--admin",
-        "127.0.0.1:9090",
-        "--policy",
-        "round-robin",
-        "--endpoint",
-        &format!("http://{sim_ip}:{SIM_PORT}"),
-        "--redirect",
-        &format!("{PROXY_VIP}={listener}"),
-        "--redirect",
-        &format!("{STEER_VIP}={listener}"),
-        "--steer",
-        STEER_VIP,
-        "--cgroup",
-        &cgroups.parent.path().display().to_string(),
-        "--pin-dir",
-        &pins.dir.display().to_string(),
-    ]
-    .map(String::from)
-    .to_vec();
-    let mut agent = node
-        .ns
-        .spawn(&exe, &agent_args, ACCEPT_LOG, "agent-requests", logs)?;
+    let mut agent = start_agent(
+        &node,
+        &exe,
+        agent_cgroup,
+        "agent-requests",
+        logs,
+        &[
+            "--listen",
+            "0.0.0.0:8080",
+            "--admin",
+            "127.0.0.1:9090",
+            "--endpoint",
+            &sim_url,
+            "--redirect",
+            &format!("{PROXY_VIP}={listener}"),
+            "--redirect",
+            &format!("{STEER_VIP}={listener}"),
+            "--steer",
+            STEER_VIP,
+            "--cgroup",
+            &cgroups.parent.path().display().to_string(),
+            "--pin-dir",
+            &pins.dir.display().to_string(),
+        ],
+    )?;
+    let sk_msg_listener = format!("{}:8081", Node::IP);
+    let mut sk_msg_agent = start_agent(
+        &node,
+        &exe,
+        agent_cgroup,
+        "agent-requests-sk-msg",
+        logs,
+        &[
+            "--listen",
+            "0.0.0.0:8081",
+            "--admin",
+            "127.0.0.1:9091",
+            "--endpoint",
+            &sim_url,
+            "--redirect",
+            &format!("{SK_MSG_VIP}={sk_msg_listener}"),
+            "--sk-msg",
+            "--cgroup",
+            &cgroups.parent.path().display().to_string(),
+            "--pin-dir",
+            &sk_msg_pins.dir.display().to_string(),
+        ],
+    )?;
     wait_log(&mut agent, "interception attached", START_WITHIN).await?;
     wait_log(&mut agent, "steering in the kernel", START_WITHIN).await?;
+    wait_log(&mut sk_msg_agent, "sk_msg acceleration on", START_WITHIN).await?;
+    wait_log(&mut sk_msg_agent, "interception attached", START_WITHIN).await?;
     let mut client = Client::start(
         &node.pods[0],
         cgroups.children[0].path(),
@@ -112,11 +147,13 @@ pub async fn measure(
             format!("http://{sim_ip}:{SIM_PORT}/v1/completions"),
         ),
         ("proxy mode", format!("http://{PROXY_VIP}/v1/completions")),
+        (SK_MSG, format!("http://{SK_MSG_VIP}/v1/completions")),
         ("steer", format!("http://{STEER_VIP}/v1/completions")),
     ];
     for (name, url) in &variants {
         warm(&mut client, name, url).await?;
     }
+    let sk_msg_before = sk_msg_counters(&sk_msg_pins)?;
     // [variant][kind: non-streamed, SSE]
     let mut seen: Vec<[Seen; 2]> = variants.iter().map(|_| Default::default()).collect();
     for round in 0..s.rounds {
@@ -140,8 +177,11 @@ pub async fn measure(
             }
         }
         agent.check_running()?;
+        sk_msg_agent.check_running()?;
     }
     drop(client);
+    let sk_msg_note = sk_msg_note(&sk_msg_before, &sk_msg_counters(&sk_msg_pins)?);
+    sk_msg_agent.stop(crate::agents::STOP_WITHIN).await;
     agent.stop(crate::agents::STOP_WITHIN).await;
     // Steered connects the kernel did not rewrite to the pod reached the agent instead.
     let log = tokio::fs::read_to_string(&agent.log.path)
@@ -168,17 +208,65 @@ pub async fn measure(
                 latency_ms: quantiles_ms(all),
                 round_p50_ms: medians.clone(),
                 p50_ms_rounds: Spread::of(medians.iter().copied()),
-                note: if *name == "steer" {
-                    format!(
+                note: match *name {
+                    "steer" => format!(
                         "{steer_via_agent} steered connections (of both kinds) reached the agent"
-                    )
-                } else {
-                    String::new()
+                    ),
+                    SK_MSG => sk_msg_note.clone(),
+                    _ => String::new(),
                 },
             });
         }
     }
     Ok(rows)
+}
+
+/// An agent (`bench`'s own binary) in the node namespace, moved into `cgroup` before it
+/// starts (a shell that joins the cgroup, then execs it), so that its sockets pass the
+/// programs as on a node; its log in the next `<role>-<n>.log`.
+fn start_agent(
+    node: &Node,
+    exe: &std::path::Path,
+    cgroup: &std::path::Path,
+    role: &str,
+    logs: &Logs,
+    flags: &[&str],
+) -> Result<Logged, Error> {
+    let procs = cgroup.join("cgroup.procs");
+    let mut args: Vec<String> = vec![
+        "-c".into(),
+        r#"echo $$ > "$0" && exec "$@""#.into(),
+        procs.display().to_string(),
+        exe.display().to_string(),
+        "agent".into(),
+    ];
+    args.extend(flags.iter().map(|f| (*f).to_string()));
+    node.ns.spawn(
+        std::path::Path::new("/bin/sh"),
+        &args,
+        ACCEPT_LOG,
+        role,
+        logs,
+    )
+}
+
+/// The sk_msg agent's counters (its pinned map).
+fn sk_msg_counters(pins: &Pins) -> Result<warmpath_agent::ebpf::Counters, Error> {
+    warmpath_agent::ebpf::pinned_counters(&pins.dir)
+        .map_err(|e| Error::Setup(format!("the sk_msg agent's counters: {e}")))
+}
+
+/// What sk_msg did over the measured requests (the evidence that the path was taken).
+fn sk_msg_note(
+    before: &warmpath_agent::ebpf::Counters,
+    after: &warmpath_agent::ebpf::Counters,
+) -> String {
+    format!(
+        "sk_msg over both kinds: {} messages redirected, {} over TCP, {} sockets added",
+        after.sk_msg_redirected - before.sk_msg_redirected,
+        after.sk_msg_tcp - before.sk_msg_tcp,
+        after.sockhash_added - before.sockhash_added
+    )
 }
 
 /// What one variant saw of one kind.
