@@ -14,7 +14,7 @@
 
 use serde::Serialize;
 
-use super::report::Spread;
+use super::spread::Spread;
 
 /// One program's share of the measured connects.
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -19,6 +19,7 @@ mod kernel_cost;
 mod report;
 mod requests;
 pub(crate) mod setup;
+mod spread;
 
 use std::{
     path::PathBuf,
