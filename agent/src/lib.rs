@@ -27,3 +27,20 @@ pub mod status;
 pub mod telemetry;
 pub mod tenant;
 pub mod usage;
+
+/// An error and its causes, `a: b: c` (hyper, tonic and aya put the useful part in the
+/// causes: "connection refused", "invalid peer certificate: UnknownIssuer", "Operation not
+/// permitted").
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}

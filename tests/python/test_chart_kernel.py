@@ -151,7 +151,11 @@ def test_the_chart_capabilities_are_enough_and_each_is_needed(helm, kernel, tmp_
         log = tmp_path / f"no-{missing}.log"
         proc, _, outcome = kernel([c for c in caps if c != missing], log)
         assert outcome == "interception off", log.read_text()[-2000:]
-        assert "BPF_PROG_LOAD" in log.read_text() and why in log.read_text(), log.read_text()[-3000:]
+        # Without NET_ADMIN the first refusal may be a program load or the socket map sock_ops
+        # keeps (SOCKHASH needs it too); either way the log names the failing step and errno.
+        text = log.read_text()
+        failed = "BPF_PROG_LOAD" in text or "failed to create map `WARMPATH_SOCKHASH`" in text
+        assert failed and why in text, text[-3000:]
 
 
 def test_in_the_pods_layout_the_agent_excludes_its_own_cgroup(helm, kernel, tmp_path):

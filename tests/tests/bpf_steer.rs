@@ -62,23 +62,34 @@ fn ask_expecting(client: &mut OwnedChild, verb: &str, n: usize, direct: bool) ->
     }
 }
 
-/// The VIP's backend set on the agent's `/status`, once `ok` holds for it (bounded by WAIT).
-fn wait_for_set(node: &Node, ok: impl Fn(&[String]) -> bool) -> Vec<String> {
+/// The list at `pointer` of the agent's `/status` `kernel_table`, once `ok` holds for it
+/// (bounded by WAIT).
+fn wait_for_table(node: &Node, pointer: &str, ok: impl Fn(&[String]) -> bool) -> Vec<String> {
     let deadline = Instant::now() + WAIT;
     loop {
-        let set: Vec<String> = get_json(&node.ns, "http://127.0.0.1:9090/status")
+        let list: Vec<String> = get_json(&node.ns, "http://127.0.0.1:9090/status")
             .ok()
-            .and_then(|s| serde_json::from_value(s["kernel_table"]["backends"][VIP].clone()).ok())
+            .and_then(|s| serde_json::from_value(s["kernel_table"].pointer(pointer)?.clone()).ok())
             .unwrap_or_default();
-        if ok(&set) {
-            return set;
+        if ok(&list) {
+            return list;
         }
         assert!(
             Instant::now() < deadline,
-            "backend set never as expected: {set:?}"
+            "kernel_table{pointer} never as expected: {list:?}"
         );
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The VIP's backend set, once `ok` holds for it.
+fn wait_for_set(node: &Node, ok: impl Fn(&[String]) -> bool) -> Vec<String> {
+    wait_for_table(node, &format!("/backends/{VIP}"), ok)
+}
+
+/// The VIPs the kernel table steers now, once `ok` holds for them.
+fn wait_for_steered(node: &Node, ok: impl Fn(&[String]) -> bool) -> Vec<String> {
+    wait_for_table(node, "/steered", ok)
 }
 
 #[test]
@@ -180,27 +191,7 @@ fn steered_connects_go_straight_to_a_pod_and_move_when_the_agent_re_steers() {
     ));
 }
 
-/// The VIPs the agent's kernel table steers now (`/status` `kernel_table.steered`), once
-/// `ok` holds for them (bounded by WAIT).
-fn wait_for_steered(node: &Node, ok: impl Fn(&[String]) -> bool) -> Vec<String> {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let steered: Vec<String> = get_json(&node.ns, "http://127.0.0.1:9090/status")
-            .ok()
-            .and_then(|s| serde_json::from_value(s["kernel_table"]["steered"].clone()).ok())
-            .unwrap_or_default();
-        if ok(&steered) {
-            return steered;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "steered VIPs never as expected: {steered:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A RoutePolicy for the flags' pool (`default`) with `action.mode: MODE`.
+/// A RoutePolicy for the pool `default` with `action.mode: MODE`.
 fn mode_policy(mode: &str) -> String {
     format!(
         "apiVersion: warmpath.dev/v1alpha1\nkind: RoutePolicy\nmetadata: {{name: data-path, namespace: ml}}\nspec:\n  targetRef: {{pool: {{name: default}}}}\n  action: {{mode: {mode}}}\n"

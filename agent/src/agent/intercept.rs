@@ -41,7 +41,7 @@ pub fn start_interception(
     let redirector = match (start_intercept(args, &rules), routing) {
         (Ok(r), _) => r,
         (Err(err @ (Error::Unavailable(_) | Error::Ebpf(_))), Some(routing)) => {
-            tracing::warn!(listen = ?routing.listens, "interception off: {err}; serving as an explicit proxy");
+            tracing::warn!(listen = ?routing.listens, "interception off: {}; serving as an explicit proxy", crate::error_chain(&err));
             return Ok(None);
         }
         (Err(err), _) => return Err(err),

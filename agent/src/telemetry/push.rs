@@ -222,7 +222,7 @@ impl Transport {
                 if let Some(tls) = &config.tls {
                     endpoint = endpoint
                         .tls_config(grpc_tls(tls))
-                        .map_err(|e| bad(&format!("TLS: {}", error_chain(&e))))?;
+                        .map_err(|e| bad(&format!("TLS: {}", crate::error_chain(&e))))?;
                 }
                 let mut headers = tonic::metadata::MetadataMap::new();
                 for (k, v) in &config.headers {
@@ -311,7 +311,7 @@ impl Transport {
                     // status's source chain, not its message.
                     match std::error::Error::source(&s) {
                         Some(cause) => {
-                            let chain = error_chain(cause);
+                            let chain = crate::error_chain(cause);
                             let dropped = !chain.contains("refused")
                                 && !chain.contains("invalid peer certificate");
                             Failure {
@@ -340,7 +340,7 @@ impl Transport {
                     .map_err(|e| Failure::other(e.to_string()))?;
                 *r.headers_mut() = headers.clone();
                 let response = client.request(r).await.map_err(|e| Failure {
-                    message: error_chain(&e),
+                    message: crate::error_chain(&e),
                     // Connected (TLS handshake included), then dropped.
                     dropped: !e.is_connect(),
                 })?;
@@ -397,22 +397,6 @@ fn gzipped(body: &[u8]) -> Result<Vec<u8>, String> {
     gz.write_all(body)
         .and_then(|()| gz.finish())
         .map_err(|e| format!("gzip: {e}"))
-}
-
-/// An error and its causes, `a: b: c` (hyper and tonic put the useful part in the causes:
-/// "connection refused", "invalid peer certificate: UnknownIssuer").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cause = c.source();
-    }
-    out
 }
 
 /// One export: the SDK's scopes as the SDK renders them, warmpath's families in its own scope.

@@ -177,33 +177,19 @@ impl PodClient {
         role: &str,
         logs: &Logs,
     ) -> Result<Self, Error> {
-        let log = logs.open(role)?;
-        let name = log.name();
-        let mut cmd = tokio::process::Command::new("nsenter");
-        cmd.arg(format!("--net={}", netns.display()))
-            .arg("--")
-            .arg(crate::process::self_exe()?)
-            .args(["bench", "compare-client", "--cgroup"])
-            .arg(cgroup)
-            .env("TOKIO_WORKER_THREADS", "1")
-            .env("NO_COLOR", "1")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(log.stdio()?)
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|source| Error::Io {
-            what: format!("start {name}"),
-            source,
-        })?;
-        let missing = || Error::Setup(format!("{name}: no pipes"));
-        let stdin = child.stdin.take().ok_or_else(missing)?;
-        let stdout = child.stdout.take().ok_or_else(missing)?;
+        let crate::ebpf::client::PodChild {
+            child,
+            stdin,
+            stdout,
+            name,
+            log,
+        } = crate::ebpf::client::spawn_in_pod(netns, "compare-client", cgroup, role, logs)?;
         Ok(Self {
             child,
             stdin,
             out: BufReader::new(stdout),
             name,
-            log: log.path,
+            log,
         })
     }
 

@@ -112,6 +112,56 @@ pub async fn run(args: ClientArgs) -> Result<(), Error> {
 // === the parent's side ===
 
 /// A running client (killed when dropped).
+/// A client role of this binary started in a pod's network namespace ([`spawn_in_pod`]).
+pub(crate) struct PodChild {
+    pub child: tokio::process::Child,
+    pub stdin: tokio::process::ChildStdin,
+    pub stdout: tokio::process::ChildStdout,
+    /// Its log's name, for errors.
+    pub name: String,
+    pub log: std::path::PathBuf,
+}
+
+/// `warmpath bench SUBCOMMAND --cgroup CGROUP` (a client role of this binary) in the network
+/// namespace at `netns` (`nsenter --net`), one worker thread, piped stdin and stdout, stderr
+/// in the next `<role>-<n>.log`; killed when dropped.
+pub(crate) fn spawn_in_pod(
+    netns: &std::path::Path,
+    subcommand: &str,
+    cgroup: &std::path::Path,
+    role: &str,
+    logs: &Logs,
+) -> Result<PodChild, Error> {
+    let log = logs.open(role)?;
+    let name = log.name();
+    let mut cmd = tokio::process::Command::new("nsenter");
+    cmd.arg(format!("--net={}", netns.display()))
+        .arg("--")
+        .arg(crate::process::self_exe()?)
+        .args(["bench", subcommand, "--cgroup"])
+        .arg(cgroup)
+        .env("TOKIO_WORKER_THREADS", "1")
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(log.stdio()?)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|source| Error::Io {
+        what: format!("start {name}"),
+        source,
+    })?;
+    let missing = || Error::Setup(format!("{name}: no pipes"));
+    let stdin = child.stdin.take().ok_or_else(missing)?;
+    let stdout = child.stdout.take().ok_or_else(missing)?;
+    Ok(PodChild {
+        child,
+        stdin,
+        stdout,
+        name,
+        log: log.path,
+    })
+}
+
 pub struct Client {
     child: tokio::process::Child,
     stdin: tokio::process::ChildStdin,
@@ -128,27 +178,13 @@ impl Client {
         role: &str,
         logs: &Logs,
     ) -> Result<Self, Error> {
-        let log = logs.open(role)?;
-        let name = log.name();
-        let mut cmd = tokio::process::Command::new("nsenter");
-        cmd.arg(format!("--net={}", ns.path().display()))
-            .arg("--")
-            .arg(crate::process::self_exe()?)
-            .args(["bench", "ebpf-client", "--cgroup"])
-            .arg(cgroup)
-            .env("TOKIO_WORKER_THREADS", "1")
-            .env("NO_COLOR", "1")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(log.stdio()?)
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|source| Error::Io {
-            what: format!("start {name}"),
-            source,
-        })?;
-        let missing = || Error::Setup(format!("{name}: no pipes"));
-        let stdin = child.stdin.take().ok_or_else(missing)?;
-        let stdout = child.stdout.take().ok_or_else(missing)?;
+        let PodChild {
+            child,
+            stdin,
+            stdout,
+            name,
+            ..
+        } = spawn_in_pod(&ns.path(), "ebpf-client", cgroup, role, logs)?;
         Ok(Self {
             child,
             stdin,
