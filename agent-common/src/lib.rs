@@ -13,17 +13,18 @@ pub const SERVICES_MAP: &str = "WARMPATH_SERVICES";
 /// How many VIP:port pairs (IPv4 and IPv6 together) one node can intercept.
 pub const SERVICES_CAPACITY: u32 = 4096;
 
-/// Map: socket cookie -> the [`Origin`] of a rewritten connect (read by sock_ops and
-/// getpeername on the client's socket).
+/// Map: socket local storage (`BPF_MAP_TYPE_SK_STORAGE`, key: a socket) -> the [`Origin`] of
+/// a rewritten connect, written by connect4/6 and read by sock_ops, getpeername and the byte
+/// counters. An entry lives exactly as long as its socket, so the map needs no capacity (the
+/// kernel reports 0) and never evicts; userspace reads it by a socket fd it holds.
 pub const ORIG_DST_MAP: &str = "WARMPATH_ORIG_DST";
-/// LRU-bounded: old connections' entries age out instead of filling the map.
-pub const ORIG_DST_CAPACITY: u32 = 65_536;
 
-/// Map: client-side 4-tuple ([`FourTuple`]) -> [`Origin`], written by sock_ops when a rewritten
-/// connection is established, so the agent can look an accepted connection up by its
-/// addresses.
+/// Map: client-side 4-tuple ([`FourTuple`]) -> [`Origin`], written by sock_ops when a
+/// proxy-mode connection (rewritten to the agent listener) is established, so the agent can
+/// look an accepted connection up by its addresses; the agent removes each entry it reads.
 pub const CONNS_MAP: &str = "WARMPATH_CONNS";
-/// LRU-bounded like [`ORIG_DST_CAPACITY`].
+/// LRU-bounded: entries the agent never reads (a client that closed before the accept) age
+/// out instead of filling the map.
 pub const CONNS_CAPACITY: u32 = 65_536;
 
 /// Map: cgroup id -> 1 for cgroups whose connects are never rewritten (the agent's own).

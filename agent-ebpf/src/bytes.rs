@@ -1,14 +1,14 @@
 //! `cgroup_skb/egress` and `cgroup_skb/ingress`: per-cgroup byte counts of the sockets the
 //! connect programs rewrote.
 //!
-//! A packet counts when its socket's cookie is in ORIG_DST (only rewritten connects are
-//! there: proxied, steered or failed open to a pod), under the cgroup that made the connect.
-//! Every other packet costs one hash lookup and is not counted. Both programs always allow
+//! A packet counts when its socket has an origin in its storage (ORIG_DST: only rewritten
+//! connects have one — proxied, steered or failed open to a pod), under the cgroup that made
+//! the connect. Every other packet costs a look at its socket's storage and is not counted. Both programs always allow
 //! the packet (return 1): counting can never drop traffic.
 
-use aya_ebpf::{helpers::bpf_get_socket_cookie, macros::cgroup_skb, programs::SkBuffContext};
+use aya_ebpf::{macros::cgroup_skb, programs::SkBuffContext};
 
-use crate::{ORIG_DST, cgroup_stats};
+use crate::{cgroup_stats, origin};
 
 /// Let the packet through (the only verdict these programs give).
 const ALLOW: i32 = 1;
@@ -27,10 +27,7 @@ pub fn bytes_ingress(ctx: SkBuffContext) -> i32 {
 
 #[inline(always)]
 fn count_bytes(ctx: &SkBuffContext, sent: bool) {
-    // SAFETY: the helper only reads the skb it is given (0 when it has no socket).
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.skb.skb.cast()) };
-    // SAFETY: plain Copy value, copied out at once.
-    let Some(origin) = (unsafe { ORIG_DST.get(&cookie) }).copied() else {
+    let Some(origin) = origin::of_skb(ctx) else {
         return;
     };
     let Some(stats) = cgroup_stats(origin.cgroup_id) else {

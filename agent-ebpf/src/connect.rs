@@ -3,9 +3,9 @@
 //!
 //! For every connect() in the attached cgroup: look the destination up in SERVICES; on a hit
 //! from a cgroup that is not excluded, record the original destination and the caller's cgroup
-//! under the socket's cookie (ORIG_DST) and rewrite the address. The connect is always allowed
-//! (return 1): a miss or an error leaves the application's own destination untouched, so the
-//! programs can only fail open.
+//! in the socket's own storage (ORIG_DST, `origin.rs`) and rewrite the address. The connect is
+//! always allowed (return 1): a miss or an error leaves the application's own destination
+//! untouched, so the programs can only fail open.
 //!
 //! Two programs per family: the proxy rewrite (`connect4_proxy`, linked only while the agent
 //! process lives) and the pinned one (`connect4`), which steers, and fails open while the
@@ -15,9 +15,7 @@
 use core::ptr::{read_volatile, write_volatile};
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_cgroup_id, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
-    },
+    helpers::{bpf_get_current_cgroup_id, bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
@@ -28,7 +26,7 @@ use warmpath_common::{
 };
 
 use crate::{
-    AFFINITY, BACKENDS, EXCLUDED, HEARTBEAT, ORIG_DST, SERVICES, STEER, cgroup_stats, count,
+    AFFINITY, BACKENDS, EXCLUDED, HEARTBEAT, SERVICES, STEER, cgroup_stats, count, origin,
 };
 
 /// Allow the connect() to proceed (the only verdict these programs give).
@@ -175,22 +173,17 @@ fn try_connect<const FAMILY: u16, const PROXY: bool>(ctx: &SockAddrContext) -> R
             }
         }
     };
-    // SAFETY: the helper only reads the context it is given.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
-    let origin = Origin {
+    let recorded = Origin {
         vip: dst,
         _pad: 0,
         cgroup_id,
     };
-    if ORIG_DST.insert(&cookie, &origin, 0).is_err() {
+    if !origin::record(ctx, &recorded) {
         count(Counter::ORIG_DST_FAILED);
     }
     set_user_endpoint::<FAMILY>(ctx, &target);
     count(Counter::REDIRECTED);
-    debug!(
-        ctx,
-        "connect: cookie {} cgroup {} redirected", cookie, cgroup_id
-    );
+    debug!(ctx, "connect: cgroup {} redirected", cgroup_id);
     Ok(ALLOW)
 }
 

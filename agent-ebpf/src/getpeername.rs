@@ -1,15 +1,12 @@
 //! `cgroup/getpeername4` and `cgroup/getpeername6`: a rewritten socket's peer reads back as the
 //! VIP the application dialled, not the agent listener it was sent to.
 
-use aya_ebpf::{
-    helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr, programs::SockAddrContext,
-};
+use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 use warmpath_common::{Counter, FAMILY_V4, FAMILY_V6};
 
 use crate::{
-    ORIG_DST,
     connect::{ALLOW, set_user_endpoint},
-    count,
+    count, origin,
 };
 
 #[cgroup_sock_addr(getpeername4)]
@@ -28,10 +25,7 @@ pub fn getpeername6(ctx: SockAddrContext) -> i32 {
 
 #[inline(always)]
 fn try_getpeername<const FAMILY: u16>(ctx: &SockAddrContext) -> Result<i32, i32> {
-    // SAFETY: the helper only reads the context it is given.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
-    // SAFETY: values are plain Copy data, copied out at once.
-    let Some(origin) = (unsafe { ORIG_DST.get(&cookie) }).copied() else {
+    let Some(origin) = origin::of_sock_addr(ctx) else {
         return Ok(ALLOW);
     };
     if origin.vip.family != FAMILY {

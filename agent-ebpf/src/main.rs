@@ -9,29 +9,33 @@ mod bytes;
 mod connect;
 mod getpeername;
 mod hop;
+mod origin;
 mod skmsg;
 mod sockops;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    macros::map,
+    btf_maps::SkStorage,
+    macros::{btf_map, map},
     maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, SockHash},
 };
 use warmpath_common::{
     AFFINITY_CAPACITY, AffinityKey, BACKENDS_CAPACITY, Backends, CGROUP_STATS_CAPACITY,
-    CONNS_CAPACITY, CgroupStats, EXCLUDED_CAPACITY, Endpoint, FourTuple, ORIG_DST_CAPACITY, Origin,
-    SERVICES_CAPACITY, SK_MSG_TCP_CAPACITY, SOCKHASH_CAPACITY, SockKey,
+    CONNS_CAPACITY, CgroupStats, EXCLUDED_CAPACITY, Endpoint, FourTuple, Origin, SERVICES_CAPACITY,
+    SK_MSG_TCP_CAPACITY, SOCKHASH_CAPACITY, SockKey,
 };
 
 /// Intercepted VIP:port -> the agent listener. Written by the agent, read on every connect().
 #[map(name = "WARMPATH_SERVICES")]
 static SERVICES: HashMap<Endpoint, Endpoint> = HashMap::with_max_entries(SERVICES_CAPACITY, 0);
 
-/// Socket cookie -> where the application meant to connect and from which cgroup.
-#[map(name = "WARMPATH_ORIG_DST")]
-static ORIG_DST: LruHashMap<u64, Origin> = LruHashMap::with_max_entries(ORIG_DST_CAPACITY, 0);
+/// A rewritten socket's own storage: where the application meant to connect and from which
+/// cgroup (`origin.rs`). A BTF map: the kernel requires BTF for socket storage.
+#[btf_map(name = "WARMPATH_ORIG_DST")]
+static ORIG_DST: SkStorage<Origin> = SkStorage::new();
 
-/// Client-side 4-tuple -> origin, for the agent's lookup on accept.
+/// Client-side 4-tuple -> origin of a proxy-mode connection, for the agent's lookup on
+/// accept (the agent removes what it read).
 #[map(name = "WARMPATH_CONNS")]
 static CONNS: LruHashMap<FourTuple, Origin> = LruHashMap::with_max_entries(CONNS_CAPACITY, 0);
 

@@ -1,6 +1,8 @@
-//! `sock_ops`: when a rewritten connection is established on the client side, copy its origin
-//! from the socket cookie to the connection's 4-tuple, the key the agent has on accept; with
-//! sk_msg acceleration on, add both ends of a proxy-mode hop to SOCKHASH (`skmsg.rs`).
+//! `sock_ops`: when a proxy-mode connection (one rewritten to the agent listener) is
+//! established on the client side, copy its origin from the socket's storage to the
+//! connection's 4-tuple, the key the agent has on accept (and removes once read); with sk_msg
+//! acceleration on, add both ends of such a hop to SOCKHASH (`skmsg.rs`). Steered and
+//! failed-open connections reach pods, which look nothing up: they get no CONNS entry.
 //!
 //! The client handles the SYN-ACK (this callback) before it sends the ACK that completes the
 //! agent's accept, so the entry is there when the agent looks — and when the agent's accepted
@@ -9,15 +11,15 @@
 
 use aya_ebpf::{
     bindings::{BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB},
-    helpers::bpf_get_socket_cookie,
     macros::sock_ops,
     programs::SockOpsContext,
 };
 use warmpath_common::{Counter, FourTuple};
 
 use crate::{
-    CONNS, ORIG_DST, count,
+    CONNS, count,
     hop::{accelerating, add, sock_key, to_agent},
+    origin,
 };
 
 /// sock_ops return value: carry on (the callback's verdict is ignored for these ops).
@@ -42,18 +44,19 @@ fn try_sock_ops(ctx: &SockOpsContext) -> Result<u32, u32> {
     }
 }
 
-/// The client's end: record the 4-tuple; with acceleration on, add a proxy-mode client socket.
+/// The client's end of a proxy-mode hop: record the 4-tuple; with acceleration on, add the
+/// client's socket.
 #[inline(always)]
 fn active(ctx: &SockOpsContext) -> Result<u32, u32> {
-    // SAFETY: the helper only reads the context it is given.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
-    // SAFETY: plain Copy value, copied out at once.
-    let Some(origin) = (unsafe { ORIG_DST.get(&cookie) }).copied() else {
+    let Some(origin) = origin::of_sock_ops(ctx) else {
         return Ok(OK);
     };
     let Some(key) = sock_key!(ctx.ops) else {
         return Ok(OK);
     };
+    if !to_agent(&origin, &key.remote) {
+        return Ok(OK);
+    }
     let tuple = FourTuple {
         client: key.local,
         server: key.remote,
@@ -63,7 +66,7 @@ fn active(ctx: &SockOpsContext) -> Result<u32, u32> {
     } else {
         count(Counter::TUPLE_FAILED);
     }
-    if accelerating() && to_agent(&origin, &key.remote) {
+    if accelerating() {
         add(ctx.ops, key);
     }
     Ok(OK)

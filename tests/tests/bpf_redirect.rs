@@ -21,17 +21,16 @@ use warmpath_e2e::{gate, process::OwnedChild};
 const VIP: &str = "127.77.0.1:8000";
 const WAIT: Duration = Duration::from_secs(10);
 
-/// Connects to the VIP when told to ("go" on stdin) and prints the socket cookie and peer.
+/// Connects to the VIP when told to ("go" on stdin) and prints its own address and the peer.
 const CLIENT: &str = r#"
 import socket, sys
-SO_COOKIE = 57
 for line in sys.stdin:
     host, port = sys.argv[1].split(":")
     try:
         s = socket.create_connection((host, int(port)), timeout=5)
-        cookie = int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), "little")
+        own = s.getsockname()
         peer = s.getpeername()
-        print(f"ok {cookie} {peer[0]}:{peer[1]}", flush=True)
+        print(f"ok {own[0]}:{own[1]} {peer[0]}:{peer[1]}", flush=True)
         s.close()
     except OSError as e:
         print(f"err {e.errno}", flush=True)
@@ -89,22 +88,36 @@ fn connect4_redirects_only_inside_the_cgroup() {
         Some("ok"),
         "client inside the cgroup: {reply}"
     );
-    let cookie: u64 = parts.next().unwrap().parse().unwrap();
+    let own: SocketAddrV4 = parts.next().unwrap().parse().unwrap();
     let peer = parts.next().unwrap();
     let accepted = accepted
         .recv_timeout(WAIT)
         .expect("listener accepted")
         .unwrap();
-    assert_eq!(accepted.ip(), &std::net::Ipv4Addr::LOCALHOST);
+    assert_eq!(
+        accepted, own,
+        "the listener accepted the client's connection"
+    );
     assert_eq!(peer, VIP, "getpeername4 shows the VIP the client dialled");
 
-    // (b) the original destination is recorded under the socket cookie.
-    let origin = redirector.original_destination(cookie).unwrap().unwrap();
+    // (b) the original destination, recorded in the client socket's storage at connect and
+    // copied to the connection's 4-tuple once established, is what an accept finds; taking
+    // it removes it.
+    let origins = redirector.origins();
+    let origin = origins
+        .take(accepted.into(), target.into())
+        .unwrap()
+        .expect("the accepted connection's origin");
     assert_eq!(origin.vip, vip.into());
     assert_eq!(
         origin.cgroup_id,
         warmpath_agent::ebpf::cgroup_id(cgroup.path()).unwrap(),
         "the client's cgroup is recorded"
+    );
+    assert_eq!(
+        origins.take(accepted.into(), target.into()).unwrap(),
+        None,
+        "an origin is taken once"
     );
     let counters = redirector.counters().unwrap();
     assert!(counters.redirected >= 1, "{counters:?}");
@@ -137,7 +150,7 @@ fn connect4_redirects_only_inside_the_cgroup() {
     drop(cgroup);
     assert!(!path.exists(), "cgroup {} removed", path.display());
     gate::announce(&format!(
-        "bpf: connect4 redirect verified ({VIP} -> {target}, cookie {cookie}), detached and cleaned up"
+        "bpf: connect4 redirect verified ({VIP} -> {target}, client {own}), detached and cleaned up"
     ));
 }
 

@@ -17,8 +17,8 @@ use aya::maps::{MapInfo, MapType};
 use warmpath_common::{
     AFFINITY_CAPACITY, AFFINITY_MAP, AffinityKey, BACKENDS_CAPACITY, BACKENDS_MAP, Backends,
     CGROUP_STATS_CAPACITY, CGROUP_STATS_MAP, CONNS_CAPACITY, CONNS_MAP, COUNTERS_LEN, COUNTERS_MAP,
-    CgroupStats, EXCLUDED_CAPACITY, EXCLUDED_MAP, Endpoint, FourTuple, HEARTBEAT_MAP,
-    ORIG_DST_CAPACITY, ORIG_DST_MAP, Origin, SERVICES_CAPACITY, SERVICES_MAP, STEER_MAP,
+    CgroupStats, EXCLUDED_CAPACITY, EXCLUDED_MAP, Endpoint, FourTuple, HEARTBEAT_MAP, ORIG_DST_MAP,
+    Origin, SERVICES_CAPACITY, SERVICES_MAP, STEER_MAP,
 };
 
 use super::{Error, pinned::map_path};
@@ -90,7 +90,8 @@ pub const LAYOUTS: [(&str, Layout); 10] = [
     ),
     (
         ORIG_DST_MAP,
-        Layout::new::<u64, Origin>(MapType::LruHash, ORIG_DST_CAPACITY),
+        // Socket storage: keyed by a socket (an fd from userspace, 4 bytes), no capacity.
+        Layout::new::<i32, Origin>(MapType::SkStorage, 0),
     ),
     (
         CONNS_MAP,

@@ -1,9 +1,11 @@
 //! What the kernel recorded about an intercepted connection, looked up by its addresses.
 //!
-//! `sock_ops` writes (client, listener) -> [`Origin`] when a rewritten connection is
-//! established on the client side; the agent reads it on accept with the same pair as
-//! (peer, local). One lookup is one `bpf(MAP_LOOKUP_ELEM)` syscall, done only while
-//! interception is on.
+//! `sock_ops` writes (client, listener) -> [`Origin`] when a proxy-mode connection is
+//! established on the client side; the agent takes it on accept with the same pair as
+//! (peer, local): one `bpf(MAP_LOOKUP_ELEM)` syscall, and a `MAP_DELETE_ELEM` when found, only
+//! while interception is on. Removing what it read keeps the map near empty, so the
+//! programs' inserts never pay for an LRU eviction (docs/benchmarks.md, connect4's cost); an
+//! entry the agent never reads (the client closed before the accept) ages out.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
@@ -25,9 +27,10 @@ pub struct Intercepted {
     pub cgroup_id: u64,
 }
 
-/// The 4-tuple map, shared by the loader and the listeners.
+/// The 4-tuple map, shared by the loader and the listeners. The lock is held for the two
+/// syscalls of one take (aya's remove wants the map mutably).
 pub struct Origins {
-    conns: HashMap<MapData, FourTuple, Origin>,
+    conns: parking_lot::Mutex<HashMap<MapData, FourTuple, Origin>>,
 }
 
 impl std::fmt::Debug for Origins {
@@ -41,31 +44,39 @@ static INSTALLED: OnceLock<std::sync::Arc<Origins>> = OnceLock::new();
 
 impl Origins {
     pub(super) fn new(conns: HashMap<MapData, FourTuple, Origin>) -> Self {
-        Self { conns }
+        Self {
+            conns: parking_lot::Mutex::new(conns),
+        }
     }
 
     /// The origin of the connection from `peer` accepted on `local`, if the programs
-    /// rewrote it.
-    pub fn lookup(
-        &self,
-        peer: SocketAddr,
-        local: SocketAddr,
-    ) -> Result<Option<Intercepted>, Error> {
+    /// rewrote it; the entry is removed (each connection is accepted once). A failed removal
+    /// is logged and leaves the entry to age out: the origin is still returned.
+    pub fn take(&self, peer: SocketAddr, local: SocketAddr) -> Result<Option<Intercepted>, Error> {
         let key = FourTuple {
             client: endpoint(peer),
             server: endpoint(local),
         };
-        match self.conns.get(&key, 0) {
-            Ok(origin) => Ok(socket_addr(&origin.vip).map(|vip| Intercepted {
-                vip,
-                cgroup_id: origin.cgroup_id,
-            })),
-            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-            Err(source) => Err(Error::Map {
-                name: CONNS_MAP,
-                source,
-            }),
+        let mut conns = self.conns.lock();
+        let origin = match conns.get(&key, 0) {
+            Ok(origin) => origin,
+            Err(aya::maps::MapError::KeyNotFound) => return Ok(None),
+            Err(source) => {
+                return Err(Error::Map {
+                    name: CONNS_MAP,
+                    source,
+                });
+            }
+        };
+        match conns.remove(&key) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(err) => tracing::debug!(%err, %peer, "origin kept after its lookup"),
         }
+        drop(conns);
+        Ok(socket_addr(&origin.vip).map(|vip| Intercepted {
+            vip,
+            cgroup_id: origin.cgroup_id,
+        }))
     }
 
     /// Makes these the origins [`intercepted`] answers from (first install wins).
@@ -86,7 +97,7 @@ pub fn intercepting() -> bool {
 /// without its origin.
 pub fn intercepted(peer: SocketAddr, local: SocketAddr) -> Option<Intercepted> {
     let origins = INSTALLED.get()?;
-    match origins.lookup(peer, local) {
+    match origins.take(peer, local) {
         Ok(found) => found,
         Err(err) => {
             tracing::debug!(%err, %peer, "origin lookup failed");

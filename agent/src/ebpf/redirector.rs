@@ -20,15 +20,15 @@ use aya::{
 };
 use warmpath_common::{
     AFFINITY_MAP, BACKENDS_MAP, CGROUP_STATS_MAP, CONNS_MAP, COUNTERS_MAP, CgroupStats,
-    EXCLUDED_MAP, Endpoint, HEARTBEAT_FOREVER, HEARTBEAT_INTERVAL_NS, HEARTBEAT_MAP, ORIG_DST_MAP,
-    Origin, SERVICES_MAP, SK_MSG_ON_MAP, SOCKHASH_MAP, STEER_MAP, SockKey,
+    EXCLUDED_MAP, Endpoint, HEARTBEAT_FOREVER, HEARTBEAT_INTERVAL_NS, HEARTBEAT_MAP, SERVICES_MAP,
+    SK_MSG_ON_MAP, SOCKHASH_MAP, STEER_MAP, SockKey,
 };
 
 use super::{
     Error, OBJECT,
     counters::{self, Counters},
     layout, logs,
-    origins::{Intercepted, Origins, endpoint, socket_addr},
+    origins::{Origins, endpoint},
     pinned::{self, FailOpen},
     stats::{self, ProgramRuns},
 };
@@ -98,7 +98,6 @@ pub struct Redirector {
     // Field order matters for drop: links detach before the object goes away.
     attachments: Vec<Attachment>,
     services: HashMap<MapData, Endpoint, Endpoint>,
-    orig_dst: HashMap<MapData, u64, Origin>,
     excluded: HashMap<MapData, u64, u32>,
     steer: HashMap<MapData, Endpoint, u32>,
     origins: Arc<Origins>,
@@ -174,7 +173,6 @@ impl Redirector {
             skb(&mut bpf, name)?.load().map_err(program_error(name))?;
         }
         let services = take_hash_map(&mut bpf, SERVICES_MAP)?;
-        let orig_dst = take_hash_map(&mut bpf, ORIG_DST_MAP)?;
         let excluded = take_hash_map(&mut bpf, EXCLUDED_MAP)?;
         let steer = take_hash_map(&mut bpf, STEER_MAP)?;
         let origins = Arc::new(Origins::new(take_hash_map(&mut bpf, CONNS_MAP)?));
@@ -215,7 +213,6 @@ impl Redirector {
         Ok(Self {
             attachments: Vec::new(),
             services,
-            orig_dst,
             excluded,
             steer,
             origins,
@@ -500,22 +497,6 @@ impl Redirector {
     /// CPUs): at most `CGROUP_STATS_CAPACITY` entries, the least recently active aged out.
     pub fn cgroup_stats(&self) -> Result<Vec<(u64, CgroupStats)>, Error> {
         sum_cgroup_stats(&self.cgroup_stats)
-    }
-
-    /// What the programs recorded for the client socket with this cookie, if they
-    /// rewrote its connect.
-    pub fn original_destination(&self, cookie: u64) -> Result<Option<Intercepted>, Error> {
-        match self.orig_dst.get(&cookie, 0) {
-            Ok(origin) => Ok(socket_addr(&origin.vip).map(|vip| Intercepted {
-                vip,
-                cgroup_id: origin.cgroup_id,
-            })),
-            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-            Err(source) => Err(Error::Map {
-                name: ORIG_DST_MAP,
-                source,
-            }),
-        }
     }
 
     /// The accepted-connection lookup (share it with the listeners).

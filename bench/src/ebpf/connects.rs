@@ -3,7 +3,8 @@
 //!
 //! Two namespaces of this run's own: `<tag>a` (no nat table: the baseline and connect4) and
 //! `<tag>b` (the iptables rule, so conntrack runs there and only there). In each a listener
-//! on `0.0.0.0:7000` accepts and closes. One client thread, moved into the namespace of the
+//! on `0.0.0.0:7000` accepts, takes the connection's origin as the agent does on accept
+//! (`Origins::take`: a map lookup, and a delete when the programs recorded one), and closes. One client thread, moved into the namespace of the
 //! variant it measures, times each `connect()` to loopback (socket creation and the close
 //! are outside the timed span; the close is a reset, so no TIME_WAIT piles up) and the
 //! variant's whole loop for its rate. The process sits in cgroup `plain` (nothing attached)
@@ -18,7 +19,7 @@
 //! do.
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
     os::fd::{AsFd, AsRawFd, OwnedFd},
     path::Path,
     sync::{
@@ -31,8 +32,9 @@ use std::{
 use hdrhistogram::Histogram;
 use nix::sys::socket::{
     AddressFamily, Backlog, Shutdown, SockFlag, SockType, SockaddrIn, accept, bind, connect,
-    listen, setsockopt, shutdown, socket, sockopt,
+    getpeername, getsockname, listen, setsockopt, shutdown, socket, sockopt,
 };
+use warmpath_agent::ebpf::Origins;
 
 use super::{
     kernel_cost::{self, KernelCost, Runs},
@@ -119,13 +121,17 @@ pub fn measure(s: &Settings, stop: &Arc<AtomicBool>) -> Result<Measurement, Erro
             &to,
         ])?;
     }
-    let _listeners = [Listener::start(&plain_ns)?, Listener::start(&ipt_ns)?];
     let cgroups = Cgroups::create(&s.tag, &["plain", "bpf"])?;
     let fail = |e: warmpath_agent::ebpf::Error| Error::Setup(format!("connect4: {e}"));
     warmpath_agent::ebpf::ensure_bpffs(Path::new(warmpath_agent::ebpf::DEFAULT_BPFFS))
         .map_err(fail)?;
     let mut redirector = warmpath_agent::ebpf::Redirector::load().map_err(fail)?;
     redirector.set_redirect(BPF_VIP, LISTENER).map_err(fail)?;
+    let origins = redirector.origins();
+    let _listeners = [
+        Listener::start(&plain_ns, origins.clone())?,
+        Listener::start(&ipt_ns, origins)?,
+    ];
     redirector
         .attach(cgroups.children[1].path())
         .map_err(fail)?;
@@ -326,15 +332,16 @@ fn tcp_socket() -> Result<OwnedFd, Error> {
 
 // === Listener ===
 
-/// A thread in a namespace accepting on `0.0.0.0:7000` and closing at once; stopped when
-/// dropped (shutting the socket down wakes its blocked accept).
+/// A thread in a namespace accepting on `0.0.0.0:7000`, taking each connection's origin (the
+/// agent's work on accept) and closing; stopped when dropped (shutting the socket down wakes
+/// its blocked accept).
 struct Listener {
     fd: OwnedFd,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Listener {
-    fn start(ns: &Netns) -> Result<Self, Error> {
+    fn start(ns: &Netns, origins: Arc<Origins>) -> Result<Self, Error> {
         let (tx, rx) = std::sync::mpsc::channel();
         let ns_path = ns.path();
         let enter = move || -> Result<OwnedFd, Error> {
@@ -372,6 +379,7 @@ impl Listener {
             loop {
                 match accept(fd.as_fd().as_raw_fd()) {
                     Ok(conn) => {
+                        take_origin(&origins, conn);
                         let _ = nix::unistd::close(conn);
                     }
                     Err(nix::errno::Errno::ECONNABORTED | nix::errno::Errno::EINTR) => {}
@@ -386,6 +394,17 @@ impl Listener {
             fd,
             thread: Some(thread),
         })
+    }
+}
+
+/// What the agent does with an accepted connection before serving it: take its origin (the
+/// result does not matter here, only the work and the map it keeps near empty).
+fn take_origin(origins: &Origins, conn: std::os::fd::RawFd) {
+    let addr = |a: Option<SockaddrIn>| a.map(|a| SocketAddr::V4(SocketAddrV4::from(a)));
+    let peer = addr(getpeername::<SockaddrIn>(conn).ok());
+    let local = addr(getsockname::<SockaddrIn>(conn).ok());
+    if let (Some(peer), Some(local)) = (peer, local) {
+        let _ = origins.take(peer, local);
     }
 }
 
