@@ -422,6 +422,15 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
             proxy.quotas.clone(),
             node.gossip_interval(),
         ));
+        // Tenants contending for the cluster-wide concurrency share it by priority then
+        // weight: each agent's gate follows the others' demand.
+        if config.limits.cluster_max_concurrent > 0 {
+            tasks.push(crate::cluster::spawn_contention_exchange(
+                node,
+                proxy.admission.clone(),
+                node.gossip_interval(),
+            ));
+        }
         // What the cluster refused, its peers and the owners' word on remote pods, in
         // /status (CLUSTER) and on /metrics; this agent's pods' loads (its own scrapes) to
         // the peers over gossip.

@@ -353,6 +353,12 @@ pub struct LimitArgs {
     #[arg(long, value_name = "N", default_value_t = crate::config::DEFAULT_MAX_CONCURRENT)]
     pub max_concurrent: usize,
 
+    /// Routed requests in flight through all agents of the cluster together, shared among
+    /// contending tenants by priority then weight over the gossip; a tenant beyond its
+    /// share here waits in the queue. 0: off (each agent's --max-concurrent alone).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub cluster_max_concurrent: usize,
+
     /// Requests that may wait for an admission slot; beyond it, 429 at once.
     #[arg(long, value_name = "N", default_value_t = crate::config::DEFAULT_MAX_QUEUED)]
     pub max_queued: usize,
@@ -392,6 +398,7 @@ impl LimitArgs {
         use std::time::Duration;
         crate::config::Limits {
             max_concurrent: self.max_concurrent,
+            cluster_max_concurrent: self.cluster_max_concurrent,
             max_queued: self.max_queued,
             queue_timeout: Duration::from_millis(self.queue_timeout_ms),
             max_prompt_bytes: self.max_prompt_bytes,

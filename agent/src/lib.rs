@@ -12,6 +12,7 @@ pub mod agent;
 pub mod args;
 pub mod cluster;
 pub mod config;
+pub mod contention;
 pub mod discovery;
 pub mod ebpf;
 #[doc(hidden)]

@@ -12,4 +12,5 @@ pub mod pki;
 pub mod pods;
 pub mod process;
 pub mod raw_http;
+pub mod scratch;
 pub mod sim;

@@ -7,7 +7,7 @@
 
 use std::{
     net::IpAddr,
-    path::{Path, PathBuf},
+    path::Path,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -19,6 +19,7 @@ use serde_json::json;
 use warmpath_e2e::{
     agent::{start, urls},
     agent_process::AgentProcess,
+    scratch::{Dir, cluster_agent_args, free_tcp_port, free_udp_port},
     sim::{Fleet, metrics_text, wait_for},
 };
 
@@ -63,34 +64,6 @@ spec:
   identity: {{cidrs: [{FREE}/32]}}
 "#
     )
-}
-
-/// A temporary directory (the policy, the cluster key), removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("warmpath-quota-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-
-    fn write(&self, file: &str, text: &str) -> PathBuf {
-        let path = self.0.join(file);
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// One request as its client saw it.
@@ -215,7 +188,7 @@ const LIMITED_PROMPT: [&str; 2] = ["tenant=\"limited\"", "dimension=\"prompt_tok
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_agent_holds_a_prompt_token_quota_within_5_percent_and_never_refuses_a_free_tenant() {
     let fleet = Fleet::tiny(2, &[]).await;
-    let dir = Dir::new("one");
+    let dir = Dir::new("quota-one");
     dir.write("tenants.yaml", &tenants());
     let mut flags = vec!["--policy-dir".to_string(), dir.path().display().to_string()];
     for i in 0..2 {
@@ -315,18 +288,6 @@ async fn one_agent_holds_a_prompt_token_quota_within_5_percent_and_never_refuses
 
 const AGENTS: usize = 4;
 
-/// A loopback UDP port free now (gossip needs its advertised port before it binds).
-fn free_udp_port() -> u16 {
-    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    s.local_addr().unwrap().port()
-}
-
-/// A loopback TCP port free now.
-fn free_tcp_port() -> u16 {
-    let s = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    s.local_addr().unwrap().port()
-}
-
 /// Agent `k` of the cluster, in front of engine `k` only, gossiping every 100 ms.
 fn agent_args(
     fleet: &Fleet,
@@ -335,29 +296,7 @@ fn agent_args(
     key: &Path,
     policy: &Path,
 ) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-        "--workers",
-        "1",
-        "--cluster-id",
-        "e2e-quota",
-        "--gossip-interval-ms",
-        "100",
-    ]
-    .map(String::from)
-    .to_vec();
-    args.extend(["--node-id".into(), format!("agent-{k}")]);
-    args.extend([
-        "--gossip-listen".into(),
-        format!("127.0.0.1:{}", ports[k].0),
-    ]);
-    args.extend(["--seed".into(), format!("127.0.0.1:{}", ports[0].0)]);
-    args.extend(["--grpc-listen".into(), format!("127.0.0.1:{}", ports[k].1)]);
-    args.extend(["--cluster-key-file".into(), key.display().to_string()]);
-    args.extend(["--policy-dir".into(), policy.display().to_string()]);
+    let mut args = cluster_agent_args("e2e-quota", k, ports, key, policy);
     args.extend(["--endpoint".into(), fleet.url(k)]);
     args.extend(["--kv-events".into(), fleet.events(k)]);
     args
@@ -377,8 +316,8 @@ async fn local_limits(client: &reqwest::Client, agents: &[AgentProcess]) -> Vec<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_agents_hold_a_cluster_wide_prompt_token_quota_within_10_percent() {
     let fleet = Fleet::tiny(AGENTS as u16, &[]).await;
-    let dir = Dir::new("cluster");
-    let policy = Dir::new("cluster-policy");
+    let dir = Dir::new("quota-cluster");
+    let policy = Dir::new("quota-cluster-policy");
     policy.write("tenants.yaml", &tenants());
     let key = dir.write("key", "e2e-quota-cluster-key-of-at-least-32-bytes\n");
     let ports: Vec<(u16, u16)> = (0..AGENTS)
@@ -539,7 +478,7 @@ fn refusal(v: &serde_json::Value) -> &str {
 async fn output_token_request_and_stream_quotas_refuse_as_documented() {
     // Real decode timing (~10 ms a token), so a long stream stays open while we look.
     let fleet = Fleet::start(&["--port", "0", "--profile", "llama-3.1-8b-h100"]).await;
-    let dir = Dir::new("kinds");
+    let dir = Dir::new("quota-kinds");
     dir.write("tenants.yaml", KINDS);
     let routing = start([
         "--endpoint".to_string(),

@@ -9,7 +9,7 @@
 
 use std::{fmt::Write, net::SocketAddr};
 
-use crate::kv_index::Watermark;
+use crate::{contention::Contention, kv_index::Watermark};
 
 /// The largest value this module encodes.
 pub const MAX_FACT_BYTES: usize = 512;
@@ -258,10 +258,27 @@ pub fn check_tenant(name: &str) -> Result<(), FactError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fact {
     Agent(AgentFact),
-    Pod { pod: String, fact: PodFact },
-    Watermark { pod: String, at: Watermark },
-    Load { pod: String, load: LoadFact },
-    Usage { tenant: String, usage: UsageFact },
+    Pod {
+        pod: String,
+        fact: PodFact,
+    },
+    Watermark {
+        pod: String,
+        at: Watermark,
+    },
+    Load {
+        pod: String,
+        load: LoadFact,
+    },
+    Usage {
+        tenant: String,
+        usage: UsageFact,
+    },
+    /// A tenant's contention for the cluster-wide concurrency at this agent (`fair:`).
+    Contention {
+        tenant: String,
+        contention: Contention,
+    },
 }
 
 const AGENT: &str = "agent";
@@ -269,6 +286,7 @@ const POD: &str = "pod:";
 const WATERMARK: &str = "wm:";
 const LOAD: &str = "load:";
 const USAGE: &str = "usage:";
+const CONTENTION: &str = "fair:";
 
 /// The keys an agent publishes for one of its pods (`pod:`, `wm:`, `load:`): what it
 /// retracts when the pod stops being its.
@@ -291,6 +309,7 @@ impl Fact {
             Self::Watermark { pod, .. } => format!("{WATERMARK}{pod}"),
             Self::Load { pod, .. } => format!("{LOAD}{pod}"),
             Self::Usage { tenant, .. } => format!("{USAGE}{tenant}"),
+            Self::Contention { tenant, .. } => format!("{CONTENTION}{tenant}"),
         }
     }
 
@@ -336,6 +355,16 @@ impl Fact {
                     v,
                     "{VERSION} req={} pt={} ot={}",
                     usage.requests, usage.prompt_tokens, usage.output_tokens
+                )
+            }
+            Self::Contention { tenant, contention } => {
+                check_tenant(tenant)?;
+                write!(
+                    v,
+                    "{VERSION} pri={} w={} dem={}",
+                    contention.priority,
+                    contention.weight.max(1),
+                    contention.demand
                 )
             }
         };
@@ -418,6 +447,20 @@ impl Fact {
             };
             let tenant = tenant.to_string();
             return Ok(Self::Usage { tenant, usage });
+        }
+        if let Some(tenant) = key.strip_prefix(CONTENTION) {
+            check_tenant(tenant)?;
+            let w = Words::versioned(value).ok_or_else(|| bad("not a v1 value"))?;
+            let contention = Contention {
+                priority: w.num("pri").map_err(|e| bad(&e))?,
+                weight: w.num("w").map_err(|e| bad(&e))?,
+                demand: w.num("dem").map_err(|e| bad(&e))?,
+            };
+            if contention.weight == 0 {
+                return Err(bad("w= is 0 (weights are at least 1)"));
+            }
+            let tenant = tenant.to_string();
+            return Ok(Self::Contention { tenant, contention });
         }
         Err(FactError::UnknownKey(
             key.chars().take(MAX_ID_BYTES + 8).collect(),

@@ -16,6 +16,7 @@ use chitchat::{
 use tokio::sync::watch;
 
 use super::facts::{AgentFact, Fact, LoadFact, PodFact, UsageFact};
+use crate::contention::Contention;
 use crate::kv_index::Watermark;
 
 /// Gossip rounds in production: 500 ms, so that a change reaches 64 agents within 2 s
@@ -190,6 +191,8 @@ pub struct Peer {
     pub agent: Option<AgentFact>,
     pub pods: BTreeMap<String, PeerPod>,
     pub usage: BTreeMap<String, UsageFact>,
+    /// Its tenants' contention for the cluster-wide concurrency (`fair:` facts).
+    pub contention: BTreeMap<String, Contention>,
     /// Values that did not parse (a newer or broken peer); ignored.
     pub malformed: usize,
 }
@@ -203,6 +206,7 @@ impl Peer {
             agent: None,
             pods: BTreeMap::new(),
             usage: BTreeMap::new(),
+            contention: BTreeMap::new(),
             malformed: 0,
         };
         let mut watermarks = BTreeMap::new();
@@ -228,6 +232,9 @@ impl Peer {
                 }
                 Ok(Fact::Usage { tenant, usage }) => {
                     peer.usage.insert(tenant, usage);
+                }
+                Ok(Fact::Contention { tenant, contention }) => {
+                    peer.contention.insert(tenant, contention);
                 }
                 Err(_) => peer.malformed += 1,
             }
@@ -308,6 +315,7 @@ mod tests {
             agent: None,
             pods: BTreeMap::new(),
             usage: BTreeMap::new(),
+            contention: BTreeMap::new(),
             malformed: 0,
         }
     }

@@ -4,7 +4,8 @@
 //!
 //! facts (the typed gossip values) -> membership (chitchat: publish ours, view theirs, diff)
 //! -> remote (owners of the pods we route to, and their health, in the `KvIndex`); usage
-//! (tenants' demand for cluster-wide quotas, [`spawn_usage_exchange`]); auth (the shared key:
+//! (tenants' demand for cluster-wide quotas, [`spawn_usage_exchange`]; their contention for
+//! the cluster-wide concurrency, [`spawn_contention_exchange`]); auth (the shared key:
 //! sealed datagrams, the gRPC token). [`ClusterNode`] runs them for one agent
 //! over any chitchat transport: sealed UDP in production, channels in tests; its pods
 //! (local and remote) change at run time with [`ClusterNode::set_pods`] (pods). watermarks
@@ -13,6 +14,7 @@
 //! in one process for `warmpath bench cluster`.
 
 pub mod auth;
+pub mod contention;
 pub mod facts;
 pub mod join;
 pub mod lag;
@@ -26,6 +28,7 @@ pub mod sync;
 pub mod usage;
 mod watermarks;
 
+pub use contention::spawn_contention_exchange;
 pub use loads::{LOAD_ROUNDS, LoadSource, load_fact, spawn_load_publisher};
 pub use pods::{PodsChanged, Refused};
 pub use report::Report;

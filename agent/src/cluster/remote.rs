@@ -329,6 +329,7 @@ mod tests {
                 })
                 .collect(),
             usage: BTreeMap::new(),
+            contention: BTreeMap::new(),
             malformed: 0,
         }
     }

@@ -84,6 +84,7 @@ struct ProxyFile {
     /// Admission and size bounds (defaults: [`Limits::default`]).
     max_prompt_bytes: Option<usize>,
     max_concurrent: Option<usize>,
+    cluster_max_concurrent: Option<usize>,
     max_queued: Option<usize>,
     queue_timeout_ms: Option<u64>,
     read_timeout_ms: Option<u64>,
@@ -101,6 +102,7 @@ impl Default for ProxyFile {
             workers: None,
             max_prompt_bytes: None,
             max_concurrent: None,
+            cluster_max_concurrent: None,
             max_queued: None,
             queue_timeout_ms: None,
             read_timeout_ms: None,
@@ -576,6 +578,7 @@ fn limits(p: &ProxyFile) -> Limits {
     let d = Limits::default();
     Limits {
         max_concurrent: p.max_concurrent.unwrap_or(d.max_concurrent),
+        cluster_max_concurrent: p.cluster_max_concurrent.unwrap_or(d.cluster_max_concurrent),
         max_queued: p.max_queued.unwrap_or(d.max_queued),
         queue_timeout: p
             .queue_timeout_ms

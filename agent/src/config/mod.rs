@@ -70,6 +70,10 @@ pub fn default_workers() -> usize {
 pub struct Limits {
     /// 0: no limit (and no queue).
     pub max_concurrent: usize,
+    /// Routed requests in flight through all agents of the cluster together, shared among
+    /// contending tenants by priority then weight (docs/policy.md, "Across agents"); 0: off
+    /// (each agent's `max_concurrent` alone). Needs `max_concurrent > 0`.
+    pub cluster_max_concurrent: usize,
     pub max_queued: usize,
     pub queue_timeout: std::time::Duration,
     pub max_prompt_bytes: usize,
@@ -86,6 +90,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_concurrent: DEFAULT_MAX_CONCURRENT,
+            cluster_max_concurrent: 0,
             max_queued: DEFAULT_MAX_QUEUED,
             queue_timeout: DEFAULT_QUEUE_TIMEOUT,
             max_prompt_bytes: DEFAULT_MAX_PROMPT_BYTES,
@@ -273,6 +278,12 @@ impl Config {
             return err(
                 at("--max-prompt-bytes", "maxPromptBytes"),
                 format!("must be 1 to the body limit ({} bytes)", self.max_body),
+            );
+        }
+        if l.cluster_max_concurrent > 0 && l.max_concurrent == 0 {
+            return err(
+                at("--cluster-max-concurrent", "clusterMaxConcurrent"),
+                "needs admission on (maxConcurrent > 0): the gate shares its slots".into(),
             );
         }
         if l.max_concurrent > 0 && l.max_queued > 0 && l.queue_timeout.is_zero() {

@@ -21,6 +21,12 @@
 //!   an arrival that race meet on the sequentially consistent `active` and `waiting`
 //!   counters: either the arrival sees the freed slot or the releaser sees the waiter.
 //! - `max_concurrent = 0` turns admission off (no counting at all).
+//! - **Cluster gate** (`cluster_max_concurrent > 0`, [`gate`]): tenants contending for the
+//!   pool's cluster-wide concurrency across agents get slots by priority then weight
+//!   cluster-wide ([`allocate`]); a tenant at its cap here waits even when a slot is free,
+//!   and a released slot goes to the first waiter in queue order whose tenant is under its
+//!   cap. Every decision then takes the queue's lock (no fast path). With no fresh view of
+//!   a peer's demand the gate has no caps: the agent's own slots and order, as above.
 //!
 //! The admitted request's answer carries its permit ([`body::hold`]).
 //!
@@ -29,16 +35,19 @@
 //! active and waiting gauges; with them the engine timeouts the proxy enforces with these
 //! limits (`warmpath.upstream.head_timeouts`, `warmpath.upstream.idle_timeouts`).
 
+pub mod allocate;
 mod body;
+mod gate;
 mod queue;
 mod quota;
 
 use std::{
+    collections::HashMap,
     sync::{
         Arc,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use http::StatusCode;
@@ -47,11 +56,15 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 pub use body::hold;
+use gate::Gate;
 pub use queue::Class;
 use queue::{FairQueue, Key};
 
 use super::ProxyError;
-use crate::config::Limits;
+use crate::{
+    config::Limits,
+    contention::{Contention, ContentionExchange},
+};
 
 /// Why a request was refused before any work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,8 +99,8 @@ pub struct Admission {
     limits: Limits,
     active: AtomicUsize,
     waiting: AtomicUsize,
-    /// Waiters in grant order, each with the channel its slot is handed over on.
-    queue: Mutex<FairQueue<oneshot::Sender<()>>>,
+    /// Waiters in grant order, and the cluster gate's state.
+    queue: Mutex<Queue>,
     /// Requests that waited in the queue (admitted or not).
     queued: AtomicU64,
     refused: [AtomicU64; 3],
@@ -103,7 +116,11 @@ impl Admission {
             limits,
             active: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
-            queue: Mutex::default(),
+            queue: Mutex::new(Queue {
+                order: FairQueue::default(),
+                gate: (limits.cluster_max_concurrent > 0)
+                    .then(|| Gate::new(clamp_u32(limits.cluster_max_concurrent))),
+            }),
             queued: AtomicU64::new(0),
             refused: Default::default(),
             idle_timeouts: AtomicU64::new(0),
@@ -118,20 +135,35 @@ impl Admission {
     /// A slot for one request of the default class (priority 0, weight 1, tenant 0),
     /// waiting in the queue when the agent is full.
     pub async fn admit(self: &Arc<Self>) -> Result<Option<Permit>, ProxyError> {
-        self.admit_as(Class::default()).await
+        self.admit_as(Class::default(), &Arc::from("default")).await
     }
 
-    /// A slot for one request of `class`, waiting in the queue when the agent is full
-    /// (served by priority, then by weight among tenants: `admission/queue.rs`).
-    pub async fn admit_as(self: &Arc<Self>, class: Class) -> Result<Option<Permit>, ProxyError> {
+    /// A slot for one request of `tenant` in `class`, waiting in the queue when the agent
+    /// is full or the tenant is at its cluster share (served by priority, then by weight
+    /// among tenants: `admission/queue.rs`).
+    pub async fn admit_as(
+        self: &Arc<Self>,
+        class: Class,
+        tenant: &Arc<str>,
+    ) -> Result<Option<Permit>, ProxyError> {
         if self.limits.max_concurrent == 0 {
             return Ok(None);
         }
-        if self.waiting.load(Ordering::SeqCst) == 0 && self.try_take() {
-            return Ok(Some(Permit(self.clone())));
+        if self.limits.cluster_max_concurrent == 0
+            && self.waiting.load(Ordering::SeqCst) == 0
+            && self.try_take()
+        {
+            return Ok(Some(self.permit(None)));
         }
         // Boxed: the common path's future stays small.
-        Box::pin(self.wait(class)).await.map(Some)
+        Box::pin(self.wait(class, tenant)).await.map(Some)
+    }
+
+    /// This agent's slots for `tenant` under the cluster gate now; `None` when the gate is
+    /// off or has no fresh view of a peer's demand.
+    pub fn cluster_cap(&self, tenant: &str) -> Option<u64> {
+        let q = self.queue.lock();
+        q.gate.as_ref()?.cap(tenant, Instant::now())
     }
 
     /// Counts a refusal made elsewhere (the prompt bound) and returns its error.
@@ -192,48 +224,69 @@ impl Admission {
         false
     }
 
-    async fn wait(self: &Arc<Self>, class: Class) -> Result<Permit, ProxyError> {
+    fn permit(self: &Arc<Self>, tenant: Option<Arc<str>>) -> Permit {
+        Permit {
+            admission: self.clone(),
+            tenant,
+        }
+    }
+
+    async fn wait(self: &Arc<Self>, class: Class, tenant: &Arc<str>) -> Result<Permit, ProxyError> {
         let place = self.waiting.fetch_add(1, Ordering::SeqCst);
+        let gated = self.limits.cluster_max_concurrent > 0;
         let mut place_guard = Waiting {
             admission: self,
             key: None,
+            tenant: gated.then(|| tenant.clone()),
         };
-        if place >= self.limits.max_queued {
-            self.count(Refused::QueueFull);
-            return Err(self.busy(format!(
-                "The router is at capacity ({} requests in progress, {} waiting); retry later.",
-                self.limits.max_concurrent, self.limits.max_queued
-            )));
-        }
-        self.queued.fetch_add(1, Ordering::Relaxed);
         let deadline = tokio::time::Instant::now() + self.limits.queue_timeout;
         let mut rx = {
             let mut queue = self.queue.lock();
-            // Nobody ahead and a slot free (released since the fast path looked): take it.
-            if queue.is_empty() && self.try_take() {
-                return Ok(Permit(self.clone()));
+            let now = Instant::now();
+            // Waiters the gate let through since (caps moved, the view went stale) first.
+            self.pump(&mut queue, now);
+            // Nobody eligible ahead and a slot free (released since the fast path looked):
+            // take it. Under the gate, a waiter still queued after the pump is at its cap.
+            if (gated || queue.order.is_empty()) && queue.may_start(tenant, now) && self.try_take()
+            {
+                if let Some(g) = &mut queue.gate {
+                    g.started(tenant, class);
+                }
+                return Ok(self.permit(place_guard.tenant.take()));
+            }
+            if place >= self.limits.max_queued {
+                drop(queue);
+                self.count(Refused::QueueFull);
+                return Err(self.busy(format!(
+                    "The router is at capacity ({} requests in progress, {} waiting); retry later.",
+                    self.limits.max_concurrent, self.limits.max_queued
+                )));
+            }
+            self.queued.fetch_add(1, Ordering::Relaxed);
+            if let Some(g) = &mut queue.gate {
+                g.queued(tenant, class);
             }
             let (tx, rx) = oneshot::channel();
-            place_guard.key = Some(queue.push(class, tx));
+            let waiter = Waiter {
+                tx,
+                tenant: place_guard.tenant.clone(),
+            };
+            place_guard.key = Some(queue.order.push(class, waiter));
             rx
         };
         // Anything but a grant is a timeout (the sender is only dropped after sending, or
         // with the queue itself).
         if let Ok(Ok(())) = tokio::time::timeout_at(deadline, &mut rx).await {
             place_guard.key = None;
-            return Ok(Permit(self.clone()));
+            return Ok(self.permit(place_guard.tenant.take()));
         }
-        let still_queued = {
-            let mut queue = self.queue.lock();
-            place_guard
-                .key
-                .take()
-                .and_then(|k| queue.remove(k))
-                .is_some()
-        };
+        let still_queued = place_guard
+            .key
+            .take()
+            .is_some_and(|k| self.withdraw(&mut self.queue.lock(), k));
         // Out of the queue before the deadline passed for it: a slot was handed over.
         if !still_queued && rx.try_recv().is_ok() {
-            return Ok(Permit(self.clone()));
+            return Ok(self.permit(place_guard.tenant.take()));
         }
         self.count(Refused::QueueTimeout);
         Err(self.busy(format!(
@@ -242,33 +295,70 @@ impl Admission {
         )))
     }
 
+    /// Takes a waiter out of the queue (it gave up); false when it was granted already.
+    fn withdraw(&self, queue: &mut Queue, key: Key) -> bool {
+        let Some(waiter) = queue.order.remove(key) else {
+            return false;
+        };
+        if let (Some(g), Some(t)) = (&mut queue.gate, &waiter.tenant) {
+            g.gave_up(t);
+        }
+        true
+    }
+
     /// Gives a released slot to the next waiter, or back to the pool.
-    fn release(self: &Arc<Self>) {
-        if self.waiting.load(Ordering::SeqCst) > 0 && self.grant_next(&mut self.queue.lock()) {
+    fn release(self: &Arc<Self>, tenant: Option<&str>) {
+        if self.limits.cluster_max_concurrent > 0 {
+            // Under the gate every change is made under the lock: a free slot and a waiter
+            // under its cap never both remain.
+            let mut queue = self.queue.lock();
+            if let (Some(g), Some(t)) = (&mut queue.gate, tenant) {
+                g.ended(t);
+            }
+            if !self.grant_next(&mut queue, Instant::now()) {
+                self.active.fetch_sub(1, Ordering::SeqCst);
+            }
+            return;
+        }
+        if self.waiting.load(Ordering::SeqCst) > 0
+            && self.grant_next(&mut self.queue.lock(), Instant::now())
+        {
             return;
         }
         self.active.fetch_sub(1, Ordering::SeqCst);
         // A request that queued while the slot was being given back: serve it.
         if self.waiting.load(Ordering::SeqCst) > 0 {
-            let mut queue = self.queue.lock();
-            while !queue.is_empty() && self.try_take() {
-                if !self.grant_next(&mut queue) {
-                    self.active.fetch_sub(1, Ordering::SeqCst);
-                    break;
-                }
+            self.pump(&mut self.queue.lock(), Instant::now());
+        }
+    }
+
+    /// Hands free slots to waiters that may start, while there are both.
+    fn pump(&self, queue: &mut Queue, now: Instant) {
+        while !queue.order.is_empty() && self.try_take() {
+            if !self.grant_next(queue, now) {
+                self.active.fetch_sub(1, Ordering::SeqCst);
+                break;
             }
         }
     }
 
-    /// Hands one slot (counted in `active`) to the next waiter still listening; false when
-    /// there is none.
-    fn grant_next(&self, queue: &mut FairQueue<oneshot::Sender<()>>) -> bool {
-        while let Some(tx) = queue.pop() {
-            if tx.send(()).is_ok() {
-                return true;
-            }
+    /// Hands one slot (counted in `active`) to the first waiter in queue order that may
+    /// start; false when there is none. A waiter that stopped listening (cancelled) owns
+    /// the slot all the same: its place guard finds itself granted and passes it on.
+    fn grant_next(&self, queue: &mut Queue, now: Instant) -> bool {
+        let Queue { order, gate } = queue;
+        let waiter = order.pop_where(|w| match (&*gate, &w.tenant) {
+            (Some(g), Some(t)) => g.may_start(t, now),
+            _ => true,
+        });
+        let Some(waiter) = waiter else {
+            return false;
+        };
+        if let (Some(g), Some(t)) = (gate, &waiter.tenant) {
+            g.granted(t);
         }
-        false
+        let _ = waiter.tx.send(());
+        true
     }
 
     /// A 429 whose `Retry-After` is the queue timeout (at least a second).
@@ -326,12 +416,79 @@ impl Admission {
             .build();
         let a = self.clone();
         meter
+            .u64_observable_gauge("warmpath.admission.cluster_cap")
+            .with_unit("{request}")
+            .with_description(
+                "This agent's slots for a tenant under the cluster gate, while it is engaged",
+            )
+            .with_callback(move |o| {
+                let caps = a.queue.lock().gate.as_ref().map(|g| g.caps(Instant::now()));
+                for (tenant, cap) in caps.unwrap_or_default() {
+                    o.observe(cap, &[KeyValue::new("tenant", tenant.to_string())]);
+                }
+            })
+            .build();
+        let a = self.clone();
+        meter
             .u64_observable_gauge("warmpath.admission.waiting")
             .with_unit("{request}")
             .with_description("Requests waiting for an admission slot")
             .with_callback(move |o| o.observe(a.waiting.load(Ordering::Relaxed) as u64, &[]))
             .build();
     }
+}
+
+impl ContentionExchange for Admission {
+    fn local_contention(&self) -> Vec<(Arc<str>, Contention)> {
+        let mut q = self.queue.lock();
+        q.gate.as_mut().map(Gate::publish).unwrap_or_default()
+    }
+
+    fn set_remote_contention(
+        &self,
+        remote: HashMap<Arc<str>, Vec<Contention>>,
+        fresh_for: Duration,
+    ) {
+        let mut q = self.queue.lock();
+        let now = Instant::now();
+        let Some(g) = &mut q.gate else { return };
+        let remote = remote
+            .into_iter()
+            .take(gate::MAX_PUBLISHED * 16)
+            .map(|(t, mut cs)| {
+                cs.truncate(crate::policy::quota::MAX_REMOTE_AGENTS);
+                (t, cs)
+            })
+            .collect();
+        g.set_remote(remote, fresh_for, now);
+        // Caps that rose: waiters under them take the free slots.
+        self.pump(&mut q, now);
+    }
+}
+
+/// Waiters in grant order, and the cluster gate (when configured).
+#[derive(Debug)]
+struct Queue {
+    order: FairQueue<Waiter>,
+    gate: Option<Gate>,
+}
+
+impl Queue {
+    fn may_start(&self, tenant: &str, now: Instant) -> bool {
+        self.gate.as_ref().is_none_or(|g| g.may_start(tenant, now))
+    }
+}
+
+/// One waiting request: the channel its slot is handed over on, and its tenant (under the
+/// cluster gate).
+#[derive(Debug)]
+struct Waiter {
+    tx: oneshot::Sender<()>,
+    tenant: Option<Arc<str>>,
+}
+
+fn clamp_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// Whole seconds, rounded up, at least 1.
@@ -345,6 +502,8 @@ struct Waiting<'a> {
     admission: &'a Arc<Admission>,
     /// Set while in the queue.
     key: Option<Key>,
+    /// The tenant, under the cluster gate (taken by the permit once admitted).
+    tenant: Option<Arc<str>>,
 }
 
 impl Drop for Waiting<'_> {
@@ -355,21 +514,25 @@ impl Drop for Waiting<'_> {
         let handed_over = self
             .key
             .take()
-            .is_some_and(|k| a.queue.lock().remove(k).is_none());
+            .is_some_and(|k| !a.withdraw(&mut a.queue.lock(), k));
         a.waiting.fetch_sub(1, Ordering::SeqCst);
         if handed_over {
-            a.release();
+            a.release(self.tenant.as_deref());
         }
     }
 }
 
 /// One admitted request's slot, released when dropped (to the next waiter, if any).
 #[derive(Debug)]
-pub struct Permit(Arc<Admission>);
+pub struct Permit {
+    admission: Arc<Admission>,
+    /// Its tenant, under the cluster gate.
+    tenant: Option<Arc<str>>,
+}
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.0.release();
+        self.admission.release(self.tenant.as_deref());
     }
 }
 

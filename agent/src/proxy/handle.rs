@@ -97,11 +97,14 @@ pub(super) async fn respond(
         // tokenization as well as the engine's work.
         Ok(body) => match proxy
             .admission
-            .admit_as(admission::Class {
-                tenant: attempt.tenant.id(),
-                priority: rule.priority,
-                weight: rule.weight,
-            })
+            .admit_as(
+                admission::Class {
+                    tenant: attempt.tenant.id(),
+                    priority: rule.priority,
+                    weight: rule.weight,
+                },
+                &tenant,
+            )
             .await
         {
             Ok(permit) => route(proxy, &policy, &rule, kind, parts, body, &mut attempt)

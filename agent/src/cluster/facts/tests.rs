@@ -74,6 +74,20 @@ fn fact_strategy() -> impl Strategy<Value = Fact> {
                     output_tokens: o,
                 },
             }),
+        (
+            "[A-Za-z0-9._:/-]{1,64}",
+            any::<i32>(),
+            1..=u32::MAX,
+            any::<u32>()
+        )
+            .prop_map(|(tenant, priority, weight, demand)| Fact::Contention {
+                tenant,
+                contention: Contention {
+                    priority,
+                    weight,
+                    demand,
+                },
+            }),
     ]
 }
 
@@ -86,7 +100,7 @@ proptest! {
     }
 
     #[test]
-    fn garbage_is_an_error_never_a_panic(key in "(agent|pod:|wm:|load:|usage:|x)[ -~]{0,40}", value in "[ -~]{0,80}") {
+    fn garbage_is_an_error_never_a_panic(key in "(agent|pod:|wm:|load:|usage:|fair:|x)[ -~]{0,40}", value in "[ -~]{0,80}") {
         let _ = Fact::parse(&key, &value);
     }
 }
@@ -192,6 +206,58 @@ fn a_usage_fact_reads_back_with_three_decimals() {
             usage: rates(7_000, 1_100, 2_000),
         })
     );
+}
+
+#[test]
+fn a_contention_fact_reads_back_and_refuses_what_is_not_one() {
+    let fact = Fact::Contention {
+        tenant: "team-a".into(),
+        contention: Contention {
+            priority: -3,
+            weight: 4,
+            demand: 12,
+        },
+    };
+    assert_eq!(fact.key(), "fair:team-a");
+    let value = fact.value().expect("a valid tenant");
+    assert_eq!(value, "v1 pri=-3 w=4 dem=12");
+    assert_eq!(Fact::parse(&fact.key(), &value), Ok(fact));
+    // The longest value: every number at its widest.
+    let widest = Fact::Contention {
+        tenant: "t".repeat(64),
+        contention: Contention {
+            priority: i32::MIN,
+            weight: u32::MAX,
+            demand: u32::MAX,
+        },
+    };
+    assert_eq!(
+        widest.value().as_deref(),
+        Ok("v1 pri=-2147483648 w=4294967295 dem=4294967295")
+    );
+    let bad = |value: &str, why: &str| {
+        assert_eq!(
+            Fact::parse("fair:t", value),
+            Err(FactError::Malformed {
+                key: "fair:t".into(),
+                why: why.into()
+            }),
+            "{value}"
+        );
+    };
+    bad("v2 pri=0 w=1 dem=1", "not a v1 value");
+    bad("v1 pri=0 w=1", "no dem=");
+    bad("v1 pri=0 w=0 dem=1", "w= is 0 (weights are at least 1)");
+    bad("v1 pri=0 w=1 dem=-1", "dem=\"-1\" is not a number");
+    bad(
+        "v1 pri=0 w=1 dem=4294967296",
+        "dem=\"4294967296\" is not a number",
+    );
+    bad("v1 pri=x w=1 dem=1", "pri=\"x\" is not a number");
+    assert!(matches!(
+        Fact::parse("fair:a b", "v1 pri=0 w=1 dem=1"),
+        Err(FactError::Invalid { .. })
+    ));
 }
 
 #[test]

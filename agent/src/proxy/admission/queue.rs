@@ -142,8 +142,21 @@ impl<T> FairQueue<T> {
     }
 
     /// The next waiter to grant a slot to.
+    #[cfg(test)]
     pub fn pop(&mut self) -> Option<T> {
-        let (key, entry) = self.waiters.pop_first()?;
+        self.pop_where(|_| true)
+    }
+
+    /// The next waiter to grant a slot to among those `eligible` says may start (the
+    /// cluster gate's caps: a tenant at its cap is passed over, keeping its place). Scans
+    /// past the ineligible ones: at most every waiter.
+    pub fn pop_where(&mut self, mut eligible: impl FnMut(&T) -> bool) -> Option<T> {
+        let key = *self
+            .waiters
+            .iter()
+            .find(|(_, e)| eligible(&e.value))
+            .map(|(k, _)| k)?;
+        let entry = self.waiters.remove(&key)?;
         if let Some(level) = self.levels.get_mut(&key.priority.0) {
             level.vtime = level.vtime.max(key.start);
         }

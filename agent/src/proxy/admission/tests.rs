@@ -2,6 +2,10 @@ use std::time::Duration;
 
 use super::*;
 
+fn name(c: Class) -> Arc<str> {
+    Arc::from(format!("t{}", c.tenant))
+}
+
 fn limits(max_concurrent: usize, max_queued: usize, queue_ms: u64) -> Limits {
     Limits {
         max_concurrent,
@@ -123,7 +127,7 @@ async fn queue_all(
     for &c in classes {
         let (a, tx) = (a.clone(), tx.clone());
         tokio::spawn(async move {
-            let p = a.admit_as(c).await.unwrap();
+            let p = a.admit_as(c, &name(c)).await.unwrap();
             tx.send(c.tenant).unwrap();
             drop(p);
         });
@@ -177,11 +181,14 @@ async fn a_higher_priority_waiter_overtakes_earlier_ones() {
 async fn a_classed_waiter_still_times_out_with_a_429_and_leaves_nothing_behind() {
     let a = Admission::new(limits(1, 4, 250));
     let held = a.admit().await.unwrap();
-    let err = a.admit_as(class(5, 3, 7)).await.unwrap_err();
+    let err = a
+        .admit_as(class(5, 3, 7), &name(class(5, 3, 7)))
+        .await
+        .unwrap_err();
     assert_eq!(err.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(err.retry_after, Some(1));
     assert_eq!(a.refused(Refused::QueueTimeout), 1);
-    assert!(a.queue.lock().is_empty());
+    assert!(a.queue.lock().order.is_empty());
     drop(held);
     assert_eq!((a.active(), a.waiting()), (0, 0));
     assert!(a.admit().await.unwrap().is_some());
@@ -191,7 +198,8 @@ async fn a_classed_waiter_still_times_out_with_a_429_and_leaves_nothing_behind()
 async fn a_slot_handed_over_at_the_deadline_admits_the_waiter() {
     let a = Admission::new(limits(1, 4, 1000));
     let held = a.admit().await.unwrap();
-    let mut waiter = Box::pin(a.admit_as(class(1, 0, 1)));
+    let waiter_tenant = name(class(1, 0, 1));
+    let mut waiter = Box::pin(a.admit_as(class(1, 0, 1), &waiter_tenant));
     assert!(futures::poll!(waiter.as_mut()).is_pending());
     // The deadline passes and the slot is released before the waiter runs again.
     tokio::time::advance(Duration::from_millis(1000)).await;
@@ -208,7 +216,8 @@ async fn a_slot_handed_over_at_the_deadline_admits_the_waiter() {
 async fn a_cancelled_waiter_passes_a_slot_it_was_handed_to_the_next() {
     let a = Admission::new(limits(1, 4, 10_000));
     let held = a.admit().await.unwrap();
-    let mut first = Box::pin(a.admit_as(class(1, 0, 1)));
+    let first_tenant = name(class(1, 0, 1));
+    let mut first = Box::pin(a.admit_as(class(1, 0, 1), &first_tenant));
     assert!(futures::poll!(first.as_mut()).is_pending());
     let mut rx = queue_all(&a, &[class(2, 0, 1)]).await;
     // Released to `first`, which is dropped (its client went away) before it runs.
@@ -218,10 +227,11 @@ async fn a_cancelled_waiter_passes_a_slot_it_was_handed_to_the_next() {
     assert_eq!((a.active(), a.waiting()), (0, 0));
     // Cancelled while still queued: it just leaves.
     let held = a.admit().await.unwrap();
-    let mut gone = Box::pin(a.admit_as(class(3, 0, 1)));
+    let gone_tenant = name(class(3, 0, 1));
+    let mut gone = Box::pin(a.admit_as(class(3, 0, 1), &gone_tenant));
     assert!(futures::poll!(gone.as_mut()).is_pending());
     drop(gone);
-    assert!(a.queue.lock().is_empty());
+    assert!(a.queue.lock().order.is_empty());
     assert_eq!(a.waiting(), 0);
     drop(held);
     assert_eq!(a.active(), 0);
@@ -236,7 +246,8 @@ async fn racing_releases_and_timeouts_lose_no_slot() {
     for i in 0..600u32 {
         let a = a.clone();
         tasks.push(tokio::spawn(async move {
-            match a.admit_as(class(i % 5, (i % 3) as i32, 1 + i % 4)).await {
+            let c = class(i % 5, (i % 3) as i32, 1 + i % 4);
+            match a.admit_as(c, &name(c)).await {
                 Ok(p) => {
                     for _ in 0..(i % 4) {
                         tokio::task::yield_now().await;
@@ -258,9 +269,83 @@ async fn racing_releases_and_timeouts_lose_no_slot() {
     let refused = a.refused(Refused::QueueFull) + a.refused(Refused::QueueTimeout);
     assert_eq!(admitted + refused, 600);
     assert_eq!((a.active(), a.waiting()), (0, 0));
-    assert!(a.queue.lock().is_empty());
+    assert!(a.queue.lock().order.is_empty());
     // Every slot came back: the whole capacity can be taken again, and no more.
     let all: Vec<_> = (0..3).map(|_| a.try_take()).collect();
     assert_eq!(all, [true, true, true]);
     assert!(!a.try_take());
+}
+
+fn gated(max_concurrent: usize, cluster: usize) -> Limits {
+    Limits {
+        cluster_max_concurrent: cluster,
+        ..limits(max_concurrent, 64, 60_000)
+    }
+}
+
+fn contention(priority: i32, weight: u32, demand: u32) -> Contention {
+    Contention {
+        priority,
+        weight,
+        demand,
+    }
+}
+
+#[tokio::test]
+async fn the_cluster_gate_holds_a_tenant_to_its_share_and_hands_slots_on_by_it() {
+    // Cluster-wide 4 slots; a peer's tenant of priority 5 has 3 of them in demand. Here,
+    // `low` (priority 0) may hold 4 - 3 = 1 once the gate knows; `high` (priority 5, here
+    // too) may hold its part.
+    let a = Admission::new(gated(100, 4));
+    let low = class(1, 0, 1);
+    // Alone: no cap; three of `low` start.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(a.admit_as(low, &name(low)).await.unwrap().expect("counted"));
+    }
+    assert_eq!(a.cluster_cap("t1"), None);
+    // A round: `low` published with 3, the peer's `high` with 3: `low`'s share is 1.
+    assert_eq!(a.local_contention(), vec![(name(low), contention(0, 1, 3))]);
+    let remote = HashMap::from([(Arc::from("t2"), vec![contention(5, 1, 3)])]);
+    a.set_remote_contention(remote, Duration::from_secs(60));
+    assert_eq!(a.cluster_cap("t1"), Some(1));
+    // Three held, cap 1: a fourth waits though 97 agent slots are free.
+    let fourth_tenant = name(low);
+    let mut fourth = Box::pin(a.admit_as(low, &fourth_tenant));
+    assert!(futures::poll!(&mut fourth).is_pending());
+    assert_eq!(a.waiting(), 1);
+    // Releases down to the cap keep it waiting; the one below lets it start.
+    held.pop();
+    held.pop();
+    assert!(futures::poll!(&mut fourth).is_pending());
+    held.pop();
+    let p = fourth.await.unwrap().expect("counted");
+    assert_eq!(a.active(), 1);
+    drop(p);
+    // A stale view (fresh for 0) turns the gate off.
+    a.set_remote_contention(
+        HashMap::from([(Arc::from("t2"), vec![contention(5, 1, 3)])]),
+        Duration::ZERO,
+    );
+    assert_eq!(a.cluster_cap("t1"), None);
+}
+
+#[tokio::test]
+async fn caps_that_rise_let_waiters_start() {
+    let a = Admission::new(gated(100, 4));
+    let low = class(1, 0, 1);
+    let _held = a.admit_as(low, &name(low)).await.unwrap();
+    a.local_contention();
+    let busy = HashMap::from([(Arc::from("t2"), vec![contention(5, 1, 10)])]);
+    a.set_remote_contention(busy, Duration::from_secs(60));
+    assert_eq!(a.cluster_cap("t1"), Some(1), "shut out: the floor of 1");
+    let second_tenant = name(low);
+    let mut second = Box::pin(a.admit_as(low, &second_tenant));
+    assert!(futures::poll!(&mut second).is_pending());
+    // The peer's demand goes: the next round's caps let the waiter through.
+    a.local_contention();
+    let idle = HashMap::from([(Arc::from("t2"), vec![contention(5, 1, 1)])]);
+    a.set_remote_contention(idle, Duration::from_secs(60));
+    let _second = second.await.unwrap().expect("counted");
+    assert_eq!(a.active(), 2);
 }
