@@ -19,8 +19,8 @@
 //! do.
 
 use std::{
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
-    os::fd::{AsFd, AsRawFd, OwnedFd},
+    net::{Ipv4Addr, SocketAddrV4},
+    os::fd::{AsRawFd, OwnedFd},
     path::Path,
     sync::{
         Arc,
@@ -31,8 +31,8 @@ use std::{
 
 use hdrhistogram::Histogram;
 use nix::sys::socket::{
-    AddressFamily, Backlog, Shutdown, SockFlag, SockType, SockaddrIn, accept, bind, connect,
-    getpeername, getsockname, listen, setsockopt, shutdown, socket, sockopt,
+    AddressFamily, Backlog, Shutdown, SockFlag, SockType, SockaddrIn, bind, connect, listen,
+    setsockopt, shutdown, socket, sockopt,
 };
 use warmpath_agent::ebpf::Origins;
 
@@ -375,14 +375,22 @@ impl Listener {
                 return;
             };
             let _ = tx.send(Ok(dup));
+            let listener = std::net::TcpListener::from(fd);
             // Until shut down: accept() then fails and the loop ends.
             loop {
-                match accept(fd.as_fd().as_raw_fd()) {
-                    Ok(conn) => {
-                        take_origin(&origins, conn);
-                        let _ = nix::unistd::close(conn);
+                match listener.accept() {
+                    // The peer as accept() reports it: the client has usually reset the
+                    // connection by now, and getpeername() would refuse.
+                    Ok((conn, peer)) => {
+                        if let Ok(local) = conn.local_addr() {
+                            let _ = origins.take(peer, local);
+                        }
                     }
-                    Err(nix::errno::Errno::ECONNABORTED | nix::errno::Errno::EINTR) => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::Interrupted
+                        ) => {}
                     Err(_) => break,
                 }
             }
@@ -394,17 +402,6 @@ impl Listener {
             fd,
             thread: Some(thread),
         })
-    }
-}
-
-/// What the agent does with an accepted connection before serving it: take its origin (the
-/// result does not matter here, only the work and the map it keeps near empty).
-fn take_origin(origins: &Origins, conn: std::os::fd::RawFd) {
-    let addr = |a: Option<SockaddrIn>| a.map(|a| SocketAddr::V4(SocketAddrV4::from(a)));
-    let peer = addr(getpeername::<SockaddrIn>(conn).ok());
-    let local = addr(getsockname::<SockaddrIn>(conn).ok());
-    if let (Some(peer), Some(local)) = (peer, local) {
-        let _ = origins.take(peer, local);
     }
 }
 
