@@ -25,8 +25,10 @@
 //!   pool's cluster-wide concurrency across agents get slots by priority then weight
 //!   cluster-wide ([`allocate`]); a tenant at its cap here waits even when a slot is free,
 //!   and a released slot goes to the first waiter in queue order whose tenant is under its
-//!   cap. Every decision then takes the queue's lock (no fast path). With no fresh view of
-//!   a peer's demand the gate has no caps: the agent's own slots and order, as above.
+//!   cap. Every decision then takes the queue's lock (no fast path). The gate holds while
+//!   the exchange's view is fresh, peers with demand or not (alone, the agent divides the
+//!   capacity over its own tenants); with no fresh view (no cluster, the exchange stopped)
+//!   it has no caps: the agent's own slots and order, as above.
 //!
 //! The admitted request's answer carries its permit ([`body::hold`]).
 //!
@@ -160,7 +162,7 @@ impl Admission {
     }
 
     /// This agent's slots for `tenant` under the cluster gate now; `None` when the gate is
-    /// off or has no fresh view of a peer's demand.
+    /// off or has no fresh view from the exchange.
     pub fn cluster_cap(&self, tenant: &str) -> Option<u64> {
         let q = self.queue.lock();
         q.gate.as_ref()?.cap(tenant, Instant::now())

@@ -10,9 +10,11 @@
 //! - **Caps** are recomputed when the peers' contention arrives (every round), from what
 //!   this agent published in that round and what the peers published: the same inputs on
 //!   every agent. A tenant that arrived since has a cap of 1.
-//! - **Engaged** only while the peers' view is fresh and some peer has demand: otherwise
-//!   (no cluster, a lone agent, the exchange stopped) there is no cap per tenant and the
-//!   agent's own slots and queue order are all there is.
+//! - **Engaged** whenever the exchange's view is fresh, whether or not any peer has demand
+//!   (a lone agent, or one whose peers are idle, divides the capacity over its own demand:
+//!   the capacity is a maximum, and a tenant that filled it alone is already held to it
+//!   when a peer's tenant appears). Only without a fresh view (no cluster, the exchange
+//!   stopped) is there no cap per tenant: the agent's own slots and queue order.
 
 use std::{
     collections::HashMap,
@@ -74,10 +76,10 @@ impl Gate {
         }
     }
 
-    /// Whether per-tenant caps apply at `now`: a fresh view with a peer's demand in it.
+    /// Whether per-tenant caps apply at `now`: the exchange's view is fresh (with or
+    /// without a peer's demand in it).
     pub fn engaged(&self, now: Instant) -> bool {
         self.fresh_until.is_some_and(|t| now < t)
-            && self.remote.values().flatten().any(|c| c.demand > 0)
     }
 
     /// Whether one more request of `tenant` may hold a slot now.
@@ -257,7 +259,8 @@ mod tests {
     }
 
     #[test]
-    fn alone_there_is_no_cap() {
+    fn alone_the_capacity_is_still_the_maximum() {
+        // Capacity 2; `a` started 5 before any view (no caps then).
         let mut g = Gate::new(2);
         let now = Instant::now();
         let a: Arc<str> = Arc::from("a");
@@ -265,11 +268,22 @@ mod tests {
             assert!(g.may_start(&a, now));
             g.started(&a, class(0, 1));
         }
-        // A fresh view without any peer's demand: still alone.
-        g.publish();
+        // A fresh view without any peer: `a` alone has demand 5 for 2 slots: cap 2.
+        assert_eq!(g.publish(), vec![(a.clone(), peer(0, 1, 5))]);
         g.set_remote(HashMap::new(), Duration::from_secs(1), now);
-        assert!(!g.engaged(now));
-        assert!(g.may_start(&a, now));
+        assert!(g.engaged(now));
+        assert_eq!(g.cap("a", now), Some(2));
+        assert!(!g.may_start(&a, now), "5 in flight, cap 2");
+        for _ in 0..3 {
+            g.ended("a");
+        }
+        assert!(!g.may_start(&a, now), "2 in flight: at the cap");
+        g.ended("a");
+        assert!(g.may_start(&a, now), "1 in flight: under the cap");
+        // Past the freshness the gate lets go.
+        let later = now + Duration::from_secs(1);
+        assert!(!g.engaged(later));
+        assert_eq!(g.cap("a", later), None);
     }
 
     #[test]
