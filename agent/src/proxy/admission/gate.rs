@@ -154,7 +154,9 @@ impl Gate {
 
     /// This round's contention to publish (at most [`MAX_PUBLISHED`] tenants, the most
     /// demanding): each tenant's peak since the last round. Starts the next round's peaks;
-    /// forgets tenants without a request here.
+    /// forgets tenants without a request here in the round that ended (one idle now but
+    /// published keeps its entry, so the cap computed from this publication reaches it when
+    /// it bursts again).
     pub fn publish(&mut self) -> Vec<(Arc<str>, Contention)> {
         let mut out: Vec<(Arc<str>, Contention)> = self
             .tenants
@@ -171,7 +173,7 @@ impl Gate {
             .collect();
         out.sort_by(|(a, ca), (b, cb)| cb.demand.cmp(&ca.demand).then_with(|| a.cmp(b)));
         out.truncate(MAX_PUBLISHED);
-        self.tenants.retain(|_, l| l.demand() > 0);
+        self.tenants.retain(|_, l| l.peak > 0 || l.demand() > 0);
         for l in self.tenants.values_mut() {
             l.peak = l.demand();
         }
@@ -323,5 +325,29 @@ mod tests {
         // Nothing since: nothing published, and the tenant is forgotten.
         assert!(g.publish().is_empty());
         assert!(g.tenants.is_empty());
+    }
+
+    #[test]
+    fn a_tenant_idle_at_publication_keeps_the_cap_its_burst_earned() {
+        // Capacity 8; `a` peaked at 2 during the round and is idle when it is published; a
+        // peer's `b` (same class) has 2. Demand 4 of 8: each gets its 2, and the 4 spare
+        // go by weight, 2 each: `a`'s cap here is 4, not the floor of 1.
+        let mut g = Gate::new(8);
+        let now = Instant::now();
+        let a: Arc<str> = Arc::from("a");
+        g.started(&a, class(0, 1));
+        g.started(&a, class(0, 1));
+        g.ended("a");
+        g.ended("a");
+        assert_eq!(g.publish(), vec![(a.clone(), peer(0, 1, 2))]);
+        let remote = HashMap::from([(Arc::from("b"), vec![peer(0, 1, 2)])]);
+        g.set_remote(remote, Duration::from_secs(1), now);
+        assert_eq!(g.cap("a", now), Some(4));
+        // The next burst: 4 start, the fifth waits.
+        for _ in 0..4 {
+            assert!(g.may_start(&a, now));
+            g.started(&a, class(0, 1));
+        }
+        assert!(!g.may_start(&a, now));
     }
 }
