@@ -454,15 +454,7 @@ impl ContentionExchange for Admission {
         let mut q = self.queue.lock();
         let now = Instant::now();
         let Some(g) = &mut q.gate else { return };
-        let remote = remote
-            .into_iter()
-            .take(gate::MAX_PUBLISHED * 16)
-            .map(|(t, mut cs)| {
-                cs.truncate(crate::policy::quota::MAX_REMOTE_AGENTS);
-                (t, cs)
-            })
-            .collect();
-        g.set_remote(remote, fresh_for, now);
+        g.set_remote(bound_remote(remote), fresh_for, now);
         // Caps that rose: waiters under them take the free slots.
         self.pump(&mut q, now);
     }
@@ -487,6 +479,32 @@ impl Queue {
 struct Waiter {
     tx: oneshot::Sender<()>,
     tenant: Option<Arc<str>>,
+}
+
+/// The peers' contention the gate keeps: per tenant the [`MAX_REMOTE_AGENTS`] most
+/// demanding agents' entries, and the `16 x MAX_PUBLISHED` tenants of most demand summed
+/// over those (ties by name), so that the cut is the same whatever order it came in.
+///
+/// [`MAX_REMOTE_AGENTS`]: crate::policy::quota::MAX_REMOTE_AGENTS
+fn bound_remote(remote: HashMap<Arc<str>, Vec<Contention>>) -> HashMap<Arc<str>, Vec<Contention>> {
+    let mut tenants: Vec<(u64, Arc<str>, Vec<Contention>)> = remote
+        .into_iter()
+        .map(|(t, mut cs)| {
+            cs.sort_by(|a, b| {
+                b.demand
+                    .cmp(&a.demand)
+                    .then_with(|| b.priority.cmp(&a.priority))
+            });
+            cs.truncate(crate::policy::quota::MAX_REMOTE_AGENTS);
+            let demand = cs
+                .iter()
+                .fold(0u64, |n, c| n.saturating_add(u64::from(c.demand)));
+            (demand, t, cs)
+        })
+        .collect();
+    tenants.sort_by(|(da, ta, _), (db, tb, _)| db.cmp(da).then_with(|| ta.cmp(tb)));
+    tenants.truncate(gate::MAX_PUBLISHED * 16);
+    tenants.into_iter().map(|(_, t, cs)| (t, cs)).collect()
 }
 
 fn clamp_u32(n: usize) -> u32 {

@@ -349,3 +349,26 @@ async fn caps_that_rise_let_waiters_start() {
     let _second = second.await.unwrap().expect("counted");
     assert_eq!(a.active(), 2);
 }
+
+#[test]
+fn the_peers_contention_is_cut_by_demand_whatever_its_order() {
+    // 4,100 tenants with demands 1..=4,100 (one agent each), and one tenant reported by
+    // 1,025 agents (demand 1 each, but one with 0; 1,024 in all): of the 4,101 tenants the
+    // 5 least demanding go (t1-t5; 4,096 kept), and `wide` keeps its 1,024 agents with
+    // demand 1.
+    let mut remote: HashMap<Arc<str>, Vec<Contention>> = (1..=4_100u32)
+        .map(|d| (Arc::from(format!("t{d}")), vec![contention(0, 1, d)]))
+        .collect();
+    let mut wide = vec![contention(0, 1, 0)];
+    wide.extend(std::iter::repeat_n(contention(0, 1, 1), 1_024));
+    remote.insert(Arc::from("wide"), wide);
+    let kept = bound_remote(remote);
+    assert_eq!(kept.len(), 4_096);
+    for gone in ["t1", "t2", "t3", "t4", "t5"] {
+        assert!(!kept.contains_key(gone), "{gone}");
+    }
+    assert!(kept.contains_key("t6"));
+    let wide = &kept["wide"];
+    assert_eq!(wide.len(), 1_024);
+    assert!(wide.iter().all(|c| c.demand == 1));
+}
