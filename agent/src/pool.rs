@@ -111,7 +111,14 @@ pub struct Pool {
     /// Moving average of uncached prefill blocks per routed request, x16 (fixed point).
     mean_prefill_x16: AtomicU64,
     next_serial: AtomicU32,
+    /// Bumped when the members change or one of them becomes ready or unready
+    /// ([`Pool::note_change`]): the kernel table writer wakes on it.
+    changes: tokio::sync::watch::Sender<u64>,
 }
+
+/// Scrapes failed in a row (200 ms apart) after which an endpoint counts as not ready for
+/// the kernel table ([`Endpoint::scrape_healthy`]).
+pub const FAILED_SCRAPES: u32 = 2;
 
 /// What an endpoint is made from.
 #[derive(Debug, Clone, Default)]
@@ -161,6 +168,7 @@ impl Pool {
             rotation: AtomicUsize::new(0),
             mean_prefill_x16: AtomicU64::new(0),
             next_serial: AtomicU32::new(0),
+            changes: tokio::sync::watch::Sender::new(0),
         };
         let endpoints = endpoints
             .into_iter()
@@ -218,6 +226,17 @@ impl Pool {
     /// forgets their routing history ([`Pool::forget`]) and KV source.
     pub fn set_endpoints(&self, endpoints: Vec<Arc<Endpoint>>) {
         self.endpoints.store(Arc::new(endpoints));
+        self.note_change();
+    }
+
+    /// Tells whoever follows [`Pool::changes`] that membership or readiness changed.
+    pub fn note_change(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A receiver that sees every [`Pool::note_change`] after it is made.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// Drops what the pool remembers of an endpoint that left.
@@ -300,6 +319,12 @@ impl Endpoint {
     /// Scrapes failed in a row since the last one that answered.
     pub fn scrape_failures(&self) -> u32 {
         self.scrape_failures.load(Ordering::Relaxed)
+    }
+
+    /// Ready for the kernel table: routable, and its `/metrics` answered at least once in
+    /// the last [`FAILED_SCRAPES`] scrapes.
+    pub fn scrape_healthy(&self) -> bool {
+        self.routable() && self.scrape_failures() < FAILED_SCRAPES
     }
 
     /// The engine's KV cache usage, 0..1 (0 before the first scrape).
@@ -454,6 +479,40 @@ mod tests {
         );
         assert_eq!(pool.endpoints()[1].affinity, other.endpoints()[0].affinity);
         assert_ne!(pool.endpoints()[0].affinity, pool.endpoints()[1].affinity);
+    }
+
+    #[test]
+    fn membership_changes_are_announced_and_scrape_health_follows_failures() {
+        let pool = Pool::new(
+            "m".into(),
+            16,
+            crate::routing::Policy::Precise,
+            vec![("a:1".into(), None)],
+        );
+        let changes = pool.changes();
+        assert!(!changes.has_changed().unwrap());
+        let discovered = pool.endpoint(EndpointParts {
+            authority: "b:1".into(),
+            wanted: true,
+            discovered: true,
+            ..Default::default()
+        });
+        pool.set_endpoints(vec![pool.endpoints()[0].clone(), discovered.clone()]);
+        assert!(changes.has_changed().unwrap(), "set_endpoints announces");
+
+        // A discovered endpoint is healthy once its metrics answered, and until two scrapes
+        // in a row fail.
+        assert!(!discovered.scrape_healthy(), "never scraped");
+        discovered.set_engine_load(0, 0, 0.0);
+        assert!(discovered.scrape_healthy());
+        discovered.note_scrape_failure();
+        assert!(discovered.scrape_healthy(), "one failure is tolerated");
+        discovered.note_scrape_failure();
+        assert!(!discovered.scrape_healthy(), "two in a row are not");
+        discovered.set_engine_load(0, 0, 0.0);
+        assert!(discovered.scrape_healthy(), "an answer resets the count");
+        discovered.set_wanted(false);
+        assert!(!discovered.scrape_healthy(), "draining");
     }
 
     #[test]

@@ -3,11 +3,14 @@
 //! and not overloaded — so fail-open and steer mode send connects where the agent would have
 //! (docs/ebpf.md "Fail-open", "Steer mode").
 //!
-//! Every [`TABLE_INTERVAL`] the writer reads its inputs, computes the table it wants with
-//! [`desired`] (pure) and writes only the difference ([`diff`], also pure). The rule:
+//! Every [`TABLE_INTERVAL`], and at once when a pool's members change or one of them becomes
+//! ready or unready ([`crate::pool::Pool::changes`]) or a policy set is published, the writer
+//! reads its inputs, computes the table it wants with [`desired`] (pure) and writes only the
+//! difference ([`diff`], also pure). The rule:
 //!
 //! - A pod is *usable* when it is a member of a pool, ready (its watcher wants it, and its
-//!   `/metrics` answered at least once in the last [`FAILED_SCRAPES`] scrapes) and not *shed*.
+//!   `/metrics` answered at least once in the last [`crate::pool::FAILED_SCRAPES`] scrapes)
+//!   and not *shed*.
 //! - Shedding is the hysteresis ([`shed`]): a ready pod is shed when its load (requests
 //!   running and waiting at the engine, or in flight from this agent if more) is at least
 //!   [`SHED_FACTOR`] times the mean of its pool's other ready pods plus [`SHED_FLOOR`]; it is
@@ -29,8 +32,8 @@
 //!   writer wakes on every published policy set), and a VIP whose policy no longer says
 //!   steer goes back through the agent.
 //!
-//! A pod that leaves its pool is out of every entry by the next round (and forgotten by the
-//! learner); an entry left empty is deleted. The kernel reads the tables only at connect(), so
+//! A pod that leaves its pool, or stops being ready, is out of every entry in the round it
+//! wakes (and a pod that left is forgotten by the learner); an entry left empty is deleted. The kernel reads the tables only at connect(), so
 //! a rewrite moves new connections and never an existing one. Entries an earlier agent wrote
 //! (pinned maps) are adopted as learned at start and age out like any other.
 
@@ -48,14 +51,13 @@ use warmpath_common::BACKENDS_MAX;
 
 use crate::{ebpf, policy::resources::DataPathMode, proxy::Proxy};
 
-/// How often the table is recomputed (membership changes are seen within one interval).
+/// How often the table is recomputed for load changes (membership and readiness changes, and
+/// policy sets, wake the writer at once).
 pub const TABLE_INTERVAL: Duration = Duration::from_millis(500);
 /// An affinity entry whose client sent nothing through the agent for this long is removed:
 /// long enough to ride out an agent restart, short enough that the pods it names still hold
 /// the client's prefixes.
 pub const AFFINITY_TTL: Duration = Duration::from_secs(10 * 60);
-/// Scrapes failed in a row (200 ms apart) after which a pod is not ready for the table.
-pub const FAILED_SCRAPES: u32 = 2;
 /// A pod is shed at `SHED_FACTOR x` its pool's others' mean load `+ SHED_FLOOR` ...
 pub const SHED_FACTOR: f64 = 2.0;
 pub const SHED_FLOOR: f64 = 4.0;
@@ -381,6 +383,47 @@ impl std::fmt::Debug for Writer {
     }
 }
 
+/// Why the writer woke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    Tick,
+    Policy,
+    Members,
+    /// The policy's sender is gone: the proxy is shutting down.
+    Exit,
+}
+
+/// Waits for the writer's next round: the tick, a published policy set, or a change of any
+/// pool's members or readiness (a pool whose sender is gone stops waking it).
+pub async fn next_round<T>(
+    tick: &mut tokio::time::Interval,
+    policies: &mut tokio::sync::watch::Receiver<T>,
+    pools: &mut Vec<tokio::sync::watch::Receiver<u64>>,
+) -> Wake {
+    let members = async {
+        loop {
+            if pools.is_empty() {
+                return std::future::pending::<()>().await;
+            }
+            let changed = pools.iter_mut().map(|rx| Box::pin(rx.changed()));
+            let (result, index, _) = futures::future::select_all(changed).await;
+            if result.is_ok() {
+                return;
+            }
+            pools.swap_remove(index);
+        }
+    };
+    tokio::select! {
+        _ = tick.tick() => Wake::Tick,
+        changed = policies.changed() => match changed {
+            Ok(()) => Wake::Policy,
+            // The policy is the proxy's and lives as long as it: only at exit.
+            Err(_) => Wake::Exit,
+        },
+        () = members => Wake::Members,
+    }
+}
+
 impl Writer {
     /// A writer over the redirector's tables, adopting what they hold now.
     pub fn new(
@@ -443,21 +486,14 @@ impl Writer {
     }
 
     /// Writes the table every [`TABLE_INTERVAL`], and at once when a policy set is
-    /// published (a steer policy applied or withdrawn), until aborted.
+    /// published (a steer policy applied or withdrawn) or a pool's membership or readiness
+    /// changes, until aborted.
     pub async fn run(mut self) {
         let mut tick = tokio::time::interval(TABLE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut policies = self.proxy.policy.subscribe();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                changed = policies.changed() => {
-                    if changed.is_err() {
-                        // The policy is the proxy's and lives as long as it: only at exit.
-                        return;
-                    }
-                }
-            }
+        let mut pools: Vec<_> = self.proxy.pools.iter().map(|p| p.pool.changes()).collect();
+        while next_round(&mut tick, &mut policies, &mut pools).await != Wake::Exit {
             self.round(Instant::now());
         }
     }
@@ -579,7 +615,7 @@ impl Writer {
                         let engine = engine.map_or(0, |l| l.running.saturating_add(l.waiting));
                         Some(Member {
                             addr,
-                            ready: e.routable() && e.scrape_failures() < FAILED_SCRAPES,
+                            ready: e.scrape_healthy(),
                             load: engine.max(e.in_flight()),
                         })
                     })

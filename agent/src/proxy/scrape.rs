@@ -28,17 +28,19 @@ pub async fn scrape_loop(proxy: Arc<Proxy>) {
         let all: Vec<_> = proxy
             .pools
             .iter()
-            .flat_map(|p| {
+            .enumerate()
+            .flat_map(|(i, p)| {
                 p.pool
                     .endpoints()
                     .iter()
-                    .map(|e| (p.pool.model.clone(), e.clone()))
+                    .map(|e| (i, p.pool.model.clone(), e.clone()))
                     .collect::<Vec<_>>()
             })
             .collect();
-        let scrapes = all.into_iter().map(|(model, e)| {
+        let scrapes = all.into_iter().map(|(pool, model, e)| {
             let proxy = proxy.clone();
             async move {
+                let was_healthy = e.scrape_healthy();
                 match tokio::time::timeout(SCRAPE_TIMEOUT, fetch(&proxy, &e.metrics_url)).await {
                     Ok(Some(page)) => {
                         match parse(&page) {
@@ -53,6 +55,12 @@ pub async fn scrape_loop(proxy: Arc<Proxy>) {
                         e.note_scrape_failure();
                         tracing::debug!(endpoint = %e.authority, "metrics scrape failed");
                     }
+                }
+                if e.scrape_healthy() != was_healthy
+                    && let Some(p) = proxy.pools.get(pool)
+                {
+                    // Ready or unready for the kernel table: its writer wakes now.
+                    p.pool.note_change();
                 }
                 if round % MODELS_EVERY == 0
                     && let Ok(Some(page)) = tokio::time::timeout(

@@ -233,3 +233,56 @@ fn policy_steers_every_vip_of_its_pools_but_not_the_flags() {
     );
     assert!(policy_steered(&vips, &fixed, |_| false).is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_writer_wakes_at_once_on_a_pool_change_or_a_policy_and_else_on_its_tick() {
+    use tokio::{sync::watch, time::Instant};
+
+    let mut tick = tokio::time::interval(TABLE_INTERVAL);
+    tick.tick().await; // an interval's first tick is immediate
+    let (policy_tx, mut policies) = watch::channel(0u8);
+    let (a_tx, a_rx) = watch::channel(0u64);
+    let (b_tx, b_rx) = watch::channel(0u64);
+    let mut pools = vec![a_rx, b_rx];
+    let start = Instant::now();
+
+    b_tx.send_modify(|n| *n += 1);
+    assert_eq!(
+        next_round(&mut tick, &mut policies, &mut pools).await,
+        Wake::Members
+    );
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "woken before any time passed"
+    );
+
+    // Nothing changed since: the tick, one interval after the start.
+    assert_eq!(
+        next_round(&mut tick, &mut policies, &mut pools).await,
+        Wake::Tick
+    );
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+
+    // A pool whose sender is gone is dropped from the wait, not a busy loop of wakes.
+    drop(a_tx);
+    assert_eq!(
+        next_round(&mut tick, &mut policies, &mut pools).await,
+        Wake::Tick
+    );
+    assert_eq!(start.elapsed(), Duration::from_millis(1000));
+    assert_eq!(pools.len(), 1);
+
+    policy_tx.send(1).unwrap();
+    assert_eq!(
+        next_round(&mut tick, &mut policies, &mut pools).await,
+        Wake::Policy
+    );
+    assert_eq!(start.elapsed(), Duration::from_millis(1000));
+
+    drop(policy_tx);
+    assert_eq!(
+        next_round(&mut tick, &mut policies, &mut pools).await,
+        Wake::Exit
+    );
+}
