@@ -20,8 +20,9 @@ pub struct Contention {
 
 /// The seam between the admission gate and the cluster's gossip.
 pub trait ContentionExchange: std::fmt::Debug + Send + Sync {
-    /// This agent's contention per tenant with demand, to publish.
-    fn local_contention(&self) -> Vec<(Arc<str>, Contention)>;
+    /// This agent's contention per tenant with demand in the round that ends now, to
+    /// publish; starts the next round (the demand published is each round's peak).
+    fn take_round(&self) -> Vec<(Arc<str>, Contention)>;
     /// The other live agents' latest contention per tenant (one entry per agent that
     /// reported the tenant); replaces what was set before and counts as fresh for
     /// `fresh_for` (the exchange calls again every gossip round; past it, the gate falls

@@ -279,6 +279,9 @@ pub enum Fact {
         tenant: String,
         contention: Contention,
     },
+    /// The contention exchange's round counter at this agent (`fair`): advances every round
+    /// while the exchange runs, so peers can tell its `fair:` facts are current.
+    ContentionRound(u64),
 }
 
 const AGENT: &str = "agent";
@@ -287,6 +290,7 @@ const WATERMARK: &str = "wm:";
 const LOAD: &str = "load:";
 const USAGE: &str = "usage:";
 const CONTENTION: &str = "fair:";
+const CONTENTION_ROUND: &str = "fair";
 
 /// The keys an agent publishes for one of its pods (`pod:`, `wm:`, `load:`): what it
 /// retracts when the pod stops being its.
@@ -310,6 +314,7 @@ impl Fact {
             Self::Load { pod, .. } => format!("{LOAD}{pod}"),
             Self::Usage { tenant, .. } => format!("{USAGE}{tenant}"),
             Self::Contention { tenant, .. } => format!("{CONTENTION}{tenant}"),
+            Self::ContentionRound(_) => CONTENTION_ROUND.to_string(),
         }
     }
 
@@ -367,6 +372,7 @@ impl Fact {
                     contention.demand
                 )
             }
+            Self::ContentionRound(round) => write!(v, "{VERSION} round={round}"),
         };
         debug_assert!(v.len() <= MAX_FACT_BYTES, "bounded by the id checks");
         Ok(v)
@@ -394,6 +400,10 @@ impl Fact {
                 Some(_) => Some(w.addr("proxy").map_err(|e| bad(&e))?),
             };
             return Ok(Self::Agent(AgentFact { grpc, proxy }));
+        }
+        if key == CONTENTION_ROUND {
+            let w = Words::versioned(value).ok_or_else(|| bad("not a v1 value"))?;
+            return Ok(Self::ContentionRound(w.num("round").map_err(|e| bad(&e))?));
         }
         if key.starts_with(POD) {
             let pod = id(POD, "pod id")?;

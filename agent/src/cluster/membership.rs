@@ -193,6 +193,8 @@ pub struct Peer {
     pub usage: BTreeMap<String, UsageFact>,
     /// Its tenants' contention for the cluster-wide concurrency (`fair:` facts).
     pub contention: BTreeMap<String, Contention>,
+    /// Its contention exchange's round counter (`fair`); `None` before its first round.
+    pub contention_round: Option<u64>,
     /// Values that did not parse (a newer or broken peer); ignored.
     pub malformed: usize,
 }
@@ -207,6 +209,7 @@ impl Peer {
             pods: BTreeMap::new(),
             usage: BTreeMap::new(),
             contention: BTreeMap::new(),
+            contention_round: None,
             malformed: 0,
         };
         let mut watermarks = BTreeMap::new();
@@ -236,6 +239,7 @@ impl Peer {
                 Ok(Fact::Contention { tenant, contention }) => {
                     peer.contention.insert(tenant, contention);
                 }
+                Ok(Fact::ContentionRound(round)) => peer.contention_round = Some(round),
                 Err(_) => peer.malformed += 1,
             }
         }
@@ -304,11 +308,10 @@ pub fn diff(old: &View, new: &View) -> Vec<Change> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn peer(id: &str, incarnation: u64) -> Peer {
-        Peer {
+impl Peer {
+    /// A peer without facts, for tests.
+    pub fn bare(id: &str, incarnation: u64) -> Self {
+        Self {
             node_id: id.into(),
             incarnation,
             gossip: ([127, 0, 0, 1], 1).into(),
@@ -316,8 +319,18 @@ mod tests {
             pods: BTreeMap::new(),
             usage: BTreeMap::new(),
             contention: BTreeMap::new(),
+            contention_round: None,
             malformed: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(id: &str, incarnation: u64) -> Peer {
+        Peer::bare(id, incarnation)
     }
 
     fn view(peers: &[Peer]) -> View {

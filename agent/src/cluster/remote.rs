@@ -330,6 +330,7 @@ mod tests {
                 .collect(),
             usage: BTreeMap::new(),
             contention: BTreeMap::new(),
+            contention_round: None,
             malformed: 0,
         }
     }

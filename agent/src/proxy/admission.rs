@@ -441,7 +441,7 @@ impl Admission {
 }
 
 impl ContentionExchange for Admission {
-    fn local_contention(&self) -> Vec<(Arc<str>, Contention)> {
+    fn take_round(&self) -> Vec<(Arc<str>, Contention)> {
         let mut q = self.queue.lock();
         q.gate.as_mut().map(Gate::publish).unwrap_or_default()
     }

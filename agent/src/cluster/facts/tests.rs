@@ -88,6 +88,7 @@ fn fact_strategy() -> impl Strategy<Value = Fact> {
                     demand,
                 },
             }),
+        any::<u64>().prop_map(Fact::ContentionRound),
     ]
 }
 
@@ -258,6 +259,23 @@ fn a_contention_fact_reads_back_and_refuses_what_is_not_one() {
         Fact::parse("fair:a b", "v1 pri=0 w=1 dem=1"),
         Err(FactError::Invalid { .. })
     ));
+}
+
+#[test]
+fn the_contention_round_reads_back_and_refuses_what_is_not_one() {
+    let widest = Fact::ContentionRound(u64::MAX);
+    assert_eq!(widest.key(), "fair");
+    let value = widest.value().expect("a number");
+    assert_eq!(value, "v1 round=18446744073709551615");
+    assert_eq!(value.len(), 29);
+    assert_eq!(Fact::parse("fair", &value), Ok(widest));
+    assert_eq!(
+        Fact::parse("fair", "v1 round=-1"),
+        Err(FactError::Malformed {
+            key: "fair".into(),
+            why: "round=\"-1\" is not a number".into()
+        })
+    );
 }
 
 #[test]

@@ -305,7 +305,7 @@ async fn the_cluster_gate_holds_a_tenant_to_its_share_and_hands_slots_on_by_it()
     }
     assert_eq!(a.cluster_cap("t1"), None);
     // A round: `low` published with 3, the peer's `high` with 3: `low`'s share is 1.
-    assert_eq!(a.local_contention(), vec![(name(low), contention(0, 1, 3))]);
+    assert_eq!(a.take_round(), vec![(name(low), contention(0, 1, 3))]);
     let remote = HashMap::from([(Arc::from("t2"), vec![contention(5, 1, 3)])]);
     a.set_remote_contention(remote, Duration::from_secs(60));
     assert_eq!(a.cluster_cap("t1"), Some(1));
@@ -330,20 +330,28 @@ async fn the_cluster_gate_holds_a_tenant_to_its_share_and_hands_slots_on_by_it()
     assert_eq!(a.cluster_cap("t1"), None);
 }
 
-#[tokio::test]
-async fn caps_that_rise_let_waiters_start() {
+/// Cluster-wide 4 slots; `low` (tenant 1) holds one while a peer's priority-5 tenant has 10
+/// in demand: `low` is held to the floor of 1.
+async fn held_to_the_floor() -> (Arc<Admission>, Option<Permit>) {
     let a = Admission::new(gated(100, 4));
     let low = class(1, 0, 1);
-    let _held = a.admit_as(low, &name(low)).await.unwrap();
-    a.local_contention();
+    let held = a.admit_as(low, &name(low)).await.unwrap();
+    a.take_round();
     let busy = HashMap::from([(Arc::from("t2"), vec![contention(5, 1, 10)])]);
     a.set_remote_contention(busy, Duration::from_secs(60));
     assert_eq!(a.cluster_cap("t1"), Some(1), "shut out: the floor of 1");
+    (a, held)
+}
+
+#[tokio::test]
+async fn caps_that_rise_let_waiters_start() {
+    let (a, _held) = held_to_the_floor().await;
+    let low = class(1, 0, 1);
     let second_tenant = name(low);
     let mut second = Box::pin(a.admit_as(low, &second_tenant));
     assert!(futures::poll!(&mut second).is_pending());
     // The peer's demand goes: the next round's caps let the waiter through.
-    a.local_contention();
+    a.take_round();
     let idle = HashMap::from([(Arc::from("t2"), vec![contention(5, 1, 1)])]);
     a.set_remote_contention(idle, Duration::from_secs(60));
     let _second = second.await.unwrap().expect("counted");
@@ -371,4 +379,18 @@ fn the_peers_contention_is_cut_by_demand_whatever_its_order() {
     let wide = &kept["wide"];
     assert_eq!(wide.len(), 1_024);
     assert!(wide.iter().all(|c| c.demand == 1));
+}
+
+#[tokio::test]
+async fn a_view_gone_stale_lets_capped_waiters_start() {
+    let (a, _held) = held_to_the_floor().await;
+    let low = class(1, 0, 1);
+    let second_tenant = name(low);
+    let mut second = Box::pin(a.admit_as(low, &second_tenant));
+    assert!(futures::poll!(&mut second).is_pending());
+    // The exchange ends: it says so with an empty view fresh for 0, and the waiter starts
+    // without waiting for a release.
+    a.set_remote_contention(HashMap::new(), Duration::ZERO);
+    let _second = second.await.unwrap().expect("counted");
+    assert_eq!(a.active(), 2);
 }
