@@ -57,7 +57,9 @@ pub fn allocate(capacity: u32, claims: &[Claim<'_>]) -> Vec<u64> {
     });
     let mut left = u64::from(capacity);
     for level in order.chunk_by(|&a, &b| claims[a].priority == claims[b].priority) {
-        let demand: u64 = level.iter().map(|&i| claims[i].demand).sum();
+        let demand = level
+            .iter()
+            .fold(0u64, |n, &i| n.saturating_add(claims[i].demand));
         if demand <= left {
             for &i in level {
                 shares[i] = claims[i].demand;
@@ -77,7 +79,7 @@ pub fn allocate(capacity: u32, claims: &[Claim<'_>]) -> Vec<u64> {
         .collect();
     let members: Vec<Claim<'_>> = wanting.iter().map(|&i| claims[i]).collect();
     for (&i, extra) in wanting.iter().zip(proportional(left, &members)) {
-        shares[i] += extra;
+        shares[i] = shares[i].saturating_add(extra);
     }
     shares
 }

@@ -7,9 +7,12 @@
 //! - **Demand** published for a tenant is the most requests it had in flight plus waiting
 //!   here at once during the last gossip round (a peak, so that a closed-loop client between
 //!   two requests does not read as gone).
-//! - **Caps** are recomputed when the peers' contention arrives (every round), from what
-//!   this agent published in that round and what the peers published: the same inputs on
-//!   every agent. A tenant that arrived since has a cap of 1.
+//! - **Caps** are recomputed when the peers' contention arrives (every round of this
+//!   agent's), from this agent's demand in the round that just ended and the peers' facts as
+//!   this agent's view holds them: up to the gossip lag old, from rounds not aligned with
+//!   this agent's. So agents compute from different inputs while a change travels, and a cap
+//!   that falls never revokes requests already in flight (docs/policy.md, "Error bound").
+//!   A tenant that arrived since has a cap of 1.
 //! - **Engaged** whenever the exchange's view is fresh, whether or not any peer has demand
 //!   (a lone agent, or one whose peers are idle, divides the capacity over its own demand:
 //!   the capacity is a maximum, and a tenant that filled it alone is already held to it
@@ -210,9 +213,9 @@ impl Gate {
             }
             e.0.priority = e.0.priority.max(c.priority);
             e.0.weight = e.0.weight.max(c.weight);
-            e.1 += u64::from(c.demand);
+            e.1 = e.1.saturating_add(u64::from(c.demand));
             if mine {
-                e.2 += u64::from(c.demand);
+                e.2 = e.2.saturating_add(u64::from(c.demand));
             }
         }
         let entries: Vec<(&str, (Contention, u64, u64))> = all.into_iter().collect();

@@ -96,6 +96,18 @@ fn an_agent_gets_its_part_of_its_tenants_share_and_at_least_one() {
     assert_eq!(agent_share(6, 0, 0), 0);
 }
 
+#[test]
+fn demands_that_overflow_when_summed_saturate() {
+    // Two of one level each asking u64::MAX: the level's demand saturates (more than the 8
+    // left), so the 8 slots go by weight: 4 and 4; a level below gets nothing.
+    let claims = [
+        claim("a", 1, 1, u64::MAX),
+        claim("b", 1, 1, u64::MAX),
+        claim("c", 0, 1, 1),
+    ];
+    assert_eq!(allocate(8, &claims), vec![4, 4, 0]);
+}
+
 fn claims() -> impl Strategy<Value = Vec<(i32, u32, u64)>> {
     prop::collection::vec((0i32..3, 0u32..6, 0u64..40), 1..8)
 }
