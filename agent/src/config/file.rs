@@ -716,4 +716,21 @@ mod tests {
         assert!(e.contains("pools[1].name") && e.contains("twice"), "{e}");
         assert!(error("version: [").contains("f.yaml"));
     }
+
+    #[test]
+    fn the_agent_wide_cluster_concurrency_needs_a_single_pool() {
+        let one = "version: 1\npools:\n- name: p\n  model: m\n  endpoints:\n  - url: http://127.0.0.1:1\nproxy: {maxConcurrent: 4, clusterMaxConcurrent: 8}\n";
+        assert_eq!(parse(one, "f").unwrap().limits.cluster_max_concurrent, 8);
+        let two = one.replace(
+            "proxy:",
+            "- name: q\n  model: n\n  endpoints: [{url: http://127.0.0.1:2}]\nproxy:",
+        );
+        let e = error(&two);
+        assert!(
+            e.contains("proxy.clusterMaxConcurrent") && e.contains("with 2 pools"),
+            "{e}"
+        );
+        let off = two.replace(", clusterMaxConcurrent: 8", "");
+        assert!(parse(&off, "f").is_ok());
+    }
 }

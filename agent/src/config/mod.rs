@@ -286,6 +286,17 @@ impl Config {
                 "needs admission on (maxConcurrent > 0): the gate shares its slots".into(),
             );
         }
+        if l.cluster_max_concurrent > 0 && self.pools.len() > 1 {
+            return err(
+                at("--cluster-max-concurrent", "clusterMaxConcurrent"),
+                format!(
+                    "is agent-wide (one concurrency for every pool), so with {} pools a tenant \
+                     busy on one would hold back tenants on the others; set it only with one \
+                     pool (a per-pool setting is not built: docs/policy.md, \"Across agents\")",
+                    self.pools.len()
+                ),
+            );
+        }
         if l.max_concurrent > 0 && l.max_queued > 0 && l.queue_timeout.is_zero() {
             return err(
                 at("--queue-timeout-ms", "queueTimeoutMs"),

@@ -22,7 +22,8 @@
 //!   counters: either the arrival sees the freed slot or the releaser sees the waiter.
 //! - `max_concurrent = 0` turns admission off (no counting at all).
 //! - **Cluster gate** (`cluster_max_concurrent > 0`, [`gate`]): tenants contending for the
-//!   pool's cluster-wide concurrency across agents get slots by priority then weight
+//!   agents' cluster-wide concurrency (agent-wide, so only with one pool: admission comes
+//!   before the request names its pool) get slots by priority then weight
 //!   cluster-wide ([`allocate`]); a tenant at its cap here waits even when a slot is free,
 //!   and a released slot goes to the first waiter in queue order whose tenant is under its
 //!   cap. Every decision then takes the queue's lock (no fast path). The gate holds while

@@ -1,4 +1,4 @@
-//! How a pool's cluster-wide concurrency is divided among the tenants that contend for it,
+//! How a cluster-wide concurrency is divided among the tenants that contend for it,
 //! and a tenant's share among the agents it sends through (docs/policy.md, "Across
 //! agents"). Pure and deterministic, in integers: agents with the same gossiped view compute
 //! the same shares.
