@@ -311,9 +311,16 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
             TokenSourceConfig::Engine => TokenSource::Engine,
             TokenSourceConfig::Approximate => TokenSource::Approximate,
         };
-        proxy
-            .add_pool(&pc.name, pool, tokens, pc.session.clone())
-            .protocol = pc.upstream;
+        let stage = (pc.cluster_max_concurrent > 0).then(|| {
+            proxy::admission::Admission::for_pool(
+                &proxy.admission,
+                &pc.name,
+                pc.cluster_max_concurrent,
+            )
+        });
+        let added = proxy.add_pool(&pc.name, pool, tokens, pc.session.clone());
+        added.protocol = pc.upstream;
+        added.admission = stage;
         proxy
             .policy
             .set_pool_targets(&pc.name, pool_targets(pc, config.kubernetes.as_ref()));
@@ -424,10 +431,11 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         ));
         // Tenants contending for the cluster-wide concurrency share it by priority then
         // weight: each agent's gate follows the others' demand.
-        if config.limits.cluster_max_concurrent > 0 {
+        let pools_gated = config.pools.iter().any(|p| p.cluster_max_concurrent > 0);
+        if config.limits.cluster_max_concurrent > 0 || pools_gated {
             tasks.push(crate::cluster::spawn_contention_exchange(
                 node,
-                proxy.admission.clone(),
+                proxy.clone(),
                 node.gossip_interval(),
             ));
         }

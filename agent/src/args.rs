@@ -614,6 +614,7 @@ impl AgentArgs {
                 members: None,
                 labels: Default::default(),
                 services: Vec::new(),
+                cluster_max_concurrent: 0,
             }],
             max_body: self.limits.max_body_bytes,
             limits: self.limits.limits(),

@@ -1,6 +1,6 @@
 //! Priority and weight across agents end to end (docs/policy.md, "Across agents"): two agent
 //! processes over UDP gossip in front of one simulator engine that runs 8 sequences at once,
-//! each agent with `--cluster-max-concurrent 8`. Tenant `first` sends through agent 0 and
+//! each agent's one pool with `clusterMaxConcurrent: 8` (the pool's own, from a config file). Tenant `first` sends through agent 0 and
 //! `second` through agent 1, closed-loop clients each, more than the 8 slots in all.
 //! Measured by what the clients received: the requests each tenant completed over a window
 //! once the agents' gates are engaged.
@@ -9,7 +9,7 @@
 //!   gets the 2 left;
 //! - equal priority, weights 3 and 1, 8 clients against 6 (both backlogged: 14 for 8): 6 and
 //!   2 again (8 x 3/4 and 8 x 1/4), whatever the clients' turnaround;
-//! - the control, the gate off (`--cluster-max-concurrent 0`), 6 clients each: each agent
+//! - the control, the gate off (no `clusterMaxConcurrent`), 6 clients each: each agent
 //!   admits all 6 and the engine serves both first come first served.
 //!
 //! Each engine sequence takes about as long (one batch), so completions follow the slots:
@@ -84,19 +84,28 @@ spec:
     )
 }
 
-/// Agent `k` in front of the one engine, gossiping every 100 ms, with the gate (`capacity`
-/// slots cluster-wide) or without (0).
+/// An agent's configuration: the pool `shared` (the same name at every agent: the gate's
+/// facts are per tenant and pool) in front of the engine, with the pool's gate
+/// (`capacity` slots cluster-wide) or without (0).
+fn agent_config(fleet: &Fleet, capacity: usize) -> String {
+    format!(
+        "version: 1\nlisten: 127.0.0.1:0\nadmin: 127.0.0.1:0\nproxy: {{workers: 1, queueTimeoutMs: 20000}}\n\
+         pools:\n- name: shared\n  model: sim-llama\n  clusterMaxConcurrent: {capacity}\n  \
+         endpoints:\n  - url: {}\n",
+        fleet.url(0)
+    )
+}
+
+/// Agent `k` in front of the one engine, gossiping every 100 ms, from its configuration
+/// file `config`.
 fn agent_args(
-    fleet: &Fleet,
     k: usize,
     ports: &[(u16, u16)],
     (key, policy): (&Path, &Path),
-    capacity: usize,
+    config: &Path,
 ) -> Vec<String> {
     let mut args = cluster_agent_args("e2e-fairness", k, ports, key, policy);
-    args.extend(["--queue-timeout-ms".into(), "20000".into()]);
-    args.extend(["--cluster-max-concurrent".into(), capacity.to_string()]);
-    args.extend(["--endpoint".into(), fleet.url(0)]);
+    args.extend(["--config".into(), config.display().to_string()]);
     args
 }
 
@@ -166,8 +175,12 @@ async fn contend(case: &Case) -> (usize, usize) {
     let ports: Vec<(u16, u16)> = (0..2).map(|_| (free_udp_port(), free_tcp_port())).collect();
     let agents: Vec<AgentProcess> = (0..2)
         .map(|k| {
+            let config = dir.write(
+                &format!("agent-{k}.yaml"),
+                &agent_config(&fleet, case.capacity),
+            );
             let files = (key.as_path(), policy.path());
-            let args = agent_args(&fleet, k, &ports, files, case.capacity);
+            let args = agent_args(k, &ports, files, &config);
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             AgentProcess::start(&args, &[])
                 .unwrap_or_else(|e| panic!("agent {k} did not start: {e:?}"))

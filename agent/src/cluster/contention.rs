@@ -1,6 +1,6 @@
 //! Tenant contention across agents (docs/policy.md, "Across agents"): every gossip round this
-//! agent publishes its tenants' demand for the cluster-wide concurrency as `fair:TENANT`
-//! facts and a round counter (`fair`), and hands the current peers' facts to the admission
+//! agent publishes its tenants' demand for the cluster-wide concurrencies as `fair:TENANT`
+//! (agent-wide) and `fair:TENANT@POOL` (a pool's) facts and a round counter (`fair`), and hands the current peers' facts to the admission
 //! gate, through the [`ContentionExchange`] seam.
 //!
 //! Per round (`every`, the gossip interval): the gate's tenants with demand this round (at
@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 
 use super::{
     ClusterNode,
-    facts::{Fact, check_tenant},
+    facts::{Fact, check_contender},
     membership::{Membership, View},
 };
 use crate::contention::{Contention, ContentionExchange};
@@ -173,7 +173,7 @@ fn round(
     published: &mut BTreeMap<Arc<str>, Contention>,
     mut now: Vec<(Arc<str>, Contention)>,
 ) -> (Vec<Fact>, Vec<String>) {
-    now.retain(|(t, _)| check_tenant(t).is_ok());
+    now.retain(|(t, _)| check_contender(t).is_ok());
     now.sort_by(|(a, ca), (b, cb)| cb.demand.cmp(&ca.demand).then_with(|| a.cmp(b)));
     now.truncate(MAX_CONTENTION_FACTS);
     let mut set = Vec::new();

@@ -254,6 +254,24 @@ pub fn check_tenant(name: &str) -> Result<(), FactError> {
     })
 }
 
+/// A `fair:` key's subject: a tenant (`fair:TENANT`, the agent-wide gate) or a tenant in a
+/// pool (`fair:TENANT@POOL`, that pool's gate; tenant names hold no `@`, nor may the pool's).
+pub fn check_contender(subject: &str) -> Result<(), FactError> {
+    let Some((tenant, pool)) = subject.split_once('@') else {
+        return check_tenant(subject);
+    };
+    check_tenant(tenant)?;
+    check_id("pool name", pool)?;
+    if pool.contains('@') {
+        return Err(FactError::Invalid {
+            what: "pool name",
+            value: pool.chars().take(MAX_ID_BYTES).collect(),
+            why: "holds '@'",
+        });
+    }
+    Ok(())
+}
+
 /// One gossiped key and its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fact {
@@ -274,7 +292,8 @@ pub enum Fact {
         tenant: String,
         usage: UsageFact,
     },
-    /// A tenant's contention for the cluster-wide concurrency at this agent (`fair:`).
+    /// A tenant's contention for a cluster-wide concurrency at this agent (`fair:`): the
+    /// agent-wide one (`tenant` is the tenant) or a pool's (`TENANT@POOL`).
     Contention {
         tenant: String,
         contention: Contention,
@@ -363,7 +382,7 @@ impl Fact {
                 )
             }
             Self::Contention { tenant, contention } => {
-                check_tenant(tenant)?;
+                check_contender(tenant)?;
                 write!(
                     v,
                     "{VERSION} pri={} w={} dem={}",
@@ -459,7 +478,7 @@ impl Fact {
             return Ok(Self::Usage { tenant, usage });
         }
         if let Some(tenant) = key.strip_prefix(CONTENTION) {
-            check_tenant(tenant)?;
+            check_contender(tenant)?;
             let w = Words::versioned(value).ok_or_else(|| bad("not a v1 value"))?;
             let contention = Contention {
                 priority: w.num("pri").map_err(|e| bad(&e))?,

@@ -150,6 +150,9 @@ struct PoolFile {
     /// Services `RoutePolicy` service targets match.
     #[serde(default)]
     services: Vec<ServiceFile>,
+    /// This pool's cluster-wide concurrency, shared by priority then weight (0: off).
+    #[serde(default)]
+    cluster_max_concurrent: usize,
 }
 
 #[derive(Debug, Deserialize)]
@@ -455,6 +458,7 @@ fn convert(f: File, file: &str, env: &Environment<'_>) -> Result<Config, ConfigE
             members,
             labels: p.labels,
             services: p.services.into_iter().map(|s| (s.name, s.port)).collect(),
+            cluster_max_concurrent: p.cluster_max_concurrent,
         });
     }
     let t = f.tenants;
@@ -718,7 +722,7 @@ mod tests {
     }
 
     #[test]
-    fn the_agent_wide_cluster_concurrency_needs_a_single_pool() {
+    fn the_cluster_concurrency_is_agent_wide_with_one_pool_or_per_pool() {
         let one = "version: 1\npools:\n- name: p\n  model: m\n  endpoints:\n  - url: http://127.0.0.1:1\nproxy: {maxConcurrent: 4, clusterMaxConcurrent: 8}\n";
         assert_eq!(parse(one, "f").unwrap().limits.cluster_max_concurrent, 8);
         let two = one.replace(
@@ -732,5 +736,22 @@ mod tests {
         );
         let off = two.replace(", clusterMaxConcurrent: 8", "");
         assert!(parse(&off, "f").is_ok());
+        // Per pool instead: each pool its own.
+        let per_pool = off
+            .replace("model: m\n", "model: m\n  clusterMaxConcurrent: 8\n")
+            .replace("model: n\n", "model: n\n  clusterMaxConcurrent: 2\n");
+        let c = parse(&per_pool, "f").unwrap();
+        let caps: Vec<usize> = c.pools.iter().map(|p| p.cluster_max_concurrent).collect();
+        assert_eq!(caps, [8, 2]);
+        let e = error(&per_pool.replace("name: q", "name: q@x"));
+        assert!(
+            e.contains("pools[1].clusterMaxConcurrent") && e.contains("`@`"),
+            "{e}"
+        );
+        let e = error(&per_pool.replace("maxConcurrent: 4", "maxConcurrent: 0"));
+        assert!(
+            e.contains("pools[0].clusterMaxConcurrent") && e.contains("admission on"),
+            "{e}"
+        );
     }
 }

@@ -151,6 +151,9 @@ pub struct PoolConfig {
     pub labels: std::collections::BTreeMap<String, String>,
     /// Services (name, port) a `RoutePolicy` service target matches.
     pub services: Vec<(String, u16)>,
+    /// Routed requests in flight to this pool through all agents together, shared among
+    /// contending tenants by priority then weight (0: off; docs/policy.md, "Across agents").
+    pub cluster_max_concurrent: usize,
 }
 
 /// Everything `warmpath agent` runs with.
@@ -291,8 +294,8 @@ impl Config {
                 at("--cluster-max-concurrent", "clusterMaxConcurrent"),
                 format!(
                     "is agent-wide (one concurrency for every pool), so with {} pools a tenant \
-                     busy on one would hold back tenants on the others; set it only with one \
-                     pool (a per-pool setting is not built: docs/policy.md, \"Across agents\")",
+                     busy on one would hold back tenants on the others; set it per pool \
+                     (pools[].clusterMaxConcurrent) instead",
                     self.pools.len()
                 ),
             );
@@ -358,6 +361,24 @@ impl Config {
                     "approximate keys never match the KV event index: use policy preset `approximate` (routing history), or set the prefix weight to 0".into(),
                 );
             }
+            if p.cluster_max_concurrent > 0 && l.max_concurrent == 0 {
+                return err(
+                    at("clusterMaxConcurrent"),
+                    "needs admission on (proxy.maxConcurrent > 0): its queue bounds apply".into(),
+                );
+            }
+            if p.cluster_max_concurrent > 0 && !fits_a_fact_key(&p.name) {
+                return err(
+                    at("clusterMaxConcurrent"),
+                    format!(
+                        "the pool's name `{}` is gossiped in `fair:TENANT@POOL` keys: it must be 1 to {MAX_GOSSIPED_POOL_NAME} bytes without whitespace, control characters, `=` or `@`",
+                        p.name
+                            .chars()
+                            .take(MAX_GOSSIPED_POOL_NAME)
+                            .collect::<String>()
+                    ),
+                );
+            }
             let mut seen = std::collections::HashSet::new();
             for (j, e) in p.endpoints.iter().enumerate() {
                 if !seen.insert((&e.authority, e.dp_rank)) {
@@ -390,3 +411,16 @@ impl Config {
 
 /// What errors in the flags' configuration name as their file.
 pub const FLAGS: &str = "command line";
+
+/// The longest pool name a per-pool `clusterMaxConcurrent` gossips (the facts' identifier
+/// bound).
+const MAX_GOSSIPED_POOL_NAME: usize = 128;
+
+/// Whether a pool's name fits a `fair:TENANT@POOL` key: what the cluster's facts accept as
+/// an identifier, and no `@` (the separator; tenant names hold none).
+fn fits_a_fact_key(name: &str) -> bool {
+    (1..=MAX_GOSSIPED_POOL_NAME).contains(&name.len())
+        && !name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '=' || c == '@')
+}

@@ -23,7 +23,8 @@
 //! - `max_concurrent = 0` turns admission off (no counting at all).
 //! - **Cluster gate** (`cluster_max_concurrent > 0`, [`gate`]): tenants contending for the
 //!   agents' cluster-wide concurrency (agent-wide, so only with one pool: admission comes
-//!   before the request names its pool) get slots by priority then weight
+//!   before the request names its pool; a pool's own is a second stage,
+//!   [`Admission::for_pool`]) get slots by priority then weight
 //!   cluster-wide ([`allocate`]); a tenant at its cap here waits even when a slot is free,
 //!   and a released slot goes to the first waiter in queue order whose tenant is under its
 //!   cap. Every decision then takes the queue's lock (no fast path). The gate holds while
@@ -47,7 +48,7 @@ mod quota;
 use std::{
     collections::HashMap,
     sync::{
-        Arc,
+        Arc, Weak,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
@@ -96,10 +97,16 @@ impl Refused {
     }
 }
 
-/// The agent's admission state, shared by every data-path thread.
+/// The agent's admission state, shared by every data-path thread; or a pool's second stage
+/// ([`Admission::for_pool`]).
 #[derive(Debug)]
 pub struct Admission {
     limits: Limits,
+    /// Set for a pool's second stage: the pool, and the agent's admission (which counts its
+    /// refusals).
+    pool: Option<(Arc<str>, Arc<Admission>)>,
+    /// The pools' second stages (for the metrics).
+    stages: Mutex<Vec<Weak<Admission>>>,
     active: AtomicUsize,
     waiting: AtomicUsize,
     /// Waiters in grant order, and the cluster gate's state.
@@ -115,8 +122,30 @@ pub struct Admission {
 
 impl Admission {
     pub fn new(limits: Limits) -> Arc<Self> {
+        Self::with(limits, None)
+    }
+
+    /// The second stage for pool `pool` with its own cluster-wide concurrency (`capacity`),
+    /// taken once the request's pool is known, while the agent's slot (stage one) is held:
+    /// no slots of its own, only the cluster gate, so a tenant at its cap in this pool waits
+    /// in this pool's queue (the agent's `max_queued` and `queue_timeout`) and tenants of
+    /// other pools do not wait behind it. Its refusals count in `agent`'s.
+    pub fn for_pool(agent: &Arc<Admission>, pool: &str, capacity: usize) -> Arc<Self> {
+        let limits = Limits {
+            max_concurrent: usize::MAX,
+            cluster_max_concurrent: capacity,
+            ..agent.limits
+        };
+        let stage = Self::with(limits, Some((Arc::from(pool), agent.clone())));
+        agent.stages.lock().push(Arc::downgrade(&stage));
+        stage
+    }
+
+    fn with(limits: Limits, pool: Option<(Arc<str>, Arc<Admission>)>) -> Arc<Self> {
         Arc::new(Self {
             limits,
+            pool,
+            stages: Mutex::new(Vec::new()),
             active: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
             queue: Mutex::new(Queue {
@@ -208,6 +237,9 @@ impl Admission {
 
     fn count(&self, reason: Refused) {
         self.refused[reason as usize].fetch_add(1, Ordering::Relaxed);
+        if let Some((_, agent)) = &self.pool {
+            agent.count(reason);
+        }
     }
 
     fn try_take(&self) -> bool {
@@ -260,10 +292,7 @@ impl Admission {
             if place >= self.limits.max_queued {
                 drop(queue);
                 self.count(Refused::QueueFull);
-                return Err(self.busy(format!(
-                    "The router is at capacity ({} requests in progress, {} waiting); retry later.",
-                    self.limits.max_concurrent, self.limits.max_queued
-                )));
+                return Err(self.busy(self.full()));
             }
             self.queued.fetch_add(1, Ordering::Relaxed);
             if let Some(g) = &mut queue.gate {
@@ -364,6 +393,21 @@ impl Admission {
         true
     }
 
+    /// Why a full queue refused.
+    fn full(&self) -> String {
+        let l = &self.limits;
+        match &self.pool {
+            Some((pool, _)) => format!(
+                "This tenant is at its share of pool `{pool}`'s cluster-wide concurrency ({} requests) and {} requests wait for it; retry later.",
+                l.cluster_max_concurrent, l.max_queued
+            ),
+            None => format!(
+                "The router is at capacity ({} requests in progress, {} waiting); retry later.",
+                l.max_concurrent, l.max_queued
+            ),
+        }
+    }
+
     /// A 429 whose `Retry-After` is the queue timeout (at least a second).
     fn busy(&self, message: String) -> ProxyError {
         ProxyError {
@@ -425,9 +469,18 @@ impl Admission {
                 "This agent's slots for a tenant under the cluster gate, while it is engaged",
             )
             .with_callback(move |o| {
-                let caps = a.queue.lock().gate.as_ref().map(|g| g.caps(Instant::now()));
-                for (tenant, cap) in caps.unwrap_or_default() {
+                let now = Instant::now();
+                for (tenant, cap) in a.caps(now) {
                     o.observe(cap, &[KeyValue::new("tenant", tenant.to_string())]);
+                }
+                let stages: Vec<Arc<Admission>> =
+                    a.stages.lock().iter().filter_map(Weak::upgrade).collect();
+                for stage in stages {
+                    let pool = stage.pool.as_ref().map_or("", |(p, _)| p).to_string();
+                    for (tenant, cap) in stage.caps(now) {
+                        let tenant = KeyValue::new("tenant", tenant.to_string());
+                        o.observe(cap, &[tenant, KeyValue::new("pool", pool.clone())]);
+                    }
                 }
             })
             .build();
@@ -438,6 +491,14 @@ impl Admission {
             .with_description("Requests waiting for an admission slot")
             .with_callback(move |o| o.observe(a.waiting.load(Ordering::Relaxed) as u64, &[]))
             .build();
+    }
+}
+
+impl Admission {
+    /// Every tenant's cap under this admission's cluster gate now (none when off or stale).
+    fn caps(&self, now: Instant) -> Vec<(Arc<str>, u64)> {
+        let q = self.queue.lock();
+        q.gate.as_ref().map(|g| g.caps(now)).unwrap_or_default()
     }
 }
 

@@ -287,7 +287,20 @@ async fn route(
         }
     };
     let pool = &proxy.pools[chosen.pool];
-    forward(
+    // The pool's own cluster-wide concurrency, now that the pool is known (the agent's slot,
+    // stage one, is held meanwhile): held until the answer's body ends.
+    let stage = match &pool.admission {
+        Some(stage) => {
+            let class = admission::Class {
+                tenant: attempt.tenant.id(),
+                priority: tenant.priority,
+                weight: tenant.weight,
+            };
+            stage.admit_as(class, &tenant.name).await?
+        }
+        None => None,
+    };
+    let mut answer = forward(
         proxy,
         pool,
         &chosen.action,
@@ -297,5 +310,7 @@ async fn route(
         attempt,
         strip_usage,
     )
-    .await
+    .await?;
+    answer.body = admission::hold(answer.body, stage);
+    Ok(answer)
 }

@@ -36,6 +36,9 @@ pub struct PoolRuntime {
     pub calibration: Arc<Calibration>,
     /// The pool's hot prefixes and their homes.
     pub replication: parking_lot::Mutex<Replication>,
+    /// The second admission stage under the pool's own `clusterMaxConcurrent`
+    /// ([`super::admission::Admission::for_pool`]); `None`: off.
+    pub admission: Option<Arc<super::admission::Admission>>,
 }
 
 impl PoolRuntime {
@@ -76,6 +79,7 @@ impl Proxy {
             unkeyed: UnkeyedCounts::new(name),
             calibration: Arc::default(),
             replication: Default::default(),
+            admission: None,
         });
         self.pools.last_mut().expect("a pool was just pushed")
     }

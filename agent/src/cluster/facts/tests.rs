@@ -262,6 +262,27 @@ fn a_contention_fact_reads_back_and_refuses_what_is_not_one() {
 }
 
 #[test]
+fn a_pools_contention_fact_names_tenant_and_pool() {
+    let fact = Fact::Contention {
+        tenant: "team-a@pool-1".into(),
+        contention: Contention {
+            priority: 1,
+            weight: 2,
+            demand: 3,
+        },
+    };
+    assert_eq!(fact.key(), "fair:team-a@pool-1");
+    let value = fact.value().expect("a valid tenant and pool");
+    assert_eq!(Fact::parse(&fact.key(), &value), Ok(fact));
+    for bad in ["fair:a@b@c", "fair:a@", "fair:@p", "fair:a b@p"] {
+        assert!(
+            matches!(Fact::parse(bad, &value), Err(FactError::Invalid { .. })),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
 fn the_contention_round_reads_back_and_refuses_what_is_not_one() {
     let widest = Fact::ContentionRound(u64::MAX);
     assert_eq!(widest.key(), "fair");

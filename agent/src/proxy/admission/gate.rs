@@ -1,5 +1,5 @@
-//! The cluster gate: each tenant's slots at this agent while tenants contend for the agents'
-//! cluster-wide concurrency (`clusterMaxConcurrent`, agent-wide: one pool only;
+//! The cluster gate: each tenant's slots at this agent while tenants contend for a
+//! cluster-wide concurrency (`clusterMaxConcurrent`: the agent's, or a pool's second stage;
 //! docs/policy.md, "Across agents").
 //! Pure state, held under the admission queue's lock: the requests each tenant has in flight
 //! and waiting here, the peers' contention as last gossiped, and the caps computed from both

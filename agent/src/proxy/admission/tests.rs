@@ -394,3 +394,28 @@ async fn a_view_gone_stale_lets_capped_waiters_start() {
     let _second = second.await.unwrap().expect("counted");
     assert_eq!(a.active(), 2);
 }
+
+#[tokio::test]
+async fn a_pools_stage_holds_a_tenant_at_its_cap_and_counts_refusals_in_the_agents() {
+    // The agent: 100 slots, nobody may queue. Pool `p`: 2 cluster-wide; alone (a fresh view
+    // without peers) `t1` with 2 in demand may hold 2 there, and a third is refused at
+    // once (no queue), counted in the agent's refusals with the pool named.
+    let agent = Admission::new(limits(100, 0, 1_000));
+    let stage = Admission::for_pool(&agent, "p", 2);
+    let c = class(1, 0, 1);
+    let held = [
+        stage.admit_as(c, &name(c)).await.unwrap(),
+        stage.admit_as(c, &name(c)).await.unwrap(),
+    ];
+    stage.take_round();
+    stage.set_remote_contention(HashMap::new(), Duration::from_secs(60));
+    assert_eq!(stage.cluster_cap("t1"), Some(2));
+    let err = stage.admit_as(c, &name(c)).await.unwrap_err();
+    assert_eq!(err.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(err.message.contains("pool `p`"), "{}", err.message);
+    assert_eq!(agent.refused(Refused::QueueFull), 1);
+    // The agent's own slots are not the stage's: none taken.
+    assert_eq!(agent.active(), 0);
+    drop(held);
+    let _again = stage.admit_as(c, &name(c)).await.unwrap();
+}
