@@ -146,9 +146,15 @@ impl Routing {
         for l in self.listeners.drain(..) {
             l.abort();
         }
-        // Requests waiting for a slot, and those at an engine (their streams included).
+        // Requests waiting for a slot (the agent's, or a pool's stage: those hold an agent
+        // slot and are at no engine yet), and those at an engine (their streams included).
         let busy = |p: &crate::proxy::Proxy| {
             p.admission.waiting()
+                + p.pools
+                    .iter()
+                    .filter_map(|pool| pool.admission.as_ref())
+                    .map(|stage| stage.waiting())
+                    .sum::<usize>()
                 + p.pools
                     .iter()
                     .flat_map(|pool| pool.pool.endpoints().to_vec())
@@ -254,6 +260,11 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     let mut pods = crate::cluster::join::Pods::default();
     // The same pods again, for the cluster's sets once discovered pods join them.
     let (mut static_local, mut static_remote) = (Vec::new(), Vec::new());
+    let gated_pools = config
+        .pools
+        .iter()
+        .filter(|p| p.cluster_max_concurrent > 0)
+        .count();
     for pc in &config.pools {
         let mut endpoints = Vec::new();
         for e in &pc.endpoints {
@@ -316,6 +327,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
                 &proxy.admission,
                 &pc.name,
                 pc.cluster_max_concurrent,
+                gated_pools,
             )
         });
         let added = proxy.add_pool(&pc.name, pool, tokens, pc.session.clone());

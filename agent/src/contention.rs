@@ -1,5 +1,6 @@
-//! What agents exchange for cluster-wide fair admission: each agent's demand for the agents'
-//! cluster-wide concurrency (`clusterMaxConcurrent`), per tenant (docs/policy.md, "Across agents"). The admission gate
+//! What agents exchange for cluster-wide fair admission: each agent's demand, per tenant, for
+//! a cluster-wide concurrency (`clusterMaxConcurrent`: agent-wide with one pool, or a pool's
+//! own; docs/policy.md, "Across agents"). The admission gate
 //! ([`crate::proxy::admission`]) measures it and divides the capacity by it; the cluster
 //! gossips it ([`crate::cluster`]). Its own module, below both, so that neither depends on
 //! the other.

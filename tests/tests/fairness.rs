@@ -141,12 +141,17 @@ async fn closed_loop(
     done
 }
 
-/// The value of `warmpath_admission_cluster_cap` for `tenant` at `agent`.
+/// The value of `warmpath_admission_cluster_cap` for `tenant` at `agent`, from the pool
+/// `shared`'s stage.
 async fn cap(client: &reqwest::Client, agent: &AgentProcess, tenant: &str) -> Option<f64> {
     let text = metrics_text(client, &format!("http://{}", agent.admin)).await;
     let want = format!("tenant=\"{tenant}\"");
     text.lines()
-        .find(|l| l.starts_with("warmpath_admission_cluster_cap{") && l.contains(&want))
+        .find(|l| {
+            l.starts_with("warmpath_admission_cluster_cap{")
+                && l.contains(&want)
+                && l.contains("pool=\"shared\"")
+        })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
 }

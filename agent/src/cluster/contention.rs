@@ -33,8 +33,9 @@ use super::{
 };
 use crate::contention::{Contention, ContentionExchange};
 
-/// The most tenants one agent publishes: 256 facts of at most 46 bytes of value and 69 of
-/// key, under 29 KiB of state (and the round counter, 29 bytes of value).
+/// The most tenant contention facts one agent publishes: 256 of at most 46 bytes of value
+/// and, keyed `fair:TENANT@POOL`, at most 198 of key: under 61 KiB of state (and the round
+/// counter, 29 bytes of value).
 pub const MAX_CONTENTION_FACTS: usize = 256;
 /// Rounds the peers' contention stays in force without a newer one; and the rounds of this
 /// agent a peer's round counter may stand still before its facts stop counting.

@@ -753,5 +753,12 @@ mod tests {
             e.contains("pools[0].clusterMaxConcurrent") && e.contains("admission on"),
             "{e}"
         );
+        // One pool with both: two gates would stack on its requests.
+        let both = one.replace("model: m\n", "model: m\n  clusterMaxConcurrent: 8\n");
+        let e = error(&both);
+        assert!(
+            e.contains("pools[0].clusterMaxConcurrent") && e.contains("not both"),
+            "{e}"
+        );
     }
 }

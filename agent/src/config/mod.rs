@@ -367,6 +367,15 @@ impl Config {
                     "needs admission on (proxy.maxConcurrent > 0): its queue bounds apply".into(),
                 );
             }
+            if p.cluster_max_concurrent > 0 && l.cluster_max_concurrent > 0 {
+                return err(
+                    at("clusterMaxConcurrent"),
+                    "set the cluster concurrency once: per pool or agent-wide \
+                     (proxy.clusterMaxConcurrent), not both (two gates would stack on the \
+                     same requests)"
+                        .into(),
+                );
+            }
             if p.cluster_max_concurrent > 0 && !fits_a_fact_key(&p.name) {
                 return err(
                     at("clusterMaxConcurrent"),

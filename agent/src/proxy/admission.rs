@@ -14,7 +14,8 @@
 //!   handed straight to the next waiter (a one-shot channel per waiter, sent under the
 //!   queue's lock), so a newcomer cannot take it first. A waiter gives up when
 //!   `queue_timeout` passes: then 429. So no admitted request waited longer than the queue
-//!   timeout, and the agent holds at most `max_concurrent + max_queued` routed requests.
+//!   timeout at one stage (twice it with a pool's stage after the agent's), and the agent
+//!   holds at most `max_concurrent + max_queued` routed requests.
 //! - **No lost slot**: a waiter that gives up (timeout or cancellation) takes itself out
 //!   of the queue under the lock; if a slot was handed to it first, it owns that slot: a
 //!   timed-out waiter is then admitted, a cancelled one passes the slot on. A release and
@@ -130,10 +131,22 @@ impl Admission {
     /// no slots of its own, only the cluster gate, so a tenant at its cap in this pool waits
     /// in this pool's queue (the agent's `max_queued` and `queue_timeout`) and tenants of
     /// other pools do not wait behind it. Its refusals count in `agent`'s.
-    pub fn for_pool(agent: &Arc<Admission>, pool: &str, capacity: usize) -> Arc<Self> {
+    ///
+    /// `gated_pools` is how many pools of the agent have a stage. Each stage's queue holds at
+    /// most the agent's `max_queued` and at most `max_concurrent / (gated_pools + 1)` (at
+    /// least 1): its waiters hold agent slots, so the stages' queues together never take
+    /// every agent slot and a tenant held at one pool's share cannot block the other pools.
+    pub fn for_pool(
+        agent: &Arc<Admission>,
+        pool: &str,
+        capacity: usize,
+        gated_pools: usize,
+    ) -> Arc<Self> {
+        let share = (agent.limits.max_concurrent / gated_pools.saturating_add(1)).max(1);
         let limits = Limits {
             max_concurrent: usize::MAX,
             cluster_max_concurrent: capacity,
+            max_queued: agent.limits.max_queued.min(share),
             ..agent.limits
         };
         let stage = Self::with(limits, Some((Arc::from(pool), agent.clone())));
@@ -460,6 +473,22 @@ impl Admission {
             .with_unit("{request}")
             .with_description("Requests holding an admission slot")
             .with_callback(move |o| o.observe(a.active() as u64, &[]))
+            .build();
+        let a = self.clone();
+        meter
+            .u64_observable_gauge("warmpath.admission.pool_waiting")
+            .with_unit("{request}")
+            .with_description(
+                "Requests waiting at a pool's stage (holding an agent slot, at no engine yet)",
+            )
+            .with_callback(move |o| {
+                let stages: Vec<Arc<Admission>> =
+                    a.stages.lock().iter().filter_map(Weak::upgrade).collect();
+                for stage in stages {
+                    let pool = stage.pool.as_ref().map_or("", |(p, _)| p).to_string();
+                    o.observe(stage.waiting() as u64, &[KeyValue::new("pool", pool)]);
+                }
+            })
             .build();
         let a = self.clone();
         meter

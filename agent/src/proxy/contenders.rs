@@ -95,7 +95,7 @@ mod tests {
             proxy.add_pool(name, pool, source, SessionSource::default());
         }
         for (i, name) in [(0, "a"), (1, "b")] {
-            proxy.pools[i].admission = Some(Admission::for_pool(&proxy.admission, name, 4));
+            proxy.pools[i].admission = Some(Admission::for_pool(&proxy.admission, name, 4, 2));
         }
         proxy
     }

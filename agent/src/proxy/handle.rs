@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use super::{
-    ClientOrigin, Proxy, ProxyError, admission, clients, error,
+    ClientOrigin, PoolRuntime, Proxy, ProxyError, admission, clients, error,
     forward::forward,
     record::{Attempt, Ending},
     request,
@@ -170,6 +170,25 @@ fn models(proxy: &Proxy) -> http::Response<Body> {
     full(StatusCode::OK, "application/json", v.to_string())
 }
 
+/// The chosen pool's own cluster-wide concurrency (`pools[].clusterMaxConcurrent`), once the
+/// pool is known; the agent's slot (stage one) is held meanwhile. The permit is held until the
+/// answer's body ends; `None` when the pool has no stage.
+async fn pool_stage(
+    pool: &PoolRuntime,
+    tenant: &TenantRule,
+    attempt: &Attempt,
+) -> Result<Option<admission::Permit>, ProxyError> {
+    let Some(stage) = &pool.admission else {
+        return Ok(None);
+    };
+    let class = admission::Class {
+        tenant: attempt.tenant.id(),
+        priority: tenant.priority,
+        weight: tenant.weight,
+    };
+    stage.admit_as(class, &tenant.name).await
+}
+
 /// A request to route: its pool, the policy's action, token keys and session key, then
 /// forwarded.
 async fn route(
@@ -188,7 +207,7 @@ async fn route(
         headers: &parts.headers,
         tenant: &tenant.name,
     };
-    let (chosen, ctx, body) = match kind {
+    let (chosen, ctx, body, stage) = match kind {
         Some(kind) => {
             let mut req = request::Request::read(kind, &body, &proxy.pools[0].pool.model)?;
             let prompt_bytes = req.prompt_bytes();
@@ -253,6 +272,9 @@ async fn route(
                     .await
                 }
             };
+            // The pool's stage before the quota: a request it refuses (429) or that times out
+            // waiting charges nothing and holds no stream slot.
+            let stage = pool_stage(pool, tenant, attempt).await?;
             if let Some(limits) = &tenant.quotas {
                 // Prompt tokens as far as the keys tell (whole blocks); the engine's usage
                 // corrects the charge when the request ends.
@@ -269,7 +291,7 @@ async fn route(
                 session: session_rule.key(&parts.headers),
                 lora,
             };
-            (chosen, ctx, forwarded)
+            (chosen, ctx, forwarded, stage)
         }
         // Other paths pass through to the first pool's least-loaded endpoint, without prefix
         // information.
@@ -283,23 +305,11 @@ async fn route(
                 session: session_rule.key(&parts.headers),
                 ..RequestCtx::default()
             };
-            (chosen, ctx, body)
+            let stage = pool_stage(pool, tenant, attempt).await?;
+            (chosen, ctx, body, stage)
         }
     };
     let pool = &proxy.pools[chosen.pool];
-    // The pool's own cluster-wide concurrency, now that the pool is known (the agent's slot,
-    // stage one, is held meanwhile): held until the answer's body ends.
-    let stage = match &pool.admission {
-        Some(stage) => {
-            let class = admission::Class {
-                tenant: attempt.tenant.id(),
-                priority: tenant.priority,
-                weight: tenant.weight,
-            };
-            stage.admit_as(class, &tenant.name).await?
-        }
-        None => None,
-    };
     let mut answer = forward(
         proxy,
         pool,

@@ -401,7 +401,7 @@ async fn a_pools_stage_holds_a_tenant_at_its_cap_and_counts_refusals_in_the_agen
     // without peers) `t1` with 2 in demand may hold 2 there, and a third is refused at
     // once (no queue), counted in the agent's refusals with the pool named.
     let agent = Admission::new(limits(100, 0, 1_000));
-    let stage = Admission::for_pool(&agent, "p", 2);
+    let stage = Admission::for_pool(&agent, "p", 2, 1);
     let c = class(1, 0, 1);
     let held = [
         stage.admit_as(c, &name(c)).await.unwrap(),
@@ -418,4 +418,47 @@ async fn a_pools_stage_holds_a_tenant_at_its_cap_and_counts_refusals_in_the_agen
     assert_eq!(agent.active(), 0);
     drop(held);
     let _again = stage.admit_as(c, &name(c)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_pools_stage_queues_at_most_its_share_of_the_agents_slots() {
+    // The agent: 4 slots, 1,000 may queue. One pool of the agent has a stage (cluster-wide 1):
+    // its queue holds at most 4 / (1 + 1) = 2, since each of its waiters holds an agent slot;
+    // the other 2 agent slots stay for the other pools.
+    let agent = Admission::new(limits(4, 1_000, 60_000));
+    let stage = Admission::for_pool(&agent, "p", 1, 1);
+    let c = class(1, 0, 1);
+    let held = stage.admit_as(c, &name(c)).await.unwrap();
+    stage.take_round();
+    stage.set_remote_contention(HashMap::new(), Duration::from_secs(60));
+    assert_eq!(stage.cluster_cap("t1"), Some(1));
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let stage = stage.clone();
+            tokio::spawn(async move { stage.admit_as(c, &name(c)).await.map(|p| p.is_some()) })
+        })
+        .collect();
+    for _ in 0..1_000 {
+        if stage.waiting() == 2 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(stage.waiting(), 2, "both wait at the tenant's cap");
+    let err = stage.admit_as(c, &name(c)).await.unwrap_err();
+    assert_eq!(
+        err.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a third may not queue"
+    );
+    assert_eq!(agent.refused(Refused::QueueFull), 1);
+    drop(held);
+    let mut started = 0;
+    for w in waiters {
+        // Each waiter starts once the one before it is done (its permit dropped at once).
+        if w.await.unwrap().unwrap() {
+            started += 1;
+        }
+    }
+    assert_eq!(started, 2);
 }
