@@ -14,7 +14,9 @@
 use libfuzzer_sys::fuzz_target;
 use warmpath_agent::cluster::facts::{Fact, MAX_FACT_BYTES, MAX_ID_BYTES};
 
-const PREFIXES: [&str; 6] = ["agent", "pod:", "wm:", "load:", "usage:", ""];
+const PREFIXES: [&str; 8] = [
+    "agent", "pod:", "wm:", "load:", "usage:", "fair:", "fair", "",
+];
 
 fuzz_target!(|data: &[u8]| {
     let Some((&selector, rest)) = data.split_first() else {
@@ -48,6 +50,16 @@ fuzz_target!(|data: &[u8]| {
         }
         Fact::Watermark { pod, .. } | Fact::Load { pod, .. } => pod,
         Fact::Usage { tenant, .. } => tenant,
+        // `TENANT` or `TENANT@POOL`: each part an identifier, the pool without '@'.
+        Fact::Contention { tenant, .. } => {
+            let (tenant, pool) = tenant.split_once('@').unwrap_or((tenant, ""));
+            assert!(
+                pool.len() <= MAX_ID_BYTES && !pool.contains('@'),
+                "pool {pool:?}"
+            );
+            tenant
+        }
+        Fact::ContentionRound(_) => "",
     };
     assert!(id.len() <= MAX_ID_BYTES, "a {}-byte identifier", id.len());
     let again = fact.value().expect("an accepted fact re-encodes");
