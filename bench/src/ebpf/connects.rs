@@ -160,18 +160,8 @@ pub fn measure(s: &Settings, stop: &Arc<AtomicBool>) -> Result<Measurement, Erro
                 Variant::Iptables => (&ipt_ns, cgroups.children[0].path(), IPTABLES_VIP),
                 Variant::Connect4 => (&plain_ns, cgroups.children[1].path(), BPF_VIP),
             };
-            let moved = Moved::into(cgroup)?;
-            let (h, rate) = std::thread::scope(|scope| {
-                scope
-                    .spawn(|| {
-                        ns.enter_thread()?;
-                        connect_loop(to, s.connects, s.max_round, stop)
-                    })
-                    .join()
-                    .map_err(|_| Error::Setup("the connect loop panicked".into()))?
-            })
-            .map_err(|e| Error::Setup(format!("{}: {e}", variants[i].name())))?;
-            drop(moved);
+            let (h, rate) = connect_from(ns, cgroup, to, s, stop)
+                .map_err(|e| Error::Setup(format!("{}: {e}", variants[i].name())))?;
             let m = &mut measured[i];
             m.medians.push(h.value_at_quantile(0.5) as f64);
             m.rates.push(rate);
@@ -247,17 +237,7 @@ impl Kernel {
         };
         let stats = warmpath_agent::ebpf::RunTimeStats::enable().map_err(fail)?;
         let before = runs()?;
-        let moved = Moved::into(cgroup)?;
-        let looped = std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    ns.enter_thread()?;
-                    connect_loop(to, s.connects, s.max_round, stop)
-                })
-                .join()
-                .map_err(|_| Error::Setup("the connect loop panicked".into()))?
-        });
-        drop(moved);
+        let looped = connect_from(ns, cgroup, to, s, stop);
         let after = runs()?;
         drop(stats);
         let connects = looped?.0.len();
@@ -284,6 +264,28 @@ fn histogram() -> Histogram<u64> {
 
 /// `count` connects to `to` (or as many as fit in `within`): each one's latency in ns, and
 /// connections per second over the loop.
+/// [`connect_loop`] on a thread in `ns`, this process moved into `cgroup` meanwhile.
+fn connect_from(
+    ns: &Netns,
+    cgroup: &Path,
+    to: SocketAddrV4,
+    s: &Settings,
+    stop: &AtomicBool,
+) -> Result<(Histogram<u64>, f64), Error> {
+    let moved = Moved::into(cgroup)?;
+    let looped = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                ns.enter_thread()?;
+                connect_loop(to, s.connects, s.max_round, stop)
+            })
+            .join()
+            .map_err(|_| Error::Setup("the connect loop panicked".into()))?
+    });
+    drop(moved);
+    looped
+}
+
 fn connect_loop(
     to: SocketAddrV4,
     count: usize,
