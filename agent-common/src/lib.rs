@@ -13,18 +13,37 @@ pub const SERVICES_MAP: &str = "WARMPATH_SERVICES";
 /// How many VIP:port pairs (IPv4 and IPv6 together) one node can intercept.
 pub const SERVICES_CAPACITY: u32 = 4096;
 
-/// Map: socket local storage (`BPF_MAP_TYPE_SK_STORAGE`, key: a socket) -> the [`Origin`] of
-/// a rewritten connect, written by connect4/6 and read by sock_ops, getpeername and the byte
-/// counters. An entry lives exactly as long as its socket, so the map needs no capacity (the
-/// kernel reports 0) and never evicts; userspace reads it by a socket fd it holds.
+/// Map: socket local storage (`BPF_MAP_TYPE_SK_STORAGE`, key: a socket) -> [`Tracked`]: the
+/// [`Origin`] of a connect sent to a pod (steered, or failed open), written by connect4/6 and
+/// read by getpeername and by sock_ops, which counts the socket's bytes from it. An entry lives
+/// exactly as long as its socket, so the map needs no capacity (the kernel reports 0) and never
+/// evicts; userspace reads it by a socket fd it holds.
 pub const ORIG_DST_MAP: &str = "WARMPATH_ORIG_DST";
+
+/// Map: direct-mapped array, slot `cookie % RECENT_CAPACITY` -> [`Recent`]: the [`Origin`] of
+/// a proxy-mode connect (rewritten to the agent listener), written by connect4/6 under the
+/// socket's cookie and read once by sock_ops when that connection is established, a round trip
+/// later. A plain array store instead of an allocation per socket (docs/ebpf.md, "Why a
+/// direct-mapped array"); a slot is overwritten only after `RECENT_CAPACITY` more socket
+/// cookies, which the reader's cookie check catches.
+pub const RECENT_MAP: &str = "WARMPATH_RECENT";
+/// A power of two (the slot is the cookie's low bits): 65,536 x 40 B = 2.5 MiB.
+pub const RECENT_CAPACITY: u32 = 65_536;
+
+/// Map: agent listener address -> 1, every address [`SERVICES_MAP`] rewrites to: sock_ops
+/// looks an established connection's peer up here before it asks for the socket's cookie,
+/// so connections elsewhere pay one lookup.
+pub const LISTENERS_MAP: &str = "WARMPATH_LISTENERS";
+/// A handful: one listener per address family, and those of earlier agents until `--cleanup`.
+pub const LISTENERS_CAPACITY: u32 = 64;
 
 /// Map: client-side 4-tuple ([`FourTuple`]) -> [`Origin`], written by sock_ops when a
 /// proxy-mode connection (rewritten to the agent listener) is established, so the agent can
-/// look an accepted connection up by its addresses; the agent removes each entry it reads.
+/// look an accepted connection up by its addresses and getpeername can answer with the VIP;
+/// the agent removes each entry when it closes the connection.
 pub const CONNS_MAP: &str = "WARMPATH_CONNS";
-/// LRU-bounded: entries the agent never reads (a client that closed before the accept) age
-/// out instead of filling the map.
+/// LRU-bounded: entries the agent never reads (a client that closed before the accept, an
+/// agent killed with connections open) age out instead of filling the map.
 pub const CONNS_CAPACITY: u32 = 65_536;
 
 /// Map: cgroup id -> 1 for cgroups whose connects are never rewritten (the agent's own).
@@ -64,8 +83,9 @@ pub const COUNTERS_MAP: &str = "WARMPATH_COUNTERS";
 pub const COUNTERS_LEN: u32 = 16;
 
 /// Map: client cgroup id -> [`CgroupStats`] (per-CPU, summed by the agent): how that cgroup's
-/// connects to intercepted VIPs were served and the bytes of the sockets the programs
-/// rewrote, so per-tenant telemetry covers steered and failed-open traffic too.
+/// connects to intercepted VIPs were served and the TCP bytes of those sent to a pod, so
+/// per-tenant telemetry covers steered and failed-open traffic too (the agent counts what it
+/// carries itself).
 pub const CGROUP_STATS_MAP: &str = "WARMPATH_CGROUP_STATS";
 /// LRU-bounded: the least recently active cgroups age out (the agent keeps what it already
 /// counted).
@@ -217,6 +237,31 @@ pub struct Origin {
 
 const _: () = assert!(size_of::<Origin>() == 32);
 
+/// The value of [`ORIG_DST_MAP`] (a connect sent to a pod): its [`Origin`], and the socket's
+/// TCP byte counts (`bytes_acked`, `bytes_received`) as sock_ops last added them to
+/// [`CGROUP_STATS_MAP`], so each callback adds only what is new.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Tracked {
+    pub origin: Origin,
+    pub acked: u64,
+    pub received: u64,
+}
+
+const _: () = assert!(size_of::<Tracked>() == 48);
+
+/// A slot of [`RECENT_MAP`]: the origin and the cookie of the socket it belongs to (0: never
+/// written; the kernel's socket cookies start at 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Recent {
+    pub cookie: u64,
+    pub origin: Origin,
+}
+
+const _: () = assert!(size_of::<Recent>() == 40);
+const _: () = assert!(RECENT_CAPACITY.is_power_of_two());
+
 /// A TCP connection's addresses as its client sees them: `client` (local) and `server` (the
 /// agent listener the connect was rewritten to). The agent sees the same pair as (peer, local)
 /// on accept.
@@ -290,9 +335,10 @@ pub struct CgroupStats {
     /// Connects to a VIP while the heartbeat was stale: to an affinity or backend-set pod, or
     /// left to the VIP untouched.
     pub connects_failopen: u64,
-    /// Bytes (IP packet lengths, headers included) sent on sockets whose connect was rewritten.
+    /// TCP bytes the pod acknowledged on sockets whose connect was sent to a pod (steered or
+    /// failed open to a table pod): the payload, plus one for the FIN.
     pub bytes_sent: u64,
-    /// Bytes received on those sockets.
+    /// TCP payload bytes received in order on those sockets.
     pub bytes_received: u64,
 }
 
@@ -305,6 +351,8 @@ mod pod {
     // pattern valid.
     unsafe impl aya::Pod for super::Endpoint {}
     unsafe impl aya::Pod for super::Origin {}
+    unsafe impl aya::Pod for super::Recent {}
+    unsafe impl aya::Pod for super::Tracked {}
     unsafe impl aya::Pod for super::FourTuple {}
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::Backends {}

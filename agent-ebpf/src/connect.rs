@@ -3,7 +3,8 @@
 //!
 //! For every connect() in the attached cgroup: look the destination up in SERVICES; on a hit
 //! from a cgroup that is not excluded, record the original destination and the caller's cgroup
-//! in the socket's own storage (ORIG_DST, `origin.rs`) and rewrite the address. The connect is
+//! (`origin.rs`: under the socket's cookie in RECENT for a hop to the agent, in the socket's
+//! own storage, ORIG_DST, for a connect sent to a pod) and rewrite the address. The connect is
 //! always allowed (return 1): a miss or an error leaves the application's own destination
 //! untouched, so the programs can only fail open.
 //!
@@ -130,18 +131,25 @@ fn try_connect<const FAMILY: u16, const PROXY: bool>(ctx: &SockAddrContext) -> R
         // The loader never writes such an entry; refuse to half-rewrite one.
         return Ok(ALLOW);
     }
+    let alive = agent_alive();
+    // SAFETY: read-only lookup of a plain value.
+    let steer = unsafe { STEER.get(&dst) }.is_some();
+    // A proxy-mode connect is the proxy program's alone: the pinned one stops here, before
+    // the cgroup and exclusion lookups.
+    let proxy_mode = alive && !steer;
+    if !PROXY && proxy_mode {
+        return Ok(ALLOW);
+    }
     // SAFETY: the helper takes no arguments and only reads the current task.
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     // SAFETY: read-only lookup of a plain value.
     if unsafe { EXCLUDED.get(&cgroup_id) }.is_some() {
-        if !PROXY {
+        // Counted once, by the program that would have rewritten the connect otherwise.
+        if !PROXY || proxy_mode {
             count(Counter::EXCLUDED);
         }
         return Ok(ALLOW);
     }
-    let alive = agent_alive();
-    // SAFETY: read-only lookup of a plain value.
-    let steer = unsafe { STEER.get(&dst) }.is_some();
     let table = if steer || !alive {
         table_pod(cgroup_id, &dst)
     } else {
@@ -178,7 +186,12 @@ fn try_connect<const FAMILY: u16, const PROXY: bool>(ctx: &SockAddrContext) -> R
         _pad: 0,
         cgroup_id,
     };
-    if !origin::record(ctx, &recorded) {
+    // A proxy-mode hop's origin goes to the agent (and getpeername) through CONNS, copied
+    // there by sock_ops a round trip later: a plain array store carries it until then. A
+    // connect to a pod keeps it in the socket's storage for the socket's whole life.
+    if PROXY {
+        origin::remember(ctx, &recorded);
+    } else if !origin::record(ctx, &recorded) {
         count(Counter::ORIG_DST_FAILED);
     }
     set_user_endpoint::<FAMILY>(ctx, &target);

@@ -2,10 +2,10 @@
 //! both ends of a connection agree on, the on flag, and adding a socket to SOCKHASH. Shared by
 //! sock_ops (which adds the two ends) and sk_msg (which redirects between them).
 
-use aya_ebpf::bindings::{BPF_ANY, bpf_sock_ops};
+use aya_ebpf::bindings::{BPF_ANY, bpf_sock, bpf_sock_ops};
 use warmpath_common::{Counter, Endpoint, FAMILY_V4, FAMILY_V6, Origin, SockKey};
 
-use crate::{SERVICES, SK_MSG_ON, SK_MSG_TCP, SOCKHASH, count};
+use crate::{LISTENERS, SERVICES, SK_MSG_ON, SK_MSG_TCP, SOCKHASH, count};
 
 pub const AF_INET: u32 = 2;
 pub const AF_INET6: u32 = 10;
@@ -41,6 +41,39 @@ macro_rules! sock_key {
     }};
 }
 pub(crate) use sock_key;
+
+/// The [`SockKey`] of a full socket from its `bpf_sock` view (`src_*` is the local end,
+/// `dst_*` the peer, `dst_port` network order in 16 bits); `None` for a null pointer or a
+/// family other than IPv4 and IPv6.
+#[inline(always)]
+pub fn key_of_sock(sk: *mut bpf_sock) -> Option<SockKey> {
+    if sk.is_null() {
+        return None;
+    }
+    // SAFETY: `sk` is a non-null socket pointer from the kernel's context; plain loads of the
+    // sizes the verifier allows (4 bytes, 2 for `dst_port`), the IPv6 words only for IPv6.
+    unsafe {
+        use core::ptr::read_volatile as rd;
+        let family = rd(&(*sk).family);
+        let local_port = rd(&(*sk).src_port);
+        let remote_port = u32::from(rd(&(*sk).dst_port));
+        if family == AF_INET {
+            Some(key4(
+                rd(&(*sk).src_ip4),
+                rd(&(*sk).dst_ip4),
+                local_port,
+                remote_port,
+            ))
+        } else if family == AF_INET6 {
+            let (l, r) = (&(*sk).src_ip6, &(*sk).dst_ip6);
+            let l = [rd(&l[0]), rd(&l[1]), rd(&l[2]), rd(&l[3])];
+            let r = [rd(&r[0]), rd(&r[1]), rd(&r[2]), rd(&r[3])];
+            Some(key6(l, r, local_port, remote_port))
+        } else {
+            None
+        }
+    }
+}
 
 #[inline(always)]
 pub fn key4(local: u32, remote: u32, local_port: u32, remote_port: u32) -> SockKey {
@@ -117,6 +150,13 @@ pub fn to_agent(origin: &Origin, server: &Endpoint) -> bool {
         Some(listener) => same(listener, server),
         None => false,
     }
+}
+
+/// Whether `server` is an agent listener (some SERVICES value).
+#[inline(always)]
+pub fn is_listener(server: &Endpoint) -> bool {
+    // SAFETY: read-only lookup of a plain value.
+    unsafe { LISTENERS.get(server) }.is_some()
 }
 
 /// Field by field: a derived `==` on arrays may become a `bcmp` call, which BPF lacks.

@@ -21,21 +21,32 @@ use aya_ebpf::{
 };
 use warmpath_common::{
     AFFINITY_CAPACITY, AffinityKey, BACKENDS_CAPACITY, Backends, CGROUP_STATS_CAPACITY,
-    CONNS_CAPACITY, CgroupStats, EXCLUDED_CAPACITY, Endpoint, FourTuple, Origin, SERVICES_CAPACITY,
-    SK_MSG_TCP_CAPACITY, SOCKHASH_CAPACITY, SockKey,
+    CONNS_CAPACITY, CgroupStats, EXCLUDED_CAPACITY, Endpoint, FourTuple, LISTENERS_CAPACITY,
+    Origin, RECENT_CAPACITY, Recent, SERVICES_CAPACITY, SK_MSG_TCP_CAPACITY, SOCKHASH_CAPACITY,
+    SockKey, Tracked,
 };
 
 /// Intercepted VIP:port -> the agent listener. Written by the agent, read on every connect().
 #[map(name = "WARMPATH_SERVICES")]
 static SERVICES: HashMap<Endpoint, Endpoint> = HashMap::with_max_entries(SERVICES_CAPACITY, 0);
 
-/// A rewritten socket's own storage: where the application meant to connect and from which
-/// cgroup (`origin.rs`). A BTF map: the kernel requires BTF for socket storage.
+/// A steered or failed-open socket's own storage: where the application meant to connect and
+/// from which cgroup (`origin.rs`). A BTF map: the kernel requires BTF for socket storage.
 #[btf_map(name = "WARMPATH_ORIG_DST")]
-static ORIG_DST: SkStorage<Origin> = SkStorage::new();
+static ORIG_DST: SkStorage<Tracked> = SkStorage::new();
+
+/// Proxy-mode origins in flight, slot `cookie % capacity` (`origin.rs`): written by
+/// connect4/6_proxy, read by sock_ops once the connection is established.
+#[map(name = "WARMPATH_RECENT")]
+static RECENT: Array<Recent> = Array::with_max_entries(RECENT_CAPACITY, 0);
+
+/// Agent listener addresses (every SERVICES value): sock_ops asks only their connections'
+/// cookies.
+#[map(name = "WARMPATH_LISTENERS")]
+static LISTENERS: HashMap<Endpoint, u32> = HashMap::with_max_entries(LISTENERS_CAPACITY, 0);
 
 /// Client-side 4-tuple -> origin of a proxy-mode connection, for the agent's lookup on
-/// accept (the agent removes what it read).
+/// accept and getpeername (the agent removes it when it closes the connection).
 #[map(name = "WARMPATH_CONNS")]
 static CONNS: LruHashMap<FourTuple, Origin> = LruHashMap::with_max_entries(CONNS_CAPACITY, 0);
 

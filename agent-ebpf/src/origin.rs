@@ -1,22 +1,25 @@
-//! Where a rewritten socket was meant to go: [`Origin`] kept in the socket's own local storage
-//! (`WARMPATH_ORIG_DST`, a `BPF_MAP_TYPE_SK_STORAGE` map), written by connect4/6 and read by
-//! sock_ops, getpeername and the byte counters.
+//! Where a rewritten socket was meant to go ([`Origin`]), kept where its readers find it at
+//! the least cost per connect (docs/ebpf.md, "Why a direct-mapped array"):
 //!
-//! Socket storage replaced a cookie-keyed LRU hash (docs/ebpf.md, "Why socket storage"): the
-//! entry lives and dies with its socket, so there is nothing to evict, no stale entry for a
-//! reused cookie, and a read is a pointer walk from the socket instead of a hash lookup —
-//! which every packet of every socket in the cgroup pays in the byte counters.
+//! - **A proxy-mode hop** (rewritten to the agent listener): connect4/6_proxy store the origin
+//!   under the socket's cookie in `WARMPATH_RECENT`, a direct-mapped array (a plain store, no
+//!   allocation); sock_ops copies it to `WARMPATH_CONNS` under the connection's 4-tuple when
+//!   the connection is established, where the agent looks it up on accept and getpeername
+//!   finds it, until the agent closes the connection and removes it.
+//! - **A connect sent to a pod** (steered or failed open): the origin lives in the socket's own
+//!   storage (`WARMPATH_ORIG_DST`, `BPF_MAP_TYPE_SK_STORAGE`), for the socket's whole life:
+//!   getpeername and the byte counters read it there.
 
 use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
     bindings::{BPF_SK_STORAGE_GET_F_CREATE, bpf_sock},
-    helpers::generated::{bpf_sk_fullsock, bpf_sk_storage_get},
-    programs::{SkBuffContext, SockAddrContext, SockOpsContext},
+    helpers::generated::{bpf_get_socket_cookie, bpf_sk_storage_get},
+    programs::{SockAddrContext, SockOpsContext},
 };
-use warmpath_common::Origin;
+use warmpath_common::{FourTuple, Origin, RECENT_CAPACITY, Recent, Tracked};
 
-use crate::ORIG_DST;
+use crate::{CONNS, ORIG_DST, RECENT, hop};
 
 /// The map argument the helpers take: the address of the map's definition, which the loader
 /// relocates to the map (what aya-ebpf's own `SkStorage` methods pass).
@@ -27,7 +30,7 @@ fn map() -> *mut c_void {
 
 /// The socket's storage slot, created (zeroed) when `create`; null when absent or refused.
 #[inline(always)]
-fn slot(sk: *mut bpf_sock, create: bool) -> *mut Origin {
+fn slot(sk: *mut bpf_sock, create: bool) -> *mut Tracked {
     let flags = if create {
         u64::from(BPF_SK_STORAGE_GET_F_CREATE)
     } else {
@@ -35,23 +38,24 @@ fn slot(sk: *mut bpf_sock, create: bool) -> *mut Origin {
     };
     // SAFETY: `sk` is a socket pointer the verifier tracks (checked non-null by every caller
     // where it may be null); the helper only reads or creates the socket's storage.
-    unsafe { bpf_sk_storage_get(map(), sk.cast(), ptr::null_mut(), flags) }.cast::<Origin>()
+    unsafe { bpf_sk_storage_get(map(), sk.cast(), ptr::null_mut(), flags) }.cast::<Tracked>()
 }
 
-/// Copies the slot's value out, if there is one.
+/// Copies the slot's origin out, if there is one.
 #[inline(always)]
-fn read(slot: *mut Origin) -> Option<Origin> {
+fn read(slot: *mut Tracked) -> Option<Origin> {
     if slot.is_null() {
         return None;
     }
-    // SAFETY: non-null storage of this map: a valid, aligned `Origin`.
-    let origin = unsafe { ptr::read(slot) };
+    // SAFETY: non-null storage of this map: a valid, aligned `Tracked`.
+    let origin = unsafe { (*slot).origin };
     // A slot created but never written (cannot happen: connect writes right after creating)
     // reads as family 0, which no lookup matches.
     (origin.vip.family != 0).then_some(origin)
 }
 
-/// Records `origin` on the connecting socket; `false` when the kernel refused the storage.
+/// Records `origin` on a socket connecting to a pod; `false` when the kernel refused the
+/// storage. Its byte counts start at 0 (sock_ops sets them on establishment).
 #[inline(always)]
 pub fn record(ctx: &SockAddrContext, origin: &Origin) -> bool {
     // SAFETY: the kernel hands sock_addr programs a valid context whose `sk` is the socket.
@@ -61,41 +65,88 @@ pub fn record(ctx: &SockAddrContext, origin: &Origin) -> bool {
         return false;
     }
     // SAFETY: non-null storage of this map, owned by this socket.
-    unsafe { ptr::write(slot, *origin) };
+    unsafe {
+        ptr::write(
+            slot,
+            Tracked {
+                origin: *origin,
+                acked: 0,
+                received: 0,
+            },
+        );
+    }
     true
 }
 
-/// The origin of the socket a sock_addr program runs on (getpeername).
+/// The storage of a sock_ops callback's socket (a connect sent to a pod), to update in
+/// place; `None` for every other socket. sock_ops callbacks of one socket run under its
+/// lock, so the caller is the slot's only writer.
 #[inline(always)]
-pub fn of_sock_addr(ctx: &SockAddrContext) -> Option<Origin> {
-    // SAFETY: as in `record`.
-    let sk = unsafe { (*ctx.sock_addr).__bindgen_anon_1.sk };
-    read(slot(sk, false))
-}
-
-/// The origin of a sock_ops callback's socket.
-#[inline(always)]
-pub fn of_sock_ops(ctx: &SockOpsContext) -> Option<Origin> {
+pub fn tracked(ctx: &SockOpsContext) -> Option<&'static mut Tracked> {
     // SAFETY: valid context; `sk` may be null (checked).
     let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
     if sk.is_null() {
         return None;
     }
-    read(slot(sk, false))
+    let slot = slot(sk, false);
+    if slot.is_null() {
+        return None;
+    }
+    // SAFETY: non-null storage of this map, alive while its socket is (this callback's).
+    let slot = unsafe { &mut *slot };
+    (slot.origin.vip.family != 0).then_some(slot)
 }
 
-/// The origin of a packet's socket (none for a packet without a full socket).
+/// The RECENT slot of a socket cookie: its low bits (the capacity is a power of two).
 #[inline(always)]
-pub fn of_skb(ctx: &SkBuffContext) -> Option<Origin> {
-    // SAFETY: valid context; `sk` may be null (checked), and only a full socket has storage.
-    let sk = unsafe { (*ctx.skb.skb).__bindgen_anon_2.sk };
-    if sk.is_null() {
-        return None;
+fn recent_slot(cookie: u64) -> u32 {
+    (cookie as u32) & (RECENT_CAPACITY - 1)
+}
+
+/// Records `origin` of a proxy-mode connect under the connecting socket's cookie, for
+/// [`recent`] to find once the connection is established.
+#[inline(always)]
+pub fn remember(ctx: &SockAddrContext, origin: &Origin) {
+    // SAFETY: the helper reads (creating on first use) the cookie of the context's socket.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+    if let Some(slot) = RECENT.get_ptr_mut(recent_slot(cookie)) {
+        // SAFETY: an in-bounds array slot (the lookup checked the index).
+        unsafe {
+            ptr::write(
+                slot,
+                Recent {
+                    cookie,
+                    origin: *origin,
+                },
+            );
+        }
     }
-    // SAFETY: `sk` is the packet's non-null socket pointer.
-    let full = unsafe { bpf_sk_fullsock(sk) };
-    if full.is_null() {
-        return None;
+}
+
+/// The origin [`remember`]ed for the socket with `cookie`; `None` when its slot holds another
+/// socket's (overwritten after `RECENT_CAPACITY` more cookies, or never written: a connect
+/// made to the listener directly).
+#[inline(always)]
+pub fn recent(cookie: u64) -> Option<Origin> {
+    let slot = RECENT.get(recent_slot(cookie))?;
+    // A cookie is never 0, so a never-written slot (cookie 0) never matches.
+    (slot.cookie == cookie && slot.origin.vip.family != 0).then_some(slot.origin)
+}
+
+/// The origin of the socket a sock_addr program runs on (getpeername): the socket's storage
+/// for a connect sent to a pod, else the proxy-mode hop's CONNS entry by its 4-tuple.
+#[inline(always)]
+pub fn of_sock_addr(ctx: &SockAddrContext) -> Option<Origin> {
+    // SAFETY: as in `record`.
+    let sk = unsafe { (*ctx.sock_addr).__bindgen_anon_1.sk };
+    if let Some(origin) = read(slot(sk, false)) {
+        return Some(origin);
     }
-    read(slot(full, false))
+    let key = hop::key_of_sock(sk)?;
+    let tuple = FourTuple {
+        client: key.local,
+        server: key.remote,
+    };
+    // SAFETY: plain Copy value, copied out at once.
+    unsafe { CONNS.get(&tuple) }.copied()
 }

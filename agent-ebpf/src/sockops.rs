@@ -1,8 +1,11 @@
 //! `sock_ops`: when a proxy-mode connection (one rewritten to the agent listener) is
-//! established on the client side, copy its origin from the socket's storage to the
-//! connection's 4-tuple, the key the agent has on accept (and removes once read); with sk_msg
-//! acceleration on, add both ends of such a hop to SOCKHASH (`skmsg.rs`). Steered and
-//! failed-open connections reach pods, which look nothing up: they get no CONNS entry.
+//! established on the client side, copy its origin from RECENT (stored there by connect4/6
+//! under the socket's cookie) to the connection's 4-tuple in CONNS, the key the agent has on
+//! accept and getpeername has later (the agent removes the entry when it closes the
+//! connection); with sk_msg acceleration on, add both ends of such a hop to SOCKHASH
+//! (`skmsg.rs`). Only connections whose peer is an agent listener (LISTENERS) go that way;
+//! steered and failed-open connections reach pods, get no CONNS entry, and have their bytes
+//! counted from here on (`bytes.rs`).
 //!
 //! The client handles the SYN-ACK (this callback) before it sends the ACK that completes the
 //! agent's accept, so the entry is there when the agent looks — and when the agent's accepted
@@ -10,15 +13,19 @@
 //! recognised.
 
 use aya_ebpf::{
-    bindings::{BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB},
+    bindings::{
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PARSE_HDR_OPT_CB,
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB,
+    },
+    helpers::generated::bpf_get_socket_cookie,
     macros::sock_ops,
     programs::SockOpsContext,
 };
 use warmpath_common::{Counter, FourTuple};
 
 use crate::{
-    CONNS, count,
-    hop::{accelerating, add, sock_key, to_agent},
+    CONNS, bytes, count,
+    hop::{accelerating, add, is_listener, sock_key, to_agent},
     origin,
 };
 
@@ -39,6 +46,12 @@ fn try_sock_ops(ctx: &SockOpsContext) -> Result<u32, u32> {
         active(ctx)
     } else if op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
         passive(ctx)
+    } else if op == BPF_SOCK_OPS_PARSE_HDR_OPT_CB || op == BPF_SOCK_OPS_STATE_CB {
+        // Asked for by `bytes::follow` only, on connections sent to a pod.
+        if let Some(slot) = origin::tracked(ctx) {
+            bytes::count(ctx, slot);
+        }
+        Ok(OK)
     } else {
         Ok(OK)
     }
@@ -48,15 +61,26 @@ fn try_sock_ops(ctx: &SockOpsContext) -> Result<u32, u32> {
 /// client's socket.
 #[inline(always)]
 fn active(ctx: &SockOpsContext) -> Result<u32, u32> {
-    let Some(origin) = origin::of_sock_ops(ctx) else {
-        return Ok(OK);
-    };
     let Some(key) = sock_key!(ctx.ops) else {
         return Ok(OK);
     };
-    if !to_agent(&origin, &key.remote) {
+    if !is_listener(&key.remote) {
+        // A connect sent to a pod (steered or failed open) has its origin in its storage:
+        // count its bytes from now on.
+        if let Some(slot) = origin::tracked(ctx) {
+            bytes::follow(ctx, slot);
+        }
         return Ok(OK);
     }
+    // SAFETY: the helper reads the cookie of the context's socket (connect4/6 created it).
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
+    // No origin: a connect made to the listener's own address (no VIP), or a slot overwritten
+    // meanwhile (`RECENT_CAPACITY` newer cookies); the agent then serves it as a direct client.
+    // A match is this very socket's origin, and its peer is where connect4/6 sent it: the
+    // VIP's listener (no SERVICES lookup needed).
+    let Some(origin) = origin::recent(cookie) else {
+        return Ok(OK);
+    };
     let tuple = FourTuple {
         client: key.local,
         server: key.remote,

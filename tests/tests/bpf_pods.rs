@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use warmpath_agent::ebpf::cgroup_id;
+use warmpath_agent::ebpf::{cgroup_id, pinned_conns};
 use warmpath_e2e::{
     gate,
     pods::{Bed, Node, get_json},
@@ -38,7 +38,8 @@ fn pod_child() {
 }
 
 /// For each line "HOST PORT": one completion over a fresh connection; prints one JSON line
-/// with the peer getpeername() reported, the status and the pod that served it.
+/// with the peer getpeername() reported once connected and again once answered (the agent
+/// has accepted and served the connection by then), the status and the pod that served it.
 const CLIENT: &str = r#"
 import http.client, json, sys
 for line in sys.stdin:
@@ -51,7 +52,9 @@ for line in sys.stdin:
         c.request("POST", "/v1/completions", body, {"content-type": "application/json"})
         r = c.getresponse()
         r.read()
-        print(json.dumps({"peer": [peer[0], peer[1]], "status": r.status,
+        after = c.sock.getpeername()
+        print(json.dumps({"peer": [peer[0], peer[1]], "after": [after[0], after[1]],
+                          "status": r.status,
                           "pod": r.getheader("x-warmpath-pod")}), flush=True)
         c.close()
     except OSError as e:
@@ -125,6 +128,10 @@ fn pods_reach_the_agent_through_vips_and_it_reaches_the_sim_pod() {
         let host = host.trim_start_matches('[').trim_end_matches(']');
         assert_eq!(answer["peer"][0], host, "{family}: {answer}");
         assert_eq!(answer["peer"][1], port.parse::<u16>().unwrap(), "{family}");
+        assert_eq!(
+            answer["after"], answer["peer"],
+            "{family}: still the VIP while the agent holds the connection"
+        );
         assert_eq!(answer["pod"], sim_addr.as_str(), "{family}: {answer}");
         // The agent learned the VIP and the client's cgroup for this connection.
         let vip_field = format!("vip={vip}");
@@ -136,6 +143,15 @@ fn pods_reach_the_agent_through_vips_and_it_reaches_the_sim_pod() {
     // Test 2: both requests reached the simulator itself: the agent's upstream connections
     // to an intercepted address were left alone (else they would have looped to the agent).
     assert_eq!(served(node, &sim_addr) - before, 2.0);
+    // The client closed both connections: the agent closes its ends and removes their origins
+    // (the kernel map has no event to await; poll it, bounded).
+    let deadline = Instant::now() + WAIT;
+    let mut left = pinned_conns(&bed.pins.path).unwrap();
+    while left > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        left = pinned_conns(&bed.pins.path).unwrap();
+    }
+    assert_eq!(left, 0, "origins of closed connections are removed");
 
     // A process in the node namespace outside the intercepted cgroups is not rewritten:
     // nothing routes to the VIP there.

@@ -17,8 +17,9 @@ use aya::maps::{MapInfo, MapType};
 use warmpath_common::{
     AFFINITY_CAPACITY, AFFINITY_MAP, AffinityKey, BACKENDS_CAPACITY, BACKENDS_MAP, Backends,
     CGROUP_STATS_CAPACITY, CGROUP_STATS_MAP, CONNS_CAPACITY, CONNS_MAP, COUNTERS_LEN, COUNTERS_MAP,
-    CgroupStats, EXCLUDED_CAPACITY, EXCLUDED_MAP, Endpoint, FourTuple, HEARTBEAT_MAP, ORIG_DST_MAP,
-    Origin, SERVICES_CAPACITY, SERVICES_MAP, STEER_MAP,
+    CgroupStats, EXCLUDED_CAPACITY, EXCLUDED_MAP, Endpoint, FourTuple, HEARTBEAT_MAP,
+    LISTENERS_CAPACITY, LISTENERS_MAP, ORIG_DST_MAP, Origin, RECENT_CAPACITY, RECENT_MAP, Recent,
+    SERVICES_CAPACITY, SERVICES_MAP, STEER_MAP, Tracked,
 };
 
 use super::{Error, pinned::map_path};
@@ -83,7 +84,7 @@ impl Layout {
 /// Every map the object declares, with the layout its programs were compiled for (the same
 /// types and capacities as `agent-ebpf/src/main.rs`; the root test `bpf_pins.rs` checks a
 /// fresh load against this table).
-pub const LAYOUTS: [(&str, Layout); 10] = [
+pub const LAYOUTS: [(&str, Layout); 12] = [
     (
         SERVICES_MAP,
         Layout::new::<Endpoint, Endpoint>(MapType::Hash, SERVICES_CAPACITY),
@@ -91,7 +92,15 @@ pub const LAYOUTS: [(&str, Layout); 10] = [
     (
         ORIG_DST_MAP,
         // Socket storage: keyed by a socket (an fd from userspace, 4 bytes), no capacity.
-        Layout::new::<i32, Origin>(MapType::SkStorage, 0),
+        Layout::new::<i32, Tracked>(MapType::SkStorage, 0),
+    ),
+    (
+        RECENT_MAP,
+        Layout::new::<u32, Recent>(MapType::Array, RECENT_CAPACITY),
+    ),
+    (
+        LISTENERS_MAP,
+        Layout::new::<Endpoint, u32>(MapType::Hash, LISTENERS_CAPACITY),
     ),
     (
         CONNS_MAP,

@@ -18,9 +18,9 @@ pub use bpffs::{DEFAULT_BPFFS, ensure_bpffs, is_bpffs};
 pub use cgroup::{ChildCgroup, cgroup_id, cgroup2_root, find_cgroup2_mount, own_cgroup};
 pub use counters::{Counters, pinned_counters};
 pub use layout::{LAYOUTS, Layout, Replaced, replace_mismatched, wanted as wanted_layout};
-pub use origins::{Intercepted, Origins, intercepted, intercepting};
+pub use origins::{Held, Intercepted, Origins, intercepted, intercepting};
 pub use pinned::{Cleaned, FailOpen, cleanup, default_dir as default_pin_dir};
-pub use redirector::{Reconciled, Redirector, pinned_cgroup_stats};
+pub use redirector::{Reconciled, Redirector, pinned_cgroup_stats, pinned_conns};
 pub use stats::{ProgramRuns, RunTimeStats};
 pub use warmpath_common::{CgroupStats, Endpoint};
 

@@ -1,11 +1,13 @@
 //! What the kernel recorded about an intercepted connection, looked up by its addresses.
 //!
 //! `sock_ops` writes (client, listener) -> [`Origin`] when a proxy-mode connection is
-//! established on the client side; the agent takes it on accept with the same pair as
-//! (peer, local): one `bpf(MAP_LOOKUP_ELEM)` syscall, and a `MAP_DELETE_ELEM` when found, only
-//! while interception is on. Removing what it read keeps the map near empty, so the
-//! programs' inserts never pay for an LRU eviction (docs/benchmarks.md, connect4's cost); an
-//! entry the agent never reads (the client closed before the accept) ages out.
+//! established on the client side; the agent looks it up on accept with the same pair as
+//! (peer, local): one `bpf(MAP_LOOKUP_ELEM)` syscall, only while interception is on. The entry
+//! stays while the agent holds the connection — the client's getpeername() reads the VIP from
+//! it — and the [`Held`] guard removes it when the connection closes, so the map holds about
+//! the open connections and the programs' inserts rarely pay for an LRU eviction
+//! (docs/benchmarks.md, connect4's cost). An entry the agent never reads (the client closed
+//! before the accept, an agent killed with connections open) ages out.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
@@ -50,15 +52,9 @@ impl Origins {
     }
 
     /// The origin of the connection from `peer` accepted on `local`, if the programs
-    /// rewrote it; the entry is removed (each connection is accepted once). A failed removal
-    /// is logged and leaves the entry to age out: the origin is still returned.
-    pub fn take(&self, peer: SocketAddr, local: SocketAddr) -> Result<Option<Intercepted>, Error> {
-        let key = FourTuple {
-            client: endpoint(peer),
-            server: endpoint(local),
-        };
-        let mut conns = self.conns.lock();
-        let origin = match conns.get(&key, 0) {
+    /// rewrote it; the entry stays (see [`forget`](Self::forget)).
+    pub fn get(&self, peer: SocketAddr, local: SocketAddr) -> Result<Option<Intercepted>, Error> {
+        let origin = match self.conns.lock().get(&key(peer, local), 0) {
             Ok(origin) => origin,
             Err(aya::maps::MapError::KeyNotFound) => return Ok(None),
             Err(source) => {
@@ -68,15 +64,30 @@ impl Origins {
                 });
             }
         };
-        match conns.remove(&key) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-            Err(err) => tracing::debug!(%err, %peer, "origin kept after its lookup"),
-        }
-        drop(conns);
         Ok(socket_addr(&origin.vip).map(|vip| Intercepted {
             vip,
             cgroup_id: origin.cgroup_id,
         }))
+    }
+
+    /// Removes the entry of the connection from `peer` on `local` (closed: its addresses may
+    /// be reused). An absent entry is no error; a failed removal is logged and leaves the
+    /// entry to age out.
+    pub fn forget(&self, peer: SocketAddr, local: SocketAddr) {
+        match self.conns.lock().remove(&key(peer, local)) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(err) => tracing::debug!(%err, %peer, "origin kept after its connection closed"),
+        }
+    }
+
+    /// [`get`](Self::get) then [`forget`](Self::forget): for a listener that closes each
+    /// connection at once. A found origin is returned even when its removal failed.
+    pub fn take(&self, peer: SocketAddr, local: SocketAddr) -> Result<Option<Intercepted>, Error> {
+        let found = self.get(peer, local)?;
+        if found.is_some() {
+            self.forget(peer, local);
+        }
+        Ok(found)
     }
 
     /// Makes these the origins [`intercepted`] answers from (first install wins).
@@ -92,17 +103,53 @@ pub fn intercepting() -> bool {
     INSTALLED.get().is_some()
 }
 
+/// Keeps an intercepted connection's entry while the agent serves it; dropping it (the
+/// connection closed) removes the entry.
+pub struct Held {
+    origins: std::sync::Arc<Origins>,
+    peer: SocketAddr,
+    local: SocketAddr,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held").field("peer", &self.peer).finish()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.origins.forget(self.peer, self.local);
+    }
+}
+
 /// The origin of an accepted connection when this process intercepts (`None` otherwise, at
-/// the cost of one atomic load). Errors are logged, never fatal: the connection is served
-/// without its origin.
-pub fn intercepted(peer: SocketAddr, local: SocketAddr) -> Option<Intercepted> {
+/// the cost of one atomic load), with the guard that removes its entry when the connection
+/// is done. Errors are logged, never fatal: the connection is served without its origin.
+pub fn intercepted(peer: SocketAddr, local: SocketAddr) -> Option<(Intercepted, Held)> {
     let origins = INSTALLED.get()?;
-    match origins.take(peer, local) {
-        Ok(found) => found,
+    match origins.get(peer, local) {
+        Ok(Some(found)) => Some((
+            found,
+            Held {
+                origins: origins.clone(),
+                peer,
+                local,
+            },
+        )),
+        Ok(None) => None,
         Err(err) => {
             tracing::debug!(%err, %peer, "origin lookup failed");
             None
         }
+    }
+}
+
+/// The map key of the connection from `peer` accepted on `local`.
+fn key(peer: SocketAddr, local: SocketAddr) -> FourTuple {
+    FourTuple {
+        client: endpoint(peer),
+        server: endpoint(local),
     }
 }
 

@@ -29,9 +29,11 @@ use super::{
 /// Every map the object declares except the sk_msg ones (`WARMPATH_SOCKHASH`,
 /// `WARMPATH_SK_MSG_ON`, `WARMPATH_SK_MSG_TCP`: per load, never pinned); all of these are
 /// pinned.
-pub const MAPS: [&str; 10] = [
+pub const MAPS: [&str; 12] = [
     SERVICES_MAP,
     ORIG_DST_MAP,
+    warmpath_common::RECENT_MAP,
+    warmpath_common::LISTENERS_MAP,
     CONNS_MAP,
     EXCLUDED_MAP,
     COUNTERS_MAP,

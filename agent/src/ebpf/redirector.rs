@@ -13,15 +13,14 @@ use aya::{
     Ebpf,
     maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, SockHash},
     programs::{
-        CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, SkMsg, SockOps,
-        cgroup_skb::CgroupSkbLink, cgroup_sock_addr::CgroupSockAddrLink, links::FdLink,
-        sock_ops::SockOpsLink,
+        CgroupAttachMode, CgroupSockAddr, SkMsg, SockOps, cgroup_sock_addr::CgroupSockAddrLink,
+        links::FdLink, sock_ops::SockOpsLink,
     },
 };
 use warmpath_common::{
     AFFINITY_MAP, BACKENDS_MAP, CGROUP_STATS_MAP, CONNS_MAP, COUNTERS_MAP, CgroupStats,
-    EXCLUDED_MAP, Endpoint, HEARTBEAT_FOREVER, HEARTBEAT_INTERVAL_NS, HEARTBEAT_MAP, SERVICES_MAP,
-    SK_MSG_ON_MAP, SOCKHASH_MAP, STEER_MAP, SockKey,
+    EXCLUDED_MAP, Endpoint, FourTuple, HEARTBEAT_FOREVER, HEARTBEAT_INTERVAL_NS, HEARTBEAT_MAP,
+    LISTENERS_MAP, Origin, SERVICES_MAP, SK_MSG_ON_MAP, SOCKHASH_MAP, STEER_MAP, SockKey,
 };
 
 use super::{
@@ -48,25 +47,17 @@ const SOCK_ADDR_PROGRAMS: [&str; 6] = [
 const PINNED_SOCK_ADDR: usize = 4;
 /// The sock_ops entry point.
 const SOCK_OPS: &str = "sock_ops";
-/// The cgroup_skb entry points counting rewritten sockets' bytes per cgroup (`bytes.rs`;
-/// pinned in pinned mode, so steered and failed-open traffic is counted with the agent
-/// down too).
-const SKB_PROGRAMS: [(&str, CgroupSkbAttachType); 2] = [
-    ("bytes_egress", CgroupSkbAttachType::Egress),
-    ("bytes_ingress", CgroupSkbAttachType::Ingress),
-];
 /// The sk_msg entry point, loaded and attached to the SOCKHASH only by
 /// [`Redirector::enable_sk_msg`].
 const SK_MSG: &str = "sk_msg_redirect";
 
-/// One cgroup's links: the sock_addr programs, sock_ops and the byte counters (only the
-/// proxy pair held when pinned).
+/// One cgroup's links: the sock_addr programs and sock_ops, which also counts the bytes of
+/// connections sent to a pod (only the proxy pair held when pinned).
 struct Attachment {
     cgroup: PathBuf,
     // Dropping a link detaches it.
     _sock_addr: Vec<CgroupSockAddrLink>,
     _sock_ops: Option<SockOpsLink>,
-    _skb: Vec<CgroupSkbLink>,
 }
 
 /// Entries of the shared tables an earlier agent left in the pinned maps, and what this agent
@@ -98,6 +89,9 @@ pub struct Redirector {
     // Field order matters for drop: links detach before the object goes away.
     attachments: Vec<Attachment>,
     services: HashMap<MapData, Endpoint, Endpoint>,
+    /// Every address `services` rewrites to (entries are added, never removed: a listener no
+    /// VIP uses any more costs sock_ops a lookup that finds no origin).
+    listeners: HashMap<MapData, Endpoint, u32>,
     excluded: HashMap<MapData, u64, u32>,
     steer: HashMap<MapData, Endpoint, u32>,
     origins: Arc<Origins>,
@@ -169,10 +163,8 @@ impl Redirector {
         sock_ops(&mut bpf)?
             .load()
             .map_err(program_error(SOCK_OPS))?;
-        for (name, _) in SKB_PROGRAMS {
-            skb(&mut bpf, name)?.load().map_err(program_error(name))?;
-        }
         let services = take_hash_map(&mut bpf, SERVICES_MAP)?;
+        let listeners = take_hash_map(&mut bpf, LISTENERS_MAP)?;
         let excluded = take_hash_map(&mut bpf, EXCLUDED_MAP)?;
         let steer = take_hash_map(&mut bpf, STEER_MAP)?;
         let origins = Arc::new(Origins::new(take_hash_map(&mut bpf, CONNS_MAP)?));
@@ -213,6 +205,7 @@ impl Redirector {
         Ok(Self {
             attachments: Vec::new(),
             services,
+            listeners,
             excluded,
             steer,
             origins,
@@ -317,20 +310,11 @@ impl Redirector {
             .attach(&file, CgroupAttachMode::Single)
             .map_err(program_error(SOCK_OPS))?;
         let ops = program.take_link(id).map_err(program_error(SOCK_OPS))?;
-        let mut skbs = Vec::with_capacity(SKB_PROGRAMS.len());
-        for (name, attach_type) in SKB_PROGRAMS {
-            let program = skb(&mut self.bpf, name)?;
-            let id = program
-                .attach(&file, attach_type, CgroupAttachMode::Single)
-                .map_err(program_error(name))?;
-            skbs.push(program.take_link(id).map_err(program_error(name))?);
-        }
         let Some(dir) = self.pin_dir.clone() else {
             self.attachments.push(Attachment {
                 cgroup: cgroup.to_path_buf(),
                 _sock_addr: links,
                 _sock_ops: Some(ops),
-                _skb: skbs,
             });
             return Ok(());
         };
@@ -347,10 +331,6 @@ impl Redirector {
         let proxy: Vec<CgroupSockAddrLink> = links.collect();
         let fd = FdLink::try_from(ops).map_err(|e| Error::Pin(format!("{SOCK_OPS}: {e}")))?;
         pinned::pin_link(&dir, SOCK_OPS, cgroup_id, fd)?;
-        for ((name, _), link) in SKB_PROGRAMS.iter().zip(skbs) {
-            let fd = FdLink::try_from(link).map_err(|e| Error::Pin(format!("{name}: {e}")))?;
-            pinned::pin_link(&dir, name, cgroup_id, fd)?;
-        }
         // Ours are attached: now the links an earlier agent pinned can go.
         let stale = pinned::remove_stale_links(&dir)?;
         if stale > 0 {
@@ -360,7 +340,6 @@ impl Redirector {
             cgroup: cgroup.to_path_buf(),
             _sock_addr: proxy,
             _sock_ops: None,
-            _skb: Vec::new(),
         });
         let gone = self.reconcile_adopted()?;
         if gone != Reconciled::default() {
@@ -398,6 +377,14 @@ impl Redirector {
         if vip.is_ipv4() != target.is_ipv4() {
             return Err(Error::Family { vip, target });
         }
+        // The listener first: a VIP whose listener sock_ops does not know would have its
+        // proxy-mode connections reach the agent without their origin.
+        self.listeners
+            .insert(endpoint(target), 1, 0)
+            .map_err(|source| Error::Map {
+                name: LISTENERS_MAP,
+                source,
+            })?;
         self.services
             .insert(endpoint(vip), endpoint(target), 0)
             .map_err(|source| Error::Map {
@@ -559,7 +546,6 @@ impl Redirector {
     pub fn program_runs(&self) -> Result<Vec<ProgramRuns>, Error> {
         let mut names: Vec<&'static str> = SOCK_ADDR_PROGRAMS.to_vec();
         names.push(SOCK_OPS);
-        names.extend(SKB_PROGRAMS.iter().map(|(name, _)| *name));
         names.push(SK_MSG);
         stats::runs(&self.bpf, &names)
     }
@@ -598,16 +584,42 @@ fn sock_addr<'a>(bpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Cgroup
         .map_err(program_error(name))
 }
 
+/// The map `name` pinned under `dir`, as aya's typed map `M`.
+fn open_pinned<M>(dir: &Path, name: &'static str) -> Result<M, Error>
+where
+    M: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = |source| Error::Map { name, source };
+    let data = MapData::from_pin(pinned::map_path(dir, name)).map_err(map)?;
+    M::try_from(aya::maps::Map::from_map_data(data).map_err(map)?).map_err(map)
+}
+
 /// Every client cgroup's stats in the map pinned under `dir` (for inspection and tests).
 pub fn pinned_cgroup_stats(dir: &Path) -> Result<Vec<(u64, CgroupStats)>, Error> {
-    let map = |source| Error::Map {
-        name: CGROUP_STATS_MAP,
-        source,
-    };
-    let data = MapData::from_pin(pinned::map_path(dir, CGROUP_STATS_MAP)).map_err(map)?;
-    let stats: PerCpuHashMap<MapData, u64, CgroupStats> =
-        PerCpuHashMap::try_from(aya::maps::Map::from_map_data(data).map_err(map)?).map_err(map)?;
+    let stats: PerCpuHashMap<MapData, u64, CgroupStats> = open_pinned(dir, CGROUP_STATS_MAP)?;
     sum_cgroup_stats(&stats)
+}
+
+/// How many proxy-mode connections the pinned `WARMPATH_CONNS` under `dir` holds an origin
+/// for: those established and not yet closed by the agent (plus any a client closed before
+/// the agent accepted it, until they age out).
+pub fn pinned_conns(dir: &Path) -> Result<usize, Error> {
+    let conns: HashMap<MapData, FourTuple, Origin> = open_pinned(dir, CONNS_MAP)?;
+    let mut n = 0;
+    for key in conns.keys() {
+        match key {
+            Ok(_) => n += 1,
+            // Removed between two steps of the walk.
+            Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(source) => {
+                return Err(Error::Map {
+                    name: CONNS_MAP,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(n)
 }
 
 /// The per-CPU values of every entry, summed.
@@ -639,14 +651,6 @@ fn sum_cgroup_stats(
         out.push((cgroup_id, total));
     }
     Ok(out)
-}
-
-/// One of the object's cgroup_skb programs.
-fn skb<'a>(bpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut CgroupSkb, Error> {
-    bpf.program_mut(name)
-        .ok_or(Error::Missing(name))?
-        .try_into()
-        .map_err(program_error(name))
 }
 
 /// The keys of a hash map (a pinned map's entries at load).

@@ -33,12 +33,17 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, workers: Arc<Worker
             }
         };
         let _ = stream.set_nodelay(true);
+        let (intercepted, held) = origin(&stream, peer).unzip();
         let client = ClientOrigin {
             addr: peer.ip(),
-            intercepted: origin(&stream, peer),
+            intercepted,
         };
         let proxy = proxy.clone();
-        workers.serve(stream, move |stream| connection(stream, client, proxy));
+        workers.serve(stream, move |stream| async move {
+            connection(stream, client, proxy).await;
+            // The connection is closed: its origin entry goes (getpeername() read it till now).
+            drop(held);
+        });
     }
 }
 
@@ -63,16 +68,16 @@ impl ClientOrigin {
 }
 
 /// Where an intercepted connection was headed and which cgroup opened it (recorded by the
-/// kernel, docs/ebpf.md); `None` at the cost of one atomic load unless this agent
-/// intercepts.
-fn origin(stream: &TcpStream, peer: SocketAddr) -> Option<Intercepted> {
+/// kernel, docs/ebpf.md), with the guard that removes the record when the connection is
+/// done; `None` at the cost of one atomic load unless this agent intercepts.
+fn origin(stream: &TcpStream, peer: SocketAddr) -> Option<(Intercepted, crate::ebpf::Held)> {
     if !crate::ebpf::intercepting() {
         return None;
     }
     let local = stream.local_addr().ok()?;
-    let found = crate::ebpf::intercepted(peer, local)?;
+    let (found, held) = crate::ebpf::intercepted(peer, local)?;
     tracing::debug!(%peer, vip = %found.vip, cgroup_id = found.cgroup_id, "intercepted connection");
-    Some(found)
+    Some((found, held))
 }
 
 /// Serves one client connection: HTTP/1.x on warmpath's own server, h2c on hyper's.

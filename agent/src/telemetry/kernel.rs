@@ -139,7 +139,7 @@ impl KernelTraffic {
             .u64_observable_counter("warmpath.kernel.bytes")
             .with_unit("By")
             .with_description(
-                "Bytes (IP packets) of connections the kernel rewrote, by tenant and direction (sent, received: the client's)",
+                "TCP bytes of connections the kernel sent straight to a pod (steered or failed open), by tenant and direction (sent: acknowledged by the pod, received: the client's)",
             )
             .with_callback(move |o| {
                 for (tenant, t) in k.totals() {

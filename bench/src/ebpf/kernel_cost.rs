@@ -4,9 +4,8 @@
 //! connect() medians.
 //!
 //! What the figure includes: the body of every warmpath program that ran on those
-//! connections (the connect4 pair, sock_ops on each callback, the cgroup_skb byte counters on
-//! each packet of the socket — SYN, ACK, the SYN-ACK in, the RST of the close — and
-//! getpeername if called), each from the kernel's clock read before it to the one after it:
+//! connections (the connect4 pair, sock_ops on each callback — which also counts the bytes of
+//! connections sent to a pod, on their segments only — and getpeername if called), each from the kernel's clock read before it to the one after it:
 //! so also an interrupt taken meanwhile, and the part of the two clock reads that falls inside
 //! (bounded in the report by the cheapest run measured). What it does not include: the
 //! hook's own work around a program (walking the cgroup's program array, copying the
@@ -179,11 +178,11 @@ mod tests {
     #[test]
     fn cost_per_connect_is_the_sum_of_every_programs_time() {
         // 1,000 connects: connect4_proxy once each at 150 ns, sock_ops 5 times at 20 ns,
-        // bytes_egress 3 times at 30 ns, getpeername4 never.
+        // getpeername6 3 times at 30 ns, getpeername4 never.
         let totals = [
             runs("connect4_proxy", 1_000, 150_000),
             runs("sock_ops", 5_000, 100_000),
-            runs("bytes_egress", 3_000, 90_000),
+            runs("getpeername6", 3_000, 90_000),
             runs("getpeername4", 0, 0),
         ];
         let cost = KernelCost::of(1_000, &totals, &[330.0, 340.0, 360.0]);
@@ -202,7 +201,7 @@ mod tests {
         assert_eq!(cost.programs[3].ns_per_connect, 0.0);
         assert_eq!(
             cost.terms(),
-            "connect4_proxy 1.00 x 150 ns + sock_ops 5.00 x 20 ns + bytes_egress 3.00 x 30 ns"
+            "connect4_proxy 1.00 x 150 ns + sock_ops 5.00 x 20 ns + getpeername6 3.00 x 30 ns"
         );
         assert!(ns_per_connect(0, &totals).is_nan());
         assert_eq!(cost.runs_per_connect(), 9.0);
