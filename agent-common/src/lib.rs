@@ -22,10 +22,10 @@ pub const ORIG_DST_MAP: &str = "WARMPATH_ORIG_DST";
 
 /// Map: direct-mapped array, slot `cookie % RECENT_CAPACITY` -> [`Recent`]: the [`Origin`] of
 /// a proxy-mode connect (rewritten to the agent listener), written by connect4/6 under the
-/// socket's cookie and read once by sock_ops when that connection is established, a round trip
-/// later. A plain array store instead of an allocation per socket (docs/ebpf.md, "Why a
-/// direct-mapped array"); a slot is overwritten only after `RECENT_CAPACITY` more socket
-/// cookies, which the reader's cookie check catches.
+/// socket's cookie and read once (then freed) by sock_ops when that connection is established,
+/// a round trip later. A plain array store instead of an allocation per socket (docs/ebpf.md,
+/// "Why a direct-mapped array"); a connect whose slot holds another socket's unread origin
+/// keeps its own in socket storage instead.
 pub const RECENT_MAP: &str = "WARMPATH_RECENT";
 /// A power of two (the slot is the cookie's low bits): 65,536 x 40 B = 2.5 MiB.
 pub const RECENT_CAPACITY: u32 = 65_536;
@@ -84,8 +84,8 @@ pub const COUNTERS_LEN: u32 = 16;
 
 /// Map: client cgroup id -> [`CgroupStats`] (per-CPU, summed by the agent): how that cgroup's
 /// connects to intercepted VIPs were served and the TCP bytes of those sent to a pod, so
-/// per-tenant telemetry covers steered and failed-open traffic too (the agent counts what it
-/// carries itself).
+/// per-tenant telemetry covers steered and failed-open traffic too (proxied requests are in
+/// the agent's own per-tenant request and token series; their bytes are counted nowhere).
 pub const CGROUP_STATS_MAP: &str = "WARMPATH_CGROUP_STATS";
 /// LRU-bounded: the least recently active cgroups age out (the agent keeps what it already
 /// counted).
@@ -250,16 +250,24 @@ pub struct Tracked {
 
 const _: () = assert!(size_of::<Tracked>() == 48);
 
-/// A slot of [`RECENT_MAP`]: the origin and the cookie of the socket it belongs to (0: never
-/// written; the kernel's socket cookies start at 1).
+/// A slot of [`RECENT_MAP`]: the origin, the cookie of the socket it belongs to (0: free —
+/// never written, or already read; the kernel's socket cookies start at 1) and when it was
+/// written (`bpf_ktime_get_ns`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Recent {
     pub cookie: u64,
+    pub written_ns: u64,
     pub origin: Origin,
 }
 
-const _: () = assert!(size_of::<Recent>() == 40);
+const _: () = assert!(size_of::<Recent>() == 48);
+
+/// How long an unread [`RECENT_MAP`] slot stays taken: longer than a connect's handshake can
+/// last with every SYN retry (`tcp_syn_retries` 6: ~127 s). A connect that finds its slot taken
+/// keeps its origin in socket storage instead; a slot whose connect never completed is free
+/// again after this.
+pub const RECENT_HOLD_NS: u64 = 130_000_000_000;
 const _: () = assert!(RECENT_CAPACITY.is_power_of_two());
 
 /// A TCP connection's addresses as its client sees them: `client` (local) and `server` (the

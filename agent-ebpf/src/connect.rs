@@ -189,9 +189,14 @@ fn try_connect<const FAMILY: u16, const PROXY: bool>(ctx: &SockAddrContext) -> R
     // A proxy-mode hop's origin goes to the agent (and getpeername) through CONNS, copied
     // there by sock_ops a round trip later: a plain array store carries it until then. A
     // connect to a pod keeps it in the socket's storage for the socket's whole life.
-    if PROXY {
-        origin::remember(ctx, &recorded);
-    } else if !origin::record(ctx, &recorded) {
+    // (A slot still holding another connect's unread origin: socket storage, read there by
+    // sock_ops.)
+    let recorded_ok = if PROXY {
+        origin::remember(ctx, &recorded) || origin::record(ctx, &recorded)
+    } else {
+        origin::record(ctx, &recorded)
+    };
+    if !recorded_ok {
         count(Counter::ORIG_DST_FAILED);
     }
     set_user_endpoint::<FAMILY>(ctx, &target);

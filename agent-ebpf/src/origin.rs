@@ -14,10 +14,10 @@ use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
     bindings::{BPF_SK_STORAGE_GET_F_CREATE, bpf_sock},
-    helpers::generated::{bpf_get_socket_cookie, bpf_sk_storage_get},
+    helpers::generated::{bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_sk_storage_get},
     programs::{SockAddrContext, SockOpsContext},
 };
-use warmpath_common::{FourTuple, Origin, RECENT_CAPACITY, Recent, Tracked};
+use warmpath_common::{FourTuple, Origin, RECENT_CAPACITY, RECENT_HOLD_NS, Recent, Tracked};
 
 use crate::{CONNS, ORIG_DST, RECENT, hop};
 
@@ -104,33 +104,54 @@ fn recent_slot(cookie: u64) -> u32 {
 }
 
 /// Records `origin` of a proxy-mode connect under the connecting socket's cookie, for
-/// [`recent`] to find once the connection is established.
+/// [`take_recent`] to find once the connection is established; `false` when the slot holds
+/// another socket's origin not read yet (the caller keeps this one in socket storage).
 #[inline(always)]
-pub fn remember(ctx: &SockAddrContext, origin: &Origin) {
+pub fn remember(ctx: &SockAddrContext, origin: &Origin) -> bool {
     // SAFETY: the helper reads (creating on first use) the cookie of the context's socket.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
-    if let Some(slot) = RECENT.get_ptr_mut(recent_slot(cookie)) {
-        // SAFETY: an in-bounds array slot (the lookup checked the index).
-        unsafe {
-            ptr::write(
-                slot,
-                Recent {
-                    cookie,
-                    origin: *origin,
-                },
-            );
+    let Some(slot) = RECENT.get_ptr_mut(recent_slot(cookie)) else {
+        return false;
+    };
+    // SAFETY: the helper takes no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: an in-bounds array slot (the lookup checked the index). Another CPU may write
+    // a free slot at the same instant: the later write wins and the earlier connect reaches
+    // the agent without its origin (docs/ebpf.md).
+    unsafe {
+        let held = (*slot).cookie != 0 && now.wrapping_sub((*slot).written_ns) < RECENT_HOLD_NS;
+        if held {
+            return false;
         }
+        ptr::write(
+            slot,
+            Recent {
+                cookie,
+                written_ns: now,
+                origin: *origin,
+            },
+        );
     }
+    true
 }
 
-/// The origin [`remember`]ed for the socket with `cookie`; `None` when its slot holds another
-/// socket's (overwritten after `RECENT_CAPACITY` more cookies, or never written: a connect
-/// made to the listener directly).
+/// The origin [`remember`]ed for the socket with `cookie`, and its slot freed; `None` when the
+/// slot holds another socket's (the connect kept its origin in socket storage, or was made to
+/// the listener directly).
 #[inline(always)]
-pub fn recent(cookie: u64) -> Option<Origin> {
-    let slot = RECENT.get(recent_slot(cookie))?;
-    // A cookie is never 0, so a never-written slot (cookie 0) never matches.
-    (slot.cookie == cookie && slot.origin.vip.family != 0).then_some(slot.origin)
+pub fn take_recent(cookie: u64) -> Option<Origin> {
+    let slot = RECENT.get_ptr_mut(recent_slot(cookie))?;
+    // SAFETY: an in-bounds array slot; while it holds this socket's unread origin no connect
+    // writes it (see `remember`).
+    unsafe {
+        // A cookie is never 0, so a free slot never matches.
+        if (*slot).cookie != cookie || (*slot).origin.vip.family == 0 {
+            return None;
+        }
+        let origin = (*slot).origin;
+        (*slot).cookie = 0;
+        Some(origin)
+    }
 }
 
 /// The origin of the socket a sock_addr program runs on (getpeername): the socket's storage

@@ -14,8 +14,8 @@
 
 use aya_ebpf::{
     bindings::{
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PARSE_HDR_OPT_CB,
-        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB,
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_HDR_OPT_LEN_CB,
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_TCP_CLOSE,
     },
     helpers::generated::bpf_get_socket_cookie,
     macros::sock_ops,
@@ -46,10 +46,15 @@ fn try_sock_ops(ctx: &SockOpsContext) -> Result<u32, u32> {
         active(ctx)
     } else if op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
         passive(ctx)
-    } else if op == BPF_SOCK_OPS_PARSE_HDR_OPT_CB || op == BPF_SOCK_OPS_STATE_CB {
-        // Asked for by `bytes::follow` only, on connections sent to a pod.
+    } else if op == BPF_SOCK_OPS_HDR_OPT_LEN_CB || op == BPF_SOCK_OPS_STATE_CB {
+        // Asked for by `bytes::follow` only, on connections sent to a pod. No option space is
+        // reserved: the segment goes out as it was.
         if let Some(slot) = origin::tracked(ctx) {
-            bytes::count(ctx, slot);
+            if op == BPF_SOCK_OPS_STATE_CB && ctx.arg(1) == BPF_TCP_CLOSE {
+                bytes::close(ctx, slot);
+            } else {
+                bytes::count(ctx, slot);
+            }
         }
         Ok(OK)
     } else {
@@ -74,16 +79,30 @@ fn active(ctx: &SockOpsContext) -> Result<u32, u32> {
     }
     // SAFETY: the helper reads the cookie of the context's socket (connect4/6 created it).
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
-    // No origin: a connect made to the listener's own address (no VIP), or a slot overwritten
-    // meanwhile (`RECENT_CAPACITY` newer cookies); the agent then serves it as a direct client.
-    // A match is this very socket's origin, and its peer is where connect4/6 sent it: the
-    // VIP's listener (no SERVICES lookup needed).
-    let Some(origin) = origin::recent(cookie) else {
-        return Ok(OK);
-    };
     let tuple = FourTuple {
         client: key.local,
         server: key.remote,
+    };
+    // The origin connect4/6 stored for this very socket: in RECENT, else (its slot was taken)
+    // in the socket's storage, which is then cleared (CONNS holds it from here on). Its peer
+    // is where connect4/6 sent it, the VIP's listener: no SERVICES lookup needed.
+    let origin = match origin::take_recent(cookie) {
+        Some(origin) => origin,
+        None => match origin::tracked(ctx) {
+            Some(slot) => {
+                let origin = slot.origin;
+                slot.origin.vip.family = 0;
+                origin
+            }
+            None => {
+                // A connect made to the listener directly (no VIP): an entry these addresses
+                // left (a connection the agent never accepted) must not be taken for its own.
+                match CONNS.remove(&tuple) {
+                    Ok(()) | Err(_) => {}
+                }
+                return Ok(OK);
+            }
+        },
     };
     if CONNS.insert(&tuple, &origin, 0).is_ok() {
         count(Counter::TUPLE_RECORDED);

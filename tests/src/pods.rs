@@ -673,17 +673,23 @@ pub fn scrape_series(ns: &Netns, url: &str, name: &str, labels: &[&str]) -> Resu
 /// A client script for a pod: for each stdin line "HOST PORT", one completion over a fresh
 /// raw TCP connection (`Connection: close`); prints one JSON line `{"status", "sent",
 /// "received", "pod"}` with the exact bytes it wrote and read (HTTP head and body), or
-/// `{"error"}`.
+/// `{"error"}`. "HOST PORT open" asks for a keep-alive answer and leaves that connection open
+/// (it answers before closing anything) until the next line, which closes it first.
 pub const BYTES_CLIENT: &str = r#"
 import json, socket, sys
 BODY = json.dumps({"model": "sim-llama", "prompt": "count these bytes " * 16, "max_tokens": 4}).encode()
+held = None
 for line in sys.stdin:
-    host, port = line.split()
+    if held is not None:
+        held.close()
+        held = None
+    host, port, *mode = line.split()
+    keep = mode == ["open"]
     try:
         s = socket.create_connection((host, int(port)), timeout=10)
         req = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
                f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n"
-               "Connection: close\r\n\r\n").encode() + BODY
+               + ("" if keep else "Connection: close\r\n") + "\r\n").encode() + BODY
         s.sendall(req)
         got = b""
         while b"\r\n\r\n" not in got:
@@ -701,7 +707,10 @@ for line in sys.stdin:
                 break
             body += chunk
             got += chunk
-        s.close()
+        if keep:
+            held = s
+        else:
+            s.close()
         status = int(head.split(b" ", 2)[1])
         pod = fields.get(b"x-warmpath-pod")
         print(json.dumps({"status": status, "sent": len(req), "received": len(got),

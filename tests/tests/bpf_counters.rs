@@ -8,7 +8,7 @@
 //! holds exactly that many connects for the client's cgroup in the mode under test; for
 //! steered connections the bytes the client wrote and read, each connection's FIN at most
 //! adding one (TCP counts it in the sequence space), and for proxied ones no bytes (the agent
-//! carries those and counts them per tenant itself); the agent's `/metrics`
+//! carries those: its per-tenant series count their requests and tokens); the agent's `/metrics`
 //! shows the same connects for the client's tenant: the one whose `tenants.cgroups` selects
 //! its cgroup (proxy test, from a config file), or the default tenant when none does (steer
 //! test, flags only).
@@ -89,6 +89,43 @@ fn wait_for_export(node: &Node, tenant: &str, mode: &str, want: f64) -> f64 {
     }
 }
 
+/// One more steered request on a connection the client keeps open: its bytes are counted
+/// while it is open (the closed connections' FINs do not come into it), exactly what the
+/// client wrote and read. The count lands with the segments the client sends (its ACKs), so
+/// it is polled, bounded.
+fn open_connection_is_counted_as_it_goes(
+    bed: &Bed,
+    id: u64,
+    client: &mut OwnedChild,
+    vip: &str,
+    before: CgroupStats,
+) {
+    let (host, port) = vip.rsplit_once(':').unwrap();
+    client.send_line(&format!("{host} {port} open")).unwrap();
+    let line = client.next_line(WAIT).expect("the client answered");
+    let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(answer["status"], 200, "{answer}");
+    let want = (
+        before.bytes_sent + answer["sent"].as_u64().unwrap(),
+        before.bytes_received + answer["received"].as_u64().unwrap(),
+    );
+    let deadline = Instant::now() + WAIT;
+    let mut stats = stats_of(bed, id);
+    while (stats.bytes_sent, stats.bytes_received) != want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        stats = stats_of(bed, id);
+    }
+    assert_eq!(
+        (stats.bytes_sent, stats.bytes_received),
+        want,
+        "an open connection's bytes, before its close: {answer}"
+    );
+    gate::announce(&format!(
+        "bpf: counters (steer): an open connection's {} B written and {} B read counted before its close",
+        answer["sent"], answer["received"]
+    ));
+}
+
 /// A file removed on drop.
 struct TempFile(std::path::PathBuf);
 
@@ -151,6 +188,9 @@ fn counted(
     let stats = stats_of(&bed, id);
     let mode = if steer { "steer" } else { "proxy" };
     let exported = wait_for_export(node, tenant.unwrap_or("default"), mode, REQUESTS as f64);
+    if steer {
+        open_connection_is_counted_as_it_goes(&bed, id, &mut client, vip, stats);
+    }
     let unresolved =
         scrape_series(&node.ns, ADMIN, "warmpath_kernel_unresolved_cgroups", &[]).unwrap();
     drop(client);

@@ -106,16 +106,18 @@ fn an_earlier_agents_vips_steering_and_exclusions_are_reconciled_on_adoption() {
     let old_agent = ChildCgroup::create(parent.path(), "old-agent").unwrap();
     let new_agent = ChildCgroup::create(parent.path(), "new-agent").unwrap();
     let listener: SocketAddr = "10.231.0.1:8080".parse().unwrap();
+    // Where the earlier agent sent the VIP it alone named.
+    let old_listener: SocketAddr = "10.231.0.1:8081".parse().unwrap();
     let (kept, dropped): (SocketAddr, SocketAddr) = (
         "10.96.0.41:8000".parse().unwrap(),
         "10.96.0.42:8000".parse().unwrap(),
     );
 
-    // The earlier agent: two VIPs, the second steered, its own cgroup excluded; attached
-    // (links pinned) and gone.
+    // The earlier agent: two VIPs, the second steered and sent to a listener of its own, its
+    // own cgroup excluded; attached (links pinned) and gone.
     let mut first = Redirector::load_pinned(&pins.path).unwrap();
     first.set_redirect(kept, listener).unwrap();
-    first.set_redirect(dropped, listener).unwrap();
+    first.set_redirect(dropped, old_listener).unwrap();
     first.set_steer(dropped, true).unwrap();
     let old_id = first.exclude_cgroup(old_agent.path()).unwrap();
     first.attach(parent.path()).unwrap();
@@ -150,11 +152,16 @@ fn an_earlier_agents_vips_steering_and_exclusions_are_reconciled_on_adoption() {
         vec![new_id],
         "only the new agent's cgroup is excluded"
     );
+    assert_eq!(
+        pinned_keys::<Endpoint, u32>(&pins.path, "WARMPATH_LISTENERS"),
+        vec![endpoint(listener)],
+        "the earlier agent's listener is gone with its VIP"
+    );
     assert_eq!(cgroup_id(new_agent.path()).unwrap(), new_id);
     drop(second);
     drop(pins);
     gate::announce(&format!(
-        "bpf: pins: reconciled on adoption (VIP {dropped} and its steering removed, excluded {old_id} -> {new_id})"
+        "bpf: pins: reconciled on adoption (VIP {dropped}, its steering and its listener {old_listener} removed, excluded {old_id} -> {new_id})"
     ));
 }
 

@@ -100,7 +100,7 @@ fn connect4_redirects_only_inside_the_cgroup() {
     );
     assert_eq!(peer, VIP, "getpeername4 shows the VIP the client dialled");
 
-    // (b) the original destination, recorded in the client socket's storage at connect and
+    // (b) the original destination, recorded under the client socket's cookie at connect and
     // copied to the connection's 4-tuple once established, is what an accept finds; taking
     // it removes it.
     let origins = redirector.origins();

@@ -79,6 +79,8 @@ pub struct Reconciled {
     pub services: usize,
     pub excluded: usize,
     pub steer: usize,
+    /// Listener addresses no intercepted VIP is rewritten to any more.
+    pub listeners: usize,
 }
 
 /// The heartbeat map and whether the agent stood down (shared with the heartbeat task).
@@ -345,6 +347,7 @@ impl Redirector {
         if gone != Reconciled::default() {
             tracing::info!(
                 services = gone.services,
+                listeners = gone.listeners,
                 excluded = gone.excluded,
                 steer = gone.steer,
                 "removed an earlier agent's pinned entries that this agent's flags do not name"
@@ -455,7 +458,7 @@ impl Redirector {
 
     /// Removes the `SERVICES`, `STEER` and `EXCLUDED` entries an earlier agent left in the
     /// pinned maps that this one did not write itself (`set_redirect`, `set_steer`,
-    /// `exclude_cgroup`): a VIP dropped from the flags stops being intercepted, and an earlier
+    /// `exclude_cgroup`), and the `LISTENERS` no remaining VIP is rewritten to: a VIP dropped from the flags stops being intercepted, and an earlier
     /// agent's cgroup id (an inode number, reusable) is no longer excluded. Done once, at the
     /// first [`attach`](Self::attach) in pinned mode; a no-op otherwise. Service VIPs that a
     /// Kubernetes watch installs later are removed and installed again: in between, their
@@ -476,6 +479,22 @@ impl Redirector {
         for key in a.excluded.difference(&a.own_excluded) {
             remove_key(&mut self.excluded, key, EXCLUDED_MAP)?;
             done.excluded += 1;
+        }
+        // Listeners: the map is bounded and never pruned at runtime, so an earlier agent's
+        // addresses (another port, another node address) go here.
+        let in_use: HashSet<Endpoint> = self
+            .services
+            .iter()
+            .map(|entry| entry.map(|(_, listener)| listener))
+            .collect::<Result<_, _>>()
+            .map_err(|source| Error::Map {
+                name: SERVICES_MAP,
+                source,
+            })?;
+        let listeners = keys(&self.listeners, LISTENERS_MAP)?;
+        for key in listeners.difference(&in_use) {
+            remove_key(&mut self.listeners, key, LISTENERS_MAP)?;
+            done.listeners += 1;
         }
         Ok(done)
     }
