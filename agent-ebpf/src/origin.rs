@@ -82,7 +82,7 @@ pub fn record(ctx: &SockAddrContext, origin: &Origin) -> bool {
 /// place; `None` for every other socket. sock_ops callbacks of one socket run under its
 /// lock, so the caller is the slot's only writer.
 #[inline(always)]
-pub fn tracked(ctx: &SockOpsContext) -> Option<&'static mut Tracked> {
+pub fn tracked(ctx: &SockOpsContext) -> Option<&mut Tracked> {
     // SAFETY: valid context; `sk` may be null (checked).
     let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
     if sk.is_null() {
@@ -92,7 +92,8 @@ pub fn tracked(ctx: &SockOpsContext) -> Option<&'static mut Tracked> {
     if slot.is_null() {
         return None;
     }
-    // SAFETY: non-null storage of this map, alive while its socket is (this callback's).
+    // SAFETY: non-null storage of this map, alive while its socket is, so for this callback
+    // (the borrow of its context).
     let slot = unsafe { &mut *slot };
     (slot.origin.vip.family != 0).then_some(slot)
 }
