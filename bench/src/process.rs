@@ -32,12 +32,39 @@ impl Drop for Child {
     }
 }
 
-/// A free loopback port (bound, then released).
+/// A free loopback port for a child to listen on (bound, then released), taken **below** the
+/// kernel's ephemeral range (`net.ipv4.ip_local_port_range`). A port the kernel hands out
+/// for `bind(0)` comes from that range, and so does the source port of every outgoing
+/// connection: under a benchmark's load one of those connects could take the port in the
+/// moment between its release here and the child's bind ("Address already in use", a
+/// matrix run lost at its second cell). Below the range no connect is given it. Ports are
+/// tried in turn from an offset of this process's id, so concurrent benchmarks rarely try
+/// the same ones; where there is no room below the range, it falls back to `bind(0)`.
 pub fn free_port() -> Result<u16, Error> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOWEST: u32 = 10_000;
     let io = |source| Error::Io {
         what: "bind 127.0.0.1:0".into(),
         source,
     };
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(0);
+    if ephemeral_low > LOWEST + 1_000 {
+        let span = ephemeral_low - LOWEST;
+        let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+        for _ in 0..span.min(4_096) {
+            let port = LOWEST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+            let Ok(port) = u16::try_from(port) else {
+                continue;
+            };
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
     l.local_addr().map(|a| a.port()).map_err(io)
 }
