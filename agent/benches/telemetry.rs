@@ -85,6 +85,7 @@ fn record(c: &mut Criterion) {
                             prompt: 812,
                             cached: 640,
                             completion: 64,
+                            cached_reported: true,
                         }),
                         receipt: None,
                         retries: 0,

@@ -80,6 +80,7 @@ impl UsageShape {
             prompt: self.prompt.unwrap_or(0),
             cached: self.details.flatten().flatten().unwrap_or(0),
             completion: self.completion.unwrap_or(0),
+            cached_reported: self.details.flatten().flatten().is_some(),
         }
     }
 }

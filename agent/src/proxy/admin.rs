@@ -288,6 +288,21 @@ fn metrics(proxy: &Proxy) -> String {
     }
     let _ = writeln!(
         out,
+        "# HELP warmpath_prefix_survival Share of the prefix a chosen pod held at decision that its engine still had at prefill (recent route receipts; 1 before any)\n# TYPE warmpath_prefix_survival gauge"
+    );
+    for p in &proxy.pools {
+        let _ = writeln!(
+            out,
+            "warmpath_prefix_survival{{pool=\"{}\"}} {}",
+            p.name
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n"),
+            p.calibration.survival().get()
+        );
+    }
+    let _ = writeln!(
+        out,
         "# TYPE warmpath_index_entries gauge\nwarmpath_index_entries {}",
         proxy.index.len()
     );

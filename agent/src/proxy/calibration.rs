@@ -31,7 +31,29 @@ pub struct Calibration {
     /// Observations so far (the clock of the ticks).
     ticks: std::sync::atomic::AtomicU64,
     errors: Mutex<Errors>,
+    /// How much of the prefix chosen pods held at decision their engines still had at
+    /// prefill ([`Delivery`]).
+    delivery: Mutex<Delivery>,
 }
+
+/// Decayed sums of route receipts' captured tokens and of what of them was delivered (the
+/// engine's `cached_tokens`, at most the captured): their ratio is the share of a prefix a
+/// pod holds at decision that survives to its prefill. Blocks a pod holds can be evicted
+/// while the request waits in its queue; when its KV cache is too small for what runs
+/// there, most are, and the index's prefix is then worth that much less
+/// ([`crate::routing::Survival`]).
+#[derive(Debug, Default)]
+struct Delivery {
+    captured: f64,
+    delivered: f64,
+    observed: u64,
+}
+
+/// Requests with a captured prefix the survival estimate remembers (exponential forgetting).
+pub const DELIVERY_MEMORY: f64 = 256.0;
+/// Tokens of full survival the estimate starts from: before the first few answers, and for
+/// engines that do not report `cached_tokens`, the index is taken at its word.
+pub const DELIVERY_PRIOR_TOKENS: f64 = 4096.0;
 
 #[derive(Debug, Default)]
 struct Errors {
@@ -58,6 +80,12 @@ pub struct CalibrationStatus {
     pub median_abs_error_ms: Option<f64>,
     /// Streams checked since start.
     pub checked: u64,
+    /// The share of the prefix a chosen pod held at decision that its engine still had at
+    /// prefill (recent answers; 1 before any): the weight the prefix presets give a held
+    /// prefix (docs/routing.md, "Prefix survival").
+    pub prefix_survival: f64,
+    /// Answers with a captured prefix and a reported `cached_tokens` noted so far.
+    pub survival_observations: u64,
 }
 
 /// One pod's fitted coefficients for `/status`.
@@ -143,10 +171,44 @@ impl Calibration {
             n if n % 2 == 1 => Some(sorted[n / 2]),
             n => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
         };
+        let d = self.delivery.lock();
         CalibrationStatus {
             median_abs_error_ms: median.map(|m| m * 1000.0),
             checked: e.count,
+            prefix_survival: d.survival(),
+            survival_observations: d.observed,
         }
+    }
+
+    /// A request's route receipt settled: its pod held `captured` prompt tokens of its
+    /// prefix at decision and the engine served `delivered` from its cache. Only answers
+    /// whose engine reported `cached_tokens` may be noted (without it there is no measure).
+    pub fn note_delivery(&self, captured: u64, delivered: u64) {
+        self.delivery.lock().note(captured, delivered);
+    }
+
+    /// The share of a held prefix that reaches prefill ([`Delivery`]), 0..=1.
+    pub fn survival(&self) -> crate::routing::Survival {
+        crate::routing::Survival::new(self.delivery.lock().survival())
+    }
+}
+
+impl Delivery {
+    fn note(&mut self, captured: u64, delivered: u64) {
+        if captured == 0 {
+            // Nothing was held: nothing to survive. (More delivered than captured — the
+            // index missed blocks — is not evidence about what it saw.)
+            return;
+        }
+        let keep = 1.0 - 1.0 / DELIVERY_MEMORY;
+        self.captured = self.captured * keep + captured as f64;
+        self.delivered = self.delivered * keep + delivered.min(captured) as f64;
+        self.observed += 1;
+    }
+
+    fn survival(&self) -> f64 {
+        ((self.delivered + DELIVERY_PRIOR_TOKENS) / (self.captured + DELIVERY_PRIOR_TOKENS))
+            .clamp(0.0, 1.0)
     }
 }
 
@@ -187,6 +249,38 @@ mod tests {
         assert_eq!(c.timing(1), Timing::PRIOR);
         c.forget(0);
         assert_eq!(c.timing(0), Timing::PRIOR);
+    }
+
+    #[test]
+    fn survival_is_what_engines_delivered_of_what_was_captured() {
+        let c = Calibration::default();
+        assert_eq!(
+            c.survival().get(),
+            1.0,
+            "the index at its word before any answer"
+        );
+        // Nothing captured: nothing learnt, even with cached tokens the index did not see.
+        c.note_delivery(0, 512);
+        assert_eq!(c.status().survival_observations, 0);
+        // 1,000 answers each delivering 160 of 1,024 captured tokens: after 1,000 the
+        // decayed sums are each (1 - (255/256)^1000) x 256 x per-answer, so the ratio tends
+        // to 160 / 1024 = 0.156, lifted only by the 4,096-token prior:
+        // (0.98 x 256 x 160 + 4096) / (0.98 x 256 x 1024 + 4096).
+        for _ in 0..1000 {
+            c.note_delivery(1024, 160);
+        }
+        let keep: f64 = 1.0 - 1.0 / 256.0;
+        let mass = (1.0 - keep.powi(1000)) * 256.0;
+        let want = (mass * 160.0 + 4096.0) / (mass * 1024.0 + 4096.0);
+        let got = c.survival().get();
+        assert!((got - want).abs() < 1e-9, "{got} vs {want}");
+        assert!((0.16..0.18).contains(&got), "{got}");
+        assert_eq!(c.status().survival_observations, 1000);
+        // Delivered beyond what was captured counts as the captured: full survival.
+        for _ in 0..5000 {
+            c.note_delivery(1024, 4096);
+        }
+        assert!(c.survival().get() > 0.999);
     }
 
     #[test]

@@ -290,6 +290,7 @@ async fn route(
                 keys,
                 session: session_rule.key(&parts.headers),
                 lora,
+                survival: pool.calibration.survival(),
             };
             (chosen, ctx, forwarded, stage)
         }

@@ -67,6 +67,12 @@ impl Attempt {
             let error = p.calibration.check(p, measured.as_secs_f64());
             telemetry.record_prediction_error(self.pool, error);
         }
+        if let (Some(p), Some(r), Some(u)) = (&self.prediction, self.receipt, end.usage)
+            && u.cached_reported
+        {
+            // Captured and delivered are both in tokens (blocks x the block size).
+            p.calibration.note_delivery(r.captured, u.cached);
+        }
         if let (Some(client), Some((_, pod)), Outcome::Ok) = (&self.client, end.pod, end.outcome) {
             client.answered(self.pool, pod, end.at);
         }

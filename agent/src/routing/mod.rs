@@ -10,11 +10,15 @@
 //! uncached     = prompt_blocks - matched_blocks(pod)
 //! ttft(pod)    = (uncached + queued_prefill_blocks(pod)) x secs_per_block(pod)
 //!              + in_flight(pod) x secs_per_running(pod) + base(pod)      (the prediction)
-//! cost(pod)    = (uncached + queued_prefill_blocks(pod)                   (its prefill wait)
-//!              +  uncached x in_flight(pod)                               (stall)
-//!              +  2 x (prompt_blocks - history_blocks(pod))               (home)
+//! expected     = prompt_blocks - survival x matched_blocks(pod)
+//! cost(pod)    = (expected + queued_prefill_blocks(pod)                   (its prefill wait)
+//!              +  expected x in_flight(pod)                               (stall)
+//!              +  2 x survival x (prompt_blocks - history_blocks(pod))    (home)
 //!              +  4 x in_flight(pod)) x secs_per_block(pool) + base(pool) (spread)
 //! ```
+//!
+//! `survival` ([`Survival`]) is the share of a held prefix that the pool's engines still had
+//! at prefill, by the recent route receipts (delivered / captured); 1 until measured.
 //!
 //! `secs_per_block`, `secs_per_running` and `base` are each pod's own, calibrated online from
 //! the TTFTs it answered with (the proxy's `calibration`), and make the prediction each
@@ -68,6 +72,40 @@ pub struct RequestCtx {
     pub session: Option<String>,
     /// The LoRA adapter the request names, if it names one.
     pub lora: Option<String>,
+    /// How much of a prefix a pod holds at decision reaches prefill, by the pool's recent
+    /// route receipts.
+    pub survival: Survival,
+}
+
+/// The share of a prefix a pod holds at decision that its engine still has when it
+/// prefills the request: the pool's recent route receipts, delivered / captured
+/// (`proxy::calibration`). Blocks a pod holds are evicted while the request waits in its
+/// queue when the pod's KV cache is too small for what runs there; the prefix presets then
+/// count a held block as this much of a block (the `prefix`, `stall` and `history` terms),
+/// so where little survives they balance load instead of chasing caches that will be gone.
+/// 1 (the index at its word) by default.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Survival(f64);
+
+impl Survival {
+    /// `share` clamped to 0..=1 (NaN: 1).
+    pub fn new(share: f64) -> Self {
+        Self(if share.is_nan() {
+            1.0
+        } else {
+            share.clamp(0.0, 1.0)
+        })
+    }
+
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl Default for Survival {
+    fn default() -> Self {
+        Self(1.0)
+    }
 }
 
 /// Whether a candidate has the request's LoRA adapter (from `vllm:lora_requests_info`).

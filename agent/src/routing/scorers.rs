@@ -34,6 +34,12 @@ impl ScoreCtx<'_> {
     pub fn matched(&self, c: &Candidate) -> usize {
         c.prefix().0.min(self.total_blocks)
     }
+
+    /// The blocks `c` is expected to prefill for this request: the prompt's, less the
+    /// matched prefix's share that survives to prefill ([`super::Survival`]).
+    pub fn expected_uncached(&self, c: &Candidate) -> f64 {
+        self.total_blocks as f64 - self.request.survival.get() * self.matched(c) as f64
+    }
 }
 
 /// One signal, turned into a cost per candidate.
@@ -66,8 +72,7 @@ impl Scorer for Stall {
     }
     fn add_costs(&self, ctx: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
         for (c, cost) in live.iter().zip(costs) {
-            let uncached = (ctx.total_blocks - ctx.matched(c)) as f64;
-            *cost += w * uncached * f64::from(c.in_flight);
+            *cost += w * ctx.expected_uncached(c) * f64::from(c.in_flight);
         }
     }
 }
@@ -77,8 +82,13 @@ impl Scorer for Home {
         "history"
     }
     fn add_costs(&self, ctx: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        // Leaving home costs what would have survived there (its prefill now, and the
+        // blocks of other prefixes a new copy evicts elsewhere): nothing, where nothing
+        // survives.
+        let survival = ctx.request.survival.get();
         for (c, cost) in live.iter().zip(costs) {
-            *cost += w * (ctx.total_blocks - c.history_blocks.min(ctx.total_blocks)) as f64;
+            *cost +=
+                w * survival * (ctx.total_blocks - c.history_blocks.min(ctx.total_blocks)) as f64;
         }
     }
 }
@@ -89,7 +99,7 @@ impl Scorer for Prefix {
     }
     fn add_costs(&self, ctx: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
         for (c, cost) in live.iter().zip(costs) {
-            *cost += w * (ctx.total_blocks - ctx.matched(c)) as f64;
+            *cost += w * ctx.expected_uncached(c);
         }
     }
 }

@@ -328,3 +328,41 @@ fn weights_are_validated_by_name() {
     assert!(w.set("prefix", -1.0).unwrap_err().contains(">= 0"));
     assert!(w.set("magic", 1.0).unwrap_err().contains("unknown scorer"));
 }
+
+#[test]
+fn a_held_prefix_counts_as_much_of_it_as_survives_to_prefill() {
+    let rr = AtomicUsize::new(0);
+    // 100-block prompt. A holds 90 blocks of it (and is its home) with six requests
+    // decoding; B holds nothing, one request decoding.
+    let mut warm = cand(0, 90, 0, 6);
+    warm.history_blocks = 90;
+    let cold = cand(1, 0, 0, 1);
+    let t = BlockTiming::default();
+    let blocks = |seconds: f64| (seconds - t.base) / t.secs_per_block;
+    // Everything held survives (the default): in blocks, A costs 10 uncached + 10 x 6
+    // stall + 2 x 10 home + 4 x 6 spread = 114; B 100 + 100 x 1 + 2 x 100 + 4 = 404.
+    let d = rank(
+        Policy::Precise,
+        &ctx(100),
+        &[warm.clone(), cold.clone()],
+        &rr,
+    )
+    .unwrap();
+    assert_eq!((d.ranked[0], d.prefix_blocks), (EndpointId(0), 90));
+    assert!((blocks(d.costs[0]) - 114.0).abs() < 1e-6, "{:?}", d.costs);
+    assert!((blocks(d.costs[1]) - 404.0).abs() < 1e-6, "{:?}", d.costs);
+    // A tenth survives (the engines delivered 10 % of what pods held at decision): A is
+    // expected to prefill 100 - 0.1 x 90 = 91 blocks, which stall its six decoders, and
+    // leaving home costs a tenth as much: 91 + 91 x 6 + 0.2 x 10 + 24 = 663; B 100 + 100 +
+    // 0.2 x 100 + 4 = 224. The idle pod wins.
+    let mut few = ctx(100);
+    few.survival = Survival::new(0.1);
+    let d = rank(Policy::Precise, &few, &[warm, cold], &rr).unwrap();
+    assert_eq!(d.ranked[0], EndpointId(1));
+    assert!((blocks(d.costs[0]) - 224.0).abs() < 1e-6, "{:?}", d.costs);
+    assert!((blocks(d.costs[1]) - 663.0).abs() < 1e-6, "{:?}", d.costs);
+    // The receipt still says what the chosen pod held: nothing.
+    assert_eq!(d.prefix_blocks, 0);
+    assert_eq!(Survival::new(f64::NAN).get(), 1.0);
+    assert_eq!(Survival::new(-1.0).get(), 0.0);
+}

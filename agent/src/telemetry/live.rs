@@ -208,6 +208,7 @@ mod tests {
             prompt: 100,
             cached: 75,
             completion: 10,
+            cached_reported: true,
         };
         for i in 0..100u64 {
             // Half of them captured 64 of 80 available tokens and were delivered 48.

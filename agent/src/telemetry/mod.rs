@@ -530,6 +530,7 @@ mod tests {
                 prompt: 100,
                 cached: 60,
                 completion: 8,
+                cached_reported: true,
             }),
             receipt: Some(Receipt {
                 available: 80,

@@ -554,6 +554,7 @@ mod tests {
                     prompt: 10,
                     cached: 4,
                     completion: 3,
+                    cached_reported: true,
                 }),
                 receipt: None,
                 retries: 1,

@@ -7,6 +7,9 @@ pub struct TokenUsage {
     pub prompt: u64,
     pub cached: u64,
     pub completion: u64,
+    /// The engine reported `prompt_tokens_details.cached_tokens` (vLLM only does with
+    /// `--enable-prompt-tokens-details`): without it `cached` is 0 by default, not measured.
+    pub cached_reported: bool,
 }
 
 /// A request's route receipt as far as the router knows it at decision, in tokens (blocks x

@@ -36,7 +36,8 @@ fn injected_usage_is_read_then_removed_at_any_frame_split() {
             Some(TokenUsage {
                 prompt: 7,
                 cached: 4,
-                completion: 3
+                completion: 3,
+                cached_reported: true,
             })
         );
     }
@@ -121,6 +122,10 @@ fn the_quick_usage_scan_agrees_with_the_parser() {
             .map(|w| {
                 w.map(|w| TokenUsage {
                     prompt: w.prompt_tokens,
+                    cached_reported: w
+                        .prompt_tokens_details
+                        .as_ref()
+                        .is_some_and(|d| d.cached_tokens.is_some()),
                     cached: w
                         .prompt_tokens_details
                         .and_then(|d| d.cached_tokens)
@@ -155,7 +160,8 @@ fn json_tail_finds_usage_of_any_body_size() {
             Some(TokenUsage {
                 prompt: 5,
                 cached: 0,
-                completion: 2
+                completion: 2,
+                cached_reported: false,
             })
         );
     }

@@ -52,6 +52,10 @@ pub(super) fn last_usage(bytes: &[u8]) -> Option<TokenUsage> {
         .ok()??;
     Some(TokenUsage {
         prompt: wire.prompt_tokens,
+        cached_reported: wire
+            .prompt_tokens_details
+            .as_ref()
+            .is_some_and(|d| d.cached_tokens.is_some()),
         cached: wire
             .prompt_tokens_details
             .and_then(|d| d.cached_tokens)
@@ -78,7 +82,10 @@ pub(super) fn scan_usage(v: &[u8]) -> Option<Option<TokenUsage>> {
             b"prompt_tokens_details" => s.object(|s, key| {
                 match key {
                     b"cached_tokens" if s.peek()? == b'n' => s.literal(b"null")?,
-                    b"cached_tokens" => usage.cached = s.int()?,
+                    b"cached_tokens" => {
+                        usage.cached = s.int()?;
+                        usage.cached_reported = true;
+                    }
                     _ => s.scalar()?,
                 }
                 Some(())
