@@ -56,7 +56,7 @@ pub fn free_port() -> Result<u16, Error> {
         let span = ephemeral_low - LOWEST;
         let start = std::process::id().wrapping_mul(2_654_435_761) % span;
         for _ in 0..span.min(4_096) {
-            let port = LOWEST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+            let port = LOWEST + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % span;
             let Ok(port) = u16::try_from(port) else {
                 continue;
             };

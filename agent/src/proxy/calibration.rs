@@ -34,6 +34,9 @@ pub struct Calibration {
     /// How much of the prefix chosen pods held at decision their engines still had at
     /// prefill ([`Delivery`]).
     delivery: Mutex<Delivery>,
+    /// [`Delivery::survival`] as of the last note, as f64 bits (0: none yet, which reads
+    /// as 1): read by every decision without the lock.
+    survival_bits: std::sync::atomic::AtomicU64,
 }
 
 /// Decayed sums of route receipts' captured tokens and of what of them was delivered (the
@@ -71,6 +74,9 @@ pub struct Prediction {
     pub features: Features,
     /// Seconds.
     pub predicted: f64,
+    /// The pool's block size in tokens (what an engine can serve of a prompt from cache
+    /// comes in whole blocks).
+    pub block_size: u64,
 }
 
 /// The calibration's figures for `/status`.
@@ -184,26 +190,38 @@ impl Calibration {
     /// prefix at decision and the engine served `delivered` from its cache. Only answers
     /// whose engine reported `cached_tokens` may be noted (without it there is no measure).
     pub fn note_delivery(&self, captured: u64, delivered: u64) {
-        self.delivery.lock().note(captured, delivered);
+        let mut d = self.delivery.lock();
+        if d.note(captured, delivered) {
+            self.survival_bits
+                .store(d.survival().to_bits(), std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// The share of a held prefix that reaches prefill ([`Delivery`]), 0..=1.
     pub fn survival(&self) -> crate::routing::Survival {
-        crate::routing::Survival::new(self.delivery.lock().survival())
+        match self
+            .survival_bits
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => crate::routing::Survival::default(),
+            bits => crate::routing::Survival::new(f64::from_bits(bits)),
+        }
     }
 }
 
 impl Delivery {
-    fn note(&mut self, captured: u64, delivered: u64) {
+    /// Notes one answer; false when it teaches nothing (nothing was captured).
+    fn note(&mut self, captured: u64, delivered: u64) -> bool {
         if captured == 0 {
             // Nothing was held: nothing to survive. (More delivered than captured — the
             // index missed blocks — is not evidence about what it saw.)
-            return;
+            return false;
         }
         let keep = 1.0 - 1.0 / DELIVERY_MEMORY;
         self.captured = self.captured * keep + captured as f64;
         self.delivered = self.delivered * keep + delivered.min(captured) as f64;
         self.observed += 1;
+        true
     }
 
     fn survival(&self) -> f64 {
@@ -225,6 +243,7 @@ mod tests {
                 running: 0.0,
             },
             predicted,
+            block_size: 16,
         }
     }
 

@@ -173,6 +173,7 @@ pub async fn forward(
                     serial: endpoint.serial,
                     features,
                     predicted: decision.predicted_ttft(),
+                    block_size: pool.block_size as u64,
                 });
                 let answered = Answered {
                     endpoint,

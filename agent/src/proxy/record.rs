@@ -70,8 +70,13 @@ impl Attempt {
         if let (Some(p), Some(r), Some(u)) = (&self.prediction, self.receipt, end.usage)
             && u.cached_reported
         {
-            // Captured and delivered are both in tokens (blocks x the block size).
-            p.calibration.note_delivery(r.captured, u.cached);
+            // Captured and delivered are both in tokens (blocks x the block size). vLLM never
+            // serves a prompt's last token from its cache: of a prompt held whole it
+            // delivers the whole blocks before that token, which is no loss.
+            let block = p.block_size.max(1);
+            let servable = u.prompt.saturating_sub(1) / block * block;
+            p.calibration
+                .note_delivery(r.captured.min(servable), u.cached);
         }
         if let (Some(client), Some((_, pod)), Outcome::Ok) = (&self.client, end.pod, end.outcome) {
             client.answered(self.pool, pod, end.at);

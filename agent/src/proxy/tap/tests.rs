@@ -108,6 +108,8 @@ fn the_quick_usage_scan_agrees_with_the_parser() {
         r#"{ "prompt_tokens": 5, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 16} } ,"x":1}"#,
         r#"{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":null,"audio_tokens":0}}"#,
         r#"{}"#,
+        r#"{"prompt_tokens":5,"prompt_tokens_details":{}}"#,
+        r#"{"prompt_tokens":5,"prompt_tokens_details":{"audio_tokens":0}}"#,
         r#"null,"x":1"#,
         r#"{"prompt_tokens":5,"completion_tokens":2.0}"#,
         r#"{"prompt_tokens":5,"extra":{"deep":[1]},"completion_tokens":2}"#,
