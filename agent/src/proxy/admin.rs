@@ -293,11 +293,11 @@ fn metrics(proxy: &Proxy) -> String {
     for p in &proxy.pools {
         let _ = writeln!(
             out,
-            "warmpath_prefix_survival{{pool=\"{}\"}} {}",
-            p.name
-                .replace('\\', "\\\\")
-                .replace('"', "\\\"")
-                .replace('\n', "\\n"),
+            "warmpath_prefix_survival{} {}",
+            crate::telemetry::prometheus::label_text(
+                std::iter::once(("pool", p.name.as_str())),
+                None
+            ),
             p.calibration.survival().get()
         );
     }

@@ -156,7 +156,7 @@ fn labels<'a>(attrs: impl Iterator<Item = &'a KeyValue>, extra: Option<(&str, &s
 }
 
 /// `{k="v",...}` from pairs already in order, `extra` last; empty without labels.
-fn label_text<'a, 'b>(
+pub(crate) fn label_text<'a, 'b>(
     pairs: impl Iterator<Item = (&'a str, &'b str)>,
     extra: Option<(&str, &str)>,
 ) -> String {

@@ -50,16 +50,11 @@ pub(super) fn last_usage(bytes: &[u8]) -> Option<TokenUsage> {
         .into_iter::<Option<Wire>>()
         .next()?
         .ok()??;
+    let cached = wire.prompt_tokens_details.and_then(|d| d.cached_tokens);
     Some(TokenUsage {
         prompt: wire.prompt_tokens,
-        cached_reported: wire
-            .prompt_tokens_details
-            .as_ref()
-            .is_some_and(|d| d.cached_tokens.is_some()),
-        cached: wire
-            .prompt_tokens_details
-            .and_then(|d| d.cached_tokens)
-            .unwrap_or(0),
+        cached_reported: cached.is_some(),
+        cached: cached.unwrap_or(0),
         completion: wire.completion_tokens,
     })
 }
