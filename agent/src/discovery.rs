@@ -447,7 +447,7 @@ mod tests {
         e.set_engine_load(0, 0, 0.0);
         assert!(e.routable());
         // `b` terminates: drained, then deleted; a request in flight keeps its endpoint.
-        let guard = held_b.start(3);
+        let guard = held_b.start(3, &[], 0);
         sync.apply(&desired(vec![
             spec("127.0.0.1:1", true),
             spec("127.0.0.1:2", false),

@@ -16,7 +16,7 @@ use serde::Serialize;
 use arc_swap::ArcSwap;
 
 use crate::{
-    kv_index::SourceId,
+    kv_index::{RouterKey, SourceId},
     routing::{History, RoutePolicy},
 };
 
@@ -78,6 +78,11 @@ pub struct Endpoint {
     engine_waiting: AtomicU32,
     engine_running: AtomicU32,
     engine_kv_permille: AtomicU32,
+    /// The engine's KV cache size in blocks (`vllm:cache_config_info`'s `num_gpu_blocks`;
+    /// 0 until scraped, and for engines that do not report it).
+    kv_capacity_blocks: AtomicU64,
+    /// The KV blocks this proxy's requests in flight here hold or will ([`Pinned`]).
+    pinned: parking_lot::Mutex<Pinned>,
     scraped: AtomicBool,
     /// Scrapes failed in a row (reset by one that answers): the kernel table writer's sign
     /// that a pod is gone although nothing routed to it (steer mode; docs/ebpf.md).
@@ -85,6 +90,28 @@ pub struct Endpoint {
     /// LoRA adapters the engine serves (`/v1/models` cards whose parent is the base model) and
     /// which are running or waiting (`vllm:lora_requests_info`).
     lora: parking_lot::RwLock<LoraInfo>,
+}
+
+/// The KV blocks a pod's in-flight requests (this proxy's) hold or will hold while they
+/// run: their prompts' blocks, each counted once however many requests share it (a
+/// vLLM block with several users is one block), and each request's expected output.
+/// Bounded by the requests in flight (each holds its own key list).
+#[derive(Debug, Default)]
+struct Pinned {
+    refs: std::collections::HashMap<RouterKey, u32, foldhash::fast::RandomState>,
+    output_blocks: u64,
+}
+
+/// A pod's KV room as one request sees it ([`Endpoint::kv_room`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    /// The engine's KV cache, blocks.
+    pub capacity: u64,
+    /// Blocks its requests in flight hold or will: this proxy's, or the engine's own last
+    /// report if that is more (other routers).
+    pub pinned: u64,
+    /// Blocks of the request's prompt already held by one of them (shared, not new).
+    pub shared: u64,
 }
 
 /// What an engine says about its LoRA adapters.
@@ -211,6 +238,8 @@ impl Pool {
             engine_waiting: AtomicU32::new(0),
             engine_running: AtomicU32::new(0),
             engine_kv_permille: AtomicU32::new(0),
+            kv_capacity_blocks: AtomicU64::new(0),
+            pinned: parking_lot::Mutex::new(Pinned::default()),
             scraped: AtomicBool::new(false),
             scrape_failures: AtomicU32::new(0),
             lora: parking_lot::RwLock::new(LoraInfo::default()),
@@ -311,6 +340,32 @@ impl Endpoint {
         self.scrape_failures.store(0, Ordering::Relaxed);
     }
 
+    /// Records the engine's KV cache size in blocks (from its metrics page).
+    pub fn set_kv_capacity(&self, blocks: u64) {
+        self.kv_capacity_blocks.store(blocks, Ordering::Relaxed);
+    }
+
+    /// The pod's KV room for a request of `keys` (chained: a held key means its whole
+    /// prefix is held), or `None` when the engine's KV size is unknown.
+    pub fn kv_room(&self, keys: &[RouterKey]) -> Option<Room> {
+        let capacity = self.kv_capacity_blocks.load(Ordering::Relaxed);
+        if capacity == 0 {
+            return None;
+        }
+        let (own, shared) = {
+            let p = self.pinned.lock();
+            // The held keys of a chained prompt are a prefix of it: binary search.
+            let shared = keys.partition_point(|k| p.refs.contains_key(k));
+            (p.refs.len() as u64 + p.output_blocks, shared as u64)
+        };
+        let reported = (self.kv_usage() * capacity as f64) as u64;
+        Some(Room {
+            capacity,
+            pinned: own.max(reported),
+            shared,
+        })
+    }
+
     /// Records a scrape that did not answer (or answered nothing usable).
     pub fn note_scrape_failure(&self) {
         self.scrape_failures.fetch_add(1, Ordering::Relaxed);
@@ -374,15 +429,30 @@ impl Endpoint {
     }
 
     /// Counts a request sent here until the returned guard drops; its uncached prefill
-    /// blocks count as queued until the first response byte.
-    pub fn start(self: &Arc<Self>, prefill_blocks: u64) -> InFlight {
+    /// blocks count as queued until the first response byte, and its prompt's `keys` and
+    /// `output_blocks` as the KV it holds ([`Endpoint::kv_room`]).
+    pub fn start(
+        self: &Arc<Self>,
+        prefill_blocks: u64,
+        keys: &[RouterKey],
+        output_blocks: u64,
+    ) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.queued_prefill_blocks
             .fetch_add(prefill_blocks, Ordering::Relaxed);
+        {
+            let mut p = self.pinned.lock();
+            for k in keys {
+                *p.refs.entry(*k).or_insert(0) += 1;
+            }
+            p.output_blocks += output_blocks;
+        }
         InFlight {
             endpoint: self.clone(),
             prefill_blocks,
+            keys: keys.to_vec(),
+            output_blocks,
         }
     }
 
@@ -394,6 +464,14 @@ impl Endpoint {
             origin: self.origin.clone(),
             in_flight: self.in_flight(),
             queued_prefill_blocks: self.queued_prefill_blocks(),
+            kv_capacity_blocks: match self.kv_capacity_blocks.load(Ordering::Relaxed) {
+                0 => None,
+                b => Some(b),
+            },
+            kv_pinned_blocks: {
+                let p = self.pinned.lock();
+                p.refs.len() as u64 + p.output_blocks
+            },
             requests: self.requests.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
             engine: self.scraped.load(Ordering::Relaxed).then(|| EngineLoad {
@@ -416,6 +494,11 @@ pub struct EndpointStatus {
     pub origin: String,
     pub in_flight: u32,
     pub queued_prefill_blocks: u64,
+    /// The engine's KV cache size, blocks (`vllm:cache_config_info`), once scraped.
+    pub kv_capacity_blocks: Option<u64>,
+    /// KV blocks this proxy's requests in flight there hold or will: their prompts' blocks
+    /// (shared ones once) and expected output.
+    pub kv_pinned_blocks: u64,
     pub requests: u64,
     pub failures: u64,
     /// The engine's own numbers, once scraped.
@@ -435,6 +518,8 @@ pub struct EngineLoad {
 pub struct InFlight {
     endpoint: Arc<Endpoint>,
     prefill_blocks: u64,
+    keys: Vec<RouterKey>,
+    output_blocks: u64,
 }
 
 impl InFlight {
@@ -450,6 +535,18 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.first_byte();
+        {
+            let mut p = self.endpoint.pinned.lock();
+            for k in &self.keys {
+                if let std::collections::hash_map::Entry::Occupied(mut e) = p.refs.entry(*k) {
+                    *e.get_mut() -= 1;
+                    if *e.get() == 0 {
+                        e.remove();
+                    }
+                }
+            }
+            p.output_blocks = p.output_blocks.saturating_sub(self.output_blocks);
+        }
         self.endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -457,6 +554,16 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A precise pool of one configured pod, `a:1`.
+    fn one_pod() -> Pool {
+        Pool::new(
+            "m".into(),
+            16,
+            crate::routing::Policy::Precise,
+            vec![("a:1".into(), None)],
+        )
+    }
 
     #[test]
     fn configured_metrics_urls_are_kept_and_affinity_follows_the_address() {
@@ -482,13 +589,48 @@ mod tests {
     }
 
     #[test]
-    fn membership_changes_are_announced_and_scrape_health_follows_failures() {
-        let pool = Pool::new(
-            "m".into(),
-            16,
-            crate::routing::Policy::Precise,
-            vec![("a:1".into(), None)],
+    fn kv_room_counts_shared_prompt_blocks_once_and_frees_them_with_the_last_user() {
+        let pool = one_pod();
+        let e = pool.endpoints()[0].clone();
+        let keys = |doc: u64, question: u64| -> Vec<RouterKey> {
+            // 60 blocks of a document, then 4 of the request's own (chained keys: the
+            // question's blocks are its own even after a shared document).
+            (0..60)
+                .map(|i| RouterKey(doc * 1000 + i))
+                .chain((0..4).map(|i| RouterKey(doc * 1000 + 500 + question * 10 + i)))
+                .collect()
+        };
+        assert_eq!(e.kv_room(&keys(1, 0)), None, "KV size not reported yet");
+        e.set_kv_capacity(253);
+        let empty = Room {
+            capacity: 253,
+            pinned: 0,
+            shared: 0,
+        };
+        assert_eq!(e.kv_room(&keys(1, 0)), Some(empty));
+        let a = e.start(64, &keys(1, 0), 4);
+        let b = e.start(4, &keys(1, 1), 4);
+        // The document once, two questions, two outputs: 60 + 4 + 4 + 4 + 4.
+        let room = e.kv_room(&keys(1, 2)).expect("sized");
+        assert_eq!((room.pinned, room.shared), (76, 60));
+        let other = e.kv_room(&keys(2, 0)).expect("sized");
+        assert_eq!((other.pinned, other.shared), (76, 0));
+        drop(a);
+        assert_eq!(
+            e.kv_room(&keys(1, 2)).expect("sized").pinned,
+            68,
+            "b still holds the document"
         );
+        drop(b);
+        assert_eq!(e.kv_room(&keys(1, 2)), Some(empty));
+        // The engine's own report wins when it says more (requests of other routers).
+        e.set_engine_load(0, 3, 0.5);
+        assert_eq!(e.kv_room(&keys(1, 2)).expect("sized").pinned, 126);
+    }
+
+    #[test]
+    fn membership_changes_are_announced_and_scrape_health_follows_failures() {
+        let pool = one_pod();
         let changes = pool.changes();
         assert!(!changes.has_changed().unwrap());
         let discovered = pool.endpoint(EndpointParts {
@@ -517,17 +659,12 @@ mod tests {
 
     #[test]
     fn work_ahead_counts_engine_queues_the_proxy_did_not_fill() {
-        let pool = Pool::new(
-            "m".into(),
-            16,
-            crate::routing::Policy::Precise,
-            vec![("a:1".into(), None)],
-        );
+        let pool = one_pod();
         let e = pool.endpoints()[0].clone();
         for _ in 0..64 {
             pool.note_prefill(10);
         }
-        let _guard = e.start(7);
+        let _guard = e.start(7, &[], 0);
         assert_eq!(pool.work_ahead(&e), 7, "not scraped yet: own queue only");
         e.set_engine_load(5, 2, 0.5);
         let ahead = pool.work_ahead(&e);

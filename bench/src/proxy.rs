@@ -524,6 +524,7 @@ fn decision(tokens: usize) {
             lora: warmpath_agent::routing::LoraState::NotApplicable,
             excluded: false,
             timing: Default::default(),
+            kv: None,
         })
         .collect();
     let rotation = std::sync::atomic::AtomicUsize::new(0);

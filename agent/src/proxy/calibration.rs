@@ -37,6 +37,43 @@ pub struct Calibration {
     /// [`Delivery::survival`] as of the last note, as f64 bits (0: none yet, which reads
     /// as 1): read by every decision without the lock.
     survival_bits: std::sync::atomic::AtomicU64,
+    /// Decayed means of answered requests' output tokens and of their time in flight,
+    /// seconds, as f64 bits (0: none yet): how many KV blocks a request holds beyond its
+    /// prompt, and how long it holds them ([`crate::routing::KvRoom`]).
+    output_bits: std::sync::atomic::AtomicU64,
+    lifetime_bits: std::sync::atomic::AtomicU64,
+}
+
+/// Answers the output and lifetime means remember (weight 1/N per answer).
+pub const OCCUPANCY_MEMORY: f64 = 64.0;
+/// Before the first answer: a short chat answer's output, tokens.
+pub const OUTPUT_PRIOR_TOKENS: f64 = 128.0;
+/// Before the first answer: how long a request holds its KV, seconds.
+pub const LIFETIME_PRIOR_SECS: f64 = 1.0;
+
+/// Folds `x` into the decayed mean stored as f64 bits in `bits` (0: the first value).
+/// Racing writers may lose one another's update: a mean, not a count.
+fn fold_mean(bits: &std::sync::atomic::AtomicU64, x: f64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if !(x.is_finite() && x >= 0.0) {
+        return;
+    }
+    let new = match bits.load(Relaxed) {
+        0 => x,
+        b => {
+            let old = f64::from_bits(b);
+            old + (x - old) / OCCUPANCY_MEMORY
+        }
+    };
+    // 0.0's bits are 0 ("none yet"): the smallest positive value stands in.
+    bits.store(new.max(f64::MIN_POSITIVE).to_bits(), Relaxed);
+}
+
+fn read_mean(bits: &std::sync::atomic::AtomicU64, prior: f64) -> f64 {
+    match bits.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => prior,
+        b => f64::from_bits(b),
+    }
 }
 
 /// Decayed sums of route receipts' captured tokens and of what of them was delivered (the
@@ -197,6 +234,22 @@ impl Calibration {
         }
     }
 
+    /// A request answered: `output` tokens generated over `lifetime` seconds in flight.
+    pub fn note_answer(&self, output: u64, lifetime: f64) {
+        fold_mean(&self.output_bits, output as f64);
+        fold_mean(&self.lifetime_bits, lifetime);
+    }
+
+    /// Mean output tokens per answered request (a prior before the first).
+    pub fn output_tokens(&self) -> f64 {
+        read_mean(&self.output_bits, OUTPUT_PRIOR_TOKENS)
+    }
+
+    /// Mean seconds an answered request was in flight (a prior before the first).
+    pub fn lifetime(&self) -> f64 {
+        read_mean(&self.lifetime_bits, LIFETIME_PRIOR_SECS)
+    }
+
     /// The share of a held prefix that reaches prefill ([`Delivery`]), 0..=1.
     pub fn survival(&self) -> crate::routing::Survival {
         match self
@@ -268,6 +321,25 @@ mod tests {
         assert_eq!(c.timing(1), Timing::PRIOR);
         c.forget(0);
         assert_eq!(c.timing(0), Timing::PRIOR);
+    }
+
+    #[test]
+    fn output_and_lifetime_means_start_from_priors_and_follow_answers() {
+        let c = Calibration::default();
+        assert_eq!(c.output_tokens(), OUTPUT_PRIOR_TOKENS);
+        assert_eq!(c.lifetime(), LIFETIME_PRIOR_SECS);
+        // The first answer replaces the prior; later ones move the mean by 1/64 of the gap.
+        c.note_answer(64, 0.5);
+        assert_eq!((c.output_tokens(), c.lifetime()), (64.0, 0.5));
+        c.note_answer(128, 1.5);
+        assert!((c.output_tokens() - (64.0 + 64.0 / 64.0)).abs() < 1e-12);
+        assert!((c.lifetime() - (0.5 + 1.0 / 64.0)).abs() < 1e-12);
+        // Nonsense is ignored; an answer of no output is a mean of ~0, not "none yet".
+        c.note_answer(0, f64::NAN);
+        assert!((c.lifetime() - (0.5 + 1.0 / 64.0)).abs() < 1e-12);
+        let z = Calibration::default();
+        z.note_answer(0, 0.0);
+        assert!(z.output_tokens() < 1e-300 && z.lifetime() < 1e-300);
     }
 
     #[test]

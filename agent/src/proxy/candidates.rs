@@ -15,7 +15,7 @@ use super::pools::PoolRuntime;
 use crate::{
     kv_index::KvIndex,
     pool::Endpoint,
-    routing::{self, BlockTiming, Candidate, EndpointId, Policy, RequestCtx},
+    routing::{self, BlockTiming, Candidate, EndpointId, KvRoom, Policy, RequestCtx},
 };
 
 /// The candidates, on the stack for pools of up to `routing::INLINE` endpoints.
@@ -34,6 +34,11 @@ pub fn candidates(
     let pool = &runtime.pool;
     let history = pool.history.lookup(&ctx.keys);
     let approximate = policy == Policy::Approximate;
+    let calibration = &runtime.calibration;
+    let block = pool.block_size.max(1) as f64;
+    // Each request's expected output, in blocks, and how long requests hold their KV.
+    let output_blocks = (calibration.output_tokens() / block).ceil() as u64;
+    let lifetime = calibration.lifetime();
     let mut matches = Vec::new();
     if !approximate {
         index.lookup(&ctx.keys, &mut matches);
@@ -70,6 +75,12 @@ pub fn candidates(
                 // membership says not to.
                 excluded: !e.routable() || ctx.lora.as_deref().is_some_and(|l| !e.serves(l)),
                 timing: BlockTiming::new(runtime.calibration.timing(e.serial), pool.block_size),
+                kv: e.kv_room(&ctx.keys).map(|r| KvRoom {
+                    capacity: r.capacity,
+                    pinned: r.pinned,
+                    new_blocks: ctx.keys.len() as u64 - r.shared + output_blocks,
+                    lifetime,
+                }),
             }
         })
         .collect()

@@ -78,6 +78,14 @@ impl Attempt {
             p.calibration
                 .note_delivery(r.captured.min(servable), u.cached);
         }
+        if let (Some(p), Some(u), Outcome::Ok) = (&self.prediction, &end.usage, end.outcome) {
+            // From the upstream request's start (the body read), as its KV was held.
+            let lifetime = end
+                .at
+                .saturating_duration_since(self.start + self.queue.unwrap_or_default());
+            p.calibration
+                .note_answer(u.completion, lifetime.as_secs_f64());
+        }
         if let (Some(client), Some((_, pod)), Outcome::Ok) = (&self.client, end.pod, end.outcome) {
             client.answered(self.pool, pod, end.at);
         }

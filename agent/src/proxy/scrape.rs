@@ -47,6 +47,9 @@ pub async fn scrape_loop(proxy: Arc<Proxy>) {
                             Some((waiting, running, kv)) => e.set_engine_load(waiting, running, kv),
                             None => e.note_scrape_failure(),
                         }
+                        if let Some(blocks) = parse_kv_blocks(&page) {
+                            e.set_kv_capacity(blocks);
+                        }
                         if let Some((running, waiting)) = parse_lora(&page) {
                             e.set_adapter_activity(running, waiting);
                         }
@@ -124,6 +127,22 @@ pub fn parse_lora(page: &str) -> Option<(Vec<String>, Vec<String>)> {
     ))
 }
 
+/// The engine's KV cache size in blocks: the `num_gpu_blocks` label of
+/// `vllm:cache_config_info` (first series; `None` without one, or a size of 0).
+pub fn parse_kv_blocks(page: &str) -> Option<u64> {
+    const NAME: &str = "vllm:cache_config_info{";
+    let line = page.lines().find(|l| l.starts_with(NAME))?;
+    let labels = &line[NAME.len()..line.rfind('}')?];
+    const KEY: &str = "num_gpu_blocks=\"";
+    let at = labels
+        .match_indices(KEY)
+        .map(|(i, _)| i)
+        .find(|&i| i == 0 || labels.as_bytes()[i - 1] == b',')?;
+    let rest = &labels[at + KEY.len()..];
+    let value = rest.split_once('"')?.0;
+    value.parse::<u64>().ok().filter(|b| *b > 0)
+}
+
 /// Scrapes speak HTTP/1.1 whatever the pool uses: metrics pages may be served apart from the API.
 async fn fetch(proxy: &Proxy, url: &str) -> Option<String> {
     let req = http::Request::get(url).body(Full::new(Bytes::new())).ok()?;
@@ -182,6 +201,32 @@ mod tests {
             parse("vllm:num_requests_waiting NaN\nvllm:num_requests_running 1\n"),
             None
         );
+    }
+
+    #[test]
+    fn reads_the_kv_cache_size_from_cache_config_info() {
+        // vLLM's own series (labels sorted), as the simulator writes it too.
+        let page = "# TYPE vllm:cache_config_info gauge\n\
+                    vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",engine=\"0\",num_cpu_blocks=\"0\",num_gpu_blocks=\"1200\"} 1.0\n";
+        assert_eq!(parse_kv_blocks(page), Some(1200));
+        // num_cpu_blocks is not num_gpu_blocks; a missing, zero or garbled size is no size.
+        assert_eq!(
+            parse_kv_blocks("vllm:cache_config_info{num_cpu_blocks=\"7\"} 1\n"),
+            None
+        );
+        assert_eq!(
+            parse_kv_blocks("vllm:cache_config_info{num_gpu_blocks=\"0\"} 1\n"),
+            None
+        );
+        assert_eq!(
+            parse_kv_blocks("vllm:cache_config_info{num_gpu_blocks=\"-3\"} 1\n"),
+            None
+        );
+        assert_eq!(
+            parse_kv_blocks("vllm:cache_config_info{num_gpu_blocks=\"9"),
+            None
+        );
+        assert_eq!(parse_kv_blocks("vllm:num_requests_running 1\n"), None);
     }
 
     #[test]

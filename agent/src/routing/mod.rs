@@ -15,7 +15,11 @@
 //!              +  expected x in_flight(pod)                               (stall)
 //!              +  2 x survival x (prompt_blocks - history_blocks(pod))    (home)
 //!              +  4 x in_flight(pod)) x secs_per_block(pool) + base(pool) (spread)
+//!              +  kv_wait(pod)                                            (KV room)
 //! ```
+//!
+//! `kv_wait` ([`KvRoom`]) is the time the request would wait there for free KV blocks (in
+//! the prediction too).
 //!
 //! `survival` ([`Survival`]) is the share of a held prefix that the pool's engines still had
 //! at prefill, by the recent route receipts (delivered / captured); 1 until measured.
@@ -145,6 +149,55 @@ pub struct Candidate {
     pub excluded: bool,
     /// The pod's calibrated TTFT coefficients, per block of prefill ([`BlockTiming`]).
     pub timing: BlockTiming,
+    /// The pod's KV room for this request, when the engine reports its KV size.
+    pub kv: Option<KvRoom>,
+}
+
+/// A pod's KV cache as one request would find it: the engine admits a request only while
+/// it has free blocks for it, so where the requests in flight already hold (or will hold)
+/// nearly all of it, a new one waits in the queue for some of them to finish — whatever
+/// its prefix. Prompts sharing a prefix share its blocks, so a pod serving one hot
+/// document runs many more of its requests at once than a pod serving several.
+///
+/// ```text
+/// over = pinned + new_blocks - capacity            (blocks the pod lacks, if any)
+/// wait = min(over / pinned, MAX_TURNOVERS) x lifetime
+/// ```
+///
+/// The blocks pinned turn over once per request lifetime (each request in flight frees
+/// its own when it ends), so the share of them that must be freed takes that share of a
+/// lifetime.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvRoom {
+    /// The engine's KV cache, blocks.
+    pub capacity: u64,
+    /// Blocks the requests in flight there hold or will hold.
+    pub pinned: u64,
+    /// Blocks this request would add: its prompt's beyond those already pinned there, and
+    /// its expected output.
+    pub new_blocks: u64,
+    /// Mean seconds a request holds its blocks (the pool's answers).
+    pub lifetime: f64,
+}
+
+/// The longest a KV wait is predicted at, in request lifetimes: past that a pod is full
+/// whatever it is sent, and the other terms decide.
+pub const MAX_TURNOVERS: f64 = 2.0;
+
+impl KvRoom {
+    /// Seconds a request would wait for room there (0 with room to spare).
+    pub fn wait(&self) -> f64 {
+        let over = (self.pinned + self.new_blocks).saturating_sub(self.capacity);
+        if over == 0 {
+            return 0.0;
+        }
+        let lifetime = if self.lifetime.is_finite() {
+            self.lifetime.max(0.0)
+        } else {
+            0.0
+        };
+        (over as f64 / self.pinned.max(1) as f64).min(MAX_TURNOVERS) * lifetime
+    }
 }
 
 /// A pod's [`Timing`] with prefill in seconds per block (tokens per block x per token).
@@ -235,6 +288,7 @@ pub struct Weights {
     pub in_flight: f64,
     pub history: f64,
     pub stall: f64,
+    pub kv_room: f64,
 }
 
 impl Default for Weights {
@@ -253,6 +307,7 @@ impl Weights {
         in_flight: 0.0,
         history: 0.0,
         stall: 0.0,
+        kv_room: 0.0,
     };
 
     /// Pairs of (scorer, weight) with a non-zero weight.
@@ -266,6 +321,7 @@ impl Weights {
             (&scorers::InFlight, self.in_flight),
             (&scorers::Home, self.history),
             (&scorers::Stall, self.stall),
+            (&scorers::KvRoomWait, self.kv_room),
         ]
         .into_iter()
         .filter(|(_, w)| *w != 0.0)
@@ -298,9 +354,10 @@ impl Weights {
             "in-flight" => &mut self.in_flight,
             "history" => &mut self.history,
             "stall" => &mut self.stall,
+            "kv-room" => &mut self.kv_room,
             other => {
                 return Err(format!(
-                    "unknown scorer `{other}`: expected prefix, queue, kv-usage, lora, session, in-flight, history or stall"
+                    "unknown scorer `{other}`: expected prefix, queue, kv-usage, lora, session, in-flight, history, stall or kv-room"
                 ));
             }
         };
@@ -345,6 +402,7 @@ impl Policy {
                 history: HOME_WEIGHT,
                 in_flight: IN_FLIGHT_BLOCKS,
                 stall: STALL_WEIGHT,
+                kv_room: 1.0,
                 ..Weights::ZERO
             },
             // The approximate policy's prefix signal *is* the history; its load terms are
@@ -355,6 +413,7 @@ impl Policy {
                 lora: 1.0,
                 in_flight: IN_FLIGHT_BLOCKS,
                 stall: STALL_WEIGHT,
+                kv_room: 1.0,
                 ..Weights::ZERO
             },
             Policy::LeastLoaded => Weights {
@@ -445,6 +504,7 @@ pub fn predict(ctx: &ScoreCtx<'_>, c: &Candidate) -> f64 {
     (uncached + c.queued_prefill_blocks as f64) * t.secs_per_block
         + f64::from(c.in_flight) * t.secs_per_running
         + t.base
+        + c.kv.map_or(0.0, |k| k.wait())
 }
 
 /// The median of `values` (the mean of the middle two for an even count; 0 for none).

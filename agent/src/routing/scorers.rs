@@ -11,6 +11,7 @@
 //! | `session` | 1 unless the candidate is the session's rendezvous-hash owner |
 //! | `in_flight` | requests in flight there |
 //! | `history` | prompt blocks this proxy did not route there recently (`prompt_blocks - history_blocks`): the pull of a prefix's home |
+//! | `kv_room` | the seconds it would wait there for free KV blocks ([`super::KvRoom`]), as blocks of prefill at the pod's rate |
 
 use super::{Candidate, LoraState, RequestCtx};
 
@@ -65,6 +66,22 @@ pub struct InFlight;
 pub struct Home;
 #[derive(Debug)]
 pub struct Stall;
+#[derive(Debug)]
+pub struct KvRoomWait;
+
+impl Scorer for KvRoomWait {
+    fn name(&self) -> &'static str {
+        "kv_room"
+    }
+    /// The wait for KV room ([`super::KvRoom::wait`]), in blocks of prefill at the pod's rate.
+    fn add_costs(&self, _: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        for (c, cost) in live.iter().zip(costs) {
+            if let Some(k) = c.kv {
+                *cost += w * k.wait() / c.timing.secs_per_block.max(1e-9);
+            }
+        }
+    }
+}
 
 impl Scorer for Stall {
     fn name(&self) -> &'static str {

@@ -15,6 +15,7 @@ fn cand(id: usize, matched: usize, queued: u64, in_flight: u32) -> Candidate {
         lora: LoraState::NotApplicable,
         excluded: false,
         timing: BlockTiming::default(),
+        kv: None,
     }
 }
 
@@ -365,4 +366,76 @@ fn a_held_prefix_counts_as_much_of_it_as_survives_to_prefill() {
     assert_eq!(d.prefix_blocks, 0);
     assert_eq!(Survival::new(f64::NAN).get(), 1.0);
     assert_eq!(Survival::new(-1.0).get(), 0.0);
+}
+
+#[test]
+fn kv_room_wait_is_the_missing_share_of_a_lifetime_capped() {
+    let room = |pinned, new_blocks| KvRoom {
+        capacity: 253,
+        pinned,
+        new_blocks,
+        lifetime: 0.5,
+    };
+    assert_eq!(room(100, 72).wait(), 0.0, "fits");
+    assert_eq!(room(181, 72).wait(), 0.0, "fits exactly");
+    // 240 + 20 - 253 = 7 blocks short: 7/240 of the pinned blocks must be freed first.
+    assert!((room(240, 20).wait() - 7.0 / 240.0 * 0.5).abs() < 1e-12);
+    // Nothing pinned and still too big: capped at MAX_TURNOVERS lifetimes.
+    assert!((room(0, 400).wait() - MAX_TURNOVERS * 0.5).abs() < 1e-12);
+    let odd = KvRoom {
+        lifetime: f64::NAN,
+        ..room(240, 20)
+    };
+    assert_eq!(odd.wait(), 0.0);
+}
+
+#[test]
+fn a_cold_prompt_goes_where_its_blocks_fit_not_where_a_hot_document_fills_the_cache() {
+    let rr = AtomicUsize::new(0);
+    let c = ctx(72);
+    // Pod 0: two requests in flight, but its KV is held by a hot document's requests
+    // (250 of 253 blocks); pod 1: three in flight and room. The cold prompt needs its 72
+    // blocks (output included, as the candidates count it).
+    let full = KvRoom {
+        capacity: 253,
+        pinned: 250,
+        new_blocks: 72,
+        lifetime: 0.5,
+    };
+    let roomy = KvRoom {
+        pinned: 100,
+        ..full
+    };
+    let mut pods = [cand(0, 0, 0, 2), cand(1, 0, 0, 3)];
+    // Without KV sizes (in blocks at the prior's 1.6 ms per block): pod 0 costs
+    // 72 + 72 x 2 + 2 x 72 + 4 x 2 = 368, pod 1 72 + 72 x 3 + 2 x 72 + 4 x 3 = 444.
+    let d = rank(Policy::Precise, &c, &pods, &rr).unwrap();
+    assert_eq!(d.ranked[0], EndpointId(0));
+    // With them: pod 0 lacks 250 + 72 - 253 = 69 blocks, 69/250 of a 0.5 s lifetime =
+    // 0.138 s = 86.25 blocks: 454.25 against pod 1's 444.
+    pods[0].kv = Some(full);
+    pods[1].kv = Some(roomy);
+    let d = rank(Policy::Precise, &c, &pods, &rr).unwrap();
+    assert_eq!(d.ranked[0], EndpointId(1));
+    let scale = BlockTiming::default().secs_per_block;
+    let base = BlockTiming::default().base;
+    assert!(
+        (d.costs[0] - (444.0 * scale + base)).abs() < 1e-9,
+        "{:?}",
+        d.costs
+    );
+    assert!(
+        (d.costs[1] - (454.25 * scale + base)).abs() < 1e-9,
+        "{:?}",
+        d.costs
+    );
+    // The wait is part of the prediction: pod 0's TTFT = 72 blocks of prefill + 2 running
+    // + base + 0.138 s.
+    let t = BlockTiming::default();
+    let want = 72.0 * t.secs_per_block + 2.0 * t.secs_per_running + t.base + 0.138;
+    assert!((d.predicted[1] - want).abs() < 1e-9, "{:?}", d.predicted);
+    // `--weight kv-room=0` turns the term off in the ranking.
+    let mut off = RoutePolicy::from(Policy::Precise);
+    off.weights.set("kv-room", 0.0).unwrap();
+    assert_eq!(rank(off, &c, &pods, &rr).unwrap().ranked[0], EndpointId(0));
 }

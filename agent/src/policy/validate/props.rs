@@ -15,7 +15,7 @@ use crate::policy::resources::*;
 use mutations::{ROUTE_MUTATIONS, TENANT_MUTATIONS};
 
 const SCORERS: &[&str] = &[
-    "prefix", "queue", "kvUsage", "lora", "session", "inFlight", "history", "stall",
+    "prefix", "queue", "kvUsage", "lora", "session", "inFlight", "history", "stall", "kvRoom",
 ];
 
 fn dns_label() -> impl Strategy<Value = String> {
