@@ -100,6 +100,53 @@ pub struct Endpoint {
 struct Pinned {
     refs: std::collections::HashMap<RouterKey, u32, foldhash::fast::RandomState>,
     output_blocks: u64,
+    /// Peer agents' placements here (a cluster): held until their expected end, the first
+    /// to end first, at most [`MAX_LEASES`].
+    leases: std::collections::VecDeque<Lease>,
+}
+
+/// A peer's request as this agent counts its KV: it does not see the request end, so it
+/// holds its blocks for the pool's mean lifetime.
+#[derive(Debug)]
+struct Lease {
+    until: std::time::Instant,
+    keys: Vec<RouterKey>,
+    output_blocks: u64,
+}
+
+/// Peer placements a pod's KV accounting holds at most (the oldest go first).
+pub const MAX_LEASES: usize = 1024;
+
+impl Pinned {
+    fn hold(&mut self, keys: &[RouterKey], output_blocks: u64) {
+        for k in keys {
+            *self.refs.entry(*k).or_insert(0) += 1;
+        }
+        self.output_blocks += output_blocks;
+    }
+
+    fn release(&mut self, keys: &[RouterKey], output_blocks: u64) {
+        for k in keys {
+            if let std::collections::hash_map::Entry::Occupied(mut e) = self.refs.entry(*k) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+        }
+        self.output_blocks = self.output_blocks.saturating_sub(output_blocks);
+    }
+
+    /// Ends the leases due by `now` (and the oldest beyond [`MAX_LEASES`]).
+    fn expire(&mut self, now: std::time::Instant) {
+        while let Some(l) = self.leases.front() {
+            if l.until > now && self.leases.len() <= MAX_LEASES {
+                break;
+            }
+            let l = self.leases.pop_front().expect("front exists");
+            self.release(&l.keys, l.output_blocks);
+        }
+    }
 }
 
 /// A pod's KV room as one request sees it ([`Endpoint::kv_room`]).
@@ -353,7 +400,8 @@ impl Endpoint {
             return None;
         }
         let (own, shared) = {
-            let p = self.pinned.lock();
+            let mut p = self.pinned.lock();
+            p.expire(std::time::Instant::now());
             // The held keys of a chained prompt are a prefix of it: binary search.
             let shared = keys.partition_point(|k| p.refs.contains_key(k));
             (p.refs.len() as u64 + p.output_blocks, shared as u64)
@@ -364,6 +412,26 @@ impl Endpoint {
             pinned: own.max(reported),
             shared,
         })
+    }
+
+    /// A peer agent placed a request of `keys` here: its blocks and `output_blocks` count as
+    /// held until `until` (this agent does not see it end).
+    pub fn lease(&self, keys: &[RouterKey], output_blocks: u64, until: std::time::Instant) {
+        let mut p = self.pinned.lock();
+        p.hold(keys, output_blocks);
+        // Kept in order of `until` (nearly always the back: lifetimes change slowly).
+        let at = p.leases.partition_point(|l| l.until <= until);
+        p.leases.insert(
+            at,
+            Lease {
+                until,
+                keys: keys.to_vec(),
+                output_blocks,
+            },
+        );
+        if p.leases.len() > MAX_LEASES {
+            p.expire(std::time::Instant::now());
+        }
     }
 
     /// Records a scrape that did not answer (or answered nothing usable).
@@ -441,13 +509,7 @@ impl Endpoint {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.queued_prefill_blocks
             .fetch_add(prefill_blocks, Ordering::Relaxed);
-        {
-            let mut p = self.pinned.lock();
-            for k in keys {
-                *p.refs.entry(*k).or_insert(0) += 1;
-            }
-            p.output_blocks += output_blocks;
-        }
+        self.pinned.lock().hold(keys, output_blocks);
         InFlight {
             endpoint: self.clone(),
             prefill_blocks,
@@ -535,18 +597,10 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.first_byte();
-        {
-            let mut p = self.endpoint.pinned.lock();
-            for k in &self.keys {
-                if let std::collections::hash_map::Entry::Occupied(mut e) = p.refs.entry(*k) {
-                    *e.get_mut() -= 1;
-                    if *e.get() == 0 {
-                        e.remove();
-                    }
-                }
-            }
-            p.output_blocks = p.output_blocks.saturating_sub(self.output_blocks);
-        }
+        self.endpoint
+            .pinned
+            .lock()
+            .release(&self.keys, self.output_blocks);
         self.endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -623,6 +677,13 @@ mod tests {
         );
         drop(b);
         assert_eq!(e.kv_room(&keys(1, 2)), Some(empty));
+        // A peer agent's placement holds its blocks until its expected end; one already
+        // due holds nothing.
+        let now = std::time::Instant::now();
+        e.lease(&keys(1, 0), 4, now + std::time::Duration::from_secs(3600));
+        e.lease(&keys(2, 0), 4, now);
+        let room = e.kv_room(&keys(1, 2)).expect("sized");
+        assert_eq!((room.pinned, room.shared), (68, 60));
         // The engine's own report wins when it says more (requests of other routers).
         e.set_engine_load(0, 3, 0.5);
         assert_eq!(e.kv_room(&keys(1, 2)).expect("sized").pinned, 126);

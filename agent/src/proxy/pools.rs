@@ -106,6 +106,12 @@ impl Proxy {
             let endpoints = p.pool.endpoints();
             if let Some(e) = endpoints.iter().find(|e| e.source == Some(source)) {
                 p.pool.history.record(e.history, keys, now);
+                // Its KV too, for as long as this pool's requests are in flight.
+                let output =
+                    (p.calibration.output_tokens() / p.pool.block_size.max(1) as f64).ceil() as u64;
+                let lifetime = std::time::Duration::try_from_secs_f64(p.calibration.lifetime())
+                    .unwrap_or_default();
+                e.lease(keys, output, now + lifetime);
             }
         }
     }
@@ -183,11 +189,17 @@ mod tests {
         };
         let keys: Vec<RouterKey> = (1..=32).map(RouterKey).collect();
         let now = Instant::now();
+        let pod_b = proxy.pools[0].pool.endpoints()[1].clone();
+        pod_b.set_kv_capacity(1000);
         // A peer sent the chain to b: b's history holds it, a's does not.
         proxy
             .index
             .speculate_remote(b, &keys, Duration::from_secs(2), now);
         assert_eq!(history(&keys), [0, 32]);
+        // And b's KV accounting: the 32 prompt blocks and, before any answer, the prior's
+        // 128 output tokens (8 blocks), held for the prior's lifetime (1 s).
+        let room = pod_b.kv_room(&keys).expect("sized");
+        assert_eq!((room.pinned, room.shared), (40, 32));
         // This agent's own speculation is recorded by its forwarding step, not here.
         let other: Vec<RouterKey> = (100..=110).map(RouterKey).collect();
         proxy.index.speculate(a, &other, now);
