@@ -115,7 +115,7 @@ struct Lease {
 }
 
 /// Peer placements a pod's KV accounting holds at most (the oldest go first).
-pub const MAX_LEASES: usize = 1024;
+pub const MAX_LEASES: usize = 256;
 
 impl Pinned {
     fn hold(&mut self, keys: &[RouterKey], output_blocks: u64) {
@@ -687,6 +687,33 @@ mod tests {
         // The engine's own report wins when it says more (requests of other routers).
         e.set_engine_load(0, 3, 0.5);
         assert_eq!(e.kv_room(&keys(1, 2)).expect("sized").pinned, 126);
+    }
+
+    #[test]
+    fn peer_leases_are_bounded_the_first_to_end_going_first() {
+        let pool = one_pod();
+        let e = pool.endpoints()[0].clone();
+        e.set_kv_capacity(10_000);
+        let now = std::time::Instant::now();
+        let hour = std::time::Duration::from_secs(3600);
+        // More peer placements than a pod keeps, each of one block of its own, ending in
+        // the order they came: the first ones are dropped.
+        for i in 0..MAX_LEASES as u64 + 44 {
+            e.lease(
+                &[RouterKey(i)],
+                0,
+                now + hour + std::time::Duration::from_millis(i),
+            );
+        }
+        let room = e.kv_room(&[RouterKey(0)]).expect("sized");
+        assert_eq!(room.pinned, MAX_LEASES as u64);
+        assert_eq!(room.shared, 0, "the first lease ended first");
+        assert_eq!(
+            e.kv_room(&[RouterKey(MAX_LEASES as u64 + 43)])
+                .expect("sized")
+                .shared,
+            1
+        );
     }
 
     #[test]

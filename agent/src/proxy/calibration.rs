@@ -245,6 +245,11 @@ impl Calibration {
         read_mean(&self.output_bits, OUTPUT_PRIOR_TOKENS)
     }
 
+    /// The KV blocks a request's output is expected to take at `block_size` tokens a block.
+    pub fn output_blocks(&self, block_size: usize) -> u64 {
+        (self.output_tokens() / block_size.max(1) as f64).ceil() as u64
+    }
+
     /// Mean seconds an answered request was in flight (a prior before the first).
     pub fn lifetime(&self) -> f64 {
         read_mean(&self.lifetime_bits, LIFETIME_PRIOR_SECS)

@@ -34,11 +34,9 @@ pub fn candidates(
     let pool = &runtime.pool;
     let history = pool.history.lookup(&ctx.keys);
     let approximate = policy == Policy::Approximate;
-    let calibration = &runtime.calibration;
-    let block = pool.block_size.max(1) as f64;
     // Each request's expected output, in blocks, and how long requests hold their KV.
-    let output_blocks = (calibration.output_tokens() / block).ceil() as u64;
-    let lifetime = calibration.lifetime();
+    let output_blocks = runtime.calibration.output_blocks(pool.block_size);
+    let lifetime = runtime.calibration.lifetime();
     let mut matches = Vec::new();
     if !approximate {
         index.lookup(&ctx.keys, &mut matches);

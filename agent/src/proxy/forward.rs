@@ -124,9 +124,11 @@ pub async fn forward(
                 running: f64::from(c.in_flight),
             }
         };
-        let output_blocks =
-            (runtime.calibration.output_tokens() / pool.block_size.max(1) as f64).ceil() as u64;
-        let guard = endpoint.start(uncached, &ctx.keys, output_blocks);
+        let guard = endpoint.start(
+            uncached,
+            &ctx.keys,
+            runtime.calibration.output_blocks(pool.block_size),
+        );
         if n == 0 {
             // The attempt starts when the body has been read.
             attempt.queue = Some(now.saturating_duration_since(attempt.start));

@@ -107,8 +107,7 @@ impl Proxy {
             if let Some(e) = endpoints.iter().find(|e| e.source == Some(source)) {
                 p.pool.history.record(e.history, keys, now);
                 // Its KV too, for as long as this pool's requests are in flight.
-                let output =
-                    (p.calibration.output_tokens() / p.pool.block_size.max(1) as f64).ceil() as u64;
+                let output = p.calibration.output_blocks(p.pool.block_size);
                 let lifetime = std::time::Duration::try_from_secs_f64(p.calibration.lifetime())
                     .unwrap_or_default();
                 e.lease(keys, output, now + lifetime);
