@@ -94,8 +94,9 @@ pub struct Endpoint {
 
 /// The KV blocks a pod's in-flight requests (this proxy's) hold or will hold while they
 /// run: their prompts' blocks, each counted once however many requests share it (a
-/// vLLM block with several users is one block), and each request's expected output.
-/// Bounded by the requests in flight (each holds its own key list).
+/// vLLM block with several users is one block), and each request's expected output; in a
+/// cluster, peers' placements too ([`Lease`]). Bounded by the requests in flight (each
+/// holds its own key list) and [`MAX_LEASES`].
 #[derive(Debug, Default)]
 struct Pinned {
     refs: std::collections::HashMap<RouterKey, u32, foldhash::fast::RandomState>,
@@ -114,7 +115,7 @@ struct Lease {
     output_blocks: u64,
 }
 
-/// Peer placements a pod's KV accounting holds at most (the oldest go first).
+/// Peer placements a pod's KV accounting holds at most (beyond it, the first to end goes).
 pub const MAX_LEASES: usize = 256;
 
 impl Pinned {
@@ -122,7 +123,12 @@ impl Pinned {
         for k in keys {
             *self.refs.entry(*k).or_insert(0) += 1;
         }
-        self.output_blocks += output_blocks;
+        self.output_blocks = self.output_blocks.saturating_add(output_blocks);
+    }
+
+    /// Blocks held: the distinct prompt blocks and the outputs.
+    fn blocks(&self) -> u64 {
+        (self.refs.len() as u64).saturating_add(self.output_blocks)
     }
 
     fn release(&mut self, keys: &[RouterKey], output_blocks: u64) {
@@ -395,17 +401,16 @@ impl Endpoint {
     /// The pod's KV room for a request of `keys` (chained: a held key means its whole
     /// prefix is held), or `None` when the engine's KV size is unknown.
     pub fn kv_room(&self, keys: &[RouterKey]) -> Option<Room> {
+        let mut p = self.pinned.lock();
+        p.expire(std::time::Instant::now());
         let capacity = self.kv_capacity_blocks.load(Ordering::Relaxed);
         if capacity == 0 {
             return None;
         }
-        let (own, shared) = {
-            let mut p = self.pinned.lock();
-            p.expire(std::time::Instant::now());
-            // The held keys of a chained prompt are a prefix of it: binary search.
-            let shared = keys.partition_point(|k| p.refs.contains_key(k));
-            (p.refs.len() as u64 + p.output_blocks, shared as u64)
-        };
+        // The held keys of a chained prompt are a prefix of it: binary search.
+        let shared = keys.partition_point(|k| p.refs.contains_key(k)) as u64;
+        let own = p.blocks();
+        drop(p);
         let reported = (self.kv_usage() * capacity as f64) as u64;
         Some(Room {
             capacity,
@@ -531,8 +536,9 @@ impl Endpoint {
                 b => Some(b),
             },
             kv_pinned_blocks: {
-                let p = self.pinned.lock();
-                p.refs.len() as u64 + p.output_blocks
+                let mut p = self.pinned.lock();
+                p.expire(std::time::Instant::now());
+                p.blocks()
             },
             requests: self.requests.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
@@ -558,8 +564,8 @@ pub struct EndpointStatus {
     pub queued_prefill_blocks: u64,
     /// The engine's KV cache size, blocks (`vllm:cache_config_info`), once scraped.
     pub kv_capacity_blocks: Option<u64>,
-    /// KV blocks this proxy's requests in flight there hold or will: their prompts' blocks
-    /// (shared ones once) and expected output.
+    /// KV blocks this proxy's requests in flight there hold or will (their prompts' blocks,
+    /// shared ones once, and expected output), and its peers' placements there.
     pub kv_pinned_blocks: u64,
     pub requests: u64,
     pub failures: u64,

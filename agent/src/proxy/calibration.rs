@@ -50,6 +50,10 @@ pub const OCCUPANCY_MEMORY: f64 = 64.0;
 pub const OUTPUT_PRIOR_TOKENS: f64 = 128.0;
 /// Before the first answer: how long a request holds its KV, seconds.
 pub const LIFETIME_PRIOR_SECS: f64 = 1.0;
+/// An answer's output tokens and lifetime are counted at most this much (a bogus usage
+/// figure moves the means a bounded step and keeps block sums far from overflow).
+pub const MAX_OUTPUT_TOKENS: u64 = 1 << 20;
+pub const MAX_LIFETIME_SECS: f64 = 3600.0;
 
 /// Folds `x` into the decayed mean stored as f64 bits in `bits` (0: the first value).
 /// Racing writers may lose one another's update: a mean, not a count.
@@ -114,6 +118,11 @@ pub struct Prediction {
     /// The pool's block size in tokens (what an engine can serve of a prompt from cache
     /// comes in whole blocks).
     pub block_size: u64,
+    /// The part of `predicted` that is the wait for KV room ([`crate::routing::KvRoom`]):
+    /// not the fit's to learn, so the fit sees the measured TTFT less it.
+    pub kv_wait: f64,
+    /// When the answered attempt was sent (the start of the KV it held).
+    pub sent: std::time::Instant,
 }
 
 /// The calibration's figures for `/status`.
@@ -184,7 +193,7 @@ impl Calibration {
                 }
             }
             let (fit, last) = fits.entry(p.serial).or_default();
-            fit.observe(p.features, measured);
+            fit.observe(p.features, (measured - p.kv_wait).max(0.0));
             *last = tick;
         }
         let error = (p.predicted - measured).abs();
@@ -236,8 +245,11 @@ impl Calibration {
 
     /// A request answered: `output` tokens generated over `lifetime` seconds in flight.
     pub fn note_answer(&self, output: u64, lifetime: f64) {
-        fold_mean(&self.output_bits, output as f64);
-        fold_mean(&self.lifetime_bits, lifetime);
+        fold_mean(&self.output_bits, output.min(MAX_OUTPUT_TOKENS) as f64);
+        // Not `min` on a NaN (which would make it the cap): fold_mean refuses it.
+        if lifetime.is_finite() {
+            fold_mean(&self.lifetime_bits, lifetime.min(MAX_LIFETIME_SECS));
+        }
     }
 
     /// Mean output tokens per answered request (a prior before the first).
@@ -302,6 +314,8 @@ mod tests {
             },
             predicted,
             block_size: 16,
+            kv_wait: 0.0,
+            sent: std::time::Instant::now(),
         }
     }
 
@@ -326,6 +340,32 @@ mod tests {
         assert_eq!(c.timing(1), Timing::PRIOR);
         c.forget(0);
         assert_eq!(c.timing(0), Timing::PRIOR);
+    }
+
+    #[test]
+    fn the_fit_learns_ttft_less_the_predicted_kv_wait_and_bogus_usage_is_bounded() {
+        // Two pools see the same pod; one's answers each waited 100 ms for KV room, which
+        // its predictions knew: both fits end the same.
+        let (plain, waited) = (
+            Arc::new(Calibration::default()),
+            Arc::new(Calibration::default()),
+        );
+        for i in 0..50 {
+            let measured = 0.05 + f64::from(i % 5) * 0.01;
+            plain.check(&prediction(&plain, 1, 0.1), measured);
+            let p = Prediction {
+                kv_wait: 0.1,
+                ..prediction(&waited, 1, 0.2)
+            };
+            waited.check(&p, measured + 0.1);
+        }
+        assert_eq!(plain.timing(1), waited.timing(1));
+        // An answer claiming 2^60 output tokens counts as 2^20.
+        let c = Calibration::default();
+        c.note_answer(1 << 60, 1e12);
+        assert_eq!(c.output_tokens(), MAX_OUTPUT_TOKENS as f64);
+        assert_eq!(c.lifetime(), MAX_LIFETIME_SECS);
+        assert_eq!(c.output_blocks(16), 1 << 16);
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub fn candidates(
                 kv: e.kv_room(&ctx.keys).map(|r| KvRoom {
                     capacity: r.capacity,
                     pinned: r.pinned,
-                    new_blocks: ctx.keys.len() as u64 - r.shared + output_blocks,
+                    new_blocks: (ctx.keys.len() as u64 - r.shared).saturating_add(output_blocks),
                     lifetime,
                 }),
             }

@@ -178,6 +178,8 @@ pub async fn forward(
                     features,
                     predicted: decision.predicted_ttft(),
                     block_size: pool.block_size as u64,
+                    kv_wait: candidates[chosen.0].kv.map_or(0.0, |k| k.wait()),
+                    sent: now,
                 });
                 let answered = Answered {
                     endpoint,

@@ -79,10 +79,8 @@ impl Attempt {
                 .note_delivery(r.captured.min(servable), u.cached);
         }
         if let (Some(p), Some(u), Outcome::Ok) = (&self.prediction, &end.usage, end.outcome) {
-            // From the upstream request's start (the body read), as its KV was held.
-            let lifetime = end
-                .at
-                .saturating_duration_since(self.start + self.queue.unwrap_or_default());
+            // From the answered attempt's send, as its KV was held.
+            let lifetime = end.at.saturating_duration_since(p.sent);
             p.calibration
                 .note_answer(u.completion, lifetime.as_secs_f64());
         }

@@ -187,7 +187,10 @@ pub const MAX_TURNOVERS: f64 = 2.0;
 impl KvRoom {
     /// Seconds a request would wait for room there (0 with room to spare).
     pub fn wait(&self) -> f64 {
-        let over = (self.pinned + self.new_blocks).saturating_sub(self.capacity);
+        let over = self
+            .pinned
+            .saturating_add(self.new_blocks)
+            .saturating_sub(self.capacity);
         if over == 0 {
             return 0.0;
         }
