@@ -34,6 +34,7 @@ pub fn candidates(
     let pool = &runtime.pool;
     let history = pool.history.lookup(&ctx.keys);
     let approximate = policy == Policy::Approximate;
+    let prefix_preset = matches!(policy, Policy::Precise | Policy::Approximate);
     // Each request's expected output, in blocks, and how long requests hold their KV.
     let output_blocks = runtime.calibration.output_blocks(pool.block_size);
     let lifetime = runtime.calibration.lifetime();
@@ -73,12 +74,17 @@ pub fn candidates(
                 // membership says not to.
                 excluded: !e.routable() || ctx.lora.as_deref().is_some_and(|l| !e.serves(l)),
                 timing: BlockTiming::new(runtime.calibration.timing(e.serial), pool.block_size),
-                kv: e.kv_room(&ctx.keys).map(|r| KvRoom {
-                    capacity: r.capacity,
-                    pinned: r.pinned,
-                    new_blocks: (ctx.keys.len() as u64 - r.shared).saturating_add(output_blocks),
-                    lifetime,
-                }),
+                // Only the prefix presets price it (and predict with it).
+                kv: prefix_preset
+                    .then(|| e.kv_room(&ctx.keys))
+                    .flatten()
+                    .map(|r| KvRoom {
+                        capacity: r.capacity,
+                        pinned: r.pinned,
+                        new_blocks: (ctx.keys.len() as u64 - r.shared)
+                            .saturating_add(output_blocks),
+                        lifetime,
+                    }),
             }
         })
         .collect()
