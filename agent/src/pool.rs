@@ -117,6 +117,9 @@ struct Lease {
 
 /// Peer placements a pod's KV accounting holds at most (beyond it, the first to end goes).
 pub const MAX_LEASES: usize = 256;
+/// Prompt keys a lease keeps (16k tokens at block size 16): its blocks beyond them count as
+/// its own, never shared, so a pod's leases keep at most 2 MiB of keys.
+pub const MAX_LEASE_KEYS: usize = 1024;
 
 impl Pinned {
     fn hold(&mut self, keys: &[RouterKey], output_blocks: u64) {
@@ -422,6 +425,8 @@ impl Endpoint {
     /// A peer agent placed a request of `keys` here: its blocks and `output_blocks` count as
     /// held until `until` (this agent does not see it end).
     pub fn lease(&self, keys: &[RouterKey], output_blocks: u64, until: std::time::Instant) {
+        let (keys, rest) = keys.split_at(keys.len().min(MAX_LEASE_KEYS));
+        let output_blocks = output_blocks.saturating_add(rest.len() as u64);
         let mut p = self.pinned.lock();
         p.hold(keys, output_blocks);
         // Kept in order of `until` (nearly always the back: lifetimes change slowly).
@@ -503,7 +508,7 @@ impl Endpoint {
 
     /// Counts a request sent here until the returned guard drops; its uncached prefill
     /// blocks count as queued until the first response byte, and its prompt's `keys` and
-    /// `output_blocks` as the KV it holds ([`Endpoint::kv_room`]).
+    /// `output_blocks` as the KV it holds ([`Endpoint::kv_room`]; none given, none held).
     pub fn start(
         self: &Arc<Self>,
         prefill_blocks: u64,
@@ -514,7 +519,9 @@ impl Endpoint {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.queued_prefill_blocks
             .fetch_add(prefill_blocks, Ordering::Relaxed);
-        self.pinned.lock().hold(keys, output_blocks);
+        if !keys.is_empty() || output_blocks > 0 {
+            self.pinned.lock().hold(keys, output_blocks);
+        }
         InFlight {
             endpoint: self.clone(),
             prefill_blocks,
@@ -563,6 +570,7 @@ pub struct EndpointStatus {
     pub in_flight: u32,
     pub queued_prefill_blocks: u64,
     /// The engine's KV cache size, blocks (`vllm:cache_config_info`), once scraped.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_capacity_blocks: Option<u64>,
     /// KV blocks this proxy's requests in flight there hold or will (their prompts' blocks,
     /// shared ones once, and expected output), and its peers' placements there.
@@ -603,10 +611,12 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.first_byte();
-        self.endpoint
-            .pinned
-            .lock()
-            .release(&self.keys, self.output_blocks);
+        if !self.keys.is_empty() || self.output_blocks > 0 {
+            self.endpoint
+                .pinned
+                .lock()
+                .release(&self.keys, self.output_blocks);
+        }
         self.endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -720,6 +730,22 @@ mod tests {
                 .shared,
             1
         );
+    }
+
+    #[test]
+    fn a_long_peer_prompt_keeps_its_first_keys_and_counts_the_rest_as_its_own() {
+        let pool = one_pod();
+        let e = pool.endpoints()[0].clone();
+        e.set_kv_capacity(100_000);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        // Two peers' placements of the same 1,030-block prompt, 2 output blocks each: the
+        // first 1,024 blocks are shared, the last 6 of each counted apart.
+        let keys: Vec<RouterKey> = (0..1030).map(RouterKey).collect();
+        e.lease(&keys, 2, until);
+        e.lease(&keys, 2, until);
+        let room = e.kv_room(&keys).expect("sized");
+        assert_eq!(room.pinned, 1024 + 2 * (6 + 2));
+        assert_eq!(room.shared, 1024);
     }
 
     #[test]

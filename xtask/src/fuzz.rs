@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail};
 use crate::{setup, shell};
 
 /// Every fuzz target, as named in `fuzz/Cargo.toml`.
-pub const TARGETS: [&str; 11] = [
+pub const TARGETS: [&str; 12] = [
     "http_server",
     "http_framing",
     "http_client",
@@ -32,6 +32,7 @@ pub const TARGETS: [&str; 11] = [
     "cluster_facts",
     "cluster_datagram",
     "cluster_sync",
+    "metrics_page",
 ];
 
 /// The CI run: each target over its seeds and then this many generated inputs (or for

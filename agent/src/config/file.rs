@@ -650,6 +650,14 @@ mod tests {
             e.contains("pools[0].policy.weights.magic") && e.contains("unknown scorer"),
             "{e}"
         );
+        let e = error(&base.replace(
+            "model: m",
+            "model: m\n  policy: {preset: least-loaded, weights: {kvRoom: 1}}",
+        ));
+        assert!(
+            e.contains("pools[0].policy.weights.kvRoom") && e.contains("precise and approximate"),
+            "{e}"
+        );
         let e = error(&base.replace("model: m", "model: m\n  policy: {preset: fastest}"));
         assert!(e.contains("pools[0].policy.preset"), "{e}");
         let e = error(&base.replace("model: m", "model: m\n  tokens: {source: approximate}"));

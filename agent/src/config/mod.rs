@@ -361,6 +361,16 @@ impl Config {
                     "approximate keys never match the KV event index: use policy preset `approximate` (routing history), or set the prefix weight to 0".into(),
                 );
             }
+            if matches!(
+                p.policy.kind,
+                crate::routing::Policy::LeastLoaded | crate::routing::Policy::Session
+            ) && p.policy.weights.kv_room > 0.0
+            {
+                return err(
+                    at("policy.weights.kvRoom"),
+                    "the KV room wait is priced only by presets precise and approximate (a wait in seconds; this preset ranks by requests): remove it or choose one of those".into(),
+                );
+            }
             if p.cluster_max_concurrent > 0 && l.max_concurrent == 0 {
                 return err(
                     at("clusterMaxConcurrent"),

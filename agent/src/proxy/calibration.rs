@@ -193,7 +193,12 @@ impl Calibration {
                 }
             }
             let (fit, last) = fits.entry(p.serial).or_default();
-            fit.observe(p.features, (measured - p.kv_wait).max(0.0));
+            // The KV wait the decision predicted is taken off only as far as the answer
+            // waited beyond its no-wait prediction: an over-predicted wait must not teach
+            // the fit that the pod prefills faster than it does.
+            let no_wait = p.predicted - p.kv_wait;
+            let waited = p.kv_wait.min((measured - no_wait).max(0.0));
+            fit.observe(p.features, measured - waited);
             *last = tick;
         }
         let error = (p.predicted - measured).abs();
@@ -344,9 +349,17 @@ mod tests {
 
     #[test]
     fn the_fit_learns_ttft_less_the_predicted_kv_wait_and_bogus_usage_is_bounded() {
-        // Two pools see the same pod; one's answers each waited 100 ms for KV room, which
-        // its predictions knew: both fits end the same.
-        let (plain, waited) = (
+        let close = |a: Timing, b: Timing| {
+            (a.secs_per_token - b.secs_per_token).abs() < 1e-12
+                && (a.secs_per_running - b.secs_per_running).abs() < 1e-9
+                && (a.base - b.base).abs() < 1e-9
+        };
+        // Three pools see the same pod. One's answers each waited 100 ms for KV room, which
+        // its predictions knew (no-wait part 0 s: the whole 100 ms came beyond it). The
+        // other's predictions expected 1.9 s of wait that never came (no-wait part 0.1 s,
+        // answers 50-90 ms): nothing is taken off them. All three fits end the same.
+        let (plain, waited, overpredicted) = (
+            Arc::new(Calibration::default()),
             Arc::new(Calibration::default()),
             Arc::new(Calibration::default()),
         );
@@ -355,11 +368,17 @@ mod tests {
             plain.check(&prediction(&plain, 1, 0.1), measured);
             let p = Prediction {
                 kv_wait: 0.1,
-                ..prediction(&waited, 1, 0.2)
+                ..prediction(&waited, 1, 0.1)
             };
             waited.check(&p, measured + 0.1);
+            let p = Prediction {
+                kv_wait: 1.9,
+                ..prediction(&overpredicted, 1, 2.0)
+            };
+            overpredicted.check(&p, measured);
         }
-        assert_eq!(plain.timing(1), waited.timing(1));
+        assert!(close(plain.timing(1), overpredicted.timing(1)));
+        assert!(close(plain.timing(1), waited.timing(1)));
         // An answer claiming 2^60 output tokens counts as 2^20.
         let c = Calibration::default();
         c.note_answer(1 << 60, 1e12);

@@ -60,6 +60,9 @@ pub async fn forward(
     // One snapshot of the members for every attempt: candidate `i` is `endpoints[i]`.
     let endpoints = pool.endpoints();
     let mut candidates = candidates(&proxy.index, runtime, &endpoints, ctx, policy.kind);
+    let counts_kv = [policy.kind, pool.policy.kind]
+        .iter()
+        .any(|k| matches!(k, Policy::Precise | Policy::Approximate));
     if action.failure == FailureMode::FailClosed && !scorable(policy.kind, &candidates) {
         return Err(ProxyError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -124,11 +127,17 @@ pub async fn forward(
                 running: f64::from(c.in_flight),
             }
         };
-        let guard = endpoint.start(
-            uncached,
-            &ctx.keys,
-            runtime.calibration.output_blocks(pool.block_size),
-        );
+        // The KV this request holds counts for the decisions that price KV room: those of
+        // the prefix presets, this request's or the pool's own.
+        let guard = if counts_kv {
+            endpoint.start(
+                uncached,
+                &ctx.keys,
+                runtime.calibration.output_blocks(pool.block_size),
+            )
+        } else {
+            endpoint.start(uncached, &[], 0)
+        };
         if n == 0 {
             // The attempt starts when the body has been read.
             attempt.queue = Some(now.saturating_duration_since(attempt.start));

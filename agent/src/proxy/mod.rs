@@ -48,7 +48,7 @@ pub use error::ProxyError;
 pub use listener::{ClientOrigin, serve};
 pub use pools::PoolRuntime;
 pub use scrape::scrape_loop;
-pub use scrape::{parse_adapters, parse_lora};
+pub use scrape::{parse_adapters, parse_kv_blocks, parse_load, parse_lora};
 pub use tokens::TokenSource;
 pub use workers::Workers;
 

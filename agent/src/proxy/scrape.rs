@@ -43,7 +43,7 @@ pub async fn scrape_loop(proxy: Arc<Proxy>) {
                 let was_healthy = e.scrape_healthy();
                 match tokio::time::timeout(SCRAPE_TIMEOUT, fetch(&proxy, &e.metrics_url)).await {
                     Ok(Some(page)) => {
-                        match parse(&page) {
+                        match parse_load(&page) {
                             Some((waiting, running, kv)) => e.set_engine_load(waiting, running, kv),
                             None => e.note_scrape_failure(),
                         }
@@ -164,7 +164,7 @@ async fn fetch(proxy: &Proxy, url: &str) -> Option<String> {
 }
 
 /// (waiting, running, KV usage) from a vLLM metrics page (first series of each name).
-pub fn parse(page: &str) -> Option<(u32, u32, f64)> {
+pub fn parse_load(page: &str) -> Option<(u32, u32, f64)> {
     let value = |name: &str| -> Option<f64> {
         page.lines()
             .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
@@ -195,10 +195,10 @@ mod tests {
                     vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 12.0\n\
                     vllm:num_requests_waiting_by_reason{reason=\"x\"} 99\n\
                     vllm:gpu_cache_usage_perc{engine=\"0\"} 0.25\n";
-        assert_eq!(parse(page), Some((12, 3, 0.25)));
-        assert_eq!(parse("garbage\n"), None);
+        assert_eq!(parse_load(page), Some((12, 3, 0.25)));
+        assert_eq!(parse_load("garbage\n"), None);
         assert_eq!(
-            parse("vllm:num_requests_waiting NaN\nvllm:num_requests_running 1\n"),
+            parse_load("vllm:num_requests_waiting NaN\nvllm:num_requests_running 1\n"),
             None
         );
     }

@@ -73,11 +73,14 @@ impl Scorer for KvRoomWait {
     fn name(&self) -> &'static str {
         "kv_room"
     }
-    /// The wait for KV room ([`super::KvRoom::wait`]), in blocks of prefill at the pod's rate.
+    /// The wait for KV room ([`super::KvRoom::wait`]), in blocks of prefill at the pool's
+    /// median rate, the rate [`super::rank`] turns blocks back into seconds at: the cost
+    /// gains exactly the wait, however each pod's own fit stands.
     fn add_costs(&self, _: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        let scale = super::median(live.iter().map(|c| c.timing.secs_per_block)).max(1e-9);
         for (c, cost) in live.iter().zip(costs) {
             if let Some(k) = c.kv {
-                *cost += w * k.wait() / c.timing.secs_per_block.max(1e-9);
+                *cost += w * k.wait() / scale;
             }
         }
     }

@@ -439,3 +439,36 @@ fn a_cold_prompt_goes_where_its_blocks_fit_not_where_a_hot_document_fills_the_ca
     off.weights.set("kv-room", 0.0).unwrap();
     assert_eq!(rank(off, &c, &pods, &rr).unwrap().ranked[0], EndpointId(0));
 }
+
+#[test]
+fn a_kv_wait_adds_its_seconds_to_the_cost_whatever_the_pods_own_fit() {
+    let rr = AtomicUsize::new(0);
+    let c = ctx(10);
+    // Two cold idle pods; pod 0's fit says 10x faster prefill (0.1 ms per block) than pod
+    // 1's (1 ms), and only pod 0 waits for KV room: it lacks 50 of 100 pinned blocks, half
+    // of a 0.2 s lifetime = 0.1 s.
+    let mut pods = [cand(0, 0, 0, 0), cand(1, 0, 0, 0)];
+    pods[0].timing = BlockTiming {
+        secs_per_block: 0.0001,
+        secs_per_running: 0.0,
+        base: 0.0,
+    };
+    pods[1].timing = BlockTiming {
+        secs_per_block: 0.001,
+        secs_per_running: 0.0,
+        base: 0.0,
+    };
+    pods[0].kv = Some(KvRoom {
+        capacity: 100,
+        pinned: 100,
+        new_blocks: 50,
+        lifetime: 0.2,
+    });
+    let d = rank(Policy::Precise, &c, &pods, &rr).unwrap();
+    // In blocks, each pod: 10 uncached + 2 x 10 home = 30; at the median 0.55 ms per block,
+    // 16.5 ms. Pod 0 adds its 0.1 s wait: 116.5 ms (at its own rate the wait would have
+    // been 1,000 blocks, 566.5 ms).
+    assert_eq!(d.ranked.as_slice(), [EndpointId(1), EndpointId(0)]);
+    assert!((d.costs[0] - 0.0165).abs() < 1e-12, "{:?}", d.costs);
+    assert!((d.costs[1] - 0.1165).abs() < 1e-12, "{:?}", d.costs);
+}

@@ -162,6 +162,10 @@ fn action() -> impl Strategy<Value = Action> {
                 if preset == Some(Preset::RoundRobin) {
                     weights.clear();
                 }
+                // The KV room wait is priced only by the presets that rank in seconds.
+                if matches!(preset, Some(Preset::LeastLoaded | Preset::Session)) {
+                    weights.retain(|k, _| !matches!(k.as_str(), "kvRoom" | "kv-room" | "kv_room"));
+                }
                 let tokens = tokens.map(|source| TokenSpec {
                     source,
                     dir: (source == TokenSourceKind::Huggingface).then(|| "/models/m".into()),

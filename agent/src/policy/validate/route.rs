@@ -238,6 +238,18 @@ fn weights(a: &Action, e: &mut Errors) {
             "preset round-robin rotates over pods and uses no scorer weights: remove them or choose another preset",
         );
     }
+    if matches!(a.preset, Some(Preset::LeastLoaded | Preset::Session)) {
+        let kv_room = scorer_of("kv-room");
+        for (name, &value) in &a.weights {
+            if value > 0.0 && scorer_of(name) == kv_room {
+                e.push(
+                    format!("spec.action.weights.{name}"),
+                    value,
+                    "the KV room wait is priced only by presets precise and approximate (a wait in seconds; this preset ranks by requests): remove it or choose one of those",
+                );
+            }
+        }
+    }
     let mut seen: Vec<(&str, Weights)> = Vec::with_capacity(a.weights.len());
     for (name, &value) in &a.weights {
         let at = format!("spec.action.weights.{name}");

@@ -365,6 +365,14 @@ fn weights_and_tokens() {
             &[("spec.action.weights", "prefix, queue", "round-robin")],
         ),
         (
+            "{preset: least-loaded, weights: {kvRoom: 1, queue: 1}}",
+            &[(
+                "spec.action.weights.kvRoom",
+                "1",
+                "priced only by presets precise and approximate",
+            )],
+        ),
+        (
             "{tokens: {source: huggingface}}",
             &[(
                 "spec.action.tokens.dir",
