@@ -632,6 +632,17 @@ fn refine(
             .set(name, *value)
             .map_err(|e| ("Invalid", format!("action.weights: {e}")))?;
     }
+    if matches!(
+        policy.kind,
+        routing::Policy::LeastLoaded | routing::Policy::Session
+    ) && policy.weights.kv_room > 0.0
+    {
+        // Validation refuses it with an explicit preset; here the preset is the pool's.
+        return Err((
+            "Invalid",
+            "action.weights.kvRoom: the KV room wait is priced only by presets precise and approximate (a wait in seconds), and this policy's preset ranks by requests".into(),
+        ));
+    }
     if a.preset.is_some() || !a.weights.is_empty() {
         out.policy = Some(policy);
     }

@@ -106,7 +106,14 @@ impl Proxy {
             let endpoints = p.pool.endpoints();
             if let Some(e) = endpoints.iter().find(|e| e.source == Some(source)) {
                 p.pool.history.record(e.history, keys, now);
-                // Its KV too, for as long as this pool's requests are in flight.
+                // Its KV too, for as long as this pool's requests are in flight, where this
+                // pool prices KV room.
+                if !matches!(
+                    p.pool.policy.kind,
+                    crate::routing::Policy::Precise | crate::routing::Policy::Approximate
+                ) {
+                    continue;
+                }
                 let output = p.calibration.output_blocks(p.pool.block_size);
                 let lifetime = std::time::Duration::try_from_secs_f64(p.calibration.lifetime())
                     .unwrap_or_default();

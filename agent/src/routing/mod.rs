@@ -279,7 +279,7 @@ pub enum Policy {
 }
 
 /// Scorer weights: the cost of a candidate is `sum(weight x scorer cost)`; under the prefix
-/// presets each scorer's cost in blocks is turned into seconds at the pod's prefill rate.
+/// presets the sum, in blocks, is turned into seconds at the pool's median prefill rate.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Weights {

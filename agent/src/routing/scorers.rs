@@ -11,7 +11,7 @@
 //! | `session` | 1 unless the candidate is the session's rendezvous-hash owner |
 //! | `in_flight` | requests in flight there |
 //! | `history` | prompt blocks this proxy did not route there recently (`prompt_blocks - history_blocks`): the pull of a prefix's home |
-//! | `kv_room` | the seconds it would wait there for free KV blocks ([`super::KvRoom`]), as blocks of prefill at the pod's rate |
+//! | `kv_room` | the seconds it would wait there for free KV blocks ([`super::KvRoom`]), as blocks of prefill at the pool's median rate |
 
 use super::{Candidate, LoraState, RequestCtx};
 

@@ -602,3 +602,33 @@ fn on_kubernetes_targets_name_the_inference_pool_services_and_labels_of_their_na
         assert!(c.message.contains(fragment), "{key}: {}", c.message);
     }
 }
+
+#[test]
+fn a_kv_room_weight_on_a_pool_that_ranks_by_requests_is_refused() {
+    // The policy names no preset: it inherits the pool's, least-loaded.
+    let mut bases = pools();
+    bases[2].policy = routing::RoutePolicy::from(Policy::LeastLoaded);
+    let doc = "apiVersion: warmpath.dev/v1alpha1\nkind: RoutePolicy\nmetadata: {name: kv, namespace: ml}\nspec:\n  targetRef: {pool: {name: code}}\n  action: {weights: {kvRoom: 1}}\n";
+    let resources = documents::parse("kv.yaml", doc).unwrap();
+    let identity = TenantPolicy::default();
+    let mut tokenizers = |_: &str| -> Result<Tokens, String> { Err("none here".into()) };
+    let set = compile(
+        CompileInput {
+            pools: &bases,
+            identity: &identity,
+            tokenizers: &mut tokenizers,
+            builtin: &|| Tokens::Approximate,
+            workloads: None,
+        },
+        &resources,
+        7,
+    );
+    let kv = set
+        .resolved
+        .iter()
+        .find(|(_, k, _)| k == "ml/kv")
+        .expect("reported");
+    assert_eq!(kv.2.status, "False");
+    assert_eq!(kv.2.reason, "Invalid");
+    assert!(kv.2.message.contains("kvRoom"), "{}", kv.2.message);
+}
