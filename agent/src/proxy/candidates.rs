@@ -34,7 +34,7 @@ pub fn candidates(
     let pool = &runtime.pool;
     let history = pool.history.lookup(&ctx.keys);
     let approximate = policy == Policy::Approximate;
-    let prefix_preset = matches!(policy, Policy::Precise | Policy::Approximate);
+    let prefix_preset = policy.prices_kv_room();
     // Each request's expected output, in blocks, and how long requests hold their KV.
     let output_blocks = runtime.calibration.output_blocks(pool.block_size);
     let lifetime = runtime.calibration.lifetime();

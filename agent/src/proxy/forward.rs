@@ -60,9 +60,7 @@ pub async fn forward(
     // One snapshot of the members for every attempt: candidate `i` is `endpoints[i]`.
     let endpoints = pool.endpoints();
     let mut candidates = candidates(&proxy.index, runtime, &endpoints, ctx, policy.kind);
-    let counts_kv = [policy.kind, pool.policy.kind]
-        .iter()
-        .any(|k| matches!(k, Policy::Precise | Policy::Approximate));
+    let counts_kv = policy.kind.prices_kv_room() || pool.policy.kind.prices_kv_room();
     if action.failure == FailureMode::FailClosed && !scorable(policy.kind, &candidates) {
         return Err(ProxyError::new(
             StatusCode::SERVICE_UNAVAILABLE,

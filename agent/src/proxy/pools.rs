@@ -108,10 +108,7 @@ impl Proxy {
                 p.pool.history.record(e.history, keys, now);
                 // Its KV too, for as long as this pool's requests are in flight, where this
                 // pool prices KV room.
-                if !matches!(
-                    p.pool.policy.kind,
-                    crate::routing::Policy::Precise | crate::routing::Policy::Approximate
-                ) {
+                if !p.pool.policy.kind.prices_kv_room() {
                     continue;
                 }
                 let output = p.calibration.output_blocks(p.pool.block_size);

@@ -387,6 +387,12 @@ pub const IN_FLIGHT_BLOCKS: f64 = 4.0;
 pub const STALL_WEIGHT: f64 = 1.0;
 
 impl Policy {
+    /// Whether this preset prices the wait for KV room ([`KvRoom`]): the prefix presets,
+    /// which rank in seconds.
+    pub fn prices_kv_room(self) -> bool {
+        matches!(self, Policy::Precise | Policy::Approximate)
+    }
+
     /// The scorer weights this policy starts from.
     pub fn weights(self) -> Weights {
         match self {
