@@ -23,6 +23,7 @@ mod pod_client;
 mod pods;
 
 use drive::drive;
+pub(crate) use drive::pool;
 pub use pod_client::{PodClientArgs, run as run_pod_client};
 pub use pods::{Intercept, PodRecord};
 
@@ -190,6 +191,24 @@ pub struct Row {
     /// Every TTFT, sorted (for the chart).
     #[serde(skip)]
     pub ttfts: Vec<f64>,
+    /// What pooling this row with runs of other seeds needs (`bench matrix --repeats`).
+    #[serde(skip)]
+    pub raw: RawRun,
+}
+
+/// A row's raw measurements: every answered request, the run's length and the engines'
+/// prefix counters, so rows of several runs pool into one ([`drive::pool`]) with the
+/// figures a single longer run would give.
+#[derive(Debug, Clone, Default)]
+pub struct RawRun {
+    pub samples: Vec<crate::run::report::Sample>,
+    /// Wall seconds of the run.
+    pub wall_s: f64,
+    /// Wall seconds per modelled second.
+    pub scale: f64,
+    /// The engines' prefix-cache hits and lookups (blocks).
+    pub prefix_hits: u64,
+    pub prefix_queries: u64,
 }
 
 /// Runs the comparison; Ctrl-C ends it early, every process it started stopped and every

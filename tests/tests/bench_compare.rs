@@ -430,33 +430,7 @@ fn matrix_runs_every_cell_and_row_and_writes_one_table() {
     let _ = std::fs::remove_dir_all(&out);
     // Two workloads x two loads, four requests a cell (chat: 2 sessions of 3 turns would be
     // a multiple of the 2 engines, so 3 sessions, 9 requests); no peers.
-    let argv = [
-        "bench",
-        "matrix",
-        "--quick",
-        "--out",
-        &out.display().to_string(),
-        "--workloads",
-        "rag:1.0:64,chat",
-        "--loads",
-        "0.5,1.0",
-        "--requests",
-        "4",
-        "--replicas",
-        "2",
-        "--agents",
-        "2",
-        "--peers",
-        "none",
-        "--profile",
-        "tiny",
-        "--time-scale",
-        "0.05",
-        "--max-seconds",
-        "60",
-    ]
-    .map(String::from);
-    let output = bench(&argv);
+    let output = bench(&matrix_argv(&out, "rag:1.0:64,chat", "0.5,1.0", &[]));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -544,6 +518,84 @@ fn matrix_runs_every_cell_and_row_and_writes_one_table() {
         }
     }
     std::fs::remove_dir_all(&out).unwrap();
+}
+
+#[test]
+fn matrix_repeats_pool_each_rows_runs() {
+    let out = std::env::temp_dir().join(format!(
+        "warmpath-bench-matrix-repeats-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&out);
+    // One cell of four requests, run on seeds 7 and 8: every row answers 2 x 4.
+    let output = bench(&matrix_argv(&out, "rag:1.0:64", "1.0", &["--repeats", "2"]));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}\nstdout:\n{stdout}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains(
+            "seeds 7-8, 4 requests per cell x 2 runs (each row's figures pool its runs' answers)"
+        ),
+        "{stdout}"
+    );
+    for row in ["RoundRobin", "LeastLoaded", "Precise", "Precise (1 agent)"] {
+        let found = stdout
+            .lines()
+            .find(|l| l.starts_with("| rag:1:64 | 1x | ") && l.contains(&format!(" | {row} | ")))
+            .unwrap_or_else(|| panic!("{row}: {stdout}"));
+        assert!(found.contains(&format!(" | {row} | 8/8 | ")), "{found}");
+    }
+    let json: serde_json::Value = serde_json::from_str(&read(&out.join("matrix.json"))).unwrap();
+    assert_eq!(json["settings"]["repeats"], 2, "{json}");
+    let cell = &json["cells"][0];
+    assert_eq!(cell["requests"], 8, "{cell}");
+    for r in cell["rows"].as_array().unwrap() {
+        assert_eq!(r["result"]["requests"], 8, "{r}");
+        let agents: u64 = r["result"]["requests_per_agent"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(agents, 8, "{r}");
+    }
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// `bench matrix` of tiny requests (four a cell) on two engines and two agents, no peers.
+fn matrix_argv(out: &Path, workloads: &str, loads: &str, extra: &[&str]) -> Vec<String> {
+    let out = out.display().to_string();
+    let mut argv = vec![
+        "bench",
+        "matrix",
+        "--quick",
+        "--out",
+        &out,
+        "--workloads",
+        workloads,
+        "--loads",
+        loads,
+        "--requests",
+        "4",
+        "--replicas",
+        "2",
+        "--agents",
+        "2",
+        "--peers",
+        "none",
+        "--profile",
+        "tiny",
+        "--time-scale",
+        "0.05",
+        "--max-seconds",
+        "60",
+    ];
+    argv.extend_from_slice(extra);
+    argv.into_iter().map(String::from).collect()
 }
 
 fn read(path: &Path) -> String {

@@ -143,7 +143,51 @@ pub(super) fn finish(
         hits as f64 / queries as f64
     };
     row.requests_per_agent = requests_per_agent;
+    row.raw.prefix_hits = hits;
+    row.raw.prefix_queries = queries;
     row
+}
+
+/// Runs of one row on several seeds as one row: the latency quantiles, receipts and
+/// prediction error over every answered request of all of them, output throughput over
+/// their summed time, the prefix-hit ratio over their summed counters, errors and each
+/// agent's requests summed. The rest (name, cluster, interception) is the first run's.
+/// `None` for no runs.
+pub(crate) fn pool(rows: Vec<Row>) -> Option<Row> {
+    let mut rows = rows.into_iter();
+    let first = rows.next()?;
+    let mut raw = first.raw.clone();
+    let mut errors = first.errors;
+    let mut per_agent = first.requests_per_agent.clone();
+    for r in rows {
+        raw.samples.extend(r.raw.samples);
+        raw.wall_s += r.raw.wall_s;
+        raw.prefix_hits += r.raw.prefix_hits;
+        raw.prefix_queries += r.raw.prefix_queries;
+        errors += r.errors;
+        if per_agent.len() < r.requests_per_agent.len() {
+            per_agent.resize(r.requests_per_agent.len(), 0);
+        }
+        for (total, n) in per_agent.iter_mut().zip(&r.requests_per_agent) {
+            *total += n;
+        }
+    }
+    let mut row = summarize(&raw.samples, raw.wall_s, raw.scale);
+    row.prefix_hit_ratio = if raw.prefix_queries == 0 {
+        0.0
+    } else {
+        raw.prefix_hits as f64 / raw.prefix_queries as f64
+    };
+    row.raw.prefix_hits = raw.prefix_hits;
+    row.raw.prefix_queries = raw.prefix_queries;
+    Some(Row {
+        policy: first.policy,
+        errors,
+        requests_per_agent: per_agent,
+        cluster: first.cluster,
+        intercept: first.intercept,
+        ..row
+    })
 }
 
 /// The client-side figures of a row from its answered requests (`wall` seconds of run at
@@ -180,6 +224,12 @@ pub(super) fn summarize(samples: &[Sample], wall: f64, scale: f64) -> Row {
         cluster: Vec::new(),
         intercept: None,
         ttfts: ttft,
+        raw: super::RawRun {
+            samples: samples.to_vec(),
+            wall_s: wall,
+            scale,
+            ..Default::default()
+        },
     }
 }
 
@@ -260,6 +310,54 @@ mod tests {
         let peer = summarize(&[sample(0.1, None, None)], 1.0, 1.0);
         assert_eq!(peer.available_tokens, None);
         assert_eq!(peer.ttft_prediction_error_ms_p50, None);
+    }
+
+    #[test]
+    fn runs_pool_into_the_row_one_longer_run_would_give() {
+        // Run A: 2 answers in 2 s, 30 of 100 blocks hit, 1 error; run B: 3 answers in 3 s,
+        // 10 of 100 hit, 2 errors. Each answer has 10 output tokens (at scale 1).
+        // One run's row: its answers over `wall` s, errors, each agent's answers, hits.
+        let run = |samples: &[Sample], wall, errors, per_agent: Vec<usize>, hits| {
+            let mut r = summarize(samples, wall, 1.0);
+            r.policy = "Precise".into();
+            r.errors = errors;
+            r.requests_per_agent = per_agent;
+            (r.raw.prefix_hits, r.raw.prefix_queries) = (hits, 100);
+            r
+        };
+        let a = run(
+            &[sample(0.1, None, None), sample(0.2, None, None)],
+            2.0,
+            1,
+            vec![1, 1],
+            30,
+        );
+        let b = run(
+            &[
+                sample(0.5, Some((64, 48)), Some(100.0)),
+                sample(0.3, None, None),
+                sample(0.4, None, None),
+            ],
+            3.0,
+            2,
+            vec![2, 1],
+            10,
+        );
+        let row = pool(vec![a, b]).expect("two runs");
+        assert_eq!(row.policy, "Precise");
+        assert_eq!((row.requests, row.errors), (5, 3));
+        assert_eq!(row.requests_per_agent, vec![3, 2]);
+        // TTFTs 0.1..0.5 s: the middle one is 0.3 s, the top 0.5 s.
+        assert!((row.ttft_p50 - 0.3).abs() < 0.001, "{}", row.ttft_p50);
+        assert!((row.ttft_p99 - 0.5).abs() < 0.001, "{}", row.ttft_p99);
+        // 50 output tokens over 5 s; 40 of 200 blocks hit.
+        assert!((row.output_tokens_per_s - 10.0).abs() < 1e-9);
+        assert!((row.prefix_hit_ratio - 0.2).abs() < 1e-9);
+        // B's one receipt and prediction (|100 - 500| ms) survive the pooling.
+        assert_eq!(row.available_tokens, Some(64));
+        let err = row.ttft_prediction_error_ms_p50.expect("one prediction");
+        assert!((err - 400.0).abs() < 1e-9, "{err}");
+        assert_eq!(pool(Vec::new()).map(|r| r.requests), None);
     }
 
     #[test]

@@ -66,6 +66,12 @@ pub struct MatrixArgs {
     pub time_scale: f64,
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Runs of each cell, on seeds SEED, SEED+1, ...: each run draws its own requests (same
+    /// workload, rate and fleet) and starts fresh fleets; a row's figures pool the answers of
+    /// all its runs (its p90 over N times the requests). Rows alternate within each run, so
+    /// a slow spell of the machine falls on every row alike.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeats: u32,
     /// Peer routers: `auto` (all three; a missing one gets a "not installed" row), `none`,
     /// or names (`vllm-router-kv`, `vllm-router-cache`, `sglang-router-cache`).
     #[arg(long, value_delimiter = ',', default_value = "auto")]
@@ -192,16 +198,21 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
         let capacity = replicas as f64 * profile.prefill_tokens_per_s / unit.mean_prompt_tokens;
         for &load in &args.loads {
             let rate = load * capacity;
-            let g = w.generate(&sizes, rate, replicas, args.seed);
-            let span = g
-                .chains
-                .iter()
-                .flat_map(|c| c.turns.last())
-                .map(|t| t.at.as_secs_f64())
-                .fold(0.0, f64::max);
-            estimate +=
-                runs as f64 * (ROW_SETUP_S + (span * args.time_scale).min(args.max_seconds));
-            plans.push((*w, load, rate, g));
+            // One plan per run; the fleet is sized for the first.
+            let runs_of_cell: Vec<Generated> = (0..u64::from(args.repeats))
+                .map(|r| w.generate(&sizes, rate, replicas, args.seed.wrapping_add(r)))
+                .collect();
+            for g in &runs_of_cell {
+                let span = g
+                    .chains
+                    .iter()
+                    .flat_map(|c| c.turns.last())
+                    .map(|t| t.at.as_secs_f64())
+                    .fold(0.0, f64::max);
+                estimate +=
+                    runs as f64 * (ROW_SETUP_S + (span * args.time_scale).min(args.max_seconds));
+            }
+            plans.push((*w, load, rate, runs_of_cell));
         }
     }
     println!(
@@ -219,32 +230,42 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
     );
     let mut cells = Vec::new();
     let total = plans.len();
-    for (n, (w, load, rate, g)) in plans.into_iter().enumerate() {
-        let (setup, blocks) = setup(&args, &g);
+    for (n, (w, load, rate, runs_of_cell)) in plans.into_iter().enumerate() {
+        let (setup, blocks) = setup(&args, &runs_of_cell[0]);
         let mut cell = Cell {
             workload: w.to_string(),
             shares: w.shares(),
             load,
             rate,
-            requests: g.requests(),
-            working_set_tokens: g.working_set_tokens,
+            requests: runs_of_cell.iter().map(Generated::requests).sum(),
+            working_set_tokens: runs_of_cell[0].working_set_tokens,
             blocks_per_engine: blocks,
             rows: Vec::new(),
         };
-        let chains = Arc::new(g.chains);
-        for (i, slot) in slots.iter().enumerate() {
-            cell.rows.push(
-                run_slot(
-                    &setup,
-                    *slot,
-                    &chains,
-                    &logs,
-                    &cell,
-                    (n, total, i, slots.len()),
-                )
-                .await?,
-            );
+        let repeats = runs_of_cell.len();
+        // Each slot's row of each run, in run order.
+        let mut by_slot: Vec<Vec<CellRow>> = vec![Vec::new(); slots.len()];
+        for (r, g) in runs_of_cell.into_iter().enumerate() {
+            let run_setup = Setup {
+                seed: args.seed.wrapping_add(r as u64),
+                ..setup.clone()
+            };
+            let requests = g.requests();
+            let chains = Arc::new(g.chains);
+            for (i, slot) in slots.iter().enumerate() {
+                let at = Position {
+                    cell: n,
+                    cells: total,
+                    row: i,
+                    rows: slots.len(),
+                    run: r,
+                    runs: repeats,
+                };
+                by_slot[i]
+                    .push(run_slot(&run_setup, *slot, &chains, &logs, &cell, requests, at).await?);
+            }
         }
+        cell.rows = by_slot.into_iter().map(pool_runs).collect();
         cells.push(cell);
     }
     let report = table::render(&args, &cells);
@@ -254,15 +275,41 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// One row of a cell; a peer that fails is reported in its row, warmpath's failures end the
-/// run.
+/// Where a row's run stands in the whole matrix (for its progress line).
+#[derive(Debug, Clone, Copy)]
+struct Position {
+    cell: usize,
+    cells: usize,
+    row: usize,
+    rows: usize,
+    run: usize,
+    runs: usize,
+}
+
+/// A slot's rows of every run of a cell as one ([`compare::pool`]); the first run that did
+/// not finish (a peer that failed, not installed) stands for the slot instead.
+fn pool_runs(runs: Vec<CellRow>) -> CellRow {
+    if let Some(bad) = runs.iter().find(|r| r.result.is_none()) {
+        return bad.clone();
+    }
+    let name = runs.first().map(|r| r.name.clone()).unwrap_or_default();
+    CellRow {
+        name,
+        status: "ok".into(),
+        result: compare::pool(runs.into_iter().filter_map(|r| r.result).collect()),
+    }
+}
+
+/// One row of a cell (one run of it: `requests` of them); a peer that fails is reported in
+/// its row, warmpath's failures end the run.
 async fn run_slot(
     setup: &Setup,
     slot: Slot,
     chains: &Arc<Vec<compare::Chain>>,
     logs: &Logs,
     cell: &Cell,
-    (n, cells, i, rows): (usize, usize, usize, usize),
+    requests: usize,
+    at: Position,
 ) -> Result<CellRow, Error> {
     let target = match slot {
         Slot::NotInstalled(name) => {
@@ -274,15 +321,22 @@ async fn run_slot(
         }
         Slot::Run(t) => t,
     };
+    let run = if at.runs > 1 {
+        format!(", run {}/{}", at.run + 1, at.runs)
+    } else {
+        String::new()
+    };
     let label = format!(
-        "[cell {}/{cells} {} @ {}x, row {}/{rows}] {}",
-        n + 1,
+        "[cell {}/{} {} @ {}x{run}, row {}/{}] {}",
+        at.cell + 1,
+        at.cells,
         cell.workload,
         cell.load,
-        i + 1,
+        at.row + 1,
+        at.rows,
         target.name()
     );
-    let phase = Arc::new(Phase::start(label, cell.requests as u64));
+    let phase = Arc::new(Phase::start(label, requests as u64));
     match compare::run_target(setup, target, chains.clone(), logs, &phase).await {
         Ok(row) => {
             phase.finish(&format!(

@@ -12,12 +12,28 @@ pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "Workload matrix: {} engines ({} profile), time-scale {}, seed {}, {} requests per cell{}; rows: warmpath with {} agents (precise: a cluster) and 1 central agent, peers; fleet KV {:.0} % of each cell's working set (at least twice the longest request per engine).",
+        "Workload matrix: {} engines ({} profile), time-scale {}, {}, {} requests per cell{}{}; rows: warmpath with {} agents (precise: a cluster) and 1 central agent, peers; fleet KV {:.0} % of each cell's working set (at least twice the longest request per engine).",
         args.replicas,
         args.profile,
         args.time_scale,
-        args.seed,
+        if args.repeats > 1 {
+            format!(
+                "seeds {}-{}",
+                args.seed,
+                args.seed.wrapping_add(u64::from(args.repeats) - 1)
+            )
+        } else {
+            format!("seed {}", args.seed)
+        },
         args.requests,
+        if args.repeats > 1 {
+            format!(
+                " x {} runs (each row's figures pool its runs' answers)",
+                args.repeats
+            )
+        } else {
+            String::new()
+        },
         if args.quick { " (--quick sizes)" } else { "" },
         args.agents,
         args.kv_fraction * 100.0
@@ -133,6 +149,7 @@ pub fn write(args: &MatrixArgs, cells: &[Cell], report: &str) -> Result<(), Erro
             "profile": args.profile,
             "time_scale": args.time_scale,
             "seed": args.seed,
+            "repeats": args.repeats,
             "requests": args.requests,
             "quick": args.quick,
             "kv_fraction": args.kv_fraction,

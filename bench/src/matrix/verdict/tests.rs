@@ -23,6 +23,7 @@ fn row(name: &str, p50: f64, p90: f64, p99: f64, tps: f64) -> CellRow {
             cluster: Vec::new(),
             intercept: None,
             ttfts: Vec::new(),
+            raw: Default::default(),
         }),
     }
 }
