@@ -83,6 +83,8 @@ pub struct Endpoint {
     kv_capacity_blocks: AtomicU64,
     /// The KV blocks this proxy's requests in flight here hold or will ([`Pinned`]).
     pinned: parking_lot::Mutex<Pinned>,
+    /// Prefill that peer agents' placements queued here ([`Endpoint::queue_peer_prefill`]).
+    peer_prefill: parking_lot::Mutex<Drain>,
     scraped: AtomicBool,
     /// Scrapes failed in a row (reset by one that answers): the kernel table writer's sign
     /// that a pod is gone although nothing routed to it (steer mode; docs/ebpf.md).
@@ -115,8 +117,34 @@ struct Lease {
     output_blocks: u64,
 }
 
+/// Blocks of prefill queued at a pod by peer agents, which this agent does not see start or
+/// end: each placement adds the blocks new to the pod, and the queue drains at the pod's
+/// calibrated prefill rate (the last placement's), first placed first done, as the engine
+/// works through its waiting prompts.
+#[derive(Debug, Default)]
+struct Drain {
+    blocks: f64,
+    at: Option<std::time::Instant>,
+    secs_per_block: f64,
+}
+
+impl Drain {
+    /// Blocks still queued at `now`.
+    fn left(&self, now: std::time::Instant) -> f64 {
+        let Some(at) = self.at else { return 0.0 };
+        if !(self.secs_per_block.is_finite() && self.secs_per_block > 0.0) {
+            return 0.0;
+        }
+        let done = now.saturating_duration_since(at).as_secs_f64() / self.secs_per_block;
+        (self.blocks - done).max(0.0)
+    }
+}
+
 /// Peer placements a pod's KV accounting holds at most (beyond it, the first to end goes).
 pub const MAX_LEASES: usize = 256;
+/// Peer prefill a pod's queue counts at most, blocks (1M tokens at block size 16): a bound
+/// on the estimate, far above any real queue.
+pub const MAX_PEER_PREFILL_BLOCKS: f64 = 65_536.0;
 /// Prompt keys a lease keeps (16k tokens at block size 16): its blocks beyond them count as
 /// its own, never shared, so a pod's leases keep at most 2 MiB of keys.
 pub const MAX_LEASE_KEYS: usize = 1024;
@@ -296,6 +324,7 @@ impl Pool {
             engine_kv_permille: AtomicU32::new(0),
             kv_capacity_blocks: AtomicU64::new(0),
             pinned: parking_lot::Mutex::new(Pinned::default()),
+            peer_prefill: parking_lot::Mutex::new(Drain::default()),
             scraped: AtomicBool::new(false),
             scrape_failures: AtomicU32::new(0),
             lora: parking_lot::RwLock::new(LoraInfo::default()),
@@ -337,10 +366,13 @@ impl Pool {
     }
 
     /// Prefill work queued at an endpoint, in blocks: what this proxy sent that has not
-    /// started answering, or — when the engine reports more waiting requests than that
-    /// explains (other routers, other agents) — its waiting count times the mean prefill.
+    /// started answering and, in a cluster, what peers' placements left to prefill there; or
+    /// — when the engine reports more waiting requests than that explains (other routers) —
+    /// its waiting count times the mean prefill.
     pub fn work_ahead(&self, e: &Endpoint) -> u64 {
-        let own = e.queued_prefill_blocks();
+        let own = e
+            .queued_prefill_blocks()
+            .saturating_add(e.peer_prefill_blocks(std::time::Instant::now()));
         if !e.scraped.load(Ordering::Relaxed) {
             return own;
         }
@@ -420,6 +452,30 @@ impl Endpoint {
             pinned: own.max(reported),
             shared,
         })
+    }
+
+    /// A peer agent's request here will prefill `blocks` (new to the pod): queued behind the
+    /// peers' prefill still left, drained at `secs_per_block` from `now`.
+    pub fn queue_peer_prefill(&self, blocks: u64, secs_per_block: f64, now: std::time::Instant) {
+        let mut d = self.peer_prefill.lock();
+        let left = d.left(now);
+        // Bounded: never more than a few requests' worth of a long context per placement.
+        d.blocks = (left + blocks as f64).min(MAX_PEER_PREFILL_BLOCKS);
+        d.at = Some(now);
+        d.secs_per_block = secs_per_block;
+    }
+
+    /// Blocks of peers' prefill still queued here at `now` (0 without a cluster).
+    pub fn peer_prefill_blocks(&self, now: std::time::Instant) -> u64 {
+        self.peer_prefill.lock().left(now).ceil() as u64
+    }
+
+    /// Peer agents' requests here that this agent counts as still running: their placements
+    /// whose lease has not ended ([`Endpoint::lease`]; 0 without a cluster).
+    pub fn peer_in_flight(&self) -> u32 {
+        let mut p = self.pinned.lock();
+        p.expire(std::time::Instant::now());
+        u32::try_from(p.leases.len()).unwrap_or(u32::MAX)
     }
 
     /// A peer agent placed a request of `keys` here: its blocks and `output_blocks` count as
@@ -775,6 +831,31 @@ mod tests {
         assert!(discovered.scrape_healthy(), "an answer resets the count");
         discovered.set_wanted(false);
         assert!(!discovered.scrape_healthy(), "draining");
+    }
+
+    #[test]
+    fn peers_prefill_queues_at_a_pod_and_drains_at_its_rate() {
+        let e = one_pod().endpoints()[0].clone();
+        let t0 = std::time::Instant::now();
+        let ms = std::time::Duration::from_millis;
+        // 1/128 s a block: 250 ms drain 32 blocks, 500 ms 64.
+        let rate = 1.0 / 128.0;
+        e.queue_peer_prefill(100, rate, t0);
+        assert_eq!(e.peer_prefill_blocks(t0), 100);
+        assert_eq!(e.peer_prefill_blocks(t0 + ms(250)), 68);
+        // 50 more queue behind the 68 left.
+        e.queue_peer_prefill(50, rate, t0 + ms(250));
+        assert_eq!(e.peer_prefill_blocks(t0 + ms(250)), 118);
+        assert_eq!(e.peer_prefill_blocks(t0 + ms(750)), 54);
+        assert_eq!(e.peer_prefill_blocks(t0 + ms(2000)), 0);
+        // A rate no calibration gives (0, NaN) queues nothing, rather than forever.
+        e.queue_peer_prefill(10, 0.0, t0 + ms(2000));
+        assert_eq!(e.peer_prefill_blocks(t0 + ms(2000)), 0);
+        e.queue_peer_prefill(10, f64::NAN, t0 + ms(2000));
+        assert_eq!(e.peer_prefill_blocks(t0 + ms(2000)), 0);
+        // Bounded however much is placed.
+        e.queue_peer_prefill(u64::MAX, rate, t0);
+        assert_eq!(e.peer_prefill_blocks(t0), MAX_PEER_PREFILL_BLOCKS as u64);
     }
 
     #[test]

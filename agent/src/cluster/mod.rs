@@ -242,7 +242,7 @@ impl ClusterNode {
         let (placed, placed_rx) = mpsc::channel(PLACEMENT_QUEUE);
         // One sink per index: a second node on the same index (tests only) shares none.
         // Stamped as it is made (the sink is called by `KvIndex::speculate`), for the lag.
-        index.set_placement_sink(PlacementSink::new(move |id, keys| {
+        index.set_placement_sink(PlacementSink::new(move |id, keys, _new| {
             let _ = placed.try_send((id, keys.to_vec(), lag::unix_micros()));
         }));
         let tasks = vec![

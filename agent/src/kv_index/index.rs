@@ -364,10 +364,10 @@ impl KvIndex {
         if keys.is_empty() {
             return None;
         }
-        let speculation =
+        let (speculation, new_blocks) =
             self.hold_speculatively(id, keys, now + self.config.speculative_ttl, now, true);
         if let Some(sink) = self.placements.get() {
-            sink.placed(id, keys);
+            sink.placed(id, keys, new_blocks);
         }
         speculation
     }
@@ -419,8 +419,10 @@ impl KvIndex {
         deadline: Instant,
         now: Instant,
         own: bool,
-    ) -> Option<Speculation> {
-        let source = self.source(id)?;
+    ) -> (Option<Speculation>, usize) {
+        let Some(source) = self.source(id) else {
+            return (None, 0);
+        };
         self.store.tick();
         // The source's state before the store's writer, as everywhere else.
         let mut st = source.state.lock();
@@ -442,6 +444,7 @@ impl KvIndex {
         if !own && !added.is_empty() && !source.remote && st.owed_since.is_none() {
             st.owed_since = Some(now);
         }
+        let new_blocks = added.len();
         let speculation = (own && !added.is_empty()).then(|| Speculation {
             source: id,
             on: source.clone(),
@@ -464,7 +467,7 @@ impl KvIndex {
                 w.remove(RouterKey(key), id.0, Tier::Gpu, true);
             }
         }
-        speculation
+        (speculation, new_blocks)
     }
 
     /// Expires speculative entries whose TTL passed; settles unsure sources whose grace

@@ -14,7 +14,7 @@ use crate::{
     kv_index::{PlacementSink, RouterKey, SourceId},
     policy::compiled::PoolBase,
     pool::{Pool, UpstreamProtocol},
-    routing::{SessionSource, replication::Replication},
+    routing::{BlockTiming, SessionSource, replication::Replication},
     telemetry::PoolId,
 };
 
@@ -93,15 +93,26 @@ impl Proxy {
         // Weak: the index (which the proxy holds) must not keep the proxy alive.
         let proxy = Arc::downgrade(self);
         self.index
-            .set_peer_placement_sink(PlacementSink::new(move |source, keys| {
+            .set_peer_placement_sink(PlacementSink::new(move |source, keys, new_blocks| {
                 if let Some(proxy) = proxy.upgrade() {
-                    proxy.record_peer_placement(source, keys, std::time::Instant::now());
+                    proxy.record_peer_placement(
+                        source,
+                        keys,
+                        new_blocks,
+                        std::time::Instant::now(),
+                    );
                 }
             }));
     }
 
     /// A peer routed `keys` to the pod whose index source is `source`.
-    fn record_peer_placement(&self, source: SourceId, keys: &[RouterKey], now: std::time::Instant) {
+    fn record_peer_placement(
+        &self,
+        source: SourceId,
+        keys: &[RouterKey],
+        new_blocks: usize,
+        now: std::time::Instant,
+    ) {
         for p in &self.pools {
             let endpoints = p.pool.endpoints();
             if let Some(e) = endpoints.iter().find(|e| e.source == Some(source)) {
@@ -115,6 +126,10 @@ impl Proxy {
                 let lifetime = std::time::Duration::try_from_secs_f64(p.calibration.lifetime())
                     .unwrap_or_default();
                 e.lease(keys, output, now + lifetime);
+                // And its prefill: the blocks new to the pod join the work queued there,
+                // drained at the pod's calibrated rate (this agent does not see it start).
+                let rate = BlockTiming::new(p.calibration.timing(e.serial), p.pool.block_size);
+                e.queue_peer_prefill(new_blocks as u64, rate.secs_per_block, now);
             }
         }
     }
@@ -203,6 +218,35 @@ mod tests {
         // 128 output tokens (8 blocks), held for the prior's lifetime (1 s).
         let room = pod_b.kv_room(&keys).expect("sized");
         assert_eq!((room.pinned, room.shared), (40, 32));
+        // And b's batch: under the prefix presets the peer's request is one in flight there,
+        // as one central agent would count it; least-loaded counts this agent's own only.
+        let runtime = &proxy.pools[0];
+        let endpoints = runtime.pool.endpoints();
+        let ctx = crate::routing::RequestCtx {
+            keys: keys.clone(),
+            ..Default::default()
+        };
+        let in_flight = |policy| {
+            crate::proxy::candidates::candidates(&proxy.index, runtime, &endpoints, &ctx, policy)
+                .iter()
+                .map(|c| c.in_flight)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(in_flight(Policy::Precise), [0, 1]);
+        assert_eq!(in_flight(Policy::Approximate), [0, 1]);
+        assert_eq!(in_flight(Policy::LeastLoaded), [0, 0]);
+        // And its prefill: all 32 keys were new to b, queued there (read as of `now`, before
+        // any of it drained).
+        assert_eq!(pod_b.peer_prefill_blocks(now), 32);
+        assert_eq!(
+            proxy.pools[0].pool.endpoints()[0].peer_prefill_blocks(now),
+            0
+        );
+        // The same chain placed again adds nothing: b holds it now.
+        proxy
+            .index
+            .speculate_remote(b, &keys, Duration::from_secs(2), now);
+        assert_eq!(pod_b.peer_prefill_blocks(now), 32);
         // This agent's own speculation is recorded by its forwarding step, not here.
         let other: Vec<RouterKey> = (100..=110).map(RouterKey).collect();
         proxy.index.speculate(a, &other, now);

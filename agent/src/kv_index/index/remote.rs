@@ -15,15 +15,17 @@ use crate::kv_index::{RouterKey, engine_map::Removal};
 /// Where the router's speculations go besides the index (the cluster's placement stream).
 pub struct PlacementSink(Box<Placed>);
 
-type Placed = dyn Fn(SourceId, &[RouterKey]) + Send + Sync;
+/// A placement: the pod's source, the prompt's keys, and how many of them were new to the
+/// pod by the index (the blocks its prefill computes).
+type Placed = dyn Fn(SourceId, &[RouterKey], usize) + Send + Sync;
 
 impl PlacementSink {
-    pub fn new(f: impl Fn(SourceId, &[RouterKey]) + Send + Sync + 'static) -> Self {
+    pub fn new(f: impl Fn(SourceId, &[RouterKey], usize) + Send + Sync + 'static) -> Self {
         Self(Box::new(f))
     }
 
-    pub(super) fn placed(&self, id: SourceId, keys: &[RouterKey]) {
-        (self.0)(id, keys)
+    pub(super) fn placed(&self, id: SourceId, keys: &[RouterKey], new_blocks: usize) {
+        (self.0)(id, keys, new_blocks)
     }
 }
 
@@ -56,9 +58,9 @@ impl KvIndex {
     /// peer placement sink.
     pub fn speculate_remote(&self, id: SourceId, keys: &[RouterKey], ttl: Duration, now: Instant) {
         if !keys.is_empty() {
-            self.hold_speculatively(id, keys, now + ttl, now, false);
+            let (_, new_blocks) = self.hold_speculatively(id, keys, now + ttl, now, false);
             if let Some(sink) = self.peer_placements.get() {
-                sink.placed(id, keys);
+                sink.placed(id, keys, new_blocks);
             }
         }
     }
