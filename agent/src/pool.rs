@@ -369,10 +369,13 @@ impl Pool {
     /// started answering and, in a cluster, what peers' placements left to prefill there; or
     /// — when the engine reports more waiting requests than that explains (other routers) —
     /// its waiting count times the mean prefill.
-    pub fn work_ahead(&self, e: &Endpoint) -> u64 {
-        let own = e
-            .queued_prefill_blocks()
-            .saturating_add(e.peer_prefill_blocks(std::time::Instant::now()));
+    /// `with_peers`: count peers' placements' prefill (the prefix presets do; the others rank
+    /// by this agent's own view).
+    pub fn work_ahead(&self, e: &Endpoint, with_peers: bool) -> u64 {
+        let mut own = e.queued_prefill_blocks();
+        if with_peers {
+            own = own.saturating_add(e.peer_prefill_blocks(std::time::Instant::now()));
+        }
         if !e.scraped.load(Ordering::Relaxed) {
             return own;
         }
@@ -456,13 +459,24 @@ impl Endpoint {
 
     /// A peer agent's request here will prefill `blocks` (new to the pod): queued behind the
     /// peers' prefill still left, drained at `secs_per_block` from `now`.
+    /// A placement that adds no block leaves the queue as it is; a rate no calibration gives
+    /// (0, NaN, infinite) keeps the queue's last rate, and with none queues nothing.
     pub fn queue_peer_prefill(&self, blocks: u64, secs_per_block: f64, now: std::time::Instant) {
+        if blocks == 0 {
+            return;
+        }
         let mut d = self.peer_prefill.lock();
+        let valid = |r: f64| r.is_finite() && r > 0.0;
+        let rate = match (valid(secs_per_block), valid(d.secs_per_block)) {
+            (true, _) => secs_per_block,
+            (false, true) => d.secs_per_block,
+            (false, false) => return,
+        };
         let left = d.left(now);
-        // Bounded: never more than a few requests' worth of a long context per placement.
+        // The whole queue is bounded (a sum of placements, however many).
         d.blocks = (left + blocks as f64).min(MAX_PEER_PREFILL_BLOCKS);
         d.at = Some(now);
-        d.secs_per_block = secs_per_block;
+        d.secs_per_block = rate;
     }
 
     /// Blocks of peers' prefill still queued here at `now` (0 without a cluster).
@@ -848,11 +862,18 @@ mod tests {
         assert_eq!(e.peer_prefill_blocks(t0 + ms(250)), 118);
         assert_eq!(e.peer_prefill_blocks(t0 + ms(750)), 54);
         assert_eq!(e.peer_prefill_blocks(t0 + ms(2000)), 0);
-        // A rate no calibration gives (0, NaN) queues nothing, rather than forever.
+        // A rate no calibration gives (0, NaN) drains at the last good one: 10 blocks, 1/128 s
+        // each, gone 1,280 ms later.
         e.queue_peer_prefill(10, 0.0, t0 + ms(2000));
-        assert_eq!(e.peer_prefill_blocks(t0 + ms(2000)), 0);
         e.queue_peer_prefill(10, f64::NAN, t0 + ms(2000));
-        assert_eq!(e.peer_prefill_blocks(t0 + ms(2000)), 0);
+        assert_eq!(e.peer_prefill_blocks(t0 + ms(2000)), 20);
+        assert_eq!(e.peer_prefill_blocks(t0 + ms(2000) + ms(1250)), 0);
+        // Without any good rate, nothing is queued (it could never drain); nor by a placement
+        // of nothing new.
+        let fresh = one_pod().endpoints()[0].clone();
+        fresh.queue_peer_prefill(10, f64::INFINITY, t0);
+        fresh.queue_peer_prefill(0, rate, t0);
+        assert_eq!(fresh.peer_prefill_blocks(t0), 0);
         // Bounded however much is placed.
         e.queue_peer_prefill(u64::MAX, rate, t0);
         assert_eq!(e.peer_prefill_blocks(t0), MAX_PEER_PREFILL_BLOCKS as u64);
@@ -866,14 +887,18 @@ mod tests {
             pool.note_prefill(10);
         }
         let _guard = e.start(7, &[], 0);
-        assert_eq!(pool.work_ahead(&e), 7, "not scraped yet: own queue only");
+        assert_eq!(
+            pool.work_ahead(&e, true),
+            7,
+            "not scraped yet: own queue only"
+        );
         e.set_engine_load(5, 2, 0.5);
-        let ahead = pool.work_ahead(&e);
+        let ahead = pool.work_ahead(&e, true);
         assert!(
             (45..=50).contains(&ahead),
             "5 waiting x ~10 blocks, got {ahead}"
         );
         e.set_engine_load(0, 2, 0.5);
-        assert_eq!(pool.work_ahead(&e), 7);
+        assert_eq!(pool.work_ahead(&e, true), 7);
     }
 }

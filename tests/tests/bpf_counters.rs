@@ -189,7 +189,11 @@ fn counted(
     let mode = if steer { "steer" } else { "proxy" };
     let exported = wait_for_export(node, tenant.unwrap_or("default"), mode, REQUESTS as f64);
     if steer {
-        open_connection_is_counted_as_it_goes(&bed, id, &mut client, vip, stats);
+        // The base for the open connection is read after the export wait, not with `stats`:
+        // a closed connection's FINs (1 each way) are counted when their segments land, which
+        // can be just after the client's answer (CI saw one pair land between the two).
+        let before = stats_of(&bed, id);
+        open_connection_is_counted_as_it_goes(&bed, id, &mut client, vip, before);
     }
     let unresolved =
         scrape_series(&node.ns, ADMIN, "warmpath_kernel_unresolved_cgroups", &[]).unwrap();

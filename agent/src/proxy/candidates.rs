@@ -72,7 +72,7 @@ pub fn candidates(
                     true => e.in_flight().saturating_add(e.peer_in_flight()),
                     false => e.in_flight(),
                 },
-                queued_prefill_blocks: pool.work_ahead(e),
+                queued_prefill_blocks: pool.work_ahead(e, prefix_preset),
                 kv_usage: e.kv_usage(),
                 history_blocks,
                 lora: e.lora_state(ctx.lora.as_deref()),

@@ -314,23 +314,24 @@ mod tests {
 
     #[test]
     fn runs_pool_into_the_row_one_longer_run_would_give() {
-        // Run A: 2 answers in 2 s, 30 of 100 blocks hit, 1 error; run B: 3 answers in 3 s,
-        // 10 of 100 hit, 2 errors. Each answer has 10 output tokens (at scale 1).
-        // One run's row: its answers over `wall` s, errors, each agent's answers, hits.
-        let run = |samples: &[Sample], wall, errors, per_agent: Vec<usize>, hits| {
+        // Run A: 2 answers in 1 s, 30 of 100 blocks hit, 1 error; run B: 3 answers in 3 s,
+        // 10 of 300 hit, 2 errors. Each answer has 10 output tokens (at scale 1), a 100-token
+        // prompt with 32 cached, and ends 1 s after its first token.
+        let run = |samples: &[Sample], wall, errors, per_agent: Vec<usize>, hits, queries| {
             let mut r = summarize(samples, wall, 1.0);
             r.policy = "Precise".into();
             r.errors = errors;
             r.requests_per_agent = per_agent;
-            (r.raw.prefix_hits, r.raw.prefix_queries) = (hits, 100);
+            (r.raw.prefix_hits, r.raw.prefix_queries) = (hits, queries);
             r
         };
         let a = run(
             &[sample(0.1, None, None), sample(0.2, None, None)],
-            2.0,
+            1.0,
             1,
             vec![1, 1],
             30,
+            100,
         );
         let b = run(
             &[
@@ -342,17 +343,22 @@ mod tests {
             2,
             vec![2, 1],
             10,
+            300,
         );
         let row = pool(vec![a, b]).expect("two runs");
         assert_eq!(row.policy, "Precise");
         assert_eq!((row.requests, row.errors), (5, 3));
         assert_eq!(row.requests_per_agent, vec![3, 2]);
-        // TTFTs 0.1..0.5 s: the middle one is 0.3 s, the top 0.5 s.
+        assert_eq!((row.prompt_tokens, row.delivered_tokens), (500, 160));
+        assert_eq!(row.ttfts.len(), 5);
+        // TTFTs 0.1..0.5 s: the middle one is 0.3 s, the top 0.5 s; end to end 1.3 s.
         assert!((row.ttft_p50 - 0.3).abs() < 0.001, "{}", row.ttft_p50);
         assert!((row.ttft_p99 - 0.5).abs() < 0.001, "{}", row.ttft_p99);
-        // 50 output tokens over 5 s; 40 of 200 blocks hit.
-        assert!((row.output_tokens_per_s - 10.0).abs() < 1e-9);
-        assert!((row.prefix_hit_ratio - 0.2).abs() < 1e-9);
+        assert!((row.e2e_p50 - 1.3).abs() < 0.002, "{}", row.e2e_p50);
+        // 50 output tokens over 4 s (the runs' means would say 15); 40 of 400 blocks hit
+        // (the means: 0.17).
+        assert!((row.output_tokens_per_s - 12.5).abs() < 1e-9);
+        assert!((row.prefix_hit_ratio - 0.1).abs() < 1e-9);
         // B's one receipt and prediction (|100 - 500| ms) survive the pooling.
         assert_eq!(row.available_tokens, Some(64));
         let err = row.ttft_prediction_error_ms_p50.expect("one prediction");

@@ -121,12 +121,15 @@ enum Slot {
 /// last requests (a debug build on a loaded 2-core machine: 1-3 s measured).
 const ROW_SETUP_S: f64 = 4.0;
 
-/// The settings a cell's rows share, its KV sized for `g`.
-fn setup(args: &MatrixArgs, g: &Generated) -> (Setup, usize) {
+/// The settings a cell's rows share, its KV sized for the largest working set and the
+/// longest request of its runs (`runs`: one plan per seed), and that working set.
+fn setup(args: &MatrixArgs, runs: &[Generated]) -> (Setup, usize, usize) {
     let block = 16usize;
-    let fleet = (args.kv_fraction * g.working_set_tokens as f64 / block as f64).ceil() as usize;
+    let working_set = runs.iter().map(|g| g.working_set_tokens).max().unwrap_or(0);
+    let longest = runs.iter().map(|g| g.longest_tokens).max().unwrap_or(0);
+    let fleet = (args.kv_fraction * working_set as f64 / block as f64).ceil() as usize;
     let per_engine = fleet.div_ceil(usize::from(args.replicas.max(1)));
-    let blocks = per_engine.max(2 * g.longest_tokens.div_ceil(block));
+    let blocks = per_engine.max(2 * longest.div_ceil(block));
     let s = Setup {
         replicas: args.replicas,
         agents: args.agents,
@@ -138,7 +141,7 @@ fn setup(args: &MatrixArgs, g: &Generated) -> (Setup, usize) {
         precise_weights: args.precise_weights.clone(),
         max_seconds: args.max_seconds,
     };
-    (s, blocks)
+    (s, blocks, working_set)
 }
 
 fn slots(args: &MatrixArgs) -> Result<Vec<Slot>, Error> {
@@ -198,7 +201,7 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
         let capacity = replicas as f64 * profile.prefill_tokens_per_s / unit.mean_prompt_tokens;
         for &load in &args.loads {
             let rate = load * capacity;
-            // One plan per run; the fleet is sized for the first.
+            // One plan per run; one fleet size for all of them.
             let runs_of_cell: Vec<Generated> = (0..u64::from(args.repeats))
                 .map(|r| w.generate(&sizes, rate, replicas, args.seed.wrapping_add(r)))
                 .collect();
@@ -231,14 +234,14 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
     let mut cells = Vec::new();
     let total = plans.len();
     for (n, (w, load, rate, runs_of_cell)) in plans.into_iter().enumerate() {
-        let (setup, blocks) = setup(&args, &runs_of_cell[0]);
+        let (setup, blocks, working_set) = setup(&args, &runs_of_cell);
         let mut cell = Cell {
             workload: w.to_string(),
             shares: w.shares(),
             load,
             rate,
             requests: runs_of_cell.iter().map(Generated::requests).sum(),
-            working_set_tokens: runs_of_cell[0].working_set_tokens,
+            working_set_tokens: working_set,
             blocks_per_engine: blocks,
             rows: Vec::new(),
         };
@@ -293,10 +296,15 @@ fn pool_runs(runs: Vec<CellRow>) -> CellRow {
         return bad.clone();
     }
     let name = runs.first().map(|r| r.name.clone()).unwrap_or_default();
+    let mut result = compare::pool(runs.into_iter().filter_map(|r| r.result).collect());
+    // The answers are pooled: the cell keeps its figures only.
+    if let Some(r) = result.as_mut() {
+        r.raw = Default::default();
+    }
     CellRow {
         name,
         status: "ok".into(),
-        result: compare::pool(runs.into_iter().filter_map(|r| r.result).collect()),
+        result,
     }
 }
 
