@@ -563,6 +563,34 @@ fn matrix_repeats_pool_each_rows_runs() {
             .sum();
         assert_eq!(agents, 8, "{r}");
     }
+    // requests.jsonl: each row's four answers of each run, under that run's seed, with the
+    // cached tokens the engine reported; the table's answered count is these lines'.
+    let lines: Vec<serde_json::Value> = read(&out.join("requests.jsonl"))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert_eq!(lines.len(), 4 * 2 * 4, "{lines:?}");
+    for row in ["RoundRobin", "LeastLoaded", "Precise", "Precise (1 agent)"] {
+        for (run, seed) in [(0, 7), (1, 8)] {
+            let of_run: Vec<_> = lines
+                .iter()
+                .filter(|l| l["row"] == row && l["run"] == run)
+                .collect();
+            assert_eq!(of_run.len(), 4, "{row} run {run}: {lines:?}");
+            for l in of_run {
+                assert_eq!(l["workload"], "rag:1:64", "{l}");
+                assert_eq!(l["load"], 1.0, "{l}");
+                assert_eq!(l["seed"], seed, "{l}");
+                assert_eq!(l["ok"], true, "{l}");
+                assert!(l["ttft"].as_f64().unwrap() > 0.0, "{l}");
+                let (prompt, cached) = (l["prompt_tokens"].as_u64(), l["cached_tokens"].as_u64());
+                assert!(
+                    prompt.unwrap() > 0 && cached.unwrap() <= prompt.unwrap(),
+                    "{l}"
+                );
+            }
+        }
+    }
     std::fs::remove_dir_all(&out).unwrap();
 }
 

@@ -11,6 +11,7 @@
 //! mean prompt tokens); a cache-blind router saturates there, a cache-aware one has headroom
 //! in proportion to its hits.
 
+mod requests;
 mod table;
 pub mod verdict;
 pub mod workloads;
@@ -82,7 +83,8 @@ pub struct MatrixArgs {
     /// Give up on a row after this many wall seconds (its unanswered requests fail).
     #[arg(long, default_value_t = 90.0)]
     pub max_seconds: f64,
-    /// Directory for `matrix.md`, `matrix.json` and `logs/`.
+    /// Directory for `matrix.md`, `matrix.json`, `requests.jsonl` (every request as its client
+    /// saw it) and `logs/`.
     #[arg(long, value_name = "DIR", default_value = "warmpath-matrix")]
     pub out: PathBuf,
 }
@@ -231,6 +233,7 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
         args.time_scale,
         (estimate / 60.0).ceil()
     );
+    let mut requests_out = requests::Requests::create(&args.out)?;
     let mut cells = Vec::new();
     let total = plans.len();
     for (n, (w, load, rate, runs_of_cell)) in plans.into_iter().enumerate() {
@@ -264,8 +267,18 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
                     run: r,
                     runs: repeats,
                 };
-                by_slot[i]
-                    .push(run_slot(&run_setup, *slot, &chains, &logs, &cell, requests, at).await?);
+                let row = run_slot(&run_setup, *slot, &chains, &logs, &cell, requests, at).await?;
+                if let Some(result) = &row.result {
+                    let of = requests::RunOf {
+                        workload: &cell.workload,
+                        load,
+                        run: r,
+                        seed: run_setup.seed,
+                        row: &row.name,
+                    };
+                    requests_out.write(of, &result.raw.samples)?;
+                }
+                by_slot[i].push(row);
             }
         }
         cell.rows = by_slot.into_iter().map(pool_runs).collect();
