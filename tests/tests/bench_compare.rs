@@ -577,6 +577,15 @@ fn matrix_repeats_pool_each_rows_runs() {
                 .filter(|l| l["row"] == row && l["run"] == run)
                 .collect();
             assert_eq!(of_run.len(), 4, "{row} run {run}: {lines:?}");
+            // Sent at: wall seconds from the run's start, in the order they were sent.
+            let sent: Vec<f64> = of_run
+                .iter()
+                .map(|l| l["start"].as_f64().unwrap())
+                .collect();
+            assert!(
+                sent.windows(2).all(|w| w[0] <= w[1]) && sent[0] >= 0.0 && sent[3] > 0.0,
+                "{row} run {run}: {sent:?}"
+            );
             for l in of_run {
                 assert_eq!(l["workload"], "rag:1:64", "{l}");
                 assert_eq!(l["load"], 1.0, "{l}");

@@ -12,7 +12,7 @@
 //!              + in_flight(pod) x secs_per_running(pod) + base(pod)      (the prediction)
 //! expected     = prompt_blocks - survival x matched_blocks(pod)
 //! cost(pod)    = (expected + queued_prefill_blocks(pod)                   (its prefill wait)
-//!              +  expected x in_flight(pod)                               (stall)
+//!              +  0.25 x expected x in_flight(pod)                        (stall)
 //!              +  2 x survival x (prompt_blocks - history_blocks(pod))    (home)
 //!              +  4 x in_flight(pod)) x secs_per_block(pool) + base(pool) (spread)
 //!              +  kv_wait(pod)                                            (KV room)
@@ -380,11 +380,15 @@ pub const HOME_WEIGHT: f64 = 2.0;
 /// within 5 % on every figure and the shared-prefix tail shortened — docs/benchmarks.md).
 pub const IN_FLIGHT_BLOCKS: f64 = 4.0;
 /// Weight of the stall scorer (uncached blocks x requests in flight there) in the prefix
-/// presets: a prefill delays each request sharing its batch steps by its own length
-/// (measured: without it precise's end-to-end latency trailed least-loaded's by up to 10 %
-/// when nothing is shared, and its shared-prefix TTFT p99 was 0.82 s instead of 0.21-0.50 s —
-/// docs/benchmarks.md).
-pub const STALL_WEIGHT: f64 = 1.0;
+/// presets: a prefill delays each request sharing its batch steps by its own length, but a
+/// running request's later tokens are not a waiting request's first one, so a block of
+/// that delay is charged a quarter of a block of prefill wait. With 1 (the weight before
+/// KV room and peers' placements priced load) the charge outgrew the pull of a prefix's
+/// home whenever its pod ran two more requests than another, and cold copies of hot
+/// documents were spread over every cache (four agents' RAG p90 TTFT 1.1-2.0x this weight's
+/// on the same seeds); with 0 new agentic sessions piled onto busy pods (docs/benchmarks.md,
+/// "The stall charge").
+pub const STALL_WEIGHT: f64 = 0.25;
 
 impl Policy {
     /// Whether this preset prices the wait for KV room ([`KvRoom`]): the prefix presets,
@@ -403,7 +407,8 @@ impl Policy {
             // pressure).
             // And a few blocks per request in flight there: running requests share every batch
             // step, so a pod busy decoding prefills more slowly; and the uncached blocks once
-            // more per request in flight there, which this prefill would stall.
+            // more (at a quarter of a block each) per request in flight there, which this
+            // prefill would stall.
             Policy::Precise => Weights {
                 prefix: 1.0,
                 queue: 1.0,

@@ -91,6 +91,7 @@ pub(super) async fn run_chain(
             break;
         }
         tokio::time::sleep_until(at).await;
+        let sent = times.start.elapsed().as_secs_f64();
         let prompt = if chain.grow {
             context.push_str(&turn.prompt);
             context.clone()
@@ -103,9 +104,10 @@ pub(super) async fn run_chain(
         )
         .await;
         tick();
-        let Ok(Some((sample, text))) = answer else {
+        let Ok(Some((mut sample, text))) = answer else {
             break;
         };
+        sample.start = sent;
         if !sample.ok {
             break;
         }
