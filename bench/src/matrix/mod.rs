@@ -83,8 +83,8 @@ pub struct MatrixArgs {
     /// Give up on a row after this many wall seconds (its unanswered requests fail).
     #[arg(long, default_value_t = 90.0)]
     pub max_seconds: f64,
-    /// Directory for `matrix.md`, `matrix.json`, `requests.jsonl` (every request as its client
-    /// saw it) and `logs/`.
+    /// Directory for `matrix.md`, `matrix.json`, `requests.jsonl` (every answered request as
+    /// its client saw it) and `logs/`.
     #[arg(long, value_name = "DIR", default_value = "warmpath-matrix")]
     pub out: PathBuf,
 }
