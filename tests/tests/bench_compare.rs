@@ -597,6 +597,9 @@ fn matrix_repeats_pool_each_rows_runs() {
                     prompt.unwrap() > 0 && cached.unwrap() <= prompt.unwrap(),
                     "{l}"
                 );
+                // The engine the agent chose, from its explain header: a simulator on loopback.
+                let pod: std::net::SocketAddr = l["pod"].as_str().unwrap().parse().unwrap();
+                assert!(pod.ip().is_loopback(), "{l}");
             }
         }
     }

@@ -285,6 +285,7 @@ mod tests {
             available_tokens: receipt.map(|r| r.0),
             captured_tokens: receipt.map(|r| r.1),
             predicted_ttft_ms: predicted_ms,
+            pod: None,
         }
     }
 

@@ -416,6 +416,7 @@ fn failed() -> Sample {
         available_tokens: None,
         captured_tokens: None,
         predicted_ttft_ms: None,
+        pod: None,
     }
 }
 
@@ -562,6 +563,10 @@ fn read_receipt(s: &mut Sample, headers: &reqwest::header::HeaderMap) {
         .get("x-warmpath-predicted-ttft-ms")
         .and_then(|v| v.to_str().ok()?.parse::<f64>().ok())
         .filter(|ms| ms.is_finite() && *ms >= 0.0);
+    s.pod = headers
+        .get("x-warmpath-pod")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
 }
 
 #[cfg(test)]

@@ -33,6 +33,9 @@ pub struct Sample {
     pub captured_tokens: Option<u64>,
     /// The cost model's predicted TTFT (`x-warmpath-predicted-ttft-ms`), when sent.
     pub predicted_ttft_ms: Option<f64>,
+    /// The engine the agent chose (`x-warmpath-pod`: its address), when sent.
+    #[serde(default)]
+    pub pod: Option<String>,
 }
 
 /// p50 / p90 / p99 of latencies (see [`quantile`]); NaN without data.
@@ -318,6 +321,7 @@ mod tests {
             available_tokens: (tenant == "a").then_some(90),
             captured_tokens: (tenant == "a").then_some(80),
             predicted_ttft_ms: None,
+            pod: None,
         }
     }
 
