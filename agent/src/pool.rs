@@ -283,6 +283,23 @@ impl Pool {
         let mean = self.mean_prefill_x16.load(Ordering::Relaxed) / 16;
         own.max(u64::from(e.engine_waiting.load(Ordering::Relaxed)) * mean)
     }
+
+    /// Requests in flight at an endpoint: what this proxy sent and has not seen end, plus
+    /// (`with_peers`: the prefix presets) those it did not send — the more of its peers'
+    /// placements still leased there ([`Endpoint::peer_in_flight`]: each counted for the
+    /// pool's mean request lifetime) and what the engine's last scrape reported running and
+    /// waiting beyond this proxy's own. A lease guesses a request's end; the scrape (at most
+    /// one interval old) sees it, so a long request outliving its lease still counts, as one
+    /// another router sent does. Without `with_peers` the count is this proxy's own view
+    /// (least-loaded and session pools: agents reading shared counts herd, docs/cluster.md).
+    pub fn in_flight(&self, e: &Endpoint, with_peers: bool) -> u32 {
+        let own = e.in_flight();
+        if !with_peers {
+            return own;
+        }
+        let engine = e.engine_requests().unwrap_or(0);
+        own.saturating_add(e.peer_in_flight().max(engine.saturating_sub(own)))
+    }
 }
 
 impl Endpoint {
@@ -314,6 +331,15 @@ impl Endpoint {
 
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// The requests the engine last reported running and waiting (`None` until scraped).
+    pub fn engine_requests(&self) -> Option<u32> {
+        self.scraped().then(|| {
+            self.engine_running
+                .load(Ordering::Relaxed)
+                .saturating_add(self.engine_waiting.load(Ordering::Relaxed))
+        })
     }
 
     pub fn queued_prefill_blocks(&self) -> u64 {
@@ -601,5 +627,37 @@ mod tests {
         );
         e.set_engine_load(0, 2, 0.5);
         assert_eq!(pool.work_ahead(&e, true), 7);
+    }
+
+    #[test]
+    fn in_flight_counts_what_the_engine_runs_beyond_own_requests_and_peers_leases() {
+        let pool = one_pod();
+        let e = pool.endpoints()[0].clone();
+        let _a = e.start(0, &[], 0);
+        let _b = e.start(0, &[], 0);
+        assert_eq!(
+            pool.in_flight(&e, true),
+            2,
+            "not scraped, no peers: own two"
+        );
+        // Three peers' placements, leased for a minute.
+        let now = std::time::Instant::now();
+        for _ in 0..3 {
+            e.lease(&[], 0, now + std::time::Duration::from_secs(60));
+        }
+        assert_eq!(pool.in_flight(&e, true), 5, "own two and three leases");
+        // The engine runs 4 and queues 3: 5 beyond own, more than the leases say.
+        e.set_engine_load(3, 4, 0.5);
+        assert_eq!(
+            pool.in_flight(&e, true),
+            7,
+            "own two and the engine's other five"
+        );
+        // The engine reports fewer than own and leases (its scrape is older): the leases.
+        e.set_engine_load(0, 3, 0.5);
+        assert_eq!(pool.in_flight(&e, true), 5);
+        // Least-loaded and session pools count their own only.
+        e.set_engine_load(3, 4, 0.5);
+        assert_eq!(pool.in_flight(&e, false), 2);
     }
 }

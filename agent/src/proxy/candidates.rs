@@ -65,13 +65,10 @@ pub fn candidates(
                 affinity: e.affinity,
                 matched_blocks,
                 prefix_trusted,
-                // Under the prefix presets, a cluster's peers' requests here too (their
-                // placements, held for a request's mean lifetime): each agent then weighs a
-                // pod's batch as one central agent would.
-                in_flight: match prefix_preset {
-                    true => e.in_flight().saturating_add(e.peer_in_flight()),
-                    false => e.in_flight(),
-                },
+                // Under the prefix presets, also the requests it did not send: peers'
+                // placements and what the engine reports beyond its own. Each agent then
+                // weighs a pod's batch as one central agent would.
+                in_flight: pool.in_flight(e, prefix_preset),
                 queued_prefill_blocks: pool.work_ahead(e, prefix_preset),
                 kv_usage: e.kv_usage(),
                 history_blocks,
