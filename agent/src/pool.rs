@@ -333,9 +333,10 @@ impl Endpoint {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// The requests the engine last reported running and waiting (`None` until scraped).
+    /// The requests the engine last reported running and waiting: `None` until scraped, and
+    /// once [`FAILED_SCRAPES`] scrapes in a row failed (a count that old says nothing of now).
     pub fn engine_requests(&self) -> Option<u32> {
-        self.scraped().then(|| {
+        (self.scraped() && self.scrape_failures() < FAILED_SCRAPES).then(|| {
             self.engine_running
                 .load(Ordering::Relaxed)
                 .saturating_add(self.engine_waiting.load(Ordering::Relaxed))
@@ -659,5 +660,10 @@ mod tests {
         // Least-loaded and session pools count their own only.
         e.set_engine_load(3, 4, 0.5);
         assert_eq!(pool.in_flight(&e, false), 2);
+        // Scrapes failing: one is tolerated, two in a row leave the stale count out.
+        e.note_scrape_failure();
+        assert_eq!(pool.in_flight(&e, true), 7);
+        e.note_scrape_failure();
+        assert_eq!(pool.in_flight(&e, true), 5, "own two and three leases");
     }
 }
