@@ -603,6 +603,41 @@ fn matrix_repeats_pool_each_rows_runs() {
             }
         }
     }
+    // Each row's figures per run beside the pooled ones: a run's TTFT quantiles lie within
+    // that run's answers (requests.jsonl, wall seconds; the table's are over the time scale).
+    for r in cell["rows"].as_array().unwrap() {
+        let name = r["name"].as_str().unwrap();
+        let runs = r["runs"].as_array().unwrap_or_else(|| panic!("{r}"));
+        assert_eq!(runs.len(), 2, "{r}");
+        for (run, figures) in runs.iter().enumerate() {
+            let ttfts: Vec<f64> = lines
+                .iter()
+                .filter(|l| l["row"] == name && l["run"] == run)
+                .map(|l| l["ttft"].as_f64().unwrap() / 0.05)
+                .collect();
+            let (lo, hi) = ttfts
+                .iter()
+                .fold((f64::MAX, 0.0f64), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
+            for q in ["ttft_p50", "ttft_p90", "ttft_p99"] {
+                let v = figures[q].as_f64().unwrap();
+                assert!(
+                    v >= lo * 0.999 && v <= hi * 1.001,
+                    "{name} run {run} {q} {v} outside {ttfts:?}"
+                );
+            }
+            assert!(
+                figures["output_tokens_per_s"].as_f64().unwrap() > 0.0,
+                "{r}"
+            );
+        }
+    }
+    // Every verdict says how it fared in each run.
+    let verdicts = json["targets"][0]["verdicts"].as_array().unwrap();
+    assert!(verdicts.len() >= 8, "two rows judged: {verdicts:?}");
+    for v in verdicts {
+        assert_eq!(v["by_run"].as_array().map(Vec::len), Some(2), "{v}");
+        assert!(v["detail"].as_str().unwrap().contains("; by run "), "{v}");
+    }
     std::fs::remove_dir_all(&out).unwrap();
 }
 

@@ -95,7 +95,32 @@ pub struct CellRow {
     pub name: String,
     /// `ok`, `not installed`, or the error that ended it.
     pub status: String,
+    /// With `--repeats` above 1, the answers of every run pooled.
     pub result: Option<Row>,
+    /// Each run's own figures, in run order (with `--repeats` above 1): how far the pooled
+    /// figures move from run to run ([`verdict`] judges each run too).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<RunFigures>,
+}
+
+/// One run's figures of a row (seconds, tokens/s).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct RunFigures {
+    pub ttft_p50: f64,
+    pub ttft_p90: f64,
+    pub ttft_p99: f64,
+    pub output_tokens_per_s: f64,
+}
+
+impl From<&Row> for RunFigures {
+    fn from(r: &Row) -> Self {
+        Self {
+            ttft_p50: r.ttft_p50,
+            ttft_p90: r.ttft_p90,
+            ttft_p99: r.ttft_p99,
+            output_tokens_per_s: r.output_tokens_per_s,
+        }
+    }
 }
 
 /// One workload at one load, every row.
@@ -309,6 +334,13 @@ fn pool_runs(runs: Vec<CellRow>) -> CellRow {
         return bad.clone();
     }
     let name = runs.first().map(|r| r.name.clone()).unwrap_or_default();
+    let figures = match runs.len() {
+        0 | 1 => Vec::new(),
+        _ => runs
+            .iter()
+            .filter_map(|r| r.result.as_ref().map(RunFigures::from))
+            .collect(),
+    };
     let mut result = compare::pool(runs.into_iter().filter_map(|r| r.result).collect());
     // The answers are pooled: the cell keeps its figures only.
     if let Some(r) = result.as_mut() {
@@ -318,6 +350,7 @@ fn pool_runs(runs: Vec<CellRow>) -> CellRow {
         name,
         status: "ok".into(),
         result,
+        runs: figures,
     }
 }
 
@@ -338,6 +371,7 @@ async fn run_slot(
                 name: name.into(),
                 status: "not installed".into(),
                 result: None,
+                runs: Vec::new(),
             });
         }
         Slot::Run(t) => t,
@@ -370,6 +404,7 @@ async fn run_slot(
                 name: row.policy.clone(),
                 status: "ok".into(),
                 result: Some(row),
+                runs: Vec::new(),
             })
         }
         Err(e) if matches!(target, Target::Peer(_)) => {
@@ -378,6 +413,7 @@ async fn run_slot(
                 name: target.name(),
                 status: format!("failed: {e}"),
                 result: None,
+                runs: Vec::new(),
             })
         }
         Err(e) => Err(e),

@@ -8,25 +8,34 @@
 //! - on the no-sharing control: p90 TTFT <= 1.05x least-loaded's and output throughput
 //!   >= 0.95x least-loaded's.
 //!
+//! With several runs (`--repeats`) a verdict is judged on the pooled figures and also run by
+//! run, against each run's best ([`Verdict::by_run`]).
+//!
 //! A row with a failed request misses every target. With no peer row that ran, the peer
 //! targets are judged against the best of round-robin and least-loaded instead, and every
 //! such line says it is a stand-in.
 
-use super::{Cell, CellRow};
-use crate::compare::{CENTRAL_ROW, Row};
+use super::{Cell, CellRow, RunFigures};
+use crate::compare::CENTRAL_ROW;
 
 /// One target judged for one row of one cell.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Verdict {
     pub row: String,
     pub target: String,
+    /// Judged on the pooled figures (every run's answers together).
     pub pass: bool,
     /// The figures behind it.
     pub detail: String,
+    /// With several runs: the same ratio in each run alone, against that run's best (in
+    /// run order; a run a reference row lacks is left out). How far a verdict would move
+    /// had only one run been made.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_run: Vec<f64>,
 }
 
 /// One figure of a row.
-type Figure = fn(&Row) -> f64;
+type Figure = fn(&RunFigures) -> f64;
 
 /// The rows the targets are judged for.
 const JUDGED: [&str; 2] = ["Precise", CENTRAL_ROW];
@@ -36,118 +45,178 @@ fn is_peer(name: &str) -> bool {
     name.contains("-router")
 }
 
+/// A row that ran: its name, pooled figures and each run's.
+struct Ran<'a> {
+    name: &'a str,
+    pooled: RunFigures,
+    runs: &'a [RunFigures],
+}
+
+fn ran(row: &CellRow) -> Option<Ran<'_>> {
+    row.result.as_ref().map(|r| Ran {
+        name: &r.policy,
+        pooled: RunFigures::from(r),
+        runs: &row.runs,
+    })
+}
+
 /// The rows the peer targets compare against, and what to call them.
-fn reference(rows: &[CellRow]) -> (Vec<&Row>, &'static str) {
-    let ran = |keep: fn(&str) -> bool| -> Vec<&Row> {
+fn reference(rows: &[CellRow]) -> (Vec<Ran<'_>>, &'static str) {
+    let pick = |keep: fn(&str) -> bool| -> Vec<Ran<'_>> {
         rows.iter()
             .filter(|r| keep(&r.name))
-            .filter_map(|r| r.result.as_ref())
+            .filter_map(ran)
             .collect()
     };
-    let peers = ran(is_peer);
+    let peers = pick(is_peer);
     if peers.is_empty() {
-        let stand_in = ran(|n| n == "RoundRobin" || n == "LeastLoaded");
+        let stand_in = pick(|n| n == "RoundRobin" || n == "LeastLoaded");
         (stand_in, "best non-warmpath row (stand-in: no peer ran)")
     } else {
         (peers, "best peer")
     }
 }
 
-/// The lowest value of `f` over `rows` and the row that has it.
-fn best<'a>(rows: &[&'a Row], f: Figure, lowest: bool) -> Option<(f64, &'a Row)> {
-    rows.iter()
-        .map(|r| (f(r), *r))
+/// The best value of `f` over `values` (the lowest, or the highest) and its index.
+fn best(values: impl Iterator<Item = f64>, lowest: bool) -> Option<(f64, usize)> {
+    values
+        .enumerate()
+        .map(|(i, v)| (v, i))
         .filter(|(v, _)| v.is_finite())
         .reduce(|a, b| if (b.0 < a.0) == lowest { b } else { a })
+}
+
+/// `me`'s figure `f` against the best of `refs` (the lowest or the highest), pooled and in
+/// each run: (my value, the best value, its row's name, each run's ratio).
+fn against<'a>(
+    me: &Ran<'_>,
+    refs: &[&Ran<'a>],
+    f: Figure,
+    lowest: bool,
+) -> Option<(f64, f64, &'a str, Vec<f64>)> {
+    let (v, i) = best(refs.iter().map(|r| f(&r.pooled)), lowest)?;
+    let by_run = (0..me.runs.len())
+        .filter_map(|run| {
+            let theirs = refs.iter().filter_map(|r| r.runs.get(run)).map(f);
+            let (b, _) = best(theirs, lowest)?;
+            Some(f(&me.runs[run]) / b)
+        })
+        .collect();
+    Some((f(&me.pooled), v, refs[i].name, by_run))
 }
 
 /// Every target for every judged row of `cell`; `top_load`: the cell is at one of the two
 /// highest loads.
 pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
-    let (refs, against) = reference(&cell.rows);
+    let (refs, against_what) = reference(&cell.rows);
+    let refs: Vec<&Ran<'_>> = refs.iter().collect();
     let mut out = Vec::new();
     for row in cell
         .rows
         .iter()
         .filter(|r| JUDGED.contains(&r.name.as_str()))
     {
-        let Some(me) = &row.result else { continue };
-        let mut check =
-            |target: String, ratio: f64, limit: f64, lower_is_better: bool, detail: String| {
-                let ok = if lower_is_better {
-                    ratio <= limit
+        let Some(me) = ran(row) else { continue };
+        let errors = row.result.as_ref().map_or(0, |r| r.errors);
+        let mut check = |target: String,
+                         (mine, theirs, by_run): (f64, f64, Vec<f64>),
+                         limit: f64,
+                         lower_is_better: bool,
+                         detail: String| {
+            let ratio = mine / theirs;
+            let ok = |r: f64| {
+                if lower_is_better {
+                    r <= limit
                 } else {
-                    ratio >= limit
-                };
-                let failed = (me.errors > 0).then(|| format!("; {} failed requests", me.errors));
-                out.push(Verdict {
-                    row: row.name.clone(),
-                    target,
-                    pass: ok && failed.is_none(),
-                    detail: format!("{:.2}x: {detail}{}", ratio, failed.unwrap_or_default()),
-                });
+                    r >= limit
+                }
             };
+            let failed = (errors > 0).then(|| format!("; {errors} failed requests"));
+            let runs = match by_run.len() {
+                0 => String::new(),
+                n => format!(
+                    "; by run {} ({} of {n} pass)",
+                    by_run
+                        .iter()
+                        .map(|r| format!("{r:.2}x"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    by_run.iter().filter(|r| ok(**r)).count()
+                ),
+            };
+            out.push(Verdict {
+                row: row.name.clone(),
+                target,
+                pass: ok(ratio) && failed.is_none(),
+                detail: format!("{ratio:.2}x: {detail}{runs}{}", failed.unwrap_or_default()),
+                by_run,
+            });
+        };
         let quantiles: [(&str, Figure); 3] = [
             ("p50", |r| r.ttft_p50),
             ("p90", |r| r.ttft_p90),
             ("p99", |r| r.ttft_p99),
         ];
+        let p90: Figure = |r| r.ttft_p90;
         if cell.shares
             && top_load
-            && let Some((v, by)) = best(&refs, |r| r.ttft_p90, true)
+            && let Some((mine, v, by, runs)) = against(&me, &refs, p90, true)
         {
             check(
-                format!("p90 <= 0.7x {against}"),
-                me.ttft_p90 / v,
+                format!("p90 <= 0.7x {against_what}"),
+                (mine, v, runs),
                 0.7,
                 true,
-                format!("{} vs {} ({})", ms(me.ttft_p90), ms(v), by.policy),
+                format!("{} vs {} ({by})", ms(mine), ms(v)),
             );
         }
         for (q, f) in quantiles {
-            if let Some((v, by)) = best(&refs, f, true) {
+            if let Some((mine, v, by, runs)) = against(&me, &refs, f, true) {
                 check(
-                    format!("{q} <= 1.05x {against}"),
-                    f(me) / v,
+                    format!("{q} <= 1.05x {against_what}"),
+                    (mine, v, runs),
                     1.05,
                     true,
-                    format!("{} vs {} ({})", ms(f(me)), ms(v), by.policy),
+                    format!("{} vs {} ({by})", ms(mine), ms(v)),
                 );
             }
         }
-        if let Some((v, by)) = best(&refs, |r| r.output_tokens_per_s, false) {
+        let tput: Figure = |r| r.output_tokens_per_s;
+        if let Some((mine, v, by, runs)) = against(&me, &refs, tput, false) {
             check(
-                format!("throughput >= 0.98x {against}"),
-                me.output_tokens_per_s / v,
+                format!("throughput >= 0.98x {against_what}"),
+                (mine, v, runs),
                 0.98,
                 false,
-                format!(
-                    "{:.0} vs {v:.0} tok/s ({})",
-                    me.output_tokens_per_s, by.policy
-                ),
+                format!("{mine:.0} vs {v:.0} tok/s ({by})"),
             );
         }
-        let least = cell.rows.iter().find(|r| r.name == "LeastLoaded");
-        if !cell.shares
-            && let Some(ll) = least.and_then(|r| r.result.as_ref())
-        {
-            check(
-                "p90 <= 1.05x least-loaded (control)".into(),
-                me.ttft_p90 / ll.ttft_p90,
-                1.05,
-                true,
-                format!("{} vs {}", ms(me.ttft_p90), ms(ll.ttft_p90)),
-            );
-            check(
-                "throughput >= 0.95x least-loaded (control)".into(),
-                me.output_tokens_per_s / ll.output_tokens_per_s,
-                0.95,
-                false,
-                format!(
-                    "{:.0} vs {:.0} tok/s",
-                    me.output_tokens_per_s, ll.output_tokens_per_s
-                ),
-            );
+        let least: Vec<Ran<'_>> = cell
+            .rows
+            .iter()
+            .filter(|r| r.name == "LeastLoaded")
+            .filter_map(ran)
+            .collect();
+        let least: Vec<&Ran<'_>> = least.iter().collect();
+        if !cell.shares && !least.is_empty() {
+            if let Some((mine, v, _, runs)) = against(&me, &least, p90, true) {
+                check(
+                    "p90 <= 1.05x least-loaded (control)".into(),
+                    (mine, v, runs),
+                    1.05,
+                    true,
+                    format!("{} vs {}", ms(mine), ms(v)),
+                );
+            }
+            if let Some((mine, v, _, runs)) = against(&me, &least, tput, false) {
+                check(
+                    "throughput >= 0.95x least-loaded (control)".into(),
+                    (mine, v, runs),
+                    0.95,
+                    false,
+                    format!("{mine:.0} vs {v:.0} tok/s"),
+                );
+            }
         }
     }
     out

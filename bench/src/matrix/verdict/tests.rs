@@ -1,4 +1,5 @@
 use super::*;
+use crate::compare::Row;
 
 fn row(name: &str, p50: f64, p90: f64, p99: f64, tps: f64) -> CellRow {
     CellRow {
@@ -25,7 +26,22 @@ fn row(name: &str, p50: f64, p90: f64, p99: f64, tps: f64) -> CellRow {
             ttfts: Vec::new(),
             raw: Default::default(),
         }),
+        runs: Vec::new(),
     }
+}
+
+/// `row` with each run's p90 and throughput (p50 and p99 as pooled).
+fn with_runs(mut r: CellRow, runs: &[(f64, f64)]) -> CellRow {
+    let pooled = r.result.as_ref().map(RunFigures::from).expect("a result");
+    r.runs = runs
+        .iter()
+        .map(|&(p90, tps)| RunFigures {
+            ttft_p90: p90,
+            output_tokens_per_s: tps,
+            ..pooled
+        })
+        .collect();
+    r
 }
 
 fn cell(shares: bool, rows: Vec<CellRow>) -> Cell {
@@ -60,6 +76,7 @@ fn precise_is_judged_against_the_best_peer_per_figure() {
                 name: "vllm-router kv_aware".into(),
                 status: "not installed".into(),
                 result: None,
+                runs: Vec::new(),
             },
         ],
     );
@@ -132,5 +149,65 @@ fn a_row_with_failed_requests_misses_every_target() {
         v.iter()
             .all(|x| !x.pass && x.detail.ends_with("; 2 failed requests")),
         "{v:?}"
+    );
+}
+
+#[test]
+fn with_several_runs_each_is_judged_against_that_runs_best_too() {
+    // Pooled: p90 0.30 against sglang's 0.40 (0.75x). Run by run the best peer changes:
+    // run 0 vllm 0.50, sglang 0.60 -> 0.20 / 0.50 = 0.40x; run 1 vllm 0.25, sglang 0.35 ->
+    // 0.30 / 0.25 = 1.20x; run 2 sglang 0.45 (vllm 0.90) -> 0.36 / 0.45 = 0.80x.
+    let c = cell(
+        true,
+        vec![
+            with_runs(
+                row("Precise", 0.10, 0.30, 0.60, 1000.0),
+                &[(0.20, 1000.0), (0.30, 900.0), (0.36, 1100.0)],
+            ),
+            with_runs(
+                row("vllm-router cache_aware", 0.09, 0.50, 0.50, 1010.0),
+                &[(0.50, 1000.0), (0.25, 1000.0), (0.90, 1000.0)],
+            ),
+            with_runs(
+                row("sglang-router cache_aware", 0.20, 0.40, 0.90, 1000.0),
+                &[(0.60, 900.0), (0.35, 950.0), (0.45, 1200.0)],
+            ),
+        ],
+    );
+    let v = judge(&c, true);
+    let p90 = find(&v, "Precise", "p90 <= 0.7x best peer");
+    assert!(!p90.pass);
+    let want = [0.40, 1.20, 0.80];
+    assert_eq!(p90.by_run.len(), 3);
+    for (got, want) in p90.by_run.iter().zip(want) {
+        assert!((got - want).abs() < 1e-9, "{:?}", p90.by_run);
+    }
+    assert!(
+        p90.detail
+            .ends_with("; by run 0.40x, 1.20x, 0.80x (1 of 3 pass)"),
+        "{p90:?}"
+    );
+    // Throughput, the highest wins: run 0 1000 / 1000, run 1 900 / 1000, run 2 1100 / 1200.
+    let t = find(&v, "Precise", "throughput >= 0.98x best peer");
+    assert!(
+        t.detail
+            .ends_with("; by run 1.00x, 0.90x, 0.92x (1 of 3 pass)"),
+        "{t:?}"
+    );
+    // One run only: no by-run figures.
+    let single = judge(
+        &cell(
+            true,
+            vec![
+                row("Precise", 0.10, 0.30, 0.60, 1000.0),
+                row("sglang-router cache_aware", 0.20, 0.40, 0.90, 1000.0),
+            ],
+        ),
+        true,
+    );
+    assert!(
+        single
+            .iter()
+            .all(|x| x.by_run.is_empty() && !x.detail.contains("by run"))
     );
 }
