@@ -277,7 +277,7 @@ impl Pool {
         if with_peers {
             own = own.saturating_add(e.peer_prefill_blocks(std::time::Instant::now()));
         }
-        if !e.scraped.load(Ordering::Relaxed) {
+        if !e.scraped() || e.scrape_failures() >= FAILED_SCRAPES {
             return own;
         }
         let mean = self.mean_prefill_x16.load(Ordering::Relaxed) / 16;
@@ -288,9 +288,10 @@ impl Pool {
     /// (`with_peers`: the prefix presets) those it did not send — the more of its peers'
     /// placements still leased there ([`Endpoint::peer_in_flight`]: each counted for the
     /// pool's mean request lifetime) and what the engine's last scrape reported running and
-    /// waiting beyond this proxy's own. A lease guesses a request's end; the scrape (at most
-    /// one interval old) sees it, so a long request outliving its lease still counts, as one
-    /// another router sent does. Without `with_peers` the count is this proxy's own view
+    /// waiting beyond this proxy's own. A lease guesses a request's end; the scrape (one
+    /// interval old, about a second when one scrape timed out) sees it, so a long request
+    /// outliving its lease still counts, as one another router sent does. Between scrapes
+    /// this proxy's requests that ended since count among the others until the next. Without `with_peers` the count is this proxy's own view
     /// (least-loaded and session pools: agents reading shared counts herd, docs/cluster.md).
     pub fn in_flight(&self, e: &Endpoint, with_peers: bool) -> u32 {
         let own = e.in_flight();
@@ -628,6 +629,12 @@ mod tests {
         );
         e.set_engine_load(0, 2, 0.5);
         assert_eq!(pool.work_ahead(&e, true), 7);
+        // Two scrapes failing in a row leave the last report's waiting count out.
+        e.set_engine_load(5, 2, 0.5);
+        e.note_scrape_failure();
+        assert!(pool.work_ahead(&e, true) >= 45, "one failure is tolerated");
+        e.note_scrape_failure();
+        assert_eq!(pool.work_ahead(&e, true), 7);
     }
 
     #[test]
@@ -654,7 +661,7 @@ mod tests {
             7,
             "own two and the engine's other five"
         );
-        // The engine reports fewer than own and leases (its scrape is older): the leases.
+        // The engine reports one beyond own, fewer than the three leases: the leases.
         e.set_engine_load(0, 3, 0.5);
         assert_eq!(pool.in_flight(&e, true), 5);
         // Least-loaded and session pools count their own only.

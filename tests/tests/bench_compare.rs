@@ -638,6 +638,39 @@ fn matrix_repeats_pool_each_rows_runs() {
         assert_eq!(v["by_run"].as_array().map(Vec::len), Some(2), "{v}");
         assert!(v["detail"].as_str().unwrap().contains("; by run "), "{v}");
     }
+    // The four agents' p90 in each run against that run's best of round-robin and
+    // least-loaded (no peer ran: the stand-in).
+    let runs_of = |name: &str| -> Vec<f64> {
+        let row = cell["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("{name}: {cell}"));
+        row["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["ttft_p90"].as_f64().unwrap())
+            .collect()
+    };
+    let (me, rr, ll) = (
+        runs_of("Precise"),
+        runs_of("RoundRobin"),
+        runs_of("LeastLoaded"),
+    );
+    let p90 = verdicts
+        .iter()
+        .find(|v| {
+            v["row"] == "Precise"
+                && v["target"] == "p90 <= 1.05x best non-warmpath row (stand-in: no peer ran)"
+        })
+        .unwrap_or_else(|| panic!("{verdicts:?}"));
+    for run in 0..2 {
+        let want = me[run] / rr[run].min(ll[run]);
+        let got = p90["by_run"][run].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-9, "run {run}: {got} vs {want}");
+    }
     std::fs::remove_dir_all(&out).unwrap();
 }
 

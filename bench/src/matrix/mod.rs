@@ -103,13 +103,14 @@ pub struct CellRow {
     pub runs: Vec<RunFigures>,
 }
 
-/// One run's figures of a row (seconds, tokens/s).
+/// One run's figures of a row (seconds, tokens/s, failed requests).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct RunFigures {
     pub ttft_p50: f64,
     pub ttft_p90: f64,
     pub ttft_p99: f64,
     pub output_tokens_per_s: f64,
+    pub errors: usize,
 }
 
 impl From<&Row> for RunFigures {
@@ -119,6 +120,7 @@ impl From<&Row> for RunFigures {
             ttft_p90: r.ttft_p90,
             ttft_p99: r.ttft_p99,
             output_tokens_per_s: r.output_tokens_per_s,
+            errors: r.errors,
         }
     }
 }

@@ -27,11 +27,11 @@ pub struct Verdict {
     pub pass: bool,
     /// The figures behind it.
     pub detail: String,
-    /// With several runs: the same ratio in each run alone, against that run's best (in
-    /// run order; a run a reference row lacks is left out). How far a verdict would move
-    /// had only one run been made.
+    /// With several runs: the same ratio in each run alone, against the best of that run's
+    /// reference rows, in run order (`None`: no reference row has the run). How far a
+    /// verdict would move had only one run been made.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub by_run: Vec<f64>,
+    pub by_run: Vec<Option<f64>>,
 }
 
 /// One figure of a row.
@@ -86,6 +86,10 @@ fn best(values: impl Iterator<Item = f64>, lowest: bool) -> Option<(f64, usize)>
         .reduce(|a, b| if (b.0 < a.0) == lowest { b } else { a })
 }
 
+/// A run's ratio and whether that run had failed requests (`None`: no reference row has
+/// the run).
+type RunRatio = Option<(f64, bool)>;
+
 /// `me`'s figure `f` against the best of `refs` (the lowest or the highest), pooled and in
 /// each run: (my value, the best value, its row's name, each run's ratio).
 fn against<'a>(
@@ -93,16 +97,19 @@ fn against<'a>(
     refs: &[&Ran<'a>],
     f: Figure,
     lowest: bool,
-) -> Option<(f64, f64, &'a str, Vec<f64>)> {
+) -> Option<(f64, f64, &'a str, Vec<RunRatio>)> {
     let (v, i) = best(refs.iter().map(|r| f(&r.pooled)), lowest)?;
-    let by_run = (0..me.runs.len())
-        .filter_map(|run| {
+    let by_run = me
+        .runs
+        .iter()
+        .enumerate()
+        .map(|(run, mine)| {
             let theirs = refs.iter().filter_map(|r| r.runs.get(run)).map(f);
             let (b, _) = best(theirs, lowest)?;
-            Some(f(&me.runs[run]) / b)
+            Some((f(mine) / b, mine.errors > 0))
         })
         .collect();
-    Some((f(&me.pooled), v, refs[i].name, by_run))
+    Some((f(&me.pooled), v, refs.get(i)?.name, by_run))
 }
 
 /// Every target for every judged row of `cell`; `top_load`: the cell is at one of the two
@@ -119,7 +126,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
         let Some(me) = ran(row) else { continue };
         let errors = row.result.as_ref().map_or(0, |r| r.errors);
         let mut check = |target: String,
-                         (mine, theirs, by_run): (f64, f64, Vec<f64>),
+                         (mine, theirs, by_run): (f64, f64, Vec<RunRatio>),
                          limit: f64,
                          lower_is_better: bool,
                          detail: String| {
@@ -132,16 +139,21 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                 }
             };
             let failed = (errors > 0).then(|| format!("; {errors} failed requests"));
+            // A run passes as the pooled verdict does: within the limit, nothing failed.
             let runs = match by_run.len() {
                 0 => String::new(),
                 n => format!(
                     "; by run {} ({} of {n} pass)",
                     by_run
                         .iter()
-                        .map(|r| format!("{r:.2}x"))
+                        .map(|r| r.map_or("-".into(), |(r, _)| format!("{r:.2}x")))
                         .collect::<Vec<_>>()
                         .join(", "),
-                    by_run.iter().filter(|r| ok(**r)).count()
+                    by_run
+                        .iter()
+                        .flatten()
+                        .filter(|(r, failed)| ok(*r) && !failed)
+                        .count()
                 ),
             };
             out.push(Verdict {
@@ -149,7 +161,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                 target,
                 pass: ok(ratio) && failed.is_none(),
                 detail: format!("{ratio:.2}x: {detail}{runs}{}", failed.unwrap_or_default()),
-                by_run,
+                by_run: by_run.into_iter().map(|r| r.map(|(r, _)| r)).collect(),
             });
         };
         let quantiles: [(&str, Figure); 3] = [

@@ -180,7 +180,11 @@ fn with_several_runs_each_is_judged_against_that_runs_best_too() {
     let want = [0.40, 1.20, 0.80];
     assert_eq!(p90.by_run.len(), 3);
     for (got, want) in p90.by_run.iter().zip(want) {
-        assert!((got - want).abs() < 1e-9, "{:?}", p90.by_run);
+        assert!(
+            got.is_some_and(|got| (got - want).abs() < 1e-9),
+            "{:?}",
+            p90.by_run
+        );
     }
     assert!(
         p90.detail
@@ -209,5 +213,35 @@ fn with_several_runs_each_is_judged_against_that_runs_best_too() {
         single
             .iter()
             .all(|x| x.by_run.is_empty() && !x.detail.contains("by run"))
+    );
+}
+
+#[test]
+fn a_run_with_failed_requests_or_no_reference_does_not_pass() {
+    // Run 1 of the precise row lost a request; run 2 has no peer figures (the peer row
+    // kept two runs only).
+    let mut precise = with_runs(
+        row("Precise", 0.10, 0.20, 0.60, 1000.0),
+        &[(0.20, 1000.0), (0.20, 1000.0), (0.20, 1000.0)],
+    );
+    precise.runs[1].errors = 1;
+    let c = cell(
+        true,
+        vec![
+            precise,
+            with_runs(
+                row("sglang-router cache_aware", 0.20, 0.40, 0.90, 1000.0),
+                &[(0.40, 1000.0), (0.40, 1000.0)],
+            ),
+        ],
+    );
+    let v = judge(&c, true);
+    let p90 = find(&v, "Precise", "p90 <= 0.7x best peer");
+    assert!(p90.pass, "pooled: 0.50x, no failed request pooled: {p90:?}");
+    assert_eq!(p90.by_run, vec![Some(0.5), Some(0.5), None]);
+    assert!(
+        p90.detail
+            .ends_with("; by run 0.50x, 0.50x, - (1 of 3 pass)"),
+        "{p90:?}"
     );
 }
