@@ -277,7 +277,7 @@ impl Pool {
         if with_peers {
             own = own.saturating_add(e.peer_prefill_blocks(std::time::Instant::now()));
         }
-        if !e.scraped() || e.scrape_failures() >= FAILED_SCRAPES {
+        if !e.engine_report_fresh() {
             return own;
         }
         let mean = self.mean_prefill_x16.load(Ordering::Relaxed) / 16;
@@ -334,10 +334,16 @@ impl Endpoint {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// Whether the engine's last scraped figures speak for now: scraped, and fewer than
+    /// [`FAILED_SCRAPES`] scrapes failed in a row since.
+    fn engine_report_fresh(&self) -> bool {
+        self.scraped() && self.scrape_failures() < FAILED_SCRAPES
+    }
+
     /// The requests the engine last reported running and waiting: `None` until scraped, and
     /// once [`FAILED_SCRAPES`] scrapes in a row failed (a count that old says nothing of now).
     pub fn engine_requests(&self) -> Option<u32> {
-        (self.scraped() && self.scrape_failures() < FAILED_SCRAPES).then(|| {
+        self.engine_report_fresh().then(|| {
             self.engine_running
                 .load(Ordering::Relaxed)
                 .saturating_add(self.engine_waiting.load(Ordering::Relaxed))

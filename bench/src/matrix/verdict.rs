@@ -94,7 +94,7 @@ type RunRatio = Option<(f64, bool)>;
 /// each run: (my value, the best value, its row's name, each run's ratio).
 fn against<'a>(
     me: &Ran<'_>,
-    refs: &[&Ran<'a>],
+    refs: &[Ran<'a>],
     f: Figure,
     lowest: bool,
 ) -> Option<(f64, f64, &'a str, Vec<RunRatio>)> {
@@ -116,7 +116,12 @@ fn against<'a>(
 /// highest loads.
 pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
     let (refs, against_what) = reference(&cell.rows);
-    let refs: Vec<&Ran<'_>> = refs.iter().collect();
+    let least: Vec<Ran<'_>> = cell
+        .rows
+        .iter()
+        .filter(|r| r.name == "LeastLoaded")
+        .filter_map(ran)
+        .collect();
     let mut out = Vec::new();
     for row in cell
         .rows
@@ -203,13 +208,6 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                 format!("{mine:.0} vs {v:.0} tok/s ({by})"),
             );
         }
-        let least: Vec<Ran<'_>> = cell
-            .rows
-            .iter()
-            .filter(|r| r.name == "LeastLoaded")
-            .filter_map(ran)
-            .collect();
-        let least: Vec<&Ran<'_>> = least.iter().collect();
         if !cell.shares && !least.is_empty() {
             if let Some((mine, v, _, runs)) = against(&me, &least, p90, true) {
                 check(
