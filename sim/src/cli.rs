@@ -60,7 +60,7 @@ pub struct SimArgs {
     /// Tokens per KV block (must match the router's setting).
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = DEFAULT_MAX_NUM_SEQS)]
     pub max_num_seqs: usize,
     #[arg(long, default_value_t = 8192)]
     pub max_num_batched_tokens: usize,
@@ -77,6 +77,9 @@ pub struct SimArgs {
     #[command(flatten)]
     pub faults: FaultArgs,
 }
+
+/// `--max-num-seqs` unless given: the most requests an engine runs at once (vLLM's default).
+pub const DEFAULT_MAX_NUM_SEQS: usize = 256;
 
 /// The served model name unless `--model` says otherwise.
 pub const DEFAULT_MODEL: &str = "sim-llama";

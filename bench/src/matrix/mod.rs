@@ -6,11 +6,12 @@
 //! (terminal, `<out>/matrix.md`, `<out>/matrix.json`), then the targets per cell
 //! ([`verdict`]).
 //!
-//! The ladder: load 1.0x is the rate at which prefilling every prompt cold would take the
-//! whole fleet's prefill throughput (engines x the profile's prefill tokens/s / the cell's
-//! mean prompt tokens); a cache-blind router saturates there, a cache-aware one has headroom
-//! in proportion to its hits.
+//! The ladder: load 1.0x is the rate at which the cell's fleet saturates serving every
+//! request cold, bound by prefill compute and by the requests its KV holds at once
+//! ([`ladder`]); a cache-blind router saturates there, a cache-aware one has headroom in
+//! proportion to its hits.
 
+pub mod ladder;
 mod requests;
 mod table;
 pub mod verdict;
@@ -41,7 +42,8 @@ pub struct MatrixArgs {
         default_value = "rag:0.6:1000,rag:1.0:2500,rag:1.4:1000,rag:1.4:2500,chat,agentic,no-sharing"
     )]
     pub workloads: Vec<Workload>,
-    /// The load ladder, as multiples of the cell's cold-prefill capacity (see the module docs).
+    /// The load ladder, as multiples of the rate at which the cell's fleet saturates serving
+    /// every request cold (prefill and KV bound; see the module docs).
     #[arg(long, value_delimiter = ',', default_value = "0.5,0.8,1.0")]
     pub loads: Vec<f64>,
     /// Requests per cell (chat and agentic: rounded up to whole sessions).
@@ -146,6 +148,9 @@ enum Slot {
     NotInstalled(&'static str),
 }
 
+/// Tokens per KV block of the fleets (the simulator's default).
+const BLOCK_SIZE: usize = 16;
+
 /// Estimated wall seconds to start and stop a row's fleet and router(s) and to drain its
 /// last requests (a debug build on a loaded 2-core machine: 1-3 s measured).
 const ROW_SETUP_S: f64 = 4.0;
@@ -153,7 +158,7 @@ const ROW_SETUP_S: f64 = 4.0;
 /// The settings a cell's rows share, its KV sized for the largest working set and the
 /// longest request of its runs (`runs`: one plan per seed), and that working set.
 fn setup(args: &MatrixArgs, runs: &[Generated]) -> (Setup, usize, usize) {
-    let block = 16usize;
+    let block = BLOCK_SIZE;
     let working_set = runs.iter().map(|g| g.working_set_tokens).max().unwrap_or(0);
     let longest = runs.iter().map(|g| g.longest_tokens).max().unwrap_or(0);
     let fleet = (args.kv_fraction * working_set as f64 / block as f64).ceil() as usize;
@@ -226,8 +231,25 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
     let mut plans = Vec::new();
     let mut estimate = 0.0;
     for w in &args.workloads {
-        let unit = w.generate(&sizes, 1.0, replicas, args.seed);
-        let capacity = replicas as f64 * profile.prefill_tokens_per_s / unit.mean_prompt_tokens;
+        // The rate changes no plan's working set or sizes, so plans at 1 request/s size the
+        // cell's fleet, and the ladder's 1.0x is that fleet's cold saturation.
+        let units: Vec<Generated> = (0..u64::from(args.repeats))
+            .map(|r| w.generate(&sizes, 1.0, replicas, args.seed.wrapping_add(r)))
+            .collect();
+        let (_, blocks_per_engine, _) = setup(&args, &units);
+        let unit = &units[0];
+        let fleet = ladder::Fleet {
+            engines: replicas,
+            blocks_per_engine,
+            block_size: BLOCK_SIZE,
+            max_num_seqs: warmpath_sim::cli::DEFAULT_MAX_NUM_SEQS,
+        };
+        let capacity = ladder::cold_saturation(
+            profile,
+            fleet,
+            unit.mean_prompt_tokens,
+            unit.output_tokens as f64,
+        );
         for &load in &args.loads {
             let rate = load * capacity;
             // One plan per run; one fleet size for all of them.

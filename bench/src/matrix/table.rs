@@ -48,7 +48,7 @@ pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
         let fleet = usize::from(args.replicas) * c.blocks_per_engine * 16;
         let _ = writeln!(
             s,
-            "- {}: working set {} tokens; fleet KV {} x {} blocks = {} tokens ({:.0} % of it); 1.0x load = {:.1} req/s",
+            "- {}: working set {} tokens; fleet KV {} x {} blocks = {} tokens ({:.0} % of it); 1.0x load = {:.1} req/s (the fleet's cold saturation)",
             c.workload,
             c.working_set_tokens,
             args.replicas,

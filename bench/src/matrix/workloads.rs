@@ -150,6 +150,8 @@ pub struct Generated {
     pub mean_prompt_tokens: f64,
     /// The longest request: prompt and output tokens.
     pub longest_tokens: usize,
+    /// Output tokens each request asks for (`max_tokens`).
+    pub output_tokens: usize,
 }
 
 impl Generated {
@@ -269,6 +271,7 @@ fn rag(
             + sizes.requests * (sizes.question_tokens + sizes.output_tokens),
         mean_prompt_tokens: request_tokens as f64,
         longest_tokens: request_tokens + sizes.output_tokens,
+        output_tokens: sizes.output_tokens,
         chains: Chain::singles(turns),
     }
 }
@@ -294,6 +297,7 @@ fn no_sharing(sizes: &Sizes, rate: f64, rng: &mut ChaCha8Rng) -> Generated {
         working_set_tokens: sizes.requests * (request_tokens + sizes.output_tokens),
         mean_prompt_tokens: request_tokens as f64,
         longest_tokens: request_tokens + sizes.output_tokens,
+        output_tokens: sizes.output_tokens,
         chains: Chain::singles(turns),
     }
 }
@@ -353,6 +357,7 @@ impl Growing {
             working_set_tokens: sessions * (prompt_at(turns - 1) + self.output_tokens),
             mean_prompt_tokens: mean,
             longest_tokens: prompt_at(turns - 1) + self.output_tokens,
+            output_tokens: self.output_tokens,
             chains,
         }
     }
