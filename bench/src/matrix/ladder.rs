@@ -21,11 +21,17 @@
 //! shares steps with decode, so the split is an approximation of the same sum. The fleet's
 //! rate is the engines' sum.
 //!
+//! A first-order model: `n` is fractional (the KV's tokens over a request's), where the
+//! simulator runs whole requests in whole blocks, and the first output token comes with the
+//! prefill step (`O - 1` decode steps, not `O`). With the matrix's fleets the simulator's exact
+//! cold saturation is up to 18 % lower (`rag:1.4:1000`: 3 requests fit 269 blocks, not 3.8;
+//! the control's is the same), so at 1.0x a cache-blind router is at or a little past it.
+//!
 //! Until 3 December 2026 the ladder's 1.0x counted prefill alone (`engines x
 //! prefill_tokens_per_s / P`), which ignores decode and KV: with the matrix's fleets (KV half
-//! the working set) it was 1.5x (agentic, no-sharing) to 3.4x (chat) this rate, so the top two
-//! loads were past saturation for every router (docs/benchmarks.md "The ladder at the fleet's
-//! saturation").
+//! the working set) it was 1.5-1.6x (agentic, no-sharing) to 3.4x (chat) this rate, and its
+//! 0.8x 1.2-2.7x, so every router's queue grew through a run at both top loads
+//! (docs/benchmarks.md "The ladder at the fleet's saturation").
 
 use warmpath_sim::engine::timing::Profile;
 
@@ -80,7 +86,7 @@ mod tests {
         // 1 / 0.15262 s = 6.552 requests/s, four 26.21.
         let rate = cold_saturation(&LLAMA_8B_H100, fleet(308), 1064.0, 64.0);
         assert!((rate - 26.2089).abs() < 1e-3, "{rate}");
-        // KV for a million blocks: 256 run at once (the step 23.2 ms): 16.94 a second each.
+        // KV for a million blocks: 256 run at once (the step 22.8 ms): 16.94 a second each.
         let wide = cold_saturation(&LLAMA_8B_H100, fleet(1_000_000), 1064.0, 64.0);
         assert!((wide - 4.0 * 16.9423).abs() < 1e-3, "{wide}");
         // No output: prefill alone, 1 / 53.31 ms an engine.
