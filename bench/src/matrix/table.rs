@@ -45,7 +45,7 @@ pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
             continue;
         }
         seen.push(&c.workload);
-        let fleet = usize::from(args.replicas) * c.blocks_per_engine * 16;
+        let fleet = usize::from(args.replicas) * c.blocks_per_engine * super::BLOCK_SIZE;
         let _ = writeln!(
             s,
             "- {}: working set {} tokens; fleet KV {} x {} blocks = {} tokens ({:.0} % of it); 1.0x load = {:.1} req/s (the fleet's cold saturation)",
