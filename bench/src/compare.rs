@@ -57,8 +57,11 @@ pub struct CompareArgs {
     pub num_gpu_blocks: usize,
     #[arg(long, default_value = "llama-3.1-8b-h100")]
     pub profile: String,
-    /// Wall seconds per modelled second.
-    #[arg(long, default_value_t = 0.25)]
+    /// Wall seconds per modelled second. Real time by default: the agents' own loops (the
+    /// engines' scrapes, the cluster's streams) run in wall time, so a compressed clock makes
+    /// every peer's view of the fleet staler in modelled time than it is against a real
+    /// engine (docs/benchmarks.md, "The demo in real time").
+    #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
     #[arg(long, default_value_t = 7)]
     pub seed: u64,

@@ -4,7 +4,7 @@
 //!
 //! The prefix presets (precise, approximate) minimise a cost in **seconds**: the time to first
 //! token the request is predicted to wait on that pod ([`cost`]), plus what its prefill does
-//! to others there and the pull of the prefix's home:
+//! to others there:
 //!
 //! ```text
 //! uncached     = prompt_blocks - matched_blocks(pod)
@@ -13,7 +13,6 @@
 //! expected     = prompt_blocks - survival x matched_blocks(pod)
 //! cost(pod)    = (expected + queued_prefill_blocks(pod)                   (its prefill wait)
 //!              +  0.25 x expected x in_flight(pod)                        (stall)
-//!              +  2 x survival x (prompt_blocks - history_blocks(pod))    (home)
 //!              +  4 x in_flight(pod)) x secs_per_block(pool) + base(pool) (spread)
 //!              +  kv_wait(pod)                                            (KV room)
 //! ```
@@ -28,13 +27,13 @@
 //! the TTFTs it answered with (the proxy's `calibration`), and make the prediction each
 //! decision carries; the ranking turns every scorer's cost in blocks of prefill work into
 //! seconds at the pool's median rate (per-pod fits in the ranking were measured to
-//! destabilise it), and a `--weight` scales its term. The stall term is the charge for the batch a prefill joins: chunked prefill
-//! shares every step with the pod's running requests, so each of them waits for the uncached
-//! blocks too — a cold prompt goes where the fewest requests would wait for it, while a warm
-//! one (few uncached blocks) keeps its affinity. The home term is the pull of a prefix's home
-//! (where this proxy last sent it): when the prefix was evicted everywhere it returns there
-//! instead of being duplicated into whichever cache is idlest. The spread term keeps cold
-//! requests from piling onto one pod between scrapes (measured: docs/benchmarks.md).
+//! destabilise it), and a `--weight` scales its term. The stall term is the charge for the
+//! batch a prefill joins: chunked prefill shares every step with the pod's running requests,
+//! so each of them waits for the uncached blocks too — a cold prompt goes where the fewest
+//! requests would wait for it, while a warm one (few uncached blocks) keeps its affinity. The
+//! spread term keeps cold requests from piling onto one pod between scrapes (measured:
+//! docs/benchmarks.md). The `history` scorer (the pull of a prefix's home: `2 x survival x
+//! (prompt_blocks - history_blocks(pod))` at `--weight history=2`) is off in both presets.
 //!
 //! Affinity wins while the pod holding the prefix is not already busier than recomputing the
 //! prefix elsewhere would be; so it can never pile requests onto an overloaded pod. A hot
@@ -369,12 +368,6 @@ impl Weights {
     }
 }
 
-/// Weight of the routing-history ("home") scorer in the precise preset: leaving a prefix's
-/// home costs its blocks twice — the prefill now, and the blocks of other prefixes its new
-/// copy evicts over there (recomputed later). Measured against 1 with four agents: p90 TTFT
-/// 0.16-0.20 s vs 0.24 s, prefix hits 76-78 % vs 73-74 %; one agent 0.09-0.10 s vs
-/// 0.12-0.13 s; nothing changes when nothing is shared (docs/benchmarks.md).
-pub const HOME_WEIGHT: f64 = 2.0;
 /// Blocks of prefill one request in flight is worth in the precise preset (measured: with 0,
 /// precise trailed least-loaded's TTFT tail by 13-17 % when nothing is shared; with 4 it is
 /// within 5 % on every figure and the shared-prefix tail shortened — docs/benchmarks.md).
@@ -400,11 +393,12 @@ impl Policy {
     /// The scorer weights this policy starts from.
     pub fn weights(self) -> Weights {
         match self {
-            // Cost in blocks: uncached prefill here + prefill queued here (+ an adapter load),
-            // and the prompt's blocks again for leaving the pod a prefix was last sent to: when
-            // its blocks were evicted everywhere, the prefix goes home instead of to whichever
-            // pod is idlest, so it is not duplicated over every cache (thrashing under KV
-            // pressure).
+            // Cost in blocks: uncached prefill here + prefill queued here (+ an adapter load).
+            // No pull of a prefix's home (`history`, 0): the index, with a speculative entry
+            // for every pick its engine has not yet confirmed, already prices what each pod
+            // holds, so the pull counted a held prefix three times over and sent an evicted
+            // one back to a pod as cold as any other (measured: docs/benchmarks.md, "The home
+            // pull on the new ladder").
             // And a few blocks per request in flight there: running requests share every batch
             // step, so a pod busy decoding prefills more slowly; and the uncached blocks once
             // more (at a quarter of a block each) per request in flight there, which this
@@ -413,13 +407,12 @@ impl Policy {
                 prefix: 1.0,
                 queue: 1.0,
                 lora: 1.0,
-                history: HOME_WEIGHT,
                 in_flight: IN_FLIGHT_BLOCKS,
                 stall: STALL_WEIGHT,
                 kv_room: 1.0,
                 ..Weights::ZERO
             },
-            // The approximate policy's prefix signal *is* the history; its load terms are
+            // The approximate policy's prefix signal *is* the history; its other terms are
             // precise's, so the two differ only in what they know of the caches.
             Policy::Approximate => Weights {
                 prefix: 1.0,

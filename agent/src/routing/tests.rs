@@ -54,9 +54,8 @@ fn cold_prefills_avoid_stalling_busy_decoders_warm_ones_keep_affinity() {
     // A: six requests decoding, nothing queued; B: one request, 30 blocks queued.
     let busy = cand(0, 0, 0, 6);
     let queued = cand(1, 0, 30, 1);
-    // Cold everywhere: 100 blocks of prefill would stall A's six decoders. In blocks (both
-    // pay the 200-block pull of a home neither is): A 100 + 0.25 x 100 x 6 + 200 + 4 x 6 =
-    // 474; B 100 + 30 + 0.25 x 100 x 1 + 200 + 4 = 359.
+    // Cold everywhere: 100 blocks of prefill would stall A's six decoders. In blocks: A 100
+    // + 0.25 x 100 x 6 + 4 x 6 = 274; B 100 + 30 + 0.25 x 100 x 1 + 4 = 159.
     let d = rank(
         Policy::Precise,
         &ctx(100),
@@ -65,13 +64,12 @@ fn cold_prefills_avoid_stalling_busy_decoders_warm_ones_keep_affinity() {
     )
     .unwrap();
     assert_eq!(d.ranked[0], EndpointId(1));
-    // Without the stall term the cheaper queue wins: A 324, B 334.
+    // Without the stall term the cheaper queue wins: A 124, B 134.
     let mut no_stall = RoutePolicy::from(Policy::Precise);
     no_stall.weights.stall = 0.0;
     let d = rank(no_stall, &ctx(100), &[busy.clone(), queued.clone()], &rr).unwrap();
     assert_eq!(d.ranked[0], EndpointId(0));
-    // Warm on A: five uncached blocks stall little (5 + 7.5 + 200 + 24 = 236.5); affinity
-    // wins.
+    // Warm on A: five uncached blocks stall little (5 + 7.5 + 24 = 36.5); affinity wins.
     let warm = cand(0, 95, 0, 6);
     let d = rank(Policy::Precise, &ctx(100), &[warm, queued], &rr).unwrap();
     assert_eq!((d.ranked[0], d.prefix_blocks), (EndpointId(0), 95));
@@ -96,15 +94,15 @@ fn an_untrusted_pod_is_scored_by_its_history_and_wins_over_a_cold_pod() {
         (d.ranked[0], d.prefix_blocks, d.prefix_source),
         (EndpointId(1), 80, PrefixSource::History)
     );
-    // Cost: 20 uncached + 2 x 20 away from home, at the prior's 1.6 ms per block, + 20 ms
-    // base; the cold pod: 100 + 2 x 100 blocks.
+    // Cost: 20 uncached blocks at the prior's 1.6 ms per block, + 20 ms base; the cold pod:
+    // 100 blocks.
     assert!(
-        (d.score - (60.0 * 0.0016 + 0.02)).abs() < 1e-12,
+        (d.score - (20.0 * 0.0016 + 0.02)).abs() < 1e-12,
         "{}",
         d.score
     );
-    // Level on history, a trusted pod holding more by its index wins (5 + 40), and
-    // says its prefix is the index's.
+    // A trusted pod holding more by its index wins (5 uncached blocks against 20), and says
+    // its prefix is the index's.
     let mut warm = cand(0, 95, 0, 0);
     warm.history_blocks = 80;
     let d = rank(Policy::Precise, &ctx(100), &[warm, unsure], &rr).unwrap();
@@ -264,17 +262,24 @@ fn kv_usage_and_lora_weights_move_the_pick() {
 }
 
 #[test]
-fn an_evicted_prefix_goes_home_unless_home_is_too_busy() {
+fn an_evicted_prefix_goes_to_the_idlest_pod_unless_the_pull_of_home_is_weighted() {
     let rr = AtomicUsize::new(0);
     // Nobody holds the prefix any more; pod 1 served it last.
     let idle = cand(0, 0, 0, 0);
-    let first = |home_queued: u64| {
+    let with = |history: f64, home_queued: u64| {
         let mut home = cand(1, 0, home_queued, 0);
         home.history_blocks = 100;
-        rank(Policy::Precise, &ctx(100), &[idle.clone(), home], &rr)
+        let mut policy = RoutePolicy::from(Policy::Precise);
+        policy.weights.set("history", history).unwrap();
+        rank(policy, &ctx(100), &[idle.clone(), home], &rr)
             .unwrap()
             .ranked[0]
     };
+    // The preset: the old home is as cold as the idle pod, and 10 queued blocks decide.
+    assert_eq!(Policy::Precise.weights().history, 0.0);
+    assert_eq!(with(0.0, 10), EndpointId(0));
+    // `--weight history=2`: leaving home costs the prompt twice (200 blocks).
+    let first = |home_queued: u64| with(2.0, home_queued);
     assert_eq!(
         first(10),
         EndpointId(1),
@@ -309,17 +314,17 @@ fn each_pod_is_predicted_on_its_own_calibration_and_ranked_at_the_pools_median_r
     // Predictions, each on its pod's own fit: fast (100 + 20) x 1 ms + 2 x 5 ms + 10 ms =
     // 140 ms; slow 100 x 4 ms + 10 ms = 410 ms.
     // Costs at the median 2.5 ms per block + 10 ms: fast 100 + 20 + stall 0.25 x 100 x 2 +
-    // home 200 + spread 8 = 378 blocks = 955 ms; slow 100 + home 200 = 300 blocks = 760 ms.
+    // spread 8 = 178 blocks = 455 ms; slow 100 blocks = 260 ms.
     assert_eq!(d.ranked.as_slice(), [EndpointId(1), EndpointId(0)]);
     assert!((d.predicted_ttft() - 0.410).abs() < 1e-12);
     assert!((d.predicted[1] - 0.140).abs() < 1e-12);
-    assert!((d.score - 0.760).abs() < 1e-12, "{}", d.score);
+    assert!((d.score - 0.260).abs() < 1e-12, "{}", d.score);
     // Replication moving the other pod first keeps each row's figures with its pod.
     let mut moved = d.clone();
     moved.promote(EndpointId(0));
     assert_eq!(moved.ranked.as_slice(), [EndpointId(0), EndpointId(1)]);
     assert!((moved.predicted_ttft() - 0.140).abs() < 1e-12);
-    assert!((moved.score - 0.955).abs() < 1e-12, "{}", moved.score);
+    assert!((moved.score - 0.455).abs() < 1e-12, "{}", moved.score);
     moved.prefer(|id| id == EndpointId(1));
     assert_eq!(moved, d);
 }
@@ -336,15 +341,15 @@ fn weights_are_validated_by_name() {
 #[test]
 fn a_held_prefix_counts_as_much_of_it_as_survives_to_prefill() {
     let rr = AtomicUsize::new(0);
-    // 100-block prompt. A holds 90 blocks of it (and is its home) with six requests
-    // decoding; B holds nothing, one request decoding.
+    // 100-block prompt. A holds 90 blocks of it with six requests decoding; B holds
+    // nothing, one request decoding.
     let mut warm = cand(0, 90, 0, 6);
     warm.history_blocks = 90;
     let cold = cand(1, 0, 0, 1);
     let t = BlockTiming::default();
     let blocks = |seconds: f64| (seconds - t.base) / t.secs_per_block;
     // Everything held survives (the default): in blocks, A costs 10 uncached + 0.25 x 10 x 6
-    // stall + 2 x 10 home + 4 x 6 spread = 69; B 100 + 0.25 x 100 x 1 + 2 x 100 + 4 = 329.
+    // stall + 4 x 6 spread = 49; B 100 + 0.25 x 100 x 1 + 4 = 129.
     let d = rank(
         Policy::Precise,
         &ctx(100),
@@ -353,18 +358,17 @@ fn a_held_prefix_counts_as_much_of_it_as_survives_to_prefill() {
     )
     .unwrap();
     assert_eq!((d.ranked[0], d.prefix_blocks), (EndpointId(0), 90));
-    assert!((blocks(d.costs[0]) - 69.0).abs() < 1e-6, "{:?}", d.costs);
-    assert!((blocks(d.costs[1]) - 329.0).abs() < 1e-6, "{:?}", d.costs);
+    assert!((blocks(d.costs[0]) - 49.0).abs() < 1e-6, "{:?}", d.costs);
+    assert!((blocks(d.costs[1]) - 129.0).abs() < 1e-6, "{:?}", d.costs);
     // A tenth survives (the engines delivered 10 % of what pods held at decision): A is
-    // expected to prefill 100 - 0.1 x 90 = 91 blocks, which stall its six decoders, and
-    // leaving home costs a tenth as much: 91 + 0.25 x 91 x 6 + 0.2 x 10 + 24 = 253.5; B 100 +
-    // 25 + 0.2 x 100 + 4 = 149. The idle pod wins.
+    // expected to prefill 100 - 0.1 x 90 = 91 blocks, which stall its six decoders: 91 +
+    // 0.25 x 91 x 6 + 24 = 251.5; B 129. The idle pod wins.
     let mut few = ctx(100);
     few.survival = Survival::new(0.1);
     let d = rank(Policy::Precise, &few, &[warm, cold], &rr).unwrap();
     assert_eq!(d.ranked[0], EndpointId(1));
-    assert!((blocks(d.costs[0]) - 149.0).abs() < 1e-6, "{:?}", d.costs);
-    assert!((blocks(d.costs[1]) - 253.5).abs() < 1e-6, "{:?}", d.costs);
+    assert!((blocks(d.costs[0]) - 129.0).abs() < 1e-6, "{:?}", d.costs);
+    assert!((blocks(d.costs[1]) - 251.5).abs() < 1e-6, "{:?}", d.costs);
     // The receipt still says what the chosen pod held: nothing.
     assert_eq!(d.prefix_blocks, 0);
     assert_eq!(Survival::new(f64::NAN).get(), 1.0);
@@ -411,12 +415,11 @@ fn a_cold_prompt_goes_where_its_blocks_fit_not_where_a_hot_document_fills_the_ca
     };
     let mut pods = [cand(0, 0, 0, 2), cand(1, 0, 0, 3)];
     // Without KV sizes (in blocks at the prior's 1.6 ms per block): pod 0 costs
-    // 72 + 0.25 x 72 x 2 + 2 x 72 + 4 x 2 = 260, pod 1 72 + 0.25 x 72 x 3 + 2 x 72 + 4 x 3 =
-    // 282.
+    // 72 + 0.25 x 72 x 2 + 4 x 2 = 116, pod 1 72 + 0.25 x 72 x 3 + 4 x 3 = 138.
     let d = rank(Policy::Precise, &c, &pods, &rr).unwrap();
     assert_eq!(d.ranked[0], EndpointId(0));
     // With them: pod 0 lacks 250 + 72 - 253 = 69 blocks, 69/250 of a 0.5 s lifetime =
-    // 0.138 s = 86.25 blocks: 346.25 against pod 1's 282.
+    // 0.138 s = 86.25 blocks: 202.25 against pod 1's 138.
     pods[0].kv = Some(full);
     pods[1].kv = Some(roomy);
     let d = rank(Policy::Precise, &c, &pods, &rr).unwrap();
@@ -424,12 +427,12 @@ fn a_cold_prompt_goes_where_its_blocks_fit_not_where_a_hot_document_fills_the_ca
     let scale = BlockTiming::default().secs_per_block;
     let base = BlockTiming::default().base;
     assert!(
-        (d.costs[0] - (282.0 * scale + base)).abs() < 1e-9,
+        (d.costs[0] - (138.0 * scale + base)).abs() < 1e-9,
         "{:?}",
         d.costs
     );
     assert!(
-        (d.costs[1] - (346.25 * scale + base)).abs() < 1e-9,
+        (d.costs[1] - (202.25 * scale + base)).abs() < 1e-9,
         "{:?}",
         d.costs
     );
@@ -469,10 +472,10 @@ fn a_kv_wait_adds_its_seconds_to_the_cost_whatever_the_pods_own_fit() {
         lifetime: 0.2,
     });
     let d = rank(Policy::Precise, &c, &pods, &rr).unwrap();
-    // In blocks, each pod: 10 uncached + 2 x 10 home = 30; at the median 0.55 ms per block,
-    // 16.5 ms. Pod 0 adds its 0.1 s wait: 116.5 ms (at its own rate the wait would have
-    // been 1,000 blocks, 566.5 ms).
+    // In blocks, each pod: 10 uncached; at the median 0.55 ms per block, 5.5 ms. Pod 0 adds
+    // its 0.1 s wait: 105.5 ms (at its own rate the wait would have been 1,000 blocks,
+    // 555.5 ms).
     assert_eq!(d.ranked.as_slice(), [EndpointId(1), EndpointId(0)]);
-    assert!((d.costs[0] - 0.0165).abs() < 1e-12, "{:?}", d.costs);
-    assert!((d.costs[1] - 0.1165).abs() < 1e-12, "{:?}", d.costs);
+    assert!((d.costs[0] - 0.0055).abs() < 1e-12, "{:?}", d.costs);
+    assert!((d.costs[1] - 0.1055).abs() < 1e-12, "{:?}", d.costs);
 }
