@@ -354,6 +354,8 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
     };
     let proxy = Arc::new(proxy);
     proxy.follow_peer_placements();
+    // Ends by itself with the proxy; idle until a cluster shares loads.
+    drop(proxy.share_loads());
     let kubernetes = match &config.kubernetes {
         Some(k) if k.enabled => Some(start_kubernetes(k, config, &proxy).await?),
         _ => None,

@@ -16,7 +16,7 @@ use serde::Serialize;
 use arc_swap::ArcSwap;
 
 use crate::{
-    kv_index::{RouterKey, SourceId},
+    kv_index::{AgentLoad, RouterKey, SourceId},
     routing::{History, RoutePolicy},
 };
 
@@ -85,6 +85,11 @@ pub struct Endpoint {
     pinned: parking_lot::Mutex<Pinned>,
     /// Prefill that peer agents' placements queued here ([`Endpoint::queue_peer_prefill`]).
     peer_prefill: parking_lot::Mutex<Drain>,
+    /// Peer agents' own reports of their load here (a cluster sharing loads).
+    peer_loads: parking_lot::Mutex<PeerLoads>,
+    /// Requests the engine ran beyond this agent's and its peers' reported ones at the
+    /// last scrape (other routers' clients), with exact peer loads.
+    foreign_requests: AtomicU32,
     scraped: AtomicBool,
     /// Scrapes failed in a row (reset by one that answers): the kernel table writer's sign
     /// that a pod is gone although nothing routed to it (steer mode; docs/ebpf.md).
@@ -95,8 +100,27 @@ pub struct Endpoint {
 }
 
 mod kv;
+mod peers;
 
 use kv::{Drain, Pinned};
+use peers::PeerLoads;
+pub use peers::{LOAD_REFRESH, MAX_PEER_AGENTS, PEER_LOAD_TTL};
+
+/// Woken (once load sharing is on: [`share_loads`]) whenever a request starts, gets its first
+/// byte or ends at any endpoint: the proxy's load publisher waits on it.
+pub static LOAD_CHANGED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+static SHARING: AtomicBool = AtomicBool::new(false);
+
+/// Turns on [`LOAD_CHANGED`]'s wake-ups (a cluster shares this agent's loads).
+pub fn share_loads() {
+    SHARING.store(true, Ordering::Relaxed);
+}
+
+fn load_changed() {
+    if SHARING.load(Ordering::Relaxed) {
+        LOAD_CHANGED.notify_waiters();
+    }
+}
 pub use kv::{MAX_LEASE_KEYS, MAX_LEASES, MAX_PEER_PREFILL_BLOCKS, Room};
 
 /// What an engine says about its LoRA adapters.
@@ -126,6 +150,9 @@ pub struct Pool {
     /// Bumped when the members change or one of them becomes ready or unready
     /// ([`Pool::note_change`]): the kernel table writer wakes on it.
     changes: tokio::sync::watch::Sender<u64>,
+    /// Peers' loads come from their own reports ([`Pool::count_peers_exactly`]), not from
+    /// leases of their placements.
+    exact_peers: AtomicBool,
 }
 
 /// Scrapes failed in a row (200 ms apart) after which an endpoint counts as not ready for
@@ -180,6 +207,7 @@ impl Pool {
             rotation: AtomicUsize::new(0),
             mean_prefill_x16: AtomicU64::new(0),
             next_serial: AtomicU32::new(0),
+            exact_peers: AtomicBool::new(false),
             changes: tokio::sync::watch::Sender::new(0),
         };
         let endpoints = endpoints
@@ -226,6 +254,8 @@ impl Pool {
             kv_capacity_blocks: AtomicU64::new(0),
             pinned: parking_lot::Mutex::new(Pinned::default()),
             peer_prefill: parking_lot::Mutex::new(Drain::default()),
+            peer_loads: parking_lot::Mutex::new(PeerLoads::default()),
+            foreign_requests: AtomicU32::new(0),
             scraped: AtomicBool::new(false),
             scrape_failures: AtomicU32::new(0),
             lora: parking_lot::RwLock::new(LoraInfo::default()),
@@ -272,10 +302,21 @@ impl Pool {
     /// its waiting count times the mean prefill.
     /// `with_peers`: count peers' placements' prefill (the prefix presets do; the others rank
     /// by this agent's own view).
+    /// With exact peer loads ([`Pool::count_peers_exactly`]) the peers' part is what they
+    /// report queued there, and the engine's waiting count stands in only while it saw
+    /// requests no agent reported (another router's).
     pub fn work_ahead(&self, e: &Endpoint, with_peers: bool) -> u64 {
         let mut own = e.queued_prefill_blocks();
         if with_peers {
-            own = own.saturating_add(e.peer_prefill_blocks(std::time::Instant::now()));
+            if self.counts_peers_exactly() {
+                own = own
+                    .saturating_add(e.peer_load(std::time::Instant::now()).queued_prefill_blocks);
+                if e.foreign_requests.load(Ordering::Relaxed) == 0 {
+                    return own;
+                }
+            } else {
+                own = own.saturating_add(e.peer_prefill_blocks(std::time::Instant::now()));
+            }
         }
         if !e.engine_report_fresh() {
             return own;
@@ -293,17 +334,60 @@ impl Pool {
     /// outliving its lease still counts, as one another router sent does. Between scrapes
     /// this proxy's requests that ended since count among the others until the next. Without `with_peers` the count is this proxy's own view
     /// (least-loaded and session pools: agents reading shared counts herd, docs/cluster.md).
+    /// With exact peer loads ([`Pool::count_peers_exactly`]) the others are what the peers
+    /// report in flight there, plus the requests the engine ran beyond all the agents'
+    /// reports at the last scrape (another router's).
     pub fn in_flight(&self, e: &Endpoint, with_peers: bool) -> u32 {
         let own = e.in_flight();
         if !with_peers {
             return own;
+        }
+        if self.counts_peers_exactly() {
+            let foreign = if e.engine_report_fresh() {
+                e.foreign_requests.load(Ordering::Relaxed)
+            } else {
+                0
+            };
+            return own
+                .saturating_add(e.peer_load(std::time::Instant::now()).in_flight)
+                .saturating_add(foreign);
         }
         let engine = e.engine_requests().unwrap_or(0);
         own.saturating_add(e.peer_in_flight().max(engine.saturating_sub(own)))
     }
 }
 
+impl Pool {
+    /// From now on peers' requests and queued prefill here are the ones they report
+    /// ([`Endpoint::set_peer_load`]: a cluster sharing loads), not leases of their placements.
+    pub fn count_peers_exactly(&self) {
+        self.exact_peers.store(true, Ordering::Relaxed);
+    }
+
+    pub fn counts_peers_exactly(&self) -> bool {
+        self.exact_peers.load(Ordering::Relaxed)
+    }
+}
+
 impl Endpoint {
+    /// A peer agent reported its load here.
+    pub fn set_peer_load(&self, agent: &str, load: AgentLoad, now: std::time::Instant) {
+        self.peer_loads.lock().set(agent, load, now);
+    }
+
+    /// The peers' reported loads here still current at `now`, summed.
+    pub fn peer_load(&self, now: std::time::Instant) -> AgentLoad {
+        self.peer_loads.lock().sum(now)
+    }
+
+    /// This agent's own load here: what it reports to its peers.
+    pub fn own_load(&self) -> AgentLoad {
+        AgentLoad {
+            in_flight: self.in_flight(),
+            queued_prefill_blocks: self.queued_prefill_blocks(),
+        }
+    }
+
     /// Whether new requests may go here: the watcher wants it (Ready, not terminating) and,
     /// for a discovered endpoint, its metrics have answered once.
     pub fn routable(&self) -> bool {
@@ -364,6 +448,13 @@ impl Endpoint {
         );
         self.scraped.store(true, Ordering::Relaxed);
         self.scrape_failures.store(0, Ordering::Relaxed);
+        let agents = self
+            .in_flight()
+            .saturating_add(self.peer_load(std::time::Instant::now()).in_flight);
+        self.foreign_requests.store(
+            waiting.saturating_add(running).saturating_sub(agents),
+            Ordering::Relaxed,
+        );
     }
 
     /// Records the engine's KV cache size in blocks (from its metrics page).
@@ -446,6 +537,7 @@ impl Endpoint {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.queued_prefill_blocks
             .fetch_add(prefill_blocks, Ordering::Relaxed);
+        load_changed();
         if !keys.is_empty() || output_blocks > 0 {
             self.pinned.lock().hold(keys, output_blocks);
         }
@@ -529,9 +621,12 @@ impl InFlight {
     /// The first response byte arrived: prefill is done.
     pub fn first_byte(&mut self) {
         let blocks = std::mem::take(&mut self.prefill_blocks);
-        self.endpoint
-            .queued_prefill_blocks
-            .fetch_sub(blocks, Ordering::Relaxed);
+        if blocks > 0 {
+            self.endpoint
+                .queued_prefill_blocks
+                .fetch_sub(blocks, Ordering::Relaxed);
+            load_changed();
+        }
     }
 }
 
@@ -545,6 +640,7 @@ impl Drop for InFlight {
                 .release(&self.keys, self.output_blocks);
         }
         self.endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
+        load_changed();
     }
 }
 
@@ -678,5 +774,59 @@ mod tests {
         assert_eq!(pool.in_flight(&e, true), 7);
         e.note_scrape_failure();
         assert_eq!(pool.in_flight(&e, true), 5, "own two and three leases");
+    }
+
+    #[test]
+    fn with_exact_peer_loads_peers_count_as_they_report_and_other_routers_by_the_engine() {
+        let pool = one_pod();
+        pool.count_peers_exactly();
+        let e = pool.endpoints()[0].clone();
+        let _a = e.start(40, &[], 0);
+        let _b = e.start(10, &[], 0);
+        // Leases of placements no longer count: the peers' reports do.
+        let now = std::time::Instant::now();
+        e.lease(&[], 0, now + std::time::Duration::from_secs(60));
+        assert_eq!(pool.in_flight(&e, true), 2, "own two, no report");
+        e.set_peer_load(
+            "b",
+            AgentLoad {
+                in_flight: 3,
+                queued_prefill_blocks: 100,
+            },
+            now,
+        );
+        e.set_peer_load(
+            "c",
+            AgentLoad {
+                in_flight: 1,
+                queued_prefill_blocks: 0,
+            },
+            now,
+        );
+        assert_eq!(pool.in_flight(&e, true), 6, "own two, b's three, c's one");
+        assert_eq!(pool.in_flight(&e, false), 2);
+        // Queued prefill: own 50 blocks and b's 100; the engine's waiting count is not read
+        // while it sees no request beyond the agents'.
+        assert_eq!(pool.work_ahead(&e, true), 150);
+        // The engine runs 6 and queues 3: three more than the agents report (another
+        // router's), counted until the next scrape.
+        e.set_engine_load(3, 6, 0.5);
+        assert_eq!(pool.in_flight(&e, true), 9);
+        // b's request got its first byte and ended; the next scrape agrees.
+        e.set_peer_load(
+            "b",
+            AgentLoad {
+                in_flight: 2,
+                queued_prefill_blocks: 0,
+            },
+            now,
+        );
+        e.set_engine_load(0, 5, 0.5);
+        assert_eq!(pool.in_flight(&e, true), 5, "own two, b's two, c's one");
+        assert_eq!(pool.work_ahead(&e, true), 50);
+        // The engine sees fewer than the agents report (an ended request, not scraped yet):
+        // nobody else's.
+        e.set_engine_load(0, 1, 0.5);
+        assert_eq!(pool.in_flight(&e, true), 5);
     }
 }

@@ -75,6 +75,7 @@ fuzz_target!(|data: &[u8]| {
                 (p, Some(if s.last { done } else { at[p] }))
             }),
             Msg::Placement(p) => copied(&p.pod).map(|pod| (pod, Some(at[pod]))),
+            Msg::Load(l) => copied(&l.pod).map(|pod| (pod, Some(at[pod]))),
         };
         let before: Vec<_> = PODS.iter().map(|p| replica.watermark(p)).collect();
         let result = replica.apply(msg);

@@ -45,7 +45,7 @@ use chitchat::transport::Transport;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc, watch};
 
-use crate::kv_index::{KvIndex, PlacementSink, RouterKey, SourceId};
+use crate::kv_index::{AgentLoad, KvIndex, LoadSink, PlacementSink, RouterKey, SourceId};
 use auth::{AuthCounters, ClusterKey};
 use facts::AgentFact;
 use lag::Lags;
@@ -54,7 +54,7 @@ use remote::RemotePods;
 use sync::{
     PLACEMENT_QUEUE,
     client::{Upstream, replicate_changing},
-    proto::Placement,
+    proto::{Placement, PodLoad},
     server::SyncServer,
 };
 
@@ -112,6 +112,7 @@ struct Client {
     /// The pods it replicates (a change reopens the stream with the new set).
     pods: watch::Sender<sync::client::PodSet>,
     placements: mpsc::Sender<Placement>,
+    loads: mpsc::Sender<PodLoad>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -245,7 +246,16 @@ impl ClusterNode {
         index.set_placement_sink(PlacementSink::new(move |id, keys, _new| {
             let _ = placed.try_send((id, keys.to_vec(), lag::unix_micros()));
         }));
+        let (loaded, loaded_rx) = mpsc::channel(PLACEMENT_QUEUE);
+        index.set_load_sink(LoadSink::new(move |id, load| {
+            let _ = loaded.try_send((id, load));
+        }));
         let tasks = vec![
+            tokio::spawn(dispatch_loads(
+                shared.clone(),
+                membership.node_id().to_string(),
+                loaded_rx,
+            )),
             tokio::spawn(sync::server::serve(server, listener)),
             tokio::spawn(follow(
                 membership.clone(),
@@ -376,6 +386,7 @@ fn reconcile_clients(shared: &Shared) {
             continue;
         }
         let (placements, rx) = mpsc::channel(PLACEMENT_QUEUE);
+        let (loads, loads_rx) = mpsc::channel(PLACEMENT_QUEUE);
         let (pods, pods_rx) = watch::channel(upstream.pods.clone());
         let grpc = upstream.grpc;
         let task = tokio::spawn(replicate_changing(
@@ -383,7 +394,7 @@ fn reconcile_clients(shared: &Shared) {
             pods_rx,
             shared.index.clone(),
             shared.token.clone(),
-            rx,
+            (rx, loads_rx),
             shared.lags.clone(),
         ));
         clients.insert(
@@ -393,10 +404,36 @@ fn reconcile_clients(shared: &Shared) {
                 incarnation,
                 pods,
                 placements,
+                loads,
                 task,
             },
         );
     }
+}
+
+/// Where a message about the pod of a source goes.
+enum Route {
+    /// A local pod, by id: to its subscribers.
+    Local(String),
+    /// A remote pod, by id, and the node id of its owner: to the owner, who relays it.
+    Remote(String, String),
+}
+
+/// Where messages about the pod of `source` go (`None`: no such pod, or no owner known).
+fn route(shared: &Shared, source: SourceId) -> Option<Route> {
+    let local = shared
+        .local
+        .lock()
+        .iter()
+        .find(|p| p.source == source)
+        .map(|p| p.id.clone());
+    if let Some(pod) = local {
+        return Some(Route::Local(pod));
+    }
+    let remote = shared.remote.lock();
+    let pod = remote.pod_of(source)?;
+    let owner = remote.owner(pod)?.to_string();
+    Some(Route::Remote(pod.to_string(), owner))
 }
 
 /// Sends this agent's placements where they belong: on a local pod to its subscribers, on
@@ -408,36 +445,51 @@ async fn dispatch_placements(
     let ttl = shared.index.config().speculative_ttl;
     let ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
     while let Some((source, keys, placed_unix_us)) = placed.recv().await {
-        let local = shared
-            .local
-            .lock()
-            .iter()
-            .find(|p| p.source == source)
-            .map(|p| p.id.clone());
-        if let Some(pod) = local {
-            shared
-                .server
-                .placed_locally(&pod, &keys, ttl, placed_unix_us);
-            continue;
+        match route(&shared, source) {
+            Some(Route::Local(pod)) => {
+                shared
+                    .server
+                    .placed_locally(&pod, &keys, ttl, placed_unix_us);
+            }
+            Some(Route::Remote(pod, owner)) => {
+                if let Some(c) = shared.clients.lock().get(&owner) {
+                    let _ = c.placements.try_send(Placement {
+                        pod,
+                        keys: keys.iter().map(|k| k.0).collect(),
+                        ttl_ms,
+                        placed_unix_us,
+                        relayed: false,
+                    });
+                }
+            }
+            None => {}
         }
-        let (pod, owner) = {
-            let remote = shared.remote.lock();
-            let Some(pod) = remote.pod_of(source) else {
-                continue;
-            };
-            (pod.to_string(), remote.owner(pod).map(str::to_string))
+    }
+}
+
+/// Sends this agent's loads where they belong, as placements go. A load that finds its
+/// queue full is dropped: the proxy sends the next change, and refreshes a load that is not
+/// zero ([`crate::pool::LOAD_REFRESH`]).
+async fn dispatch_loads(
+    shared: Arc<Shared>,
+    agent: String,
+    mut loaded: mpsc::Receiver<(SourceId, AgentLoad)>,
+) {
+    while let Some((source, load)) = loaded.recv().await {
+        let msg = |pod| PodLoad {
+            pod,
+            agent: agent.clone(),
+            in_flight: load.in_flight,
+            queued_prefill_blocks: load.queued_prefill_blocks,
         };
-        let Some(owner) = owner else {
-            continue;
-        };
-        if let Some(c) = shared.clients.lock().get(&owner) {
-            let _ = c.placements.try_send(Placement {
-                pod,
-                keys: keys.iter().map(|k| k.0).collect(),
-                ttl_ms,
-                placed_unix_us,
-                relayed: false,
-            });
+        match route(&shared, source) {
+            Some(Route::Local(pod)) => shared.server.loaded_locally(msg(pod)),
+            Some(Route::Remote(pod, owner)) => {
+                if let Some(c) = shared.clients.lock().get(&owner) {
+                    let _ = c.loads.try_send(msg(pod));
+                }
+            }
+            None => {}
         }
     }
 }

@@ -19,11 +19,13 @@ use super::{
 };
 
 mod journal;
+mod loads;
 mod remote;
 mod speculative;
 
 use journal::Journal;
 pub use journal::{DELTA_RING, DELTA_RING_KEYS, KeyDelta, Since, Watermark};
+pub use loads::{AgentLoad, LoadSink, PeerLoadSink};
 pub use remote::PlacementSink;
 use speculative::Pending;
 
@@ -134,6 +136,10 @@ pub struct KvIndex {
     placements: std::sync::OnceLock<PlacementSink>,
     /// Told of every peer's placement applied here (the proxy adds it to its routing history).
     peer_placements: std::sync::OnceLock<PlacementSink>,
+    /// Told of this agent's loads on pods (the cluster shares them with peers).
+    loads: std::sync::OnceLock<LoadSink>,
+    /// Told of peers' loads (the proxy counts them on their pods).
+    peer_loads: std::sync::OnceLock<PeerLoadSink>,
 }
 
 impl KvIndex {
@@ -145,6 +151,8 @@ impl KvIndex {
             changes: tokio::sync::Notify::new(),
             placements: std::sync::OnceLock::new(),
             peer_placements: std::sync::OnceLock::new(),
+            loads: std::sync::OnceLock::new(),
+            peer_loads: std::sync::OnceLock::new(),
         }
     }
 

@@ -18,8 +18,8 @@ pub mod wire;
 
 pub use health::{HealthState, SourceStatus};
 pub use index::{
-    DEFAULT_STALL_AFTER, DELTA_RING, DELTA_RING_KEYS, IndexConfig, KeyDelta, KvIndex,
-    PlacementSink, Since, SourceId, SourceInfo, Watermark,
+    AgentLoad, DEFAULT_STALL_AFTER, DELTA_RING, DELTA_RING_KEYS, IndexConfig, KeyDelta, KvIndex,
+    LoadSink, PeerLoadSink, PlacementSink, Since, SourceId, SourceInfo, Watermark,
 };
 pub use keys::{RequestExtras, RouterKey, request_keys};
 pub use store::Match;

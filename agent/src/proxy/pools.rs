@@ -4,16 +4,20 @@
 //! (This lives with the proxy, not with [`crate::pool`]: the token source reads parsed
 //! requests, which are the proxy's.)
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicUsize, Ordering},
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
 };
 
 use super::{Proxy, TokenSource, calibration::Calibration, unkeyed::UnkeyedCounts};
 use crate::{
-    kv_index::{PlacementSink, RouterKey, SourceId},
+    kv_index::{AgentLoad, PeerLoadSink, PlacementSink, RouterKey, SourceId},
     policy::compiled::PoolBase,
-    pool::{Pool, UpstreamProtocol},
+    pool::{LOAD_CHANGED, LOAD_REFRESH, Pool, UpstreamProtocol},
     routing::{BlockTiming, SessionSource, replication::Replication},
     telemetry::PoolId,
 };
@@ -105,6 +109,49 @@ impl Proxy {
             }));
     }
 
+    /// Shares loads with the cluster's other agents, once a cluster carries them (the index's
+    /// load sink is set: docs/cluster.md, "Shared load"): their reports go onto the endpoints
+    /// and the pools count peers by them ([`Pool::count_peers_exactly`]), and this proxy's
+    /// own load on each pod goes to them on every change, and again every [`LOAD_REFRESH`]
+    /// while it is not zero. The task ends once the proxy is dropped.
+    pub fn share_loads(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let proxy = Arc::downgrade(self);
+        self.index
+            .set_peer_load_sink(PeerLoadSink::new(move |source, agent, load| {
+                if let Some(proxy) = proxy.upgrade() {
+                    proxy.record_peer_load(source, agent, load, Instant::now());
+                }
+            }));
+        tokio::spawn(publish_loads(Arc::downgrade(self)))
+    }
+
+    /// A peer agent reported its load on the pod whose index source is `source`.
+    fn record_peer_load(&self, source: SourceId, agent: &str, load: AgentLoad, now: Instant) {
+        for p in &self.pools {
+            if let Some(e) = p.pool.endpoints().iter().find(|e| e.source == Some(source)) {
+                e.set_peer_load(agent, load, now);
+            }
+        }
+    }
+
+    /// This proxy's load on each pod with an index source, summed over its pools.
+    fn own_loads(&self) -> HashMap<SourceId, AgentLoad> {
+        let mut loads: HashMap<SourceId, AgentLoad> = HashMap::new();
+        for p in &self.pools {
+            for e in p.pool.endpoints().iter() {
+                if let Some(source) = e.source {
+                    let own = e.own_load();
+                    let l = loads.entry(source).or_default();
+                    l.in_flight = l.in_flight.saturating_add(own.in_flight);
+                    l.queued_prefill_blocks = l
+                        .queued_prefill_blocks
+                        .saturating_add(own.queued_prefill_blocks);
+                }
+            }
+        }
+        loads
+    }
+
     /// A peer routed `keys` to the pod whose index source is `source`.
     fn record_peer_placement(
         &self,
@@ -155,11 +202,112 @@ impl Proxy {
     }
 }
 
+/// The shortest time between two passes of [`publish_loads`]: a burst of request events
+/// is sent as one load per pod.
+const LOAD_GAP: Duration = Duration::from_millis(1);
+
+/// The loads to send now, given what was `sent` (updated: pods no longer routed to are
+/// forgotten): each pod whose load changed, and each whose load is not zero and was last
+/// sent [`LOAD_REFRESH`] ago.
+fn due_loads(
+    sent: &mut HashMap<SourceId, (AgentLoad, Instant)>,
+    loads: &HashMap<SourceId, AgentLoad>,
+    now: Instant,
+) -> Vec<(SourceId, AgentLoad)> {
+    sent.retain(|source, _| loads.contains_key(source));
+    let idle = AgentLoad::default();
+    let mut due = Vec::new();
+    for (&source, &load) in loads {
+        let send = match sent.get(&source) {
+            Some(&(last, at)) => {
+                last != load || (load != idle && now.saturating_duration_since(at) >= LOAD_REFRESH)
+            }
+            None => load != idle,
+        };
+        if send {
+            sent.insert(source, (load, now));
+            due.push((source, load));
+        }
+    }
+    due
+}
+
+/// [`Proxy::share_loads`]'s publisher: waits for a request event anywhere (or the refresh
+/// period), then sends what [`due_loads`] says, while the index shares loads.
+async fn publish_loads(proxy: Weak<Proxy>) {
+    let mut sent = HashMap::new();
+    loop {
+        let changed = LOAD_CHANGED.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        {
+            let Some(proxy) = proxy.upgrade() else {
+                return;
+            };
+            if proxy.index.shares_loads() {
+                crate::pool::share_loads();
+                for p in &proxy.pools {
+                    p.pool.count_peers_exactly();
+                }
+                for (source, load) in due_loads(&mut sent, &proxy.own_loads(), Instant::now()) {
+                    proxy.index.report_load(source, load);
+                }
+            }
+        }
+        tokio::select! {
+            _ = &mut changed => {}
+            _ = tokio::time::sleep(LOAD_REFRESH) => {}
+        }
+        tokio::time::sleep(LOAD_GAP).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
-
     use super::*;
+
+    #[test]
+    fn loads_are_sent_on_change_and_refreshed_while_not_zero() {
+        let index = KvIndex::new(IndexConfig::default());
+        let source = |pod: &str| {
+            index.add_source(SourceInfo {
+                pod: pod.into(),
+                rank: None,
+            })
+        };
+        let (a, b) = (source("a:1"), source("b:1"));
+        let load = |in_flight, queued_prefill_blocks| AgentLoad {
+            in_flight,
+            queued_prefill_blocks,
+        };
+        let t0 = Instant::now();
+        let mut sent = HashMap::new();
+        // An idle pod is not sent until it has had a load.
+        let now = HashMap::from([(a, load(2, 30)), (b, AgentLoad::default())]);
+        assert_eq!(due_loads(&mut sent, &now, t0), vec![(a, load(2, 30))]);
+        // Unchanged, before the refresh: nothing.
+        let later = t0 + Duration::from_millis(500);
+        assert_eq!(due_loads(&mut sent, &now, later), vec![]);
+        // a's first byte: sent at once.
+        let now = HashMap::from([(a, load(2, 0)), (b, AgentLoad::default())]);
+        assert_eq!(due_loads(&mut sent, &now, later), vec![(a, load(2, 0))]);
+        // Unchanged for the refresh period: sent again (so peers keep counting it).
+        let refresh = later + LOAD_REFRESH;
+        assert_eq!(due_loads(&mut sent, &now, refresh), vec![(a, load(2, 0))]);
+        // Back to idle: sent once, then never refreshed.
+        let idle = HashMap::from([(a, AgentLoad::default()), (b, AgentLoad::default())]);
+        assert_eq!(
+            due_loads(&mut sent, &idle, refresh),
+            vec![(a, AgentLoad::default())]
+        );
+        assert_eq!(
+            due_loads(&mut sent, &idle, refresh + LOAD_REFRESH * 2),
+            vec![]
+        );
+        // A pod no longer routed to is forgotten.
+        assert_eq!(due_loads(&mut sent, &HashMap::new(), refresh), vec![]);
+        assert!(sent.is_empty());
+    }
     use crate::{
         kv_index::{IndexConfig, KvIndex, SourceInfo},
         routing::Policy,

@@ -19,7 +19,10 @@ use tonic::{Request, transport::Endpoint};
 
 use super::{
     BACKOFF_MAX, BACKOFF_MIN, STREAM_QUEUE, SYNC_PATH, bearer,
-    proto::{ClientMsg, Placement, PodWatermark, ServerMsg, Subscribe, client_msg, server_msg},
+    proto::{
+        ClientMsg, Placement, PodLoad, PodWatermark, ServerMsg, Subscribe, client_msg, server_msg,
+    },
+    server::agent_load,
     tier_of,
 };
 use crate::{
@@ -94,18 +97,20 @@ pub async fn replicate(
     // The sender lives as long as the stream: the set never changes.
     let (_fixed, pods) = watch::channel(upstream.pods.clone());
     let lags = Arc::new(Lags::default());
-    replicate_changing(upstream, pods, index, token, placements, lags).await;
+    // No loads to send (the sender dropped: the branch is off).
+    let (_, loads) = mpsc::channel(1);
+    replicate_changing(upstream, pods, index, token, (placements, loads), lags).await;
 }
 
 /// [`replicate`], with the pods to replicate from `pods` (`upstream.pods` is ignored): each
 /// change opens the stream again with the new set. Each applied delta's and placement's lag
-/// is recorded in `lags`.
+/// is recorded in `lags`. The second receiver carries this agent's loads on those pods.
 pub async fn replicate_changing(
     mut upstream: Upstream,
     mut pods: watch::Receiver<PodSet>,
     index: Arc<KvIndex>,
     token: Option<String>,
-    mut placements: mpsc::Receiver<Placement>,
+    (mut placements, mut loads): (mpsc::Receiver<Placement>, mpsc::Receiver<PodLoad>),
     lags: Arc<Lags>,
 ) {
     let mut copies: HashMap<String, Copy> = HashMap::new();
@@ -118,7 +123,7 @@ pub async fn replicate_changing(
             &index,
             token.as_deref(),
             &mut copies,
-            (&mut placements, &mut pods),
+            (&mut placements, &mut loads, &mut pods),
             &lags,
         )
         .await;
@@ -165,6 +170,7 @@ fn owned_by(
         server_msg::Msg::Delta(d) => &d.pod,
         server_msg::Msg::Snapshot(s) => &s.pod,
         server_msg::Msg::Placement(p) => &p.pod,
+        server_msg::Msg::Load(l) => &l.pod,
     };
     copies
         .get(pod)
@@ -182,7 +188,7 @@ fn stamp(m: &server_msg::Msg) -> Stamp {
             placed_us: p.placed_unix_us,
             relayed: p.relayed,
         },
-        server_msg::Msg::Snapshot(_) => Stamp::None,
+        server_msg::Msg::Snapshot(_) | server_msg::Msg::Load(_) => Stamp::None,
     }
 }
 
@@ -191,7 +197,11 @@ async fn stream_once(
     index: &KvIndex,
     token: Option<&str>,
     copies: &mut HashMap<String, Copy>,
-    (placements, pods): (&mut mpsc::Receiver<Placement>, &mut watch::Receiver<PodSet>),
+    (placements, loads, pods): (
+        &mut mpsc::Receiver<Placement>,
+        &mut mpsc::Receiver<PodLoad>,
+        &mut watch::Receiver<PodSet>,
+    ),
     lags: &Lags,
 ) -> StreamEnd {
     let channel = match Endpoint::from_shared(format!("http://{}", upstream.grpc)) {
@@ -258,6 +268,10 @@ async fn stream_once(
             Some(p) = placements.recv() => {
                 // A full queue drops the placement: it is a hint, and the engine's events follow.
                 let _ = out.try_send(msg(client_msg::Msg::Placement(p)));
+            }
+            Some(l) = loads.recv() => {
+                // A full queue drops it: the next change or refresh sends the load again.
+                let _ = out.try_send(msg(client_msg::Msg::Load(l)));
             }
             // A closed sender (the stream's owner going away) disables the branch.
             Ok(()) = pods.changed() => return StreamEnd::Resubscribe,
@@ -351,6 +365,11 @@ pub(crate) fn apply(
                     Duration::from_millis(u64::from(p.ttl_ms)),
                     tokio::time::Instant::now().into_std(),
                 );
+            }
+        }
+        server_msg::Msg::Load(l) => {
+            if let Some(c) = copies.get(&l.pod) {
+                index.peer_load(c.source, &l.agent, agent_load(&l));
             }
         }
     }

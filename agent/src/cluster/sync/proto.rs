@@ -37,6 +37,22 @@ pub struct Placement {
     pub relayed: bool,
 }
 
+/// One agent's load on a pod (docs/cluster.md, "Shared load"): its requests in flight there
+/// and the prompt blocks it sent there not yet prefilled, as of `sent_unix_us`. Sent on each
+/// change and refreshed while not zero; the latest one per (pod, agent) stands.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct PodLoad {
+    #[prost(string, tag = "1")]
+    pub pod: String,
+    /// The agent's node id.
+    #[prost(string, tag = "2")]
+    pub agent: String,
+    #[prost(uint32, tag = "3")]
+    pub in_flight: u32,
+    #[prost(uint64, tag = "4")]
+    pub queued_prefill_blocks: u64,
+}
+
 /// A router key and a tier (0 GPU, 1 CPU, 2 disk, 3 other) or tier bits (snapshots).
 #[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
 pub struct KeyTier {
@@ -89,7 +105,7 @@ pub struct SnapshotChunk {
 /// Client to server.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ClientMsg {
-    #[prost(oneof = "client_msg::Msg", tags = "1, 2")]
+    #[prost(oneof = "client_msg::Msg", tags = "1, 2, 3")]
     pub msg: Option<client_msg::Msg>,
 }
 
@@ -100,13 +116,15 @@ pub mod client_msg {
         Subscribe(super::Subscribe),
         #[prost(message, tag = "2")]
         Placement(super::Placement),
+        #[prost(message, tag = "3")]
+        Load(super::PodLoad),
     }
 }
 
 /// Server to client.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ServerMsg {
-    #[prost(oneof = "server_msg::Msg", tags = "1, 2, 3")]
+    #[prost(oneof = "server_msg::Msg", tags = "1, 2, 3, 4")]
     pub msg: Option<server_msg::Msg>,
 }
 
@@ -119,5 +137,7 @@ pub mod server_msg {
         Snapshot(super::SnapshotChunk),
         #[prost(message, tag = "3")]
         Placement(super::Placement),
+        #[prost(message, tag = "4")]
+        Load(super::PodLoad),
     }
 }

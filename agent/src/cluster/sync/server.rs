@@ -25,22 +25,45 @@ use tonic::{
 
 use super::{
     SNAPSHOT_CHUNK, STREAM_QUEUE, SYNC_PATH, key_tier,
-    proto::{ClientMsg, Placement, PodDelta, ServerMsg, SnapshotChunk, client_msg, server_msg},
+    proto::{
+        ClientMsg, Placement, PodDelta, PodLoad, ServerMsg, SnapshotChunk, client_msg, server_msg,
+    },
 };
 use crate::{
     cluster::{
         auth::{AuthCounters, ClusterKey},
         lag::{Lags, Stamp},
     },
-    kv_index::{KvIndex, RouterKey, Since, SourceId, Watermark},
+    kv_index::{AgentLoad, KvIndex, RouterKey, Since, SourceId, Watermark},
 };
 
 /// Placements relayed between one owner's streams.
 const RELAY_QUEUE: usize = 4_096;
 
-/// A placement passed between one owner's streams: (pod, keys, ttl ms, when it was made
-/// (unix us), the stream that sent it: 0 for this agent's own).
-type Relayed = (Arc<str>, Arc<[u64]>, u32, u64, u64);
+/// What is passed between one owner's streams, with the stream that sent it (0 for this
+/// agent's own).
+#[derive(Debug, Clone)]
+enum Relayed {
+    /// A placement: (pod, keys, ttl ms, when it was made (unix us)).
+    Placement((Arc<str>, Arc<[u64]>, u32, u64), u64),
+    /// An agent's load on a pod.
+    Load(Arc<PodLoad>, u64),
+}
+
+impl Relayed {
+    fn pod(&self) -> &str {
+        match self {
+            Relayed::Placement((pod, ..), _) => pod,
+            Relayed::Load(l, _) => &l.pod,
+        }
+    }
+
+    fn from(&self) -> u64 {
+        match self {
+            Relayed::Placement(_, from) | Relayed::Load(_, from) => *from,
+        }
+    }
+}
 
 /// Pods by id and their sources here.
 pub type PodSources = HashMap<String, SourceId>;
@@ -108,7 +131,28 @@ impl SyncServer {
         let keys: Arc<[u64]> = keys.iter().map(|k| k.0).collect();
         let ttl = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
         // No subscriber is not an error.
-        let _ = self.relay.send((Arc::from(pod), keys, ttl, placed_us, 0));
+        let _ = self.relay.send(Relayed::Placement(
+            (Arc::from(pod), keys, ttl, placed_us),
+            0,
+        ));
+    }
+
+    /// The owner's own router's load on its local pod changed: tell its subscribers.
+    pub fn loaded_locally(&self, load: PodLoad) {
+        // No subscriber is not an error.
+        let _ = self.relay.send(Relayed::Load(Arc::new(load), 0));
+    }
+
+    /// Applies a subscriber's load (on a pod this agent knows) and relays it to the pod's
+    /// other subscribers when the pod is local.
+    fn apply_load(&self, load: PodLoad, from: u64) {
+        let Some(source) = self.known.read().get(&load.pod).copied() else {
+            return;
+        };
+        self.index.peer_load(source, &load.agent, agent_load(&load));
+        if self.local.read().contains_key(&load.pod) {
+            let _ = self.relay.send(Relayed::Load(Arc::new(load), from));
+        }
     }
 
     fn authorized<T>(&self, request: &Request<T>) -> bool {
@@ -137,14 +181,24 @@ impl SyncServer {
             relayed: p.relayed,
         });
         if self.local.read().contains_key(&p.pod) {
-            let _ = self.relay.send((
-                Arc::from(p.pod.as_str()),
-                p.keys.clone().into(),
-                p.ttl_ms,
-                p.placed_unix_us,
+            let _ = self.relay.send(Relayed::Placement(
+                (
+                    Arc::from(p.pod.as_str()),
+                    p.keys.clone().into(),
+                    p.ttl_ms,
+                    p.placed_unix_us,
+                ),
                 from,
             ));
         }
+    }
+}
+
+/// The load a [`PodLoad`] reports.
+pub(super) fn agent_load(l: &PodLoad) -> AgentLoad {
+    AgentLoad {
+        in_flight: l.in_flight,
+        queued_prefill_blocks: l.queued_prefill_blocks,
     }
 }
 
@@ -179,16 +233,22 @@ async fn produce(
             _ = &mut changed => {}
             _ = tx.closed() => return,
             relayed = relay.recv() => match relayed {
-                Ok((pod, keys, ttl_ms, placed_unix_us, from)) => {
-                    if from != stream && pods.iter().any(|(p, _, _)| **p == *pod) {
-                        let msg = server_msg::Msg::Placement(Placement {
-                            pod: pod.to_string(),
-                            keys: keys.to_vec(),
-                            ttl_ms,
-                            placed_unix_us,
-                            // Another subscriber's: this owner is its second hop.
-                            relayed: from != 0,
-                        });
+                Ok(relayed) => {
+                    let from = relayed.from();
+                    if from != stream && pods.iter().any(|(p, _, _)| *p == relayed.pod()) {
+                        let msg = match relayed {
+                            Relayed::Placement((pod, keys, ttl_ms, placed_unix_us), _) => {
+                                server_msg::Msg::Placement(Placement {
+                                    pod: pod.to_string(),
+                                    keys: keys.to_vec(),
+                                    ttl_ms,
+                                    placed_unix_us,
+                                    // Another subscriber's: this owner is its second hop.
+                                    relayed: from != 0,
+                                })
+                            }
+                            Relayed::Load(load, _) => server_msg::Msg::Load((*load).clone()),
+                        };
                         if tx.send(Ok(ServerMsg { msg: Some(msg) })).await.is_err() {
                             return;
                         }
@@ -310,8 +370,10 @@ impl tonic::server::StreamingService<ClientMsg> for SyncMethod {
             tokio::spawn(async move {
                 // Placements until the client closes its side; then the producer stops too.
                 while let Ok(Some(msg)) = inbound.message().await {
-                    if let Some(client_msg::Msg::Placement(p)) = msg.msg {
-                        server.apply_placement(&p, stream);
+                    match msg.msg {
+                        Some(client_msg::Msg::Placement(p)) => server.apply_placement(&p, stream),
+                        Some(client_msg::Msg::Load(l)) => server.apply_load(l, stream),
+                        _ => {}
                     }
                 }
                 producer.abort();

@@ -19,7 +19,8 @@ use crate::{
         sync::client::{Upstream, replicate},
     },
     kv_index::{
-        IndexConfig, KvIndex, Match, RouterKey, SourceId, SourceInfo, Tier,
+        AgentLoad, IndexConfig, KvIndex, Match, PeerLoadSink, RouterKey, SourceId, SourceInfo,
+        Tier,
         keys::block_key,
         wire::{Batch, EngineHash, Event, Removed, Stored},
     },
@@ -305,6 +306,80 @@ async fn replicas_follow_the_owner_and_placements_reach_every_agent() {
             .load(std::sync::atomic::Ordering::Relaxed)
             == 0
     }));
+    drop(agents);
+}
+
+/// What one agent's proxy was told of its peers' loads: (pod's source, agent, load).
+type Heard = Arc<parking_lot::Mutex<Vec<(SourceId, String, AgentLoad)>>>;
+
+fn listen_for_loads(index: &KvIndex) -> Heard {
+    let heard = Heard::default();
+    let h = heard.clone();
+    assert!(
+        index.set_peer_load_sink(PeerLoadSink::new(move |source, agent, load| {
+            h.lock().push((source, agent.to_string(), load));
+        }))
+    );
+    heard
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loads_reach_every_other_agent_routing_to_the_pod_and_not_their_sender() {
+    let transport = ChannelTransport::with_mtu(65_507);
+    let mut agents = Vec::new();
+    for i in 0..3 {
+        agents.push(start(i, 3, &transport, 11_200).await);
+    }
+    let heard: Vec<Heard> = agents.iter().map(|a| listen_for_loads(&a.index)).collect();
+    wait_for("replicas trusted", || {
+        (0..3).all(|owner| {
+            agents
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != owner)
+                .all(|(_, a)| a.index.trusted(a.sources[owner]))
+        })
+    })
+    .await;
+    let load = |in_flight, queued_prefill_blocks| AgentLoad {
+        in_flight,
+        queued_prefill_blocks,
+    };
+    // Agent 1 on agent 0's pod: to the owner, and relayed by it to agent 2.
+    agents[1]
+        .index
+        .report_load(agents[1].sources[0], load(2, 50));
+    // Agent 0 on its own pod: to its subscribers.
+    agents[0].index.report_load(agents[0].local, load(1, 0));
+    // Agent 2 on agent 1's pod: to agent 1, relayed to agent 0.
+    agents[2]
+        .index
+        .report_load(agents[2].sources[1], load(4, 7));
+    let has = |i: usize, pod: usize, agent: &str, l: AgentLoad| {
+        heard[i]
+            .lock()
+            .contains(&(agents[i].sources[pod], agent.to_string(), l))
+    };
+    wait_for("every load at every other agent", || {
+        has(0, 0, "agent-1", load(2, 50))
+            && has(2, 0, "agent-1", load(2, 50))
+            && has(1, 0, "agent-0", load(1, 0))
+            && has(2, 0, "agent-0", load(1, 0))
+            && has(1, 1, "agent-2", load(4, 7))
+            && has(0, 1, "agent-2", load(4, 7))
+    })
+    .await;
+    // No agent heard its own load back, nor any load twice.
+    for (i, h) in heard.iter().enumerate() {
+        let own = format!("agent-{i}");
+        let h = h.lock();
+        assert!(h.iter().all(|(_, agent, _)| *agent != own), "{i}: {h:?}");
+        assert_eq!(
+            h.len(),
+            2,
+            "{i}: each agent hears the two others once: {h:?}"
+        );
+    }
     drop(agents);
 }
 
