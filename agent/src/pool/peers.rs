@@ -72,6 +72,7 @@ impl PeerLoads {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::tests::one_pod;
 
     fn load(in_flight: u32, queued_prefill_blocks: u64) -> AgentLoad {
         AgentLoad {
@@ -125,5 +126,59 @@ mod tests {
         // An idle agent never seen takes no slot.
         p.set("idle", AgentLoad::default(), t0 + Duration::from_secs(1));
         assert_eq!(p.reports.len(), MAX_PEER_AGENTS);
+    }
+
+    #[test]
+    fn with_exact_peer_loads_peers_count_as_they_report_and_other_routers_by_the_engine() {
+        let pool = one_pod();
+        pool.count_peers_exactly();
+        let e = pool.endpoints()[0].clone();
+        let _a = e.start(40, &[], 0);
+        let _b = e.start(10, &[], 0);
+        // Leases of placements no longer count: the peers' reports do.
+        let now = std::time::Instant::now();
+        e.lease(&[], 0, now + std::time::Duration::from_secs(60));
+        assert_eq!(pool.in_flight(&e, true), 2, "own two, no report");
+        e.set_peer_load(
+            "b",
+            AgentLoad {
+                in_flight: 3,
+                queued_prefill_blocks: 100,
+            },
+            now,
+        );
+        e.set_peer_load(
+            "c",
+            AgentLoad {
+                in_flight: 1,
+                queued_prefill_blocks: 0,
+            },
+            now,
+        );
+        assert_eq!(pool.in_flight(&e, true), 6, "own two, b's three, c's one");
+        assert_eq!(pool.in_flight(&e, false), 2);
+        // Queued prefill: own 50 blocks and b's 100; the engine's waiting count is not read
+        // while it sees no request beyond the agents'.
+        assert_eq!(pool.work_ahead(&e, true), 150);
+        // The engine runs 6 and queues 3: three more than the agents report (another
+        // router's), counted until the next scrape.
+        e.set_engine_load(3, 6, 0.5);
+        assert_eq!(pool.in_flight(&e, true), 9);
+        // b's request got its first byte and ended; the next scrape agrees.
+        e.set_peer_load(
+            "b",
+            AgentLoad {
+                in_flight: 2,
+                queued_prefill_blocks: 0,
+            },
+            now,
+        );
+        e.set_engine_load(0, 5, 0.5);
+        assert_eq!(pool.in_flight(&e, true), 5, "own two, b's two, c's one");
+        assert_eq!(pool.work_ahead(&e, true), 50);
+        // The engine sees fewer than the agents report (an ended request, not scraped yet):
+        // nobody else's.
+        e.set_engine_load(0, 1, 0.5);
+        assert_eq!(pool.in_flight(&e, true), 5);
     }
 }
