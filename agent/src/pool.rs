@@ -103,6 +103,7 @@ mod kv;
 mod peers;
 
 use kv::{Drain, Pinned};
+pub use kv::{MAX_LEASE_KEYS, MAX_LEASES, MAX_PEER_PREFILL_BLOCKS, Room};
 use peers::PeerLoads;
 pub use peers::{LOAD_REFRESH, MAX_PEER_AGENTS, PEER_LOAD_TTL};
 
@@ -121,7 +122,6 @@ fn load_changed() {
         LOAD_CHANGED.notify_waiters();
     }
 }
-pub use kv::{MAX_LEASE_KEYS, MAX_LEASES, MAX_PEER_PREFILL_BLOCKS, Room};
 
 /// What an engine says about its LoRA adapters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

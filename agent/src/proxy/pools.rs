@@ -174,7 +174,11 @@ impl Proxy {
                     .unwrap_or_default();
                 e.lease(keys, output, now + lifetime);
                 // And its prefill: the blocks new to the pod join the work queued there,
-                // drained at the pod's calibrated rate (this agent does not see it start).
+                // drained at the pod's calibrated rate (this agent does not see it start);
+                // unless the peers report their queued prefill themselves (shared load).
+                if p.pool.counts_peers_exactly() {
+                    continue;
+                }
                 let rate = BlockTiming::new(p.calibration.timing(e.serial), p.pool.block_size);
                 e.queue_peer_prefill(new_blocks as u64, rate.secs_per_block, now);
             }
@@ -236,6 +240,9 @@ fn due_loads(
 /// period), then sends what [`due_loads`] says, while the index shares loads.
 async fn publish_loads(proxy: Weak<Proxy>) {
     let mut sent = HashMap::new();
+    // Whether the pools count peers by their reports yet (from the first pass that finds
+    // the cluster sharing loads on).
+    let mut exact = false;
     loop {
         let changed = LOAD_CHANGED.notified();
         tokio::pin!(changed);
@@ -245,9 +252,12 @@ async fn publish_loads(proxy: Weak<Proxy>) {
                 return;
             };
             if proxy.index.shares_loads() {
-                crate::pool::share_loads();
-                for p in &proxy.pools {
-                    p.pool.count_peers_exactly();
+                if !exact {
+                    crate::pool::share_loads();
+                    for p in &proxy.pools {
+                        p.pool.count_peers_exactly();
+                    }
+                    exact = true;
                 }
                 for (source, load) in due_loads(&mut sent, &proxy.own_loads(), Instant::now()) {
                     proxy.index.report_load(source, load);
