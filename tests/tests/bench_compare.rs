@@ -472,9 +472,23 @@ fn matrix_runs_every_cell_and_row_and_writes_one_table() {
         "{stdout}"
     );
     assert!(
-        stdout.contains(" PASS, ") && stdout.contains(" MISS\n"),
+        stdout.contains(" PASS, ")
+            && stdout.contains(" MISS (")
+            && stdout.contains(" of them below the cell's floor: out of any router's reach)\n"),
         "{stdout}"
     );
+    // Each cell's floor: its line in the table, TTFT only.
+    for workload in ["rag:1:64", "chat"] {
+        for load in ["0.5x", "1x"] {
+            let line = format!("| {workload} | {load} | ");
+            let floor = stdout
+                .lines()
+                .find(|l| l.starts_with(&line) && l.contains(" | Floor (any router) | - | "))
+                .unwrap_or_else(|| panic!("{workload} {load} floor: {stdout}"));
+            let cols: Vec<&str> = floor.trim_matches('|').split(" | ").collect();
+            assert_eq!(cols.len(), 14, "{floor}");
+        }
+    }
     for name in ["matrix.md", "matrix.json"] {
         let line = format!("results: {}", out.join(name).display());
         assert!(stdout.contains(&line), "{line}: {stdout}");
@@ -501,6 +515,20 @@ fn matrix_runs_every_cell_and_row_and_writes_one_table() {
             .map(|r| r["name"].as_str().unwrap())
             .collect();
         assert_eq!(names, rows, "{cell}");
+        // The floor is above zero, and no row's TTFT quantile is under it: a real run only
+        // adds to a lone prefill of each request's new tokens.
+        let floor = |q: &str| {
+            cell["floor"][q]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{q}: {cell}"))
+        };
+        assert!(floor("ttft_p50") > 0.0, "{cell}");
+        for r in cell["rows"].as_array().unwrap() {
+            for q in ["ttft_p50", "ttft_p90", "ttft_p99"] {
+                let measured = r["result"][q].as_f64().unwrap();
+                assert!(measured >= floor(q), "{q} below the floor: {r} / {cell}");
+            }
+        }
         for r in cell["rows"].as_array().unwrap() {
             let x = &r["result"];
             let n = |k: &str| x[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));

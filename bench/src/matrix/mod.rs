@@ -11,6 +11,7 @@
 //! ([`ladder`]); a cache-blind router saturates there, a cache-aware one has headroom in
 //! proportion to its hits.
 
+pub mod floor;
 pub mod ladder;
 mod requests;
 mod table;
@@ -138,6 +139,8 @@ pub struct Cell {
     pub requests: usize,
     pub working_set_tokens: usize,
     pub blocks_per_engine: usize,
+    /// The TTFT quantiles no router can beat on this cell's plans ([`floor`]).
+    pub floor: floor::Floor,
     pub rows: Vec<CellRow>,
 }
 
@@ -295,6 +298,7 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
             requests: runs_of_cell.iter().map(Generated::requests).sum(),
             working_set_tokens: working_set,
             blocks_per_engine: blocks,
+            floor: floor::of(profile, runs_of_cell.iter().flat_map(|g| &g.fresh)),
             rows: Vec::new(),
         };
         let repeats = runs_of_cell.len();

@@ -7,6 +7,9 @@ use std::fmt::Write as _;
 use super::{Cell, MatrixArgs, top_two, verdict};
 use crate::Error;
 
+/// The floor's line in each cell ([`super::floor`]).
+const FLOOR_ROW: &str = "Floor (any router)";
+
 /// The whole report.
 pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
     let mut s = String::new();
@@ -100,19 +103,31 @@ pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
                     .map_or("-".into(), |e| format!("{e:.0}")),
             );
         }
+        let f = &c.floor;
+        let _ = writeln!(
+            s,
+            "| {} | {}x | {:.1} | {FLOOR_ROW} | - | {:.0} | {:.0} | {:.0} | - | - | - | - | - | - |",
+            c.workload,
+            c.load,
+            c.rate,
+            f.ttft_p50 * 1e3,
+            f.ttft_p90 * 1e3,
+            f.ttft_p99 * 1e3
+        );
     }
     let _ = writeln!(
         s,
-        "\n(modelled time: wall-clock / time-scale; receipts as % of the answered requests' prompt tokens; \"-\": the row sent no such header)"
+        "\n(modelled time: wall-clock / time-scale; receipts as % of the answered requests' prompt tokens; \"-\": the row sent no such header; {FLOOR_ROW}: the TTFT no router can beat on the cell's plans, each request's tokens new to the fleet prefilled alone in one step)"
     );
     let _ = writeln!(s, "\nTargets (issue #19):\n");
-    let (mut pass, mut miss) = (0, 0);
+    let (mut pass, mut miss, mut out_of_reach) = (0, 0, 0);
     for c in cells {
         for v in verdict::judge(c, top_two(&args.loads, c.load)) {
             if v.pass {
                 pass += 1;
             } else {
                 miss += 1;
+                out_of_reach += usize::from(v.out_of_reach);
             }
             let _ = writeln!(
                 s,
@@ -126,7 +141,10 @@ pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
             );
         }
     }
-    let _ = writeln!(s, "\n{pass} PASS, {miss} MISS");
+    let _ = writeln!(
+        s,
+        "\n{pass} PASS, {miss} MISS ({out_of_reach} of them below the cell's floor: out of any router's reach)"
+    );
     s
 }
 

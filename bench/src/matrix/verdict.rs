@@ -11,6 +11,10 @@
 //! With several runs (`--repeats`) a verdict is judged on the pooled figures and also run by
 //! run, against each run's best ([`Verdict::by_run`]).
 //!
+//! A TTFT target set below the cell's floor ([`super::floor`]: the quantile no router can
+//! beat on the plan) is out of every router's reach: it stays a MISS, and its line says so
+//! ([`Verdict::out_of_reach`]).
+//!
 //! A row with a failed request misses every target. With no peer row that ran, the peer
 //! targets are judged against the best of round-robin and least-loaded instead, and every
 //! such line says it is a stand-in.
@@ -27,6 +31,9 @@ pub struct Verdict {
     pub pass: bool,
     /// The figures behind it.
     pub detail: String,
+    /// The target asks for a TTFT below the cell's floor: no router can meet it on this
+    /// plan (the floor's quantile is above the limit times the reference).
+    pub out_of_reach: bool,
     /// With several runs: the same ratio in each run alone, against the best of that run's
     /// reference rows, in run order (`None`: no reference row has the run). How far a
     /// verdict would move had only one run been made.
@@ -133,9 +140,12 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
         let mut check = |target: String,
                          (mine, theirs, by_run): (f64, f64, Vec<RunRatio>),
                          limit: f64,
-                         lower_is_better: bool,
+                         floor: Option<f64>,
                          detail: String| {
+            // Only TTFT targets have a floor, and lower is better for them alone.
+            let lower_is_better = floor.is_some();
             let ratio = mine / theirs;
+            let out_of_reach = floor.filter(|f| *f > limit * theirs);
             let ok = |r: f64| {
                 if lower_is_better {
                     r <= limit
@@ -161,18 +171,30 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                         .count()
                 ),
             };
+            let reach = out_of_reach.map_or(String::new(), |f| {
+                format!(
+                    "; out of any router's reach: the floor is {} ({:.2}x)",
+                    ms(f),
+                    f / theirs
+                )
+            });
             out.push(Verdict {
                 row: row.name.clone(),
                 target,
                 pass: ok(ratio) && failed.is_none(),
-                detail: format!("{ratio:.2}x: {detail}{runs}{}", failed.unwrap_or_default()),
+                detail: format!(
+                    "{ratio:.2}x: {detail}{runs}{reach}{}",
+                    failed.unwrap_or_default()
+                ),
+                out_of_reach: out_of_reach.is_some(),
                 by_run: by_run.into_iter().map(|r| r.map(|(r, _)| r)).collect(),
             });
         };
-        let quantiles: [(&str, Figure); 3] = [
-            ("p50", |r| r.ttft_p50),
-            ("p90", |r| r.ttft_p90),
-            ("p99", |r| r.ttft_p99),
+        let f = &cell.floor;
+        let quantiles: [(&str, Figure, f64); 3] = [
+            ("p50", |r| r.ttft_p50, f.ttft_p50),
+            ("p90", |r| r.ttft_p90, f.ttft_p90),
+            ("p99", |r| r.ttft_p99, f.ttft_p99),
         ];
         let p90: Figure = |r| r.ttft_p90;
         if cell.shares
@@ -183,17 +205,17 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                 format!("p90 <= 0.7x {against_what}"),
                 (mine, v, runs),
                 0.7,
-                true,
+                Some(f.ttft_p90),
                 format!("{} vs {} ({by})", ms(mine), ms(v)),
             );
         }
-        for (q, f) in quantiles {
-            if let Some((mine, v, by, runs)) = against(&me, &refs, f, true) {
+        for (q, figure, floor) in quantiles {
+            if let Some((mine, v, by, runs)) = against(&me, &refs, figure, true) {
                 check(
                     format!("{q} <= 1.05x {against_what}"),
                     (mine, v, runs),
                     1.05,
-                    true,
+                    Some(floor),
                     format!("{} vs {} ({by})", ms(mine), ms(v)),
                 );
             }
@@ -204,7 +226,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                 format!("throughput >= 0.98x {against_what}"),
                 (mine, v, runs),
                 0.98,
-                false,
+                None,
                 format!("{mine:.0} vs {v:.0} tok/s ({by})"),
             );
         }
@@ -214,7 +236,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                     "p90 <= 1.05x least-loaded (control)".into(),
                     (mine, v, runs),
                     1.05,
-                    true,
+                    Some(f.ttft_p90),
                     format!("{} vs {}", ms(mine), ms(v)),
                 );
             }
@@ -223,7 +245,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                     "throughput >= 0.95x least-loaded (control)".into(),
                     (mine, v, runs),
                     0.95,
-                    false,
+                    None,
                     format!("{mine:.0} vs {v:.0} tok/s"),
                 );
             }

@@ -19,6 +19,7 @@ use rand::{Rng, SeedableRng, seq::SliceRandom};
 use rand_chacha::ChaCha8Rng;
 use warmpath_tokenizer::text::TextGen;
 
+use super::floor::{self, Fresh};
 use crate::{compare::Chain, run::plan::CHARS_PER_TOKEN, workload::Planned};
 
 fn chars(tokens: usize) -> usize {
@@ -152,6 +153,9 @@ pub struct Generated {
     pub longest_tokens: usize,
     /// Output tokens each request asks for (`max_tokens`).
     pub output_tokens: usize,
+    /// What each request must compute however it is routed, in no particular order: the
+    /// cell's floor ([`floor`]).
+    pub fresh: Vec<Fresh>,
 }
 
 impl Generated {
@@ -248,6 +252,7 @@ fn rag(
     let times = arrivals(sizes.requests, rate, rng);
     let mut text = TextGen::new(seed ^ 0xabcdef);
     let mut used = vec![false; sizes.docs];
+    let mut picks = Vec::with_capacity(times.len());
     let turns: Vec<Planned> = times
         .into_iter()
         .enumerate()
@@ -255,6 +260,7 @@ fn rag(
             let x: f64 = rng.random();
             let d = cdf.iter().position(|c| x < *c).unwrap_or(sizes.docs - 1);
             used[d] = true;
+            picks.push(d);
             let question = text.text(chars(sizes.question_tokens));
             Planned {
                 at,
@@ -266,7 +272,14 @@ fn rag(
         .collect();
     let distinct = used.iter().filter(|u| **u).count();
     let request_tokens = doc_tokens + sizes.question_tokens;
+    let asked: Vec<(usize, &str)> = picks
+        .iter()
+        .zip(&turns)
+        .map(|(d, t)| (*d, t.prompt.as_str()))
+        .collect();
+    let fresh = floor::rag(&asked, super::BLOCK_SIZE);
     Generated {
+        fresh,
         working_set_tokens: distinct * doc_tokens
             + sizes.requests * (sizes.question_tokens + sizes.output_tokens),
         mean_prompt_tokens: request_tokens as f64,
@@ -293,7 +306,15 @@ fn no_sharing(sizes: &Sizes, rate: f64, rng: &mut ChaCha8Rng) -> Generated {
         })
         .collect();
     let request_tokens = sizes.no_sharing_tokens + sizes.question_tokens;
+    let fresh = turns
+        .iter()
+        .map(|t| Fresh {
+            tokens: floor::tokens(&t.prompt, true),
+            context: 0,
+        })
+        .collect();
     Generated {
+        fresh,
         working_set_tokens: sizes.requests * (request_tokens + sizes.output_tokens),
         mean_prompt_tokens: request_tokens as f64,
         longest_tokens: request_tokens + sizes.output_tokens,
@@ -353,7 +374,18 @@ impl Growing {
         let prompt_at =
             |k: usize| self.first_tokens + (k + 1) * self.step_tokens + k * self.output_tokens;
         let mean = (0..turns).map(prompt_at).sum::<usize>() as f64 / turns as f64;
+        // A session's opening prompt is new whole (with BOS); each later turn's text is
+        // appended to what may be cached.
+        let fresh = chains
+            .iter()
+            .flat_map(|c| c.turns.iter().enumerate())
+            .map(|(k, t)| Fresh {
+                tokens: floor::tokens(&t.prompt, k == 0),
+                context: 0,
+            })
+            .collect();
         Generated {
+            fresh,
             working_set_tokens: sessions * (prompt_at(turns - 1) + self.output_tokens),
             mean_prompt_tokens: mean,
             longest_tokens: prompt_at(turns - 1) + self.output_tokens,

@@ -45,6 +45,11 @@ fn with_runs(mut r: CellRow, runs: &[(f64, f64)]) -> CellRow {
 }
 
 fn cell(shares: bool, rows: Vec<CellRow>) -> Cell {
+    with_floor(shares, rows, 0.0)
+}
+
+/// A cell whose floor is `floor` seconds at every quantile.
+fn with_floor(shares: bool, rows: Vec<CellRow>, floor: f64) -> Cell {
     Cell {
         workload: "w".into(),
         shares,
@@ -53,6 +58,11 @@ fn cell(shares: bool, rows: Vec<CellRow>) -> Cell {
         requests: 10,
         working_set_tokens: 100,
         blocks_per_engine: 8,
+        floor: crate::matrix::floor::Floor {
+            ttft_p50: floor,
+            ttft_p90: floor,
+            ttft_p99: floor,
+        },
         rows,
     }
 }
@@ -244,4 +254,31 @@ fn a_run_with_failed_requests_or_no_reference_does_not_pass() {
             .ends_with("; by run 0.50x, 0.50x, - (1 of 3 pass)"),
         "{p90:?}"
     );
+}
+
+#[test]
+fn a_target_below_the_floor_is_a_miss_that_says_it_is_out_of_reach() {
+    let rows = vec![
+        row("Precise", 0.13, 0.14, 0.15, 1000.0),
+        row("sglang-router cache_aware", 0.13, 0.14, 0.16, 1000.0),
+    ];
+    // Floor 130 ms: 0.7 x 140 ms = 98 ms is below it; 1.05 x 140 ms is not.
+    let v = judge(&with_floor(true, rows.clone(), 0.13), true);
+    let tight = find(&v, "Precise", "p90 <= 0.7x best peer");
+    assert!(!tight.pass && tight.out_of_reach, "{tight:?}");
+    assert!(
+        tight
+            .detail
+            .ends_with("; out of any router's reach: the floor is 130 ms (0.93x)"),
+        "{tight:?}"
+    );
+    let loose = find(&v, "Precise", "p90 <= 1.05x best peer");
+    assert!(loose.pass && !loose.out_of_reach, "{loose:?}");
+    assert!(!loose.detail.contains("reach"), "{loose:?}");
+    // Throughput has no floor.
+    assert!(!find(&v, "Precise", "throughput >= 0.98x best peer").out_of_reach);
+    // Floor 90 ms: 98 ms is within reach, so the miss is the router's.
+    let v = judge(&with_floor(true, rows, 0.09), true);
+    let tight = find(&v, "Precise", "p90 <= 0.7x best peer");
+    assert!(!tight.pass && !tight.out_of_reach, "{tight:?}");
 }

@@ -163,3 +163,52 @@ fn no_sharing_gives_every_request_its_own_prefix() {
     assert!(!Workload::NoSharing.shares() && Workload::Chat.shares());
     assert_eq!(g.working_set_tokens, 40 * (64 + 8 + 4));
 }
+
+#[test]
+fn each_request_has_its_fresh_tokens_and_each_document_or_session_opening_is_new_once() {
+    let sizes = Sizes::full(120);
+    let rag = Workload::Rag {
+        skew: 1.0,
+        doc_tokens: 500,
+    }
+    .generate(&sizes, 10.0, 4, 7);
+    assert_eq!(rag.fresh.len(), rag.requests());
+    let docs: HashSet<&str> = all(&rag).into_iter().map(head).collect();
+    // A document is new to one request (its whole prompt: ~500 + ~70 tokens), a question to
+    // every other (~70 tokens and what follows the document's last full block of 16).
+    let cold: Vec<_> = rag.fresh.iter().filter(|f| f.context == 0).collect();
+    assert_eq!(cold.len(), docs.len());
+    assert!(
+        cold.iter().all(|f| (450..700).contains(&f.tokens)),
+        "{cold:?}"
+    );
+    let warm: Vec<_> = rag.fresh.iter().filter(|f| f.context > 0).collect();
+    assert!(
+        warm.iter()
+            .all(|f| (50..110).contains(&f.tokens) && (400..600).contains(&f.context)),
+        "{warm:?}"
+    );
+    for w in [Workload::Chat, Workload::Agentic] {
+        let g = w.generate(&sizes, 10.0, 4, 7);
+        assert_eq!(g.fresh.len(), g.requests());
+        // A session opens with its first text and message (chat 608 tokens, agentic 2,560,
+        // as the generator estimates them), then brings one message (96) or tool result (512)
+        // a turn, with its label ("User 3: "); the tokenizer counts up to a third more.
+        let (opening, step) = match w {
+            Workload::Chat => (608.0, 96.0),
+            _ => (2560.0, 512.0),
+        };
+        let near = |t: usize, n: f64| (n * 0.9..n * 1.4).contains(&(t as f64));
+        let opened = g.fresh.iter().filter(|f| near(f.tokens, opening)).count();
+        assert_eq!(opened, g.chains.len(), "{w}");
+        let steps = g.fresh.iter().filter(|f| near(f.tokens, step)).count();
+        assert_eq!(steps, g.requests() - g.chains.len(), "{w}");
+    }
+    let control = Workload::NoSharing.generate(&sizes, 10.0, 4, 7);
+    assert!(
+        control
+            .fresh
+            .iter()
+            .all(|f| f.context == 0 && f.tokens > 1000)
+    );
+}
