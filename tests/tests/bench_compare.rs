@@ -702,6 +702,49 @@ fn matrix_repeats_pool_each_rows_runs() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
+#[test]
+fn matrix_floor_only_prints_each_cells_floor_and_runs_nothing() {
+    let out = std::env::temp_dir().join(format!(
+        "warmpath-bench-matrix-floor-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&out);
+    let output = bench(&matrix_argv(
+        &out,
+        "rag:1.0:64,no-sharing",
+        "0.5,1.0",
+        &["--floor-only"],
+    ));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.starts_with(
+            "| workload | load | req/s | requests | floor p50 (ms) | floor p90 (ms) | floor p99 (ms) |"
+        ),
+        "{stdout}"
+    );
+    for cell in [
+        "| rag:1:64 | 0.5x | ",
+        "| rag:1:64 | 1x | ",
+        "| no-sharing | 0.5x | ",
+        "| no-sharing | 1x | ",
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(cell))
+            .unwrap_or_else(|| panic!("{cell}: {stdout}"));
+        let cols: Vec<&str> = line.trim_matches('|').split(" | ").collect();
+        assert_eq!(cols.len(), 7, "{line}");
+        assert_eq!(cols[3].trim(), "4", "four requests a cell: {line}");
+        let ms: Vec<f64> = cols[4..]
+            .iter()
+            .map(|c| c.trim().parse().unwrap())
+            .collect();
+        assert!(ms[0] > 0.0 && ms[0] <= ms[1] && ms[1] <= ms[2], "{line}");
+    }
+    assert!(!out.exists(), "--floor-only writes nothing");
+}
+
 /// `bench matrix` of tiny requests (four a cell) on two engines and two agents, no peers.
 fn matrix_argv(out: &Path, workloads: &str, loads: &str, extra: &[&str]) -> Vec<String> {
     let out = out.display().to_string();

@@ -86,6 +86,10 @@ pub struct MatrixArgs {
     /// Give up on a row after this many wall seconds (its unanswered requests fail).
     #[arg(long, default_value_t = 90.0)]
     pub max_seconds: f64,
+    /// Print each cell's floor (the TTFT quantiles no router can beat on its plans) and stop:
+    /// no fleet, no router, nothing written.
+    #[arg(long)]
+    pub floor_only: bool,
     /// Directory for `matrix.md`, `matrix.json`, `requests.jsonl` (every answered request as
     /// its client saw it) and `logs/`.
     #[arg(long, value_name = "DIR", default_value = "warmpath-matrix")]
@@ -203,8 +207,6 @@ fn slots(args: &MatrixArgs) -> Result<Vec<Slot>, Error> {
 }
 
 pub async fn run(args: MatrixArgs) -> Result<(), Error> {
-    let logs = Logs::create(&args.out)?;
-    let bench_log = BenchLog::install(&logs)?;
     let profile = warmpath_sim::engine::timing::Profile::by_name(&args.profile)
         .ok_or_else(|| Error::Setup(format!("--profile {}: no such profile", args.profile)))?;
     if args.loads.is_empty() || args.loads.iter().any(|l| !(l.is_finite() && *l > 0.0)) {
@@ -272,6 +274,12 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
             plans.push((*w, load, rate, runs_of_cell));
         }
     }
+    if args.floor_only {
+        print!("{}", table::floors(profile, &plans));
+        return Ok(());
+    }
+    let logs = Logs::create(&args.out)?;
+    let bench_log = BenchLog::install(&logs)?;
     println!(
         "bench matrix: {} workloads x {} loads = {} cells, {} rows each ({} run), {} engines, {} agents (cluster) + 1 central, profile {}, time-scale {}; estimated {:.0} min",
         args.workloads.len(),
@@ -298,7 +306,7 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
             requests: runs_of_cell.iter().map(Generated::requests).sum(),
             working_set_tokens: working_set,
             blocks_per_engine: blocks,
-            floor: floor::of(profile, runs_of_cell.iter().flat_map(|g| &g.fresh)),
+            floor: floor::of(profile, runs_of_cell.iter().map(|g| &g.new_work)),
             rows: Vec::new(),
         };
         let repeats = runs_of_cell.len();

@@ -4,7 +4,9 @@
 
 use std::fmt::Write as _;
 
-use super::{Cell, MatrixArgs, top_two, verdict};
+use warmpath_sim::engine::timing::Profile;
+
+use super::{Cell, MatrixArgs, floor, top_two, verdict, workloads::Generated};
 use crate::Error;
 
 /// The floor's line in each cell ([`super::floor`]).
@@ -145,6 +147,25 @@ pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
         s,
         "\n{pass} PASS, {miss} MISS ({out_of_reach} of them below the cell's floor: out of any router's reach)"
     );
+    s
+}
+
+/// Each cell's floor (`--floor-only`): `plans` as (workload, load, rate, every run's plan).
+pub fn floors(profile: &Profile, plans: &[(super::Workload, f64, f64, Vec<Generated>)]) -> String {
+    let mut s = String::from(
+        "| workload | load | req/s | requests | floor p50 (ms) | floor p90 (ms) | floor p99 (ms) |\n|---|---|---|---|---|---|---|\n",
+    );
+    for (w, load, rate, runs) in plans {
+        let f = floor::of(profile, runs.iter().map(|g| &g.new_work));
+        let requests: usize = runs.iter().map(Generated::requests).sum();
+        let _ = writeln!(
+            s,
+            "| {w} | {load}x | {rate:.1} | {requests} | {:.1} | {:.1} | {:.1} |",
+            f.ttft_p50 * 1e3,
+            f.ttft_p90 * 1e3,
+            f.ttft_p99 * 1e3
+        );
+    }
     s
 }
 

@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng, seq::SliceRandom};
 use rand_chacha::ChaCha8Rng;
 use warmpath_tokenizer::text::TextGen;
 
-use super::floor::{self, Fresh};
+use super::floor::{self, Fresh, NewWork};
 use crate::{compare::Chain, run::plan::CHARS_PER_TOKEN, workload::Planned};
 
 fn chars(tokens: usize) -> usize {
@@ -153,9 +153,9 @@ pub struct Generated {
     pub longest_tokens: usize,
     /// Output tokens each request asks for (`max_tokens`).
     pub output_tokens: usize,
-    /// What each request must compute however it is routed, in no particular order: the
-    /// cell's floor ([`floor`]).
-    pub fresh: Vec<Fresh>,
+    /// What the requests must compute however they are routed: the cell's floor
+    /// ([`floor`]).
+    pub new_work: NewWork,
 }
 
 impl Generated {
@@ -277,9 +277,9 @@ fn rag(
         .zip(&turns)
         .map(|(d, t)| (*d, t.prompt.as_str()))
         .collect();
-    let fresh = floor::rag(&asked, super::BLOCK_SIZE);
+    let new_work = floor::rag(&asked, super::BLOCK_SIZE);
     Generated {
-        fresh,
+        new_work,
         working_set_tokens: distinct * doc_tokens
             + sizes.requests * (sizes.question_tokens + sizes.output_tokens),
         mean_prompt_tokens: request_tokens as f64,
@@ -306,7 +306,7 @@ fn no_sharing(sizes: &Sizes, rate: f64, rng: &mut ChaCha8Rng) -> Generated {
         })
         .collect();
     let request_tokens = sizes.no_sharing_tokens + sizes.question_tokens;
-    let fresh = turns
+    let each = turns
         .iter()
         .map(|t| Fresh {
             tokens: floor::tokens(&t.prompt, true),
@@ -314,7 +314,10 @@ fn no_sharing(sizes: &Sizes, rate: f64, rng: &mut ChaCha8Rng) -> Generated {
         })
         .collect();
     Generated {
-        fresh,
+        new_work: NewWork {
+            each,
+            shared: Vec::new(),
+        },
         working_set_tokens: sizes.requests * (request_tokens + sizes.output_tokens),
         mean_prompt_tokens: request_tokens as f64,
         longest_tokens: request_tokens + sizes.output_tokens,
@@ -376,7 +379,7 @@ impl Growing {
         let mean = (0..turns).map(prompt_at).sum::<usize>() as f64 / turns as f64;
         // A session's opening prompt is new whole (with BOS); each later turn's text is
         // appended to what may be cached.
-        let fresh = chains
+        let each = chains
             .iter()
             .flat_map(|c| c.turns.iter().enumerate())
             .map(|(k, t)| Fresh {
@@ -385,7 +388,10 @@ impl Growing {
             })
             .collect();
         Generated {
-            fresh,
+            new_work: NewWork {
+                each,
+                shared: Vec::new(),
+            },
             working_set_tokens: sessions * (prompt_at(turns - 1) + self.output_tokens),
             mean_prompt_tokens: mean,
             longest_tokens: prompt_at(turns - 1) + self.output_tokens,

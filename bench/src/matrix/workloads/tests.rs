@@ -172,25 +172,38 @@ fn each_request_has_its_fresh_tokens_and_each_document_or_session_opening_is_new
         doc_tokens: 500,
     }
     .generate(&sizes, 10.0, 4, 7);
-    assert_eq!(rag.fresh.len(), rag.requests());
+    let work = &rag.new_work;
+    assert_eq!(work.each.len(), rag.requests());
     let docs: HashSet<&str> = all(&rag).into_iter().map(head).collect();
-    // A document is new to one request (its whole prompt: ~500 + ~70 tokens), a question to
-    // every other (~70 tokens and what follows the document's last full block of 16).
-    let cold: Vec<_> = rag.fresh.iter().filter(|f| f.context == 0).collect();
-    assert_eq!(cold.len(), docs.len());
+    // A document is new to one request (its whole prompt: ~500 + ~70 tokens); each request
+    // brings its question (~70 tokens and what follows the document's last full block of 16).
+    assert_eq!(work.shared.len(), docs.len());
     assert!(
-        cold.iter().all(|f| (450..700).contains(&f.tokens)),
-        "{cold:?}"
+        work.shared
+            .iter()
+            .all(|p| (450..700).contains(&p.cold.tokens) && p.cold.context == 0),
+        "{work:?}"
     );
-    let warm: Vec<_> = rag.fresh.iter().filter(|f| f.context > 0).collect();
-    assert!(
-        warm.iter()
-            .all(|f| (50..110).contains(&f.tokens) && (400..600).contains(&f.context)),
-        "{warm:?}"
-    );
+    let members: usize = work.shared.iter().map(|p| p.members.len()).sum();
+    assert_eq!(members, rag.requests());
+    // A document asked once: its request brings all of it. Asked more: each brings its own
+    // part.
+    for prefix in &work.shared {
+        for &i in &prefix.members {
+            let f = work.each[i];
+            if prefix.members.len() == 1 {
+                assert_eq!(f, prefix.cold, "{work:?}");
+            } else {
+                let own = (50..110).contains(&f.tokens) && (400..600).contains(&f.context);
+                assert!(own, "{i}: {f:?}");
+            }
+        }
+    }
     for w in [Workload::Chat, Workload::Agentic] {
         let g = w.generate(&sizes, 10.0, 4, 7);
-        assert_eq!(g.fresh.len(), g.requests());
+        let each = &g.new_work.each;
+        assert_eq!(each.len(), g.requests());
+        assert!(g.new_work.shared.is_empty());
         // A session opens with its first text and message (chat 608 tokens, agentic 2,560,
         // as the generator estimates them), then brings one message (96) or tool result (512)
         // a turn, with its label ("User 3: "); the tokenizer counts up to a third more.
@@ -199,15 +212,16 @@ fn each_request_has_its_fresh_tokens_and_each_document_or_session_opening_is_new
             _ => (2560.0, 512.0),
         };
         let near = |t: usize, n: f64| (n * 0.9..n * 1.4).contains(&(t as f64));
-        let opened = g.fresh.iter().filter(|f| near(f.tokens, opening)).count();
+        let opened = each.iter().filter(|f| near(f.tokens, opening)).count();
         assert_eq!(opened, g.chains.len(), "{w}");
-        let steps = g.fresh.iter().filter(|f| near(f.tokens, step)).count();
+        let steps = each.iter().filter(|f| near(f.tokens, step)).count();
         assert_eq!(steps, g.requests() - g.chains.len(), "{w}");
     }
     let control = Workload::NoSharing.generate(&sizes, 10.0, 4, 7);
     assert!(
         control
-            .fresh
+            .new_work
+            .each
             .iter()
             .all(|f| f.context == 0 && f.tokens > 1000)
     );
