@@ -129,8 +129,8 @@ pub fn lone_prefill(profile: &Profile, f: Fresh) -> f64 {
 pub fn tokens(text: &str, bos: bool) -> usize {
     builtin()
         .encode(text, bos)
-        // The built-in tokenizer encodes any text; were it to fail, the nominal size (3.85
-        // characters a token) would overstate nothing by much, so a floor of zero is safer.
+        // The built-in tokenizer encodes any text; were it to fail, counting no tokens keeps
+        // the bound a bound (an estimate from the text's length could overstate it).
         .map_or(0, |ids| ids.len())
 }
 
