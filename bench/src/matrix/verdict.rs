@@ -44,6 +44,15 @@ pub struct Verdict {
 /// One figure of a row.
 type Figure = fn(&RunFigures) -> f64;
 
+/// Which way a target's figure is better.
+#[derive(Debug, Clone, Copy)]
+enum Better {
+    /// A TTFT: no router's can be under the cell's `floor` (seconds) for it.
+    Lower { floor: f64 },
+    /// Throughput.
+    Higher,
+}
+
 /// The rows the targets are judged for.
 const JUDGED: [&str; 2] = ["Precise", CENTRAL_ROW];
 
@@ -140,18 +149,16 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
         let mut check = |target: String,
                          (mine, theirs, by_run): (f64, f64, Vec<RunRatio>),
                          limit: f64,
-                         floor: Option<f64>,
+                         better: Better,
                          detail: String| {
-            // Only TTFT targets have a floor, and lower is better for them alone.
-            let lower_is_better = floor.is_some();
             let ratio = mine / theirs;
-            let out_of_reach = floor.filter(|f| *f > limit * theirs);
-            let ok = |r: f64| {
-                if lower_is_better {
-                    r <= limit
-                } else {
-                    r >= limit
-                }
+            let out_of_reach = match better {
+                Better::Lower { floor } => (floor > limit * theirs).then_some(floor),
+                Better::Higher => None,
+            };
+            let ok = |r: f64| match better {
+                Better::Lower { .. } => r <= limit,
+                Better::Higher => r >= limit,
             };
             let failed = (errors > 0).then(|| format!("; {errors} failed requests"));
             // A run passes as the pooled verdict does: within the limit, nothing failed.
@@ -205,7 +212,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                 format!("p90 <= 0.7x {against_what}"),
                 (mine, v, runs),
                 0.7,
-                Some(f.ttft_p90),
+                Better::Lower { floor: f.ttft_p90 },
                 format!("{} vs {} ({by})", ms(mine), ms(v)),
             );
         }
@@ -215,7 +222,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                     format!("{q} <= 1.05x {against_what}"),
                     (mine, v, runs),
                     1.05,
-                    Some(floor),
+                    Better::Lower { floor },
                     format!("{} vs {} ({by})", ms(mine), ms(v)),
                 );
             }
@@ -226,7 +233,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                 format!("throughput >= 0.98x {against_what}"),
                 (mine, v, runs),
                 0.98,
-                None,
+                Better::Higher,
                 format!("{mine:.0} vs {v:.0} tok/s ({by})"),
             );
         }
@@ -236,7 +243,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                     "p90 <= 1.05x least-loaded (control)".into(),
                     (mine, v, runs),
                     1.05,
-                    Some(f.ttft_p90),
+                    Better::Lower { floor: f.ttft_p90 },
                     format!("{} vs {}", ms(mine), ms(v)),
                 );
             }
@@ -245,7 +252,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                     "throughput >= 0.95x least-loaded (control)".into(),
                     (mine, v, runs),
                     0.95,
-                    None,
+                    Better::Higher,
                     format!("{mine:.0} vs {v:.0} tok/s"),
                 );
             }
