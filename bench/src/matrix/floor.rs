@@ -35,7 +35,7 @@
 //! wall clock (a loaded machine), runs steps back to back until it catches up, so a client can
 //! see a first token up to (1 ms + that lag) / time-scale before the modelled time.
 
-use std::sync::OnceLock;
+use std::{borrow::Borrow, sync::OnceLock};
 
 use warmpath_sim::engine::timing::{Profile, StepWork};
 use warmpath_tokenizer::Tokenizer;
@@ -103,8 +103,8 @@ impl NewWork {
 
 /// The floor of every request of `plans` (every run of a cell together, as the rows pool
 /// their answers) on `profile`'s engines.
-pub fn of<'a>(profile: &Profile, plans: impl IntoIterator<Item = &'a NewWork>) -> Floor {
-    let q = Quantiles::of(plans.into_iter().flat_map(|w| w.bounds(profile)));
+pub fn of(profile: &Profile, plans: impl IntoIterator<Item = impl Borrow<NewWork>>) -> Floor {
+    let q = Quantiles::of(plans.into_iter().flat_map(|w| w.borrow().bounds(profile)));
     Floor {
         ttft_p50: q.p50,
         ttft_p90: q.p90,

@@ -306,7 +306,7 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
             requests: runs_of_cell.iter().map(Generated::requests).sum(),
             working_set_tokens: working_set,
             blocks_per_engine: blocks,
-            floor: floor::of(profile, runs_of_cell.iter().map(|g| &g.new_work)),
+            floor: floor::of(profile, runs_of_cell.iter().map(Generated::new_work)),
             rows: Vec::new(),
         };
         let repeats = runs_of_cell.len();

@@ -156,7 +156,13 @@ pub fn floors(profile: &Profile, plans: &[(super::Workload, f64, f64, Vec<Genera
         "| workload | load | req/s | requests | floor p50 (ms) | floor p90 (ms) | floor p99 (ms) |\n|---|---|---|---|---|---|---|\n",
     );
     for (w, load, rate, runs) in plans {
-        let f = floor::of(profile, runs.iter().map(|g| &g.new_work));
+        let f = floor::of(
+            profile,
+            runs.iter()
+                .map(Generated::new_work)
+                .collect::<Vec<_>>()
+                .iter(),
+        );
         let requests: usize = runs.iter().map(Generated::requests).sum();
         let _ = writeln!(
             s,

@@ -153,15 +153,44 @@ pub struct Generated {
     pub longest_tokens: usize,
     /// Output tokens each request asks for (`max_tokens`).
     pub output_tokens: usize,
-    /// What the requests must compute however they are routed: the cell's floor
-    /// ([`floor`]).
-    pub new_work: NewWork,
+    /// A RAG plan's document of each request, in plan order (empty for other workloads).
+    pub documents: Vec<usize>,
 }
 
 impl Generated {
     /// Requests in the plan.
     pub fn requests(&self) -> usize {
         self.chains.iter().map(|c| c.turns.len()).sum()
+    }
+
+    /// What the requests must compute however they are routed: the cell's floor
+    /// ([`floor`]). Tokenizes every prompt, so only the plans that run ask for it.
+    pub fn new_work(&self) -> NewWork {
+        let turns = || self.chains.iter().flat_map(|c| &c.turns);
+        if !self.documents.is_empty() {
+            let asked: Vec<(usize, &str)> = self
+                .documents
+                .iter()
+                .zip(turns())
+                .map(|(d, t)| (*d, t.prompt.as_str()))
+                .collect();
+            return floor::rag(&asked, super::BLOCK_SIZE);
+        }
+        // A prompt of its own is new whole (with BOS), as is a session's opening; each later
+        // turn's text is appended to what may be cached.
+        let each = self
+            .chains
+            .iter()
+            .flat_map(|c| c.turns.iter().enumerate().map(move |(k, t)| (c.grow, k, t)))
+            .map(|(grow, k, t)| Fresh {
+                tokens: floor::tokens(&t.prompt, !grow || k == 0),
+                context: 0,
+            })
+            .collect();
+        NewWork {
+            each,
+            shared: Vec::new(),
+        }
     }
 }
 
@@ -272,14 +301,8 @@ fn rag(
         .collect();
     let distinct = used.iter().filter(|u| **u).count();
     let request_tokens = doc_tokens + sizes.question_tokens;
-    let asked: Vec<(usize, &str)> = picks
-        .iter()
-        .zip(&turns)
-        .map(|(d, t)| (*d, t.prompt.as_str()))
-        .collect();
-    let new_work = floor::rag(&asked, super::BLOCK_SIZE);
     Generated {
-        new_work,
+        documents: picks,
         working_set_tokens: distinct * doc_tokens
             + sizes.requests * (sizes.question_tokens + sizes.output_tokens),
         mean_prompt_tokens: request_tokens as f64,
@@ -306,18 +329,8 @@ fn no_sharing(sizes: &Sizes, rate: f64, rng: &mut ChaCha8Rng) -> Generated {
         })
         .collect();
     let request_tokens = sizes.no_sharing_tokens + sizes.question_tokens;
-    let each = turns
-        .iter()
-        .map(|t| Fresh {
-            tokens: floor::tokens(&t.prompt, true),
-            context: 0,
-        })
-        .collect();
     Generated {
-        new_work: NewWork {
-            each,
-            shared: Vec::new(),
-        },
+        documents: Vec::new(),
         working_set_tokens: sizes.requests * (request_tokens + sizes.output_tokens),
         mean_prompt_tokens: request_tokens as f64,
         longest_tokens: request_tokens + sizes.output_tokens,
@@ -377,21 +390,8 @@ impl Growing {
         let prompt_at =
             |k: usize| self.first_tokens + (k + 1) * self.step_tokens + k * self.output_tokens;
         let mean = (0..turns).map(prompt_at).sum::<usize>() as f64 / turns as f64;
-        // A session's opening prompt is new whole (with BOS); each later turn's text is
-        // appended to what may be cached.
-        let each = chains
-            .iter()
-            .flat_map(|c| c.turns.iter().enumerate())
-            .map(|(k, t)| Fresh {
-                tokens: floor::tokens(&t.prompt, k == 0),
-                context: 0,
-            })
-            .collect();
         Generated {
-            new_work: NewWork {
-                each,
-                shared: Vec::new(),
-            },
+            documents: Vec::new(),
             working_set_tokens: sessions * (prompt_at(turns - 1) + self.output_tokens),
             mean_prompt_tokens: mean,
             longest_tokens: prompt_at(turns - 1) + self.output_tokens,

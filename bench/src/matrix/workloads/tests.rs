@@ -172,7 +172,7 @@ fn each_request_has_its_fresh_tokens_and_each_document_or_session_opening_is_new
         doc_tokens: 500,
     }
     .generate(&sizes, 10.0, 4, 7);
-    let work = &rag.new_work;
+    let work = &rag.new_work();
     assert_eq!(work.each.len(), rag.requests());
     let docs: HashSet<&str> = all(&rag).into_iter().map(head).collect();
     // A document is new to one request (its whole prompt: ~500 + ~70 tokens); each request
@@ -201,9 +201,10 @@ fn each_request_has_its_fresh_tokens_and_each_document_or_session_opening_is_new
     }
     for w in [Workload::Chat, Workload::Agentic] {
         let g = w.generate(&sizes, 10.0, 4, 7);
-        let each = &g.new_work.each;
+        let work = g.new_work();
+        let each = &work.each;
         assert_eq!(each.len(), g.requests());
-        assert!(g.new_work.shared.is_empty());
+        assert!(work.shared.is_empty());
         // A session opens with its first text and message (chat 608 tokens, agentic 2,560,
         // as the generator estimates them), then brings one message (96) or tool result (512)
         // a turn, with its label ("User 3: "); the tokenizer counts up to a third more.
@@ -220,7 +221,7 @@ fn each_request_has_its_fresh_tokens_and_each_document_or_session_opening_is_new
     let control = Workload::NoSharing.generate(&sizes, 10.0, 4, 7);
     assert!(
         control
-            .new_work
+            .new_work()
             .each
             .iter()
             .all(|f| f.context == 0 && f.tokens > 1000)
