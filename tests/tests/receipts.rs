@@ -198,6 +198,37 @@ async fn receipts_show_available_captured_and_delivered_exactly() {
         metric(&client, &admin, "warmpath_prefix_survival").await,
         1.0
     );
+    // By predicted wait: eight bands (under 25 ms, doubling to 1.6 s, then open), each 1
+    // where nothing was lost (a band with no answers takes the pool's figure).
+    let bands = pool["prefix_survival_by_wait"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{status}"));
+    let edges: Vec<_> = bands.iter().map(|b| b["below_ms"].as_f64()).collect();
+    assert_eq!(
+        edges,
+        [25.0, 50.0, 100.0, 200.0, 400.0, 800.0, 1600.0]
+            .map(Some)
+            .into_iter()
+            .chain([None])
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        bands.iter().all(|b| b["survival"].as_f64() == Some(1.0)),
+        "{status}"
+    );
+    let captured: f64 = bands
+        .iter()
+        .filter_map(|b| b["captured_tokens"].as_f64())
+        .sum();
+    // 96 + 80 tokens captured; the first kept 255/256 at the second.
+    assert!(
+        (captured - (96.0 * 255.0 / 256.0 + 80.0)).abs() < 1e-9,
+        "{status}"
+    );
+    assert_eq!(
+        metric(&client, &admin, "warmpath_prefix_survival_by_wait").await,
+        1.0
+    );
     let r = &status["tenants"][0]["receipts"];
     let field = |k: &str| r[k].as_u64();
     assert_eq!(

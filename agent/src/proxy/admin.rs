@@ -288,18 +288,40 @@ fn metrics(proxy: &Proxy) -> String {
     }
     let _ = writeln!(
         out,
-        "# HELP warmpath_prefix_survival Share of the prefix a chosen pod held at decision that its engine still had at prefill (recent route receipts; 1 before any)\n# TYPE warmpath_prefix_survival gauge"
+        "# HELP warmpath_prefix_survival Share of the prefix a chosen pod held at decision that its engine still had at prefill (recent route receipts, every wait; 1 before any)\n# TYPE warmpath_prefix_survival gauge"
     );
-    for p in &proxy.pools {
+    let statuses: Vec<_> = proxy
+        .pools
+        .iter()
+        .map(|p| (p.name.as_str(), p.calibration.status()))
+        .collect();
+    for (pool, s) in &statuses {
         let _ = writeln!(
             out,
             "warmpath_prefix_survival{} {}",
-            crate::telemetry::prometheus::label_text(
-                std::iter::once(("pool", p.name.as_str())),
-                None
-            ),
-            p.calibration.survival().get()
+            crate::telemetry::prometheus::label_text(std::iter::once(("pool", *pool)), None),
+            s.prefix_survival
         );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP warmpath_prefix_survival_by_wait The same by the TTFT predicted at decision, per band below `le` seconds: the weight the prefix presets give a held prefix at that wait\n# TYPE warmpath_prefix_survival_by_wait gauge"
+    );
+    for (pool, s) in &statuses {
+        for band in &s.prefix_survival_by_wait {
+            let le = band
+                .below_ms
+                .map_or_else(|| "+Inf".to_string(), |ms| format!("{}", ms / 1000.0));
+            let _ = writeln!(
+                out,
+                "warmpath_prefix_survival_by_wait{} {}",
+                crate::telemetry::prometheus::label_text(
+                    [("pool", *pool), ("le", le.as_str())].into_iter(),
+                    None
+                ),
+                band.survival
+            );
+        }
     }
     let _ = writeln!(
         out,

@@ -16,7 +16,10 @@ use std::{collections::HashMap, sync::Arc};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::routing::cost::{Features, Fit, Timing};
+use crate::routing::{
+    BAND_START, SURVIVAL_BANDS, Survival,
+    cost::{Features, Fit, Timing},
+};
 
 /// Pods with a fit per pool.
 pub const MAX_PODS: usize = 1024;
@@ -34,9 +37,9 @@ pub struct Calibration {
     /// How much of the prefix chosen pods held at decision their engines still had at
     /// prefill ([`Delivery`]).
     delivery: Mutex<Delivery>,
-    /// [`Delivery::survival`] as of the last note, as f64 bits (0: none yet, which reads
-    /// as 1): read by every decision without the lock.
-    survival_bits: std::sync::atomic::AtomicU64,
+    /// [`Delivery::by_wait`] as of the last note, one band each, as f64 bits (0: none yet,
+    /// which reads as 1): read by every decision without the lock.
+    survival_bits: [std::sync::atomic::AtomicU64; SURVIVAL_BANDS],
     /// Decayed means of answered requests' output tokens and of their time in flight,
     /// seconds, as f64 bits (0: none yet): how many KV blocks a request holds beyond its
     /// prompt, and how long it holds them ([`crate::routing::KvRoom`]).
@@ -81,15 +84,25 @@ fn read_mean(bits: &std::sync::atomic::AtomicU64, prior: f64) -> f64 {
 }
 
 /// Decayed sums of route receipts' captured tokens and of what of them was delivered (the
-/// engine's `cached_tokens`, at most the captured): their ratio is the share of a prefix a
-/// pod holds at decision that survives to its prefill. Blocks a pod holds can be evicted
-/// while the request waits in its queue; when its KV cache is too small for what runs
-/// there, most are, and the index's prefix is then worth that much less
+/// engine's `cached_tokens`, at most the captured), per band of the TTFT predicted at
+/// decision: their ratio is the share of a prefix a pod holds at decision that survives to
+/// its prefill. Blocks a pod holds can be evicted while the request waits in its queue;
+/// when its KV cache is too small for what runs there, most are in a long wait and few in a
+/// short one, and the index's prefix is then worth that much less there
 /// ([`crate::routing::Survival`]).
+///
+/// ```text
+/// pool    = (sum delivered + PRIOR) / (sum captured + PRIOR)
+/// band(i) = (delivered(i) + PRIOR x pool) / (captured(i) + PRIOR)
+/// ```
+///
+/// then made non-increasing in the wait (pool-adjacent violators, each band weighted by
+/// `captured(i) + PRIOR`): a band with few answers leans on the pool's figure, and a longer
+/// wait never reads as safer than a shorter one.
 #[derive(Debug, Default)]
 struct Delivery {
-    captured: f64,
-    delivered: f64,
+    captured: [f64; SURVIVAL_BANDS],
+    delivered: [f64; SURVIVAL_BANDS],
     observed: u64,
 }
 
@@ -133,11 +146,29 @@ pub struct CalibrationStatus {
     /// Streams checked since start.
     pub checked: u64,
     /// The share of the prefix a chosen pod held at decision that its engine still had at
-    /// prefill (recent answers; 1 before any): the weight the prefix presets give a held
-    /// prefix (docs/routing.md, "Prefix survival").
+    /// prefill (recent answers, every wait; 1 before any) (docs/routing.md, "Prefix
+    /// survival").
     pub prefix_survival: f64,
+    /// The same by the TTFT predicted at decision: the weight the prefix presets give a
+    /// held prefix at that wait.
+    pub prefix_survival_by_wait: Vec<SurvivalBand>,
     /// Answers with a captured prefix and a reported `cached_tokens` noted so far.
     pub survival_observations: u64,
+}
+
+/// One band of predicted TTFT and the survival learnt in it, for `/status`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SurvivalBand {
+    /// The band's upper edge, ms (none: the last, open band).
+    pub below_ms: Option<f64>,
+    pub survival: f64,
+    /// Captured tokens the band's figure rests on (decayed).
+    pub captured_tokens: f64,
+}
+
+/// The upper edge of band `i`, seconds (none for the last).
+pub fn band_edge(i: usize) -> Option<f64> {
+    (i + 1 < SURVIVAL_BANDS).then(|| BAND_START * f64::from(1u32 << i))
 }
 
 /// One pod's fitted coefficients for `/status`.
@@ -231,22 +262,36 @@ impl Calibration {
             n => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
         };
         let d = self.delivery.lock();
+        let by_wait = d.by_wait().bands();
         CalibrationStatus {
             median_abs_error_ms: median.map(|m| m * 1000.0),
             checked: e.count,
-            prefix_survival: d.survival(),
+            prefix_survival: d.overall(),
+            prefix_survival_by_wait: (0..SURVIVAL_BANDS)
+                .map(|i| SurvivalBand {
+                    below_ms: band_edge(i).map(|s| s * 1000.0),
+                    survival: by_wait[i],
+                    captured_tokens: d.captured[i],
+                })
+                .collect(),
             survival_observations: d.observed,
         }
     }
 
     /// A request's route receipt settled: its pod held `captured` prompt tokens of its
-    /// prefix at decision and the engine served `delivered` from its cache. Only answers
-    /// whose engine reported `cached_tokens` may be noted (without it there is no measure).
-    pub fn note_delivery(&self, captured: u64, delivered: u64) {
+    /// prefix at decision, where its TTFT was predicted at `predicted` seconds, and the
+    /// engine served `delivered` from its cache. Only answers whose engine reported
+    /// `cached_tokens` may be noted (without it there is no measure).
+    pub fn note_delivery(&self, captured: u64, delivered: u64, predicted: f64) {
         let mut d = self.delivery.lock();
-        if d.note(captured, delivered) {
-            self.survival_bits
-                .store(d.survival().to_bits(), std::sync::atomic::Ordering::Relaxed);
+        if d.note(captured, delivered, predicted) {
+            for (bits, share) in self.survival_bits.iter().zip(d.by_wait().bands()) {
+                // 0.0's bits are 0 ("none yet"): the smallest positive value stands in.
+                bits.store(
+                    share.max(f64::MIN_POSITIVE).to_bits(),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
         }
     }
 
@@ -274,36 +319,81 @@ impl Calibration {
         read_mean(&self.lifetime_bits, LIFETIME_PRIOR_SECS)
     }
 
-    /// The share of a held prefix that reaches prefill ([`Delivery`]), 0..=1.
-    pub fn survival(&self) -> crate::routing::Survival {
-        match self
-            .survival_bits
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            0 => crate::routing::Survival::default(),
-            bits => crate::routing::Survival::new(f64::from_bits(bits)),
-        }
+    /// The share of a held prefix that reaches prefill, by predicted TTFT ([`Delivery`]).
+    pub fn survival(&self) -> Survival {
+        Survival::by_wait(self.survival_bits.each_ref().map(|bits| {
+            match bits.load(std::sync::atomic::Ordering::Relaxed) {
+                0 => 1.0,
+                b => f64::from_bits(b),
+            }
+        }))
     }
 }
 
 impl Delivery {
     /// Notes one answer; false when it teaches nothing (nothing was captured).
-    fn note(&mut self, captured: u64, delivered: u64) -> bool {
+    fn note(&mut self, captured: u64, delivered: u64, predicted: f64) -> bool {
         if captured == 0 {
             // Nothing was held: nothing to survive. (More delivered than captured — the
             // index missed blocks — is not evidence about what it saw.)
             return false;
         }
+        // Every band forgets at the pace of the pool's answers, so a band no decision
+        // predicts any more fades back to the pool's figure.
         let keep = 1.0 - 1.0 / DELIVERY_MEMORY;
-        self.captured = self.captured * keep + captured as f64;
-        self.delivered = self.delivered * keep + delivered.min(captured) as f64;
+        for (c, d) in self.captured.iter_mut().zip(&mut self.delivered) {
+            *c *= keep;
+            *d *= keep;
+        }
+        let band = Survival::band(predicted);
+        self.captured[band] += captured as f64;
+        self.delivered[band] += delivered.min(captured) as f64;
         self.observed += 1;
         true
     }
 
-    fn survival(&self) -> f64 {
-        ((self.delivered + DELIVERY_PRIOR_TOKENS) / (self.captured + DELIVERY_PRIOR_TOKENS))
-            .clamp(0.0, 1.0)
+    /// Every wait's answers together.
+    fn overall(&self) -> f64 {
+        let delivered: f64 = self.delivered.iter().sum();
+        let captured: f64 = self.captured.iter().sum();
+        ((delivered + DELIVERY_PRIOR_TOKENS) / (captured + DELIVERY_PRIOR_TOKENS)).clamp(0.0, 1.0)
+    }
+
+    /// Each band's figure, leaning on the pool's by the prior, made non-increasing.
+    fn by_wait(&self) -> Survival {
+        let pool = self.overall();
+        // Pool-adjacent violators: blocks of (weighted mean, weight, bands).
+        let mut blocks: Vec<(f64, f64, usize)> = Vec::with_capacity(SURVIVAL_BANDS);
+        for i in 0..SURVIVAL_BANDS {
+            let weight = self.captured[i] + DELIVERY_PRIOR_TOKENS;
+            let mut block = (
+                (self.delivered[i] + DELIVERY_PRIOR_TOKENS * pool) / weight,
+                weight,
+                1,
+            );
+            while let Some(&(mean, w, n)) = blocks.last() {
+                if mean >= block.0 {
+                    break;
+                }
+                // A longer wait surviving better than a shorter one: pool the two.
+                blocks.pop();
+                block = (
+                    (mean * w + block.0 * block.1) / (w + block.1),
+                    w + block.1,
+                    n + block.2,
+                );
+            }
+            blocks.push(block);
+        }
+        let mut shares = [1.0; SURVIVAL_BANDS];
+        let mut i = 0;
+        for (mean, _, n) in blocks {
+            for share in &mut shares[i..i + n] {
+                *share = mean;
+            }
+            i += n;
+        }
+        Survival::by_wait(shares)
     }
 }
 
@@ -408,32 +498,73 @@ mod tests {
     fn survival_is_what_engines_delivered_of_what_was_captured() {
         let c = Calibration::default();
         assert_eq!(
-            c.survival().get(),
-            1.0,
+            c.survival(),
+            Survival::new(1.0),
             "the index at its word before any answer"
         );
         // Nothing captured: nothing learnt, even with cached tokens the index did not see.
-        c.note_delivery(0, 512);
+        c.note_delivery(0, 512, 0.01);
         assert_eq!(c.status().survival_observations, 0);
         // 1,000 answers each delivering 160 of 1,024 captured tokens: after 1,000 the
         // decayed sums are each (1 - (255/256)^1000) x 256 x per-answer, so the ratio tends
         // to 160 / 1024 = 0.156, lifted only by the 4,096-token prior:
         // (0.98 x 256 x 160 + 4096) / (0.98 x 256 x 1024 + 4096).
         for _ in 0..1000 {
-            c.note_delivery(1024, 160);
+            c.note_delivery(1024, 160, 0.01);
         }
         let keep: f64 = 1.0 - 1.0 / 256.0;
         let mass = (1.0 - keep.powi(1000)) * 256.0;
         let want = (mass * 160.0 + 4096.0) / (mass * 1024.0 + 4096.0);
-        let got = c.survival().get();
+        let got = c.status().prefix_survival;
         assert!((got - want).abs() < 1e-9, "{got} vs {want}");
         assert!((0.16..0.18).contains(&got), "{got}");
         assert_eq!(c.status().survival_observations, 1000);
-        // Delivered beyond what was captured counts as the captured: full survival.
+        // Delivered beyond what was captured counts as the captured: full survival, at
+        // every wait.
         for _ in 0..5000 {
-            c.note_delivery(1024, 4096);
+            c.note_delivery(1024, 4096, 0.01);
         }
-        assert!(c.survival().get() > 0.999);
+        assert!(c.status().prefix_survival > 0.999);
+        assert!(c.survival().bands().iter().all(|&s| s > 0.999));
+    }
+
+    #[test]
+    fn survival_is_learnt_by_predicted_wait_and_never_rises_with_it() {
+        let c = Calibration::default();
+        // One answer predicted at 10 ms (band 0, under 25 ms) delivered all 1,024 tokens it
+        // captured; the next, predicted at 300 ms (band 4, 200-400 ms), delivered none.
+        c.note_delivery(1024, 1024, 0.010);
+        c.note_delivery(1024, 0, 0.300);
+        // The first answer's sums were kept 255/256 at the second: 1,020 tokens.
+        let pool = (1020.0 + 4096.0) / (1020.0 + 1024.0 + 4096.0);
+        let band0 = (1020.0 + 4096.0 * pool) / (1020.0 + 4096.0);
+        let band4 = 4096.0 * pool / (1024.0 + 4096.0);
+        // Bands 1-3 saw nothing: the pool's figure, under band 0's and over band 4's. Bands
+        // 5-7 saw nothing either, but a longer wait cannot read as safer than 200-400 ms:
+        // they are pooled with band 4, each weighted by its tokens and the prior.
+        let tail = (band4 * 5120.0 + pool * 3.0 * 4096.0) / (5120.0 + 3.0 * 4096.0);
+        let want = [band0, pool, pool, pool, tail, tail, tail, tail];
+        assert!(band0 > pool && pool > tail && tail > band4);
+        let s = c.status();
+        assert!((s.prefix_survival - pool).abs() < 1e-12);
+        for ((band, w), read) in s
+            .prefix_survival_by_wait
+            .iter()
+            .zip(want)
+            .zip(c.survival().bands())
+        {
+            assert!((band.survival - w).abs() < 1e-12, "{s:?}");
+            assert!((read - w).abs() < 1e-12, "decisions read what status shows");
+        }
+        assert_eq!(s.prefix_survival_by_wait[0].below_ms, Some(25.0));
+        assert_eq!(s.prefix_survival_by_wait[4].below_ms, Some(400.0));
+        assert_eq!(s.prefix_survival_by_wait[7].below_ms, None);
+        assert_eq!(s.prefix_survival_by_wait[4].captured_tokens, 1024.0);
+        assert_eq!(s.prefix_survival_by_wait[0].captured_tokens, 1020.0);
+        // A nonsense prediction is learnt in the first band, not dropped or out of bounds.
+        c.note_delivery(1024, 1024, f64::NAN);
+        c.note_delivery(1024, 1024, f64::INFINITY);
+        assert_eq!(c.status().survival_observations, 4);
     }
 
     #[test]

@@ -76,7 +76,7 @@ impl Attempt {
             let block = p.block_size.max(1);
             let servable = u.prompt.saturating_sub(1) / block * block;
             p.calibration
-                .note_delivery(r.captured.min(servable), u.cached);
+                .note_delivery(r.captured.min(servable), u.cached, p.predicted);
         }
         if let (Some(p), Some(u), Outcome::Ok) = (&self.prediction, &end.usage, end.outcome) {
             // From the answered attempt's send, as its KV was held.

@@ -10,7 +10,7 @@
 //! uncached     = prompt_blocks - matched_blocks(pod)
 //! ttft(pod)    = (uncached + queued_prefill_blocks(pod)) x secs_per_block(pod)
 //!              + in_flight(pod) x secs_per_running(pod) + base(pod)      (the prediction)
-//! expected     = prompt_blocks - survival x matched_blocks(pod)
+//! expected     = prompt_blocks - survival(ttft(pod)) x matched_blocks(pod)
 //! cost(pod)    = (expected + queued_prefill_blocks(pod)                   (its prefill wait)
 //!              +  0.25 x expected x in_flight(pod)                        (stall)
 //!              +  4 x in_flight(pod)) x secs_per_block(pool) + base(pool) (spread)
@@ -21,7 +21,9 @@
 //! the prediction too).
 //!
 //! `survival` ([`Survival`]) is the share of a held prefix that the pool's engines still had
-//! at prefill, by the recent route receipts (delivered / captured); 1 until measured.
+//! at prefill, by the recent route receipts (delivered / captured), learnt per band of the
+//! predicted TTFT the requests were routed at: a prefix survives a short wait and is evicted
+//! in a long one. 1 until measured.
 //!
 //! `secs_per_block`, `secs_per_running` and `base` are each pod's own, calibrated online from
 //! the TTFTs it answered with (the proxy's `calibration`), and make the prediction each
@@ -32,7 +34,7 @@
 //! so each of them waits for the uncached blocks too — a cold prompt goes where the fewest
 //! requests would wait for it, while a warm one (few uncached blocks) keeps its affinity. The
 //! spread term keeps cold requests from piling onto one pod between scrapes (measured:
-//! docs/benchmarks.md). The `history` scorer (the pull of a prefix's home: `2 x survival x
+//! docs/benchmarks.md). The `history` scorer (the pull of a prefix's home: `2 x survival(ttft) x
 //! (prompt_blocks - history_blocks(pod))` at `--weight history=2`) is off in both presets.
 //!
 //! Affinity wins while the pod holding the prefix is not already busier than recomputing the
@@ -75,39 +77,91 @@ pub struct RequestCtx {
     pub session: Option<String>,
     /// The LoRA adapter the request names, if it names one.
     pub lora: Option<String>,
-    /// How much of a prefix a pod holds at decision reaches prefill, by the pool's recent
-    /// route receipts.
+    /// How much of a prefix a pod holds at decision reaches prefill, by the request's
+    /// predicted wait there and the pool's recent route receipts.
     pub survival: Survival,
 }
 
 /// The share of a prefix a pod holds at decision that its engine still has when it
-/// prefills the request: the pool's recent route receipts, delivered / captured
+/// prefills the request, by how long the request is predicted to wait there: the pool's
+/// recent route receipts, delivered / captured, learnt per band of predicted TTFT
 /// (`proxy::calibration`). Blocks a pod holds are evicted while the request waits in its
-/// queue when the pod's KV cache is too small for what runs there; the prefix presets then
-/// count a held block as this much of a block (the `prefix`, `stall` and `history` terms),
-/// so where little survives they balance load instead of chasing caches that will be gone.
-/// 1 (the index at its word) by default.
+/// queue when the pod's KV cache is too small for what runs there, and the longer it waits
+/// the more of them go (measured on chat: 0-4 % of captured prefixes lost under 50 ms of
+/// predicted TTFT, 79-100 % from 150 ms; docs/benchmarks.md). The prefix presets count a
+/// block a pod holds as [`Survival::at`] its predicted TTFT of a block (the `prefix`,
+/// `stall` and `history` terms), so they chase a cache where it will still be there and
+/// balance load where it will be gone. 1 (the index at its word) by default.
+///
+/// Band `i` holds predictions in `[BAND_START x 2^(i-1), BAND_START x 2^i)` (the first from
+/// 0, the last open); between the bands' geometric midpoints the share is interpolated
+/// linearly in log2 of the prediction, so the cost has no step at a band's edge.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Survival(f64);
+pub struct Survival([f64; SURVIVAL_BANDS]);
+
+/// Bands of predicted TTFT survival is learnt in.
+pub const SURVIVAL_BANDS: usize = 8;
+/// The upper edge of the first band, seconds (each next band's edge doubles: 25 ms .. 1.6 s,
+/// and the last band is open).
+pub const BAND_START: f64 = 0.025;
 
 impl Survival {
-    /// `share` clamped to 0..=1 (NaN: 1).
+    /// The same `share` at every wait, clamped to 0..=1 (NaN: 1).
     pub fn new(share: f64) -> Self {
-        Self(if share.is_nan() {
+        Self([Self::clamp(share); SURVIVAL_BANDS])
+    }
+
+    /// One share per band of predicted TTFT, each clamped to 0..=1 (NaN: 1).
+    pub fn by_wait(shares: [f64; SURVIVAL_BANDS]) -> Self {
+        Self(shares.map(Self::clamp))
+    }
+
+    fn clamp(share: f64) -> f64 {
+        if share.is_nan() {
             1.0
         } else {
             share.clamp(0.0, 1.0)
-        })
+        }
     }
 
-    pub fn get(self) -> f64 {
+    /// The band a prediction of `predicted` seconds is learnt in.
+    pub fn band(predicted: f64) -> usize {
+        if predicted.is_nan() || predicted < BAND_START {
+            return 0;
+        }
+        // In f64 until clamped: an infinite prediction is the last band, not an overflow.
+        let i = ((predicted / BAND_START).log2().floor() + 1.0).min((SURVIVAL_BANDS - 1) as f64);
+        i as usize
+    }
+
+    /// The share that survives a predicted TTFT of `predicted` seconds: interpolated between
+    /// the bands' midpoints (band `i`'s is `BAND_START x 2^i / sqrt 2`), flat beyond the
+    /// first and the last.
+    pub fn at(self, predicted: f64) -> f64 {
+        let u = if predicted > 0.0 {
+            (predicted / BAND_START).log2() + 0.5
+        } else {
+            0.0
+        };
+        let u = if u.is_nan() {
+            0.0
+        } else {
+            u.clamp(0.0, (SURVIVAL_BANDS - 1) as f64)
+        };
+        let i = (u.floor() as usize).min(SURVIVAL_BANDS - 2);
+        let f = u - i as f64;
+        self.0[i] * (1.0 - f) + self.0[i + 1] * f
+    }
+
+    /// Each band's share, shortest wait first.
+    pub fn bands(self) -> [f64; SURVIVAL_BANDS] {
         self.0
     }
 }
 
 impl Default for Survival {
     fn default() -> Self {
-        Self(1.0)
+        Self::new(1.0)
     }
 }
 

@@ -36,10 +36,16 @@ impl ScoreCtx<'_> {
         c.prefix().0.min(self.total_blocks)
     }
 
+    /// The share of `c`'s prefix expected to survive until it prefills this request: the
+    /// pool's survival at the TTFT predicted there ([`super::Survival`]).
+    pub fn survival(&self, c: &Candidate) -> f64 {
+        self.request.survival.at(super::predict(self, c))
+    }
+
     /// The blocks `c` is expected to prefill for this request: the prompt's, less the
-    /// matched prefix's share that survives to prefill ([`super::Survival`]).
+    /// matched prefix's share that survives to prefill.
     pub fn expected_uncached(&self, c: &Candidate) -> f64 {
-        self.total_blocks as f64 - self.request.survival.get() * self.matched(c) as f64
+        self.total_blocks as f64 - self.survival(c) * self.matched(c) as f64
     }
 }
 
@@ -104,11 +110,11 @@ impl Scorer for Home {
     fn add_costs(&self, ctx: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
         // Leaving home costs what would have survived there (its prefill now, and the
         // blocks of other prefixes a new copy evicts elsewhere): nothing, where nothing
-        // survives.
-        let survival = ctx.request.survival.get();
+        // survives. Survival is read at each candidate's own predicted wait, as the other
+        // prefix terms read it.
         for (c, cost) in live.iter().zip(costs) {
-            *cost +=
-                w * survival * (ctx.total_blocks - c.history_blocks.min(ctx.total_blocks)) as f64;
+            let away = (ctx.total_blocks - c.history_blocks.min(ctx.total_blocks)) as f64;
+            *cost += w * ctx.survival(c) * away;
         }
     }
 }

@@ -371,8 +371,68 @@ fn a_held_prefix_counts_as_much_of_it_as_survives_to_prefill() {
     assert!((blocks(d.costs[1]) - 251.5).abs() < 1e-6, "{:?}", d.costs);
     // The receipt still says what the chosen pod held: nothing.
     assert_eq!(d.prefix_blocks, 0);
-    assert_eq!(Survival::new(f64::NAN).get(), 1.0);
-    assert_eq!(Survival::new(-1.0).get(), 0.0);
+    assert_eq!(Survival::new(f64::NAN), Survival::new(1.0));
+    assert_eq!(Survival::new(-1.0).at(0.1), 0.0);
+}
+
+#[test]
+fn survival_is_read_at_the_predicted_wait_between_band_midpoints() {
+    // Bands: under 25 ms, 25-50, 50-100, 100-200, 200-400, 400-800, 800-1600 ms, beyond.
+    assert_eq!(Survival::band(0.010), 0);
+    assert_eq!(Survival::band(0.025), 1);
+    assert_eq!(Survival::band(0.049), 1);
+    assert_eq!(Survival::band(0.050), 2);
+    assert_eq!(Survival::band(0.300), 4);
+    assert_eq!(Survival::band(1.6), 7);
+    assert_eq!(Survival::band(100.0), 7);
+    assert_eq!(Survival::band(f64::NAN), 0);
+    assert_eq!(Survival::band(-1.0), 0);
+    let s = Survival::by_wait([1.0, 0.9, 0.8, 0.5, 0.2, 0.1, 0.0, f64::NAN]);
+    // Band i's midpoint is 25 ms x 2^i / sqrt 2: 17.7 ms, 35.4 ms, 70.7 ms, ...
+    let mid = |i: i32| 0.025 * 2f64.powi(i) / 2f64.sqrt();
+    assert!((s.at(mid(1)) - 0.9).abs() < 1e-12);
+    assert!((s.at(mid(3)) - 0.5).abs() < 1e-12);
+    // 50 ms is halfway (in log2) between 35.4 and 70.7 ms: between 0.9 and 0.8.
+    assert!((s.at(0.050) - 0.85).abs() < 1e-12);
+    assert!((s.at(0.100) - 0.65).abs() < 1e-12);
+    // Flat before the first midpoint and after the last; NaN shares read 1.
+    assert_eq!(s.at(0.0), 1.0);
+    assert_eq!(s.at(0.001), 1.0);
+    assert_eq!(s.at(f64::NAN), 1.0);
+    assert_eq!(s.at(1e9), 1.0);
+    assert!((s.at(mid(6)) - 0.0).abs() < 1e-12);
+    assert_eq!(Survival::new(0.3).at(0.5), 0.3);
+}
+
+#[test]
+fn a_held_prefix_is_chased_where_it_survives_the_wait_and_not_where_it_does_not() {
+    let rr = AtomicUsize::new(0);
+    // The pool's receipts: a prefix survives a predicted TTFT up to 141 ms (band 3's
+    // midpoint) whole, and only a tenth of it from 283 ms (band 4's) on.
+    let mut req = ctx(100);
+    req.survival = Survival::by_wait([1.0, 1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 0.1]);
+    let t = BlockTiming::default();
+    let blocks = |seconds: f64| (seconds - t.base) / t.secs_per_block;
+    // A holds 90 of the 100 blocks with six requests decoding; B is cold with one.
+    let cold = cand(1, 0, 0, 1);
+    // A's fit says its decoders slow it little (1 ms each): predicted TTFT 10 x 1.6 ms + 6
+    // x 1 ms + 20 ms = 42 ms, where the whole prefix survives. In blocks A costs 10 + 0.25 x
+    // 10 x 6 + 4 x 6 = 49, B 100 + 0.25 x 100 + 4 = 129: A.
+    let quick = cand(0, 90, 0, 6);
+    let d = rank(Policy::Precise, &req, &[quick, cold.clone()], &rr).unwrap();
+    assert_eq!(d.ranked[0], EndpointId(0));
+    assert!((d.predicted[0] - 0.042).abs() < 1e-12, "{:?}", d.predicted);
+    assert!((blocks(d.costs[0]) - 49.0).abs() < 1e-6, "{:?}", d.costs);
+    // The same pod whose fit says each decoder costs 50 ms: predicted 16 + 300 + 20 = 336
+    // ms, where a tenth survives. It is expected to prefill 100 - 9 = 91 blocks, stalling
+    // six: 91 + 0.25 x 91 x 6 + 24 = 251.5 against B's 129: B. (The ranking prices blocks
+    // at the pool's median rate, which neither fit changed.)
+    let mut slow = cand(0, 90, 0, 6);
+    slow.timing.secs_per_running = 0.05;
+    let d = rank(Policy::Precise, &req, &[slow, cold], &rr).unwrap();
+    assert_eq!(d.ranked[0], EndpointId(1));
+    assert!((blocks(d.costs[0]) - 129.0).abs() < 1e-6, "{:?}", d.costs);
+    assert!((blocks(d.costs[1]) - 251.5).abs() < 1e-6, "{:?}", d.costs);
 }
 
 #[test]
