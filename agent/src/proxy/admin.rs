@@ -290,25 +290,25 @@ fn metrics(proxy: &Proxy) -> String {
         out,
         "# HELP warmpath_prefix_survival Share of the prefix a chosen pod held at decision that its engine still had at prefill (recent route receipts, every wait; 1 before any)\n# TYPE warmpath_prefix_survival gauge"
     );
-    let statuses: Vec<_> = proxy
+    let figures: Vec<_> = proxy
         .pools
         .iter()
-        .map(|p| (p.name.as_str(), p.calibration.status()))
+        .map(|p| (p.name.as_str(), p.calibration.survival_figures()))
         .collect();
-    for (pool, s) in &statuses {
+    for (pool, (overall, _, _)) in &figures {
         let _ = writeln!(
             out,
             "warmpath_prefix_survival{} {}",
             crate::telemetry::prometheus::label_text(std::iter::once(("pool", *pool)), None),
-            s.prefix_survival
+            overall
         );
     }
     let _ = writeln!(
         out,
         "# HELP warmpath_prefix_survival_by_wait The same by the TTFT predicted at decision, per band below `le` seconds: the weight the prefix presets give a held prefix at that wait\n# TYPE warmpath_prefix_survival_by_wait gauge"
     );
-    for (pool, s) in &statuses {
-        for band in &s.prefix_survival_by_wait {
+    for (pool, (_, bands, _)) in &figures {
+        for band in bands {
             let le = band
                 .below_ms
                 .map_or_else(|| "+Inf".to_string(), |ms| format!("{}", ms / 1000.0));

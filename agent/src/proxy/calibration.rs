@@ -261,21 +261,30 @@ impl Calibration {
             n if n % 2 == 1 => Some(sorted[n / 2]),
             n => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
         };
-        let d = self.delivery.lock();
-        let by_wait = d.by_wait().bands();
+        let (prefix_survival, prefix_survival_by_wait, survival_observations) =
+            self.survival_figures();
         CalibrationStatus {
             median_abs_error_ms: median.map(|m| m * 1000.0),
             checked: e.count,
-            prefix_survival: d.overall(),
-            prefix_survival_by_wait: (0..SURVIVAL_BANDS)
-                .map(|i| SurvivalBand {
-                    below_ms: band_edge(i).map(|s| s * 1000.0),
-                    survival: by_wait[i],
-                    captured_tokens: d.captured[i],
-                })
-                .collect(),
-            survival_observations: d.observed,
+            prefix_survival,
+            prefix_survival_by_wait,
+            survival_observations,
         }
+    }
+
+    /// The pool's survival over every wait, each band's, and the answers noted so far
+    /// (only the delivery sums' lock: `/metrics` reads these without the error window).
+    pub fn survival_figures(&self) -> (f64, Vec<SurvivalBand>, u64) {
+        let d = self.delivery.lock();
+        let by_wait = d.by_wait().bands();
+        let bands = (0..SURVIVAL_BANDS)
+            .map(|i| SurvivalBand {
+                below_ms: band_edge(i).map(|s| s * 1000.0),
+                survival: by_wait[i],
+                captured_tokens: d.captured[i],
+            })
+            .collect();
+        (d.overall(), bands, d.observed)
     }
 
     /// A request's route receipt settled: its pod held `captured` prompt tokens of its
