@@ -605,6 +605,13 @@ fn matrix_repeats_pool_each_rows_runs() {
                 .filter(|l| l["row"] == row && l["run"] == run)
                 .collect();
             assert_eq!(of_run.len(), 4, "{row} run {run}: {lines:?}");
+            // RAG: every request is a user (a chain) of its own, numbered in plan order.
+            let mut sessions: Vec<u64> = of_run
+                .iter()
+                .map(|l| l["session"].as_u64().unwrap_or_else(|| panic!("{l}")))
+                .collect();
+            sessions.sort_unstable();
+            assert_eq!(sessions, [0, 1, 2, 3], "{row} run {run}: {of_run:?}");
             // Sent at: wall seconds from the run's start, in the order they were sent.
             let sent: Vec<f64> = of_run
                 .iter()

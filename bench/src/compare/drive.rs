@@ -108,6 +108,7 @@ pub(super) async fn run_chain(
             break;
         };
         sample.start = sent;
+        sample.session = Some(turn.user);
         if !sample.ok {
             break;
         }
@@ -286,6 +287,7 @@ mod tests {
             captured_tokens: receipt.map(|r| r.1),
             predicted_ttft_ms: predicted_ms,
             pod: None,
+            session: None,
         }
     }
 

@@ -417,6 +417,7 @@ fn failed() -> Sample {
         captured_tokens: None,
         predicted_ttft_ms: None,
         pod: None,
+        session: None,
     }
 }
 

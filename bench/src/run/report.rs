@@ -36,6 +36,10 @@ pub struct Sample {
     /// The engine the agent chose (`x-warmpath-pod`: its address), when sent.
     #[serde(default)]
     pub pod: Option<String>,
+    /// The matrix's chain (a chat session, an agent loop, a RAG user) this request was a
+    /// turn of, for reading a session's turns in order; absent outside the matrix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<usize>,
 }
 
 /// p50 / p90 / p99 of latencies (see [`quantile`]); NaN without data.
@@ -322,6 +326,7 @@ mod tests {
             captured_tokens: (tenant == "a").then_some(80),
             predicted_ttft_ms: None,
             pod: None,
+            session: None,
         }
     }
 
