@@ -86,6 +86,13 @@ pub struct AgentArgs {
     #[arg(long = "weight", value_name = "NAME=W", value_parser = parse_weight)]
     pub weights: Vec<(String, f64)>,
 
+    /// The longest a cold request waits at the router, while the pod it was ranked to has no
+    /// KV room, for warm requests to go first (precise and approximate
+    /// only; 0: never; default: the preset's, 500 ms; docs/routing.md, "Cold requests
+    /// yield").
+    #[arg(long, value_name = "MS")]
+    pub cold_yield_ms: Option<u64>,
+
     /// Header carrying the session key (session affinity).
     #[arg(long, value_name = "NAME", default_value = crate::routing::DEFAULT_SESSION_HEADER)]
     pub session_header: http::HeaderName,
@@ -504,14 +511,19 @@ fn parse_weight(s: &str) -> Result<(String, f64), String> {
 }
 
 impl AgentArgs {
-    /// The pool policy these flags describe: the preset, then each --weight.
-    pub fn route_policy(&self) -> crate::routing::RoutePolicy {
+    /// The pool policy these flags describe: the preset, then each --weight and
+    /// --cold-yield-ms.
+    pub fn route_policy(&self) -> Result<crate::routing::RoutePolicy, ConfigError> {
         let mut p = crate::routing::RoutePolicy::from(self.policy);
         for (name, w) in &self.weights {
             // Validated by the parser.
             let _ = p.weights.set(name, *w);
         }
-        p
+        if let Some(ms) = self.cold_yield_ms {
+            p.cold_yield = crate::routing::cold_yield::check(p.kind, ms)
+                .map_err(|m| ConfigError::field(FLAGS, "--cold-yield-ms", m))?;
+        }
+        Ok(p)
     }
 }
 
@@ -604,7 +616,7 @@ impl AgentArgs {
                 model: self.model.clone(),
                 block_size: self.block_size,
                 tokens,
-                policy: self.route_policy(),
+                policy: self.route_policy()?,
                 session: crate::routing::SessionSource {
                     header: self.session_header.clone(),
                     cookie: self.session_cookie.clone(),

@@ -47,6 +47,9 @@ impl UpstreamProtocol {
 pub struct Endpoint {
     /// `host:port` of its HTTP server.
     pub authority: String,
+    /// Its pool's wake-up for requests yielding for KV room: woken when a request ends
+    /// here or a scrape updates the engine's figures.
+    room: Arc<RoomSignal>,
     /// Its Prometheus page.
     pub metrics_url: String,
     /// The authority as a shared label (telemetry attributes, no allocation per request).
@@ -146,6 +149,9 @@ pub struct Pool {
     pub rotation: AtomicUsize,
     /// Moving average of uncached prefill blocks per routed request, x16 (fixed point).
     mean_prefill_x16: AtomicU64,
+    /// Moving average of the share of keyed requests warm at their pick
+    /// ([`crate::routing::cold_yield::warm`]), x65536 (fixed point).
+    warm_share_x65536: AtomicU32,
     next_serial: AtomicU32,
     /// Bumped when the members change or one of them becomes ready or unready
     /// ([`Pool::note_change`]): the kernel table writer wakes on it.
@@ -153,6 +159,8 @@ pub struct Pool {
     /// Peers' loads come from their own reports ([`Pool::count_peers_exactly`]), not from
     /// leases of their placements.
     exact_peers: AtomicBool,
+    /// Woken when room may have freed on any member ([`Pool::room_freed`]).
+    room: Arc<RoomSignal>,
 }
 
 /// Scrapes failed in a row (200 ms apart) after which an endpoint counts as not ready for
@@ -206,9 +214,11 @@ impl Pool {
             history: History::new(),
             rotation: AtomicUsize::new(0),
             mean_prefill_x16: AtomicU64::new(0),
+            warm_share_x65536: AtomicU32::new(0),
             next_serial: AtomicU32::new(0),
             exact_peers: AtomicBool::new(false),
             changes: tokio::sync::watch::Sender::new(0),
+            room: Arc::default(),
         };
         let endpoints = endpoints
             .into_iter()
@@ -229,6 +239,7 @@ impl Pool {
     pub fn endpoint(&self, parts: EndpointParts) -> Arc<Endpoint> {
         let authority = parts.authority;
         Arc::new(Endpoint {
+            room: self.room.clone(),
             label: Arc::from(authority.as_str()),
             metrics_url: parts
                 .metrics_url
@@ -284,9 +295,37 @@ impl Pool {
         self.changes.subscribe()
     }
 
+    /// Resolves at the next moment room may have freed on a member: a request there ended,
+    /// or a scrape (every 200 ms while the engines answer)
+    /// updated an engine's figures. Only while a [`Yielding`] guard is held: without one
+    /// nothing is woken (the request path pays one atomic load).
+    pub fn room_freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.room.notify.notified()
+    }
+
+    /// Counts a request yielding for room until the guard drops (woken meanwhile by
+    /// [`Pool::room_freed`]).
+    pub fn yielding(&self) -> Yielding {
+        self.room.waiters.fetch_add(1, Ordering::SeqCst);
+        Yielding(self.room.clone())
+    }
+
     /// Drops what the pool remembers of an endpoint that left.
     pub fn forget(&self, e: &Endpoint) {
         self.history.remove(e.history);
+    }
+
+    /// Folds whether a keyed request was warm at its pick into the pool's warm share (1/64
+    /// weight: about the last 64 requests count; 0 before any).
+    pub fn note_warm(&self, warm: bool) {
+        let old = self.warm_share_x65536.load(Ordering::Relaxed);
+        let new = old - old / 64 + if warm { 65536 / 64 } else { 0 };
+        self.warm_share_x65536.store(new, Ordering::Relaxed);
+    }
+
+    /// The share of the pool's recent keyed requests that were warm at their pick, 0-1.
+    pub fn warm_share(&self) -> f64 {
+        f64::from(self.warm_share_x65536.load(Ordering::Relaxed)) / 65536.0
     }
 
     /// Folds a routed request's uncached prefill blocks into the moving average (1/8 weight).
@@ -455,11 +494,13 @@ impl Endpoint {
             waiting.saturating_add(running).saturating_sub(agents),
             Ordering::Relaxed,
         );
+        self.room.wake();
     }
 
     /// Records the engine's KV cache size in blocks (from its metrics page).
     pub fn set_kv_capacity(&self, blocks: u64) {
         self.kv_capacity_blocks.store(blocks, Ordering::Relaxed);
+        self.room.wake();
     }
 
     /// Records a scrape that did not answer (or answered nothing usable).
@@ -608,6 +649,33 @@ pub struct EngineLoad {
     pub kv_cache_usage: f64,
 }
 
+/// A pool's wake-up for the requests yielding for KV room
+/// ([`crate::routing::cold_yield`]), and how many there are.
+#[derive(Debug, Default)]
+pub struct RoomSignal {
+    notify: tokio::sync::Notify,
+    waiters: AtomicUsize,
+}
+
+impl RoomSignal {
+    /// Wakes every request yielding now; with none (the common case), one atomic load.
+    fn wake(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.notify.notify_waiters();
+        }
+    }
+}
+
+/// A request yielding for KV room ([`Pool::yielding`]).
+#[derive(Debug)]
+pub struct Yielding(Arc<RoomSignal>);
+
+impl Drop for Yielding {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A request in flight to an endpoint.
 #[derive(Debug)]
 pub struct InFlight {
@@ -641,6 +709,8 @@ impl Drop for InFlight {
         }
         self.endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
         load_changed();
+        // Its KV blocks are free: requests yielding for room may go.
+        self.endpoint.room.wake();
     }
 }
 

@@ -193,6 +193,9 @@ struct PolicyFile {
     /// Overrides of the preset's weights, by scorer name.
     #[serde(default)]
     weights: BTreeMap<String, f64>,
+    /// The longest a cold request yields at a full pod (default: the preset's).
+    #[serde(default)]
+    cold_yield_ms: Option<u64>,
 }
 
 impl Default for PolicyFile {
@@ -200,6 +203,7 @@ impl Default for PolicyFile {
         Self {
             preset: Policy::Precise,
             weights: BTreeMap::new(),
+            cold_yield_ms: None,
         }
     }
 }
@@ -389,6 +393,10 @@ fn convert(f: File, file: &str, env: &Environment<'_>) -> Result<Config, ConfigE
                 .weights
                 .set(name, *w)
                 .map_err(|m| err(at(&format!("policy.weights.{name}")), m))?;
+        }
+        if let Some(ms) = p.policy.cold_yield_ms {
+            policy.cold_yield = crate::routing::cold_yield::check(policy.kind, ms)
+                .map_err(|m| err(at("policy.coldYieldMs"), m))?;
         }
         let mut session = SessionSource::default();
         if let Some(h) = p.session.header {
@@ -656,6 +664,19 @@ mod tests {
         ));
         assert!(
             e.contains("pools[0].policy.weights.kvRoom") && e.contains("precise and approximate"),
+            "{e}"
+        );
+        let e = error(&base.replace(
+            "model: m",
+            "model: m\n  policy: {preset: session, coldYieldMs: 100}",
+        ));
+        assert!(
+            e.contains("pools[0].policy.coldYieldMs") && e.contains("precise and approximate"),
+            "{e}"
+        );
+        let e = error(&base.replace("model: m", "model: m\n  policy: {coldYieldMs: 10001}"));
+        assert!(
+            e.contains("pools[0].policy.coldYieldMs") && e.contains("at most 10000 ms"),
             "{e}"
         );
         let e = error(&base.replace("model: m", "model: m\n  policy: {preset: fastest}"));

@@ -643,7 +643,13 @@ fn refine(
             "action.weights.kvRoom: the KV room wait is priced only by presets precise and approximate (a wait in seconds), and this policy's preset ranks by requests".into(),
         ));
     }
-    if a.preset.is_some() || !a.weights.is_empty() {
+    if let Some(ms) = a.cold_yield_ms {
+        // Validation checks it against the preset the action names; here the preset may be
+        // the pool's.
+        policy.cold_yield = routing::cold_yield::check(policy.kind, ms)
+            .map_err(|e| ("Invalid", format!("action.coldYieldMs: {e}")))?;
+    }
+    if a.preset.is_some() || !a.weights.is_empty() || a.cold_yield_ms.is_some() {
         out.policy = Some(policy);
     }
     if let Some(t) = &a.tokens {

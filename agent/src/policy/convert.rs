@@ -5,8 +5,8 @@
 //!
 //! - Each pool becomes a `RoutePolicy` named after it, targeting it
 //!   (`targetRef.pool.name`), with no matches (every request to the pool) and every action
-//!   field the file sets, explicitly: `preset`, `weights` (only those that differ from the
-//!   preset's), `tokens`, `session`, and the agent-wide `proxy.retries`,
+//!   field the file sets, explicitly: `preset`, `weights` and `coldYieldMs` (only those
+//!   that differ from the preset's), `tokens`, `session`, and the agent-wide `proxy.retries`,
 //!   `proxy.upstreamHeadTimeoutMs` / `upstreamIdleTimeoutMs` and `proxy.explain`, which apply
 //!   to every pool.
 //! - Each tenant of `tenants.cidrs` becomes a `Tenant` with those `identity.cidrs`. The
@@ -62,6 +62,9 @@ fn pool_policy(c: &Config, p: &PoolConfig) -> RoutePolicy {
     let action = Action {
         preset: Some(preset(p.policy.kind)),
         weights: weight_overrides(p),
+        // Only when it differs from the preset's.
+        cold_yield_ms: (p.policy.cold_yield != p.policy.kind.cold_yield())
+            .then(|| millis(p.policy.cold_yield)),
         tokens: Some(TokenSpec {
             source: tokens.0,
             dir: tokens.1,

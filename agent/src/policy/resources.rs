@@ -165,6 +165,11 @@ pub struct Action {
     /// `inFlight`, `history`, `stall`, `kvRoom` (docs/routing.md).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub weights: BTreeMap<String, f64>,
+    /// The longest a cold request waits at the router, while the pod it was ranked to has
+    /// no KV room, for warm requests to go first (presets precise and
+    /// approximate; 0: never; default: the preset's, 500 ms; at most 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_yield_ms: Option<u64>,
     /// Where prompt tokens come from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<TokenSpec>,

@@ -9,7 +9,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
-use super::Proxy;
+use super::{Proxy, cold_yield::ColdYieldStatus};
 use crate::{
     config::AdminToken,
     http::{Body, message::full},
@@ -192,6 +192,9 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
             "endpoints": endpoints.len(), "unkeyed": p.unkeyed.counts(),
             "unkeyed_first_error": p.unkeyed.first_errors(),
             "ttft_prediction": p.calibration.status(),
+            "cold_yield_ms": p.pool.policy.cold_yield.as_millis(),
+            "warm_share": p.pool.warm_share(),
+            "cold_yields": p.cold_yields.status(),
             "hot_prefixes_tracked": p.replication.lock().tracked()}));
     }
     let first = &proxy.pools[0].pool;
@@ -320,6 +323,40 @@ fn metrics(proxy: &Proxy) -> String {
                     None
                 ),
                 band.survival
+            );
+        }
+    }
+    let yields: Vec<_> = proxy
+        .pools
+        .iter()
+        .map(|p| (p.name.as_str(), p.cold_yields.status()))
+        .collect();
+    type Figure = fn(&ColdYieldStatus) -> f64;
+    let counters: [(&str, &str, Figure); 3] = [
+        (
+            "warmpath_cold_yields_total",
+            "Requests held back, cold, while the pod they were ranked to had no KV room",
+            |s| s.requests as f64,
+        ),
+        (
+            "warmpath_cold_yields_at_bound_total",
+            "Of those, the ones sent when the policy's bound passed, still without room",
+            |s| s.at_bound as f64,
+        ),
+        (
+            "warmpath_cold_yield_seconds_total",
+            "Seconds those requests were held back, all together",
+            |s| s.seconds,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (pool, status) in &yields {
+            let _ = writeln!(
+                out,
+                "{name}{} {}",
+                crate::telemetry::prometheus::label_text(std::iter::once(("pool", *pool)), None),
+                value(status)
             );
         }
     }

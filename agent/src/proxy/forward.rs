@@ -1,4 +1,5 @@
-//! Steps 5 and 6 of a request: the attempts. Candidates are ranked, then endpoints tried
+//! Steps 5 and 6 of a request: the attempts. Candidates are ranked (a cold request whose
+//! pick has no KV room first yields to warm ones: [`super::cold_yield`]), then endpoints tried
 //! best first until one answers (only failures before the first response byte are retried;
 //! a 503 counts as one, and so does an engine that sends no complete response head within
 //! the upstream head timeout: nothing has reached the client yet). The first pick notes the
@@ -11,7 +12,7 @@
 //! When every attempt failed, the last failure is the answer (502, 503, or 504 after a head
 //! timeout).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -31,7 +32,7 @@ use crate::{
     policy::{compiled::Action, resources::FailureMode},
     pool::{Endpoint, InFlight},
     routing::{
-        Candidate, Decision, Policy, RequestCtx,
+        Candidate, Decision, Policy, RequestCtx, cold_yield,
         cost::Features,
         rank,
         replication::{MAX_HOMES, Pod},
@@ -57,8 +58,9 @@ pub async fn forward(
     let head_timeout = action
         .head_timeout
         .unwrap_or(proxy.admission.limits().upstream_head_timeout);
-    // One snapshot of the members for every attempt: candidate `i` is `endpoints[i]`.
-    let endpoints = pool.endpoints();
+    // One snapshot of the members for every attempt (a yield takes a newer one before the
+    // first): candidate `i` is `endpoints[i]`.
+    let mut endpoints = pool.endpoints();
     let mut candidates = candidates(&proxy.index, runtime, &endpoints, ctx, policy.kind);
     let counts_kv = policy.kind.prices_kv_room() || pool.policy.kind.prices_kv_room();
     if action.failure == FailureMode::FailClosed && !scorable(policy.kind, &candidates) {
@@ -70,15 +72,37 @@ pub async fn forward(
             ),
         ));
     }
-    // Before any attempt excludes a pod: what the pool as a whole held.
-    let available = available_blocks(&candidates, ctx.keys.len());
+    // Before any attempt excludes a pod: what the pool as a whole held (again after a
+    // yield, at the ranking the request went by).
+    let mut available = available_blocks(&candidates, ctx.keys.len());
     let tokens = |blocks: usize| (blocks as u64).saturating_mul(pool.block_size as u64);
     // Built only when an attempt fails (an error's message is a heap string).
     let mut last_error = None;
+    let mut yielded = Duration::ZERO;
     for n in 0..=retries {
         let Some(mut decision) = rank(policy, ctx, &candidates, &pool.rotation) else {
             break;
         };
+        if n == 0
+            && !policy.cold_yield.is_zero()
+            && cold_yield::yields(&decision, &candidates, ctx.keys.len(), pool.warm_share())
+        {
+            let (again, waited) = super::cold_yield::hold(
+                &proxy.index,
+                runtime,
+                policy,
+                ctx,
+                &mut endpoints,
+                &mut candidates,
+            )
+            .await;
+            yielded = waited;
+            available = available_blocks(&candidates, ctx.keys.len());
+            let Some(again) = again else {
+                break;
+            };
+            decision = again;
+        }
         if n == 0 && matches!(policy.kind, Policy::Precise | Policy::Approximate) {
             replicate(runtime, ctx, &candidates, available, &mut decision);
         }
@@ -89,6 +113,9 @@ pub async fn forward(
         if n == 0 {
             // Once per request: retries are the same prefill, not more of it.
             pool.note_prefill(uncached);
+            if !ctx.keys.is_empty() {
+                pool.note_warm(cold_yield::warm(decision.prefix_blocks, ctx.keys.len()));
+            }
             proxy.telemetry.record_decision(
                 runtime.telemetry_id,
                 decision_reason(policy.kind, decision.prefix_blocks),
@@ -191,6 +218,7 @@ pub async fn forward(
                 let answered = Answered {
                     endpoint,
                     decision: &decision,
+                    yielded,
                     guard,
                     strip_usage,
                     action,
@@ -226,6 +254,8 @@ pub async fn forward(
 struct Answered<'a> {
     endpoint: &'a Endpoint,
     decision: &'a Decision,
+    /// How long the request yielded before it was sent (cold at a full pod).
+    yielded: Duration,
     guard: InFlight,
     strip_usage: bool,
     action: &'a Action,
@@ -255,6 +285,12 @@ fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<
             "x-warmpath-predicted-ttft-ms",
             format!("{:.1}", a.decision.predicted_ttft() * 1000.0),
         );
+        if !a.yielded.is_zero() {
+            set(
+                "x-warmpath-cold-yield-ms",
+                format!("{:.1}", a.yielded.as_secs_f64() * 1000.0),
+            );
+        }
         if let Some(r) = attempt.receipt {
             set("x-warmpath-available-tokens", r.available.to_string());
             set("x-warmpath-captured-tokens", r.captured.to_string());

@@ -24,6 +24,7 @@ pub mod admission;
 mod calibration;
 mod candidates;
 pub mod clients;
+mod cold_yield;
 mod contenders;
 mod error;
 mod forward;

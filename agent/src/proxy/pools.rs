@@ -40,6 +40,8 @@ pub struct PoolRuntime {
     pub calibration: Arc<Calibration>,
     /// The pool's hot prefixes and their homes.
     pub replication: parking_lot::Mutex<Replication>,
+    /// Cold requests that yielded at a full pod ([`super::cold_yield`]).
+    pub cold_yields: super::cold_yield::ColdYields,
     /// The second admission stage under the pool's own `clusterMaxConcurrent`
     /// ([`super::admission::Admission::for_pool`]); `None`: off.
     pub admission: Option<Arc<super::admission::Admission>>,
@@ -83,6 +85,7 @@ impl Proxy {
             unkeyed: UnkeyedCounts::new(name),
             calibration: Arc::default(),
             replication: Default::default(),
+            cold_yields: Default::default(),
             admission: None,
         });
         self.pools.last_mut().expect("a pool was just pushed")

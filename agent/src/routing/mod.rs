@@ -42,6 +42,9 @@
 //! prefix that outgrows its home is replicated deliberately instead of spilling request by
 //! request ([`replication`]).
 //!
+//! A cold request whose pick has no KV room waits at the router, bounded, while warm ones go
+//! first, and is ranked again when room frees ([`cold_yield`]).
+//!
 //! A pod whose index is not trusted (unsure, stalled, no events yet, or a replica whose
 //! owner cannot vouch for it) is scored by the approximate signal instead: `matched_blocks`
 //! is replaced by its `history_blocks` (what was routed there recently: by this agent, and in
@@ -49,6 +52,7 @@
 //! says which signal its pod's prefix came from ([`PrefixSource`]). The approximate policy is
 //! the same rule with no index at all.
 
+pub mod cold_yield;
 pub mod cost;
 mod history;
 pub mod replication;
@@ -444,6 +448,16 @@ impl Policy {
         matches!(self, Policy::Precise | Policy::Approximate)
     }
 
+    /// How long a cold request yields at a full pod under this preset
+    /// ([`cold_yield::DEFAULT_COLD_YIELD`] for the prefix presets, which know each pod's KV
+    /// room; zero for the others).
+    pub fn cold_yield(self) -> std::time::Duration {
+        match self {
+            Policy::Precise | Policy::Approximate => cold_yield::DEFAULT_COLD_YIELD,
+            _ => std::time::Duration::ZERO,
+        }
+    }
+
     /// The scorer weights this policy starts from.
     pub fn weights(self) -> Weights {
         match self {
@@ -498,6 +512,9 @@ impl Policy {
 pub struct RoutePolicy {
     pub kind: Policy,
     pub weights: Weights,
+    /// The longest a cold request yields to warm ones at a full pod ([`cold_yield`]; zero:
+    /// never).
+    pub cold_yield: std::time::Duration,
 }
 
 impl From<Policy> for RoutePolicy {
@@ -505,6 +522,7 @@ impl From<Policy> for RoutePolicy {
         Self {
             kind,
             weights: kind.weights(),
+            cold_yield: kind.cold_yield(),
         }
     }
 }

@@ -228,8 +228,8 @@ fn kv_usage_and_lora_weights_move_the_pick() {
     // (4 + 0.25 x 10 blocks it would stall).
     w.set("kv-usage", 2.0).unwrap();
     let p = RoutePolicy {
-        kind: Policy::Precise,
         weights: w,
+        ..RoutePolicy::from(Policy::Precise)
     };
     assert_eq!(
         rank(p, &ctx(10), &[full, empty], &rr).unwrap().ranked[0],

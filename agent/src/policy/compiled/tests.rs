@@ -632,3 +632,52 @@ fn a_kv_room_weight_on_a_pool_that_ranks_by_requests_is_refused() {
     assert_eq!(kv.2.reason, "Invalid");
     assert!(kv.2.message.contains("kvRoom"), "{}", kv.2.message);
 }
+
+#[test]
+fn a_cold_yield_refines_the_pools_policy_and_needs_a_preset_that_knows_kv_room() {
+    // Pool `code` is precise; `chat-v2` ranks by requests.
+    let mut bases = pools();
+    bases[1].policy = routing::RoutePolicy::from(Policy::LeastLoaded);
+    let doc = "apiVersion: warmpath.dev/v1alpha1\nkind: RoutePolicy\nmetadata: {name: off, namespace: ml}\nspec:\n  targetRef: {pool: {name: code}}\n  action: {coldYieldMs: 0}\n---\napiVersion: warmpath.dev/v1alpha1\nkind: RoutePolicy\nmetadata: {name: blind, namespace: ml}\nspec:\n  targetRef: {pool: {name: chat-v2}}\n  action: {coldYieldMs: 200}\n";
+    let resources = documents::parse("yield.yaml", doc).unwrap();
+    let identity = TenantPolicy::default();
+    let mut tokenizers = |_: &str| -> Result<Tokens, String> { Err("none here".into()) };
+    let set = compile(
+        CompileInput {
+            pools: &bases,
+            identity: &identity,
+            tokenizers: &mut tokenizers,
+            builtin: &|| Tokens::Approximate,
+            workloads: None,
+        },
+        &resources,
+        7,
+    );
+    let status = |key: &str| {
+        set.resolved
+            .iter()
+            .find(|(_, k, _)| k == key)
+            .map(|(_, _, c)| c.clone())
+            .expect("reported")
+    };
+    assert_eq!(status("ml/off").status, "True");
+    let blind = status("ml/blind");
+    assert_eq!(
+        (blind.status.as_str(), blind.reason.as_str()),
+        ("False", "Invalid")
+    );
+    assert!(blind.message.contains("coldYieldMs"), "{}", blind.message);
+    // The precise pool's policy with the yield off, its weights the pool's.
+    let none = Headers::default();
+    let facts = RequestFacts {
+        model: Some("coder"),
+        path: "/v1/completions",
+        headers: &none,
+        tenant: "t",
+    };
+    let chosen = set.choose(2, &facts, || None);
+    let policy = chosen.action.policy.expect("the action refines the policy");
+    assert_eq!(policy.kind, Policy::Precise);
+    assert_eq!(policy.cold_yield, std::time::Duration::ZERO);
+    assert_eq!(policy.weights, Policy::Precise.weights());
+}

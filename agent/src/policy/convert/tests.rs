@@ -172,7 +172,7 @@ pools:
 - name: approx
   model: c
   tokens: {source: approximate}
-  policy: {preset: approximate, weights: {stall: 0}}
+  policy: {preset: approximate, weights: {stall: 0}, coldYieldMs: 0}
   endpoints: [{url: 'http://127.0.0.1:3'}]
 proxy: {retries: 0, explain: false, upstreamHeadTimeoutMs: 5000, upstreamIdleTimeoutMs: 700}
 ",
@@ -182,6 +182,7 @@ proxy: {retries: 0, explain: false, upstreamHeadTimeoutMs: 5000, upstreamIdleTim
     let rr = &policy(&r[0]).spec.action;
     assert_eq!(rr.preset, Some(Preset::RoundRobin));
     assert!(rr.weights.is_empty());
+    assert_eq!(rr.cold_yield_ms, None, "round-robin's own: none");
     assert_eq!((rr.retries, rr.explain), (Some(0), Some(false)));
     assert_eq!(
         rr.timeouts,
@@ -211,6 +212,8 @@ proxy: {retries: 0, explain: false, upstreamHeadTimeoutMs: 5000, upstreamIdleTim
     let approx = &policy(&r[2]).spec.action;
     assert_eq!(approx.preset, Some(Preset::Approximate));
     assert_eq!(approx.weights, BTreeMap::from([("stall".to_string(), 0.0)]));
+    // The preset yields 500 ms; the pool turned it off, and the policy says so.
+    assert_eq!(approx.cold_yield_ms, Some(0));
     assert_eq!(
         approx.tokens.as_ref().map(|t| t.source),
         Some(TokenSourceKind::Approximate)

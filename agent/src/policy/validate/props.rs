@@ -147,13 +147,13 @@ fn action() -> impl Strategy<Value = Action> {
     (
         (option::of(preset()), weights, tokens, session),
         (option::of(0..=16u32), timeouts, failure, split()),
-        (modes, option::of(any::<bool>())),
+        (modes, option::of(any::<bool>()), option::of(0..=10_000u64)),
     )
         .prop_map(
             |(
                 (preset, weights, tokens, session),
                 (retries, timeouts, failure_mode, split),
-                (mode, explain),
+                (mode, explain, cold_yield_ms),
             )| {
                 let mut weights: BTreeMap<String, f64> = weights
                     .into_iter()
@@ -181,6 +181,13 @@ fn action() -> impl Strategy<Value = Action> {
                 Action {
                     preset,
                     weights,
+                    // Only the presets that know each pod's KV room take a yield.
+                    cold_yield_ms: cold_yield_ms.filter(|_| {
+                        !matches!(
+                            preset,
+                            Some(Preset::LeastLoaded | Preset::Session | Preset::RoundRobin)
+                        )
+                    }),
                     tokens,
                     session: session.map(|(header, cookie)| SessionSpec { header, cookie }),
                     retries,

@@ -189,6 +189,13 @@ fn headers(e: &mut Errors, at: &str, list: &[HeaderMatch]) {
 
 fn action(a: &Action, e: &mut Errors) {
     weights(a, e);
+    if let Some(ms) = a.cold_yield_ms {
+        // Against the preset the action names; the pool's own is checked when it compiles.
+        let kind = a.preset.map_or(Policy::Precise, preset_kind);
+        if let Err(why) = crate::routing::cold_yield::check(kind, ms) {
+            e.push("spec.action.coldYieldMs", ms, why);
+        }
+    }
     if let Some(t) = &a.tokens {
         tokens(a, t, e);
     }
@@ -476,5 +483,16 @@ impl NormalTarget {
             selector: t.selector.as_ref().map(|s| s.match_labels.clone()),
             models: t.models.iter().cloned().collect(),
         }
+    }
+}
+
+/// The routing preset a resource's preset names.
+fn preset_kind(p: Preset) -> Policy {
+    match p {
+        Preset::Precise => Policy::Precise,
+        Preset::Approximate => Policy::Approximate,
+        Preset::RoundRobin => Policy::RoundRobin,
+        Preset::LeastLoaded => Policy::LeastLoaded,
+        Preset::Session => Policy::Session,
     }
 }

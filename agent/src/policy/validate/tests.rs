@@ -373,6 +373,18 @@ fn weights_and_tokens() {
             )],
         ),
         (
+            "{preset: least-loaded, coldYieldMs: 250}",
+            &[(
+                "spec.action.coldYieldMs",
+                "250",
+                "only presets precise and approximate know each pod's KV room",
+            )],
+        ),
+        (
+            "{coldYieldMs: 60000}",
+            &[("spec.action.coldYieldMs", "60000", "at most 10000 ms")],
+        ),
+        (
             "{tokens: {source: huggingface}}",
             &[(
                 "spec.action.tokens.dir",
