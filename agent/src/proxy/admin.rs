@@ -9,10 +9,11 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
-use super::{Proxy, cold_yield::ColdYieldStatus};
+use super::Proxy;
 use crate::{
     config::AdminToken,
     http::{Body, message::full},
+    routing::cold_yield::ColdYieldStatus,
 };
 
 /// Serves the admin endpoints until the task is dropped; `token`, when given, guards all

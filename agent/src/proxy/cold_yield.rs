@@ -5,20 +5,12 @@
 //! goes to the pick of that last ranking. Dropping the future (the client left) ends the
 //! wait. Missing a wake-up costs at most the bound: the pool's scrapes wake it every 200 ms.
 //!
-//! Counted per pool ([`ColdYields`]): requests that yielded, those that went at the bound,
-//! and the time yielded in all, on `/status` and `/metrics`.
+//! Counted per pool ([`crate::routing::cold_yield::ColdYields`]): requests that yielded,
+//! those that went at the bound, and the time yielded in all, on `/status` and `/metrics`.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use tokio::time::Instant;
-
-use serde::Serialize;
 
 use super::{
     candidates::{Candidates, candidates},
@@ -29,45 +21,6 @@ use crate::{
     pool::Endpoint,
     routing::{Decision, RequestCtx, RoutePolicy, cold_yield::yields, rank},
 };
-
-/// A pool's yield counters.
-#[derive(Debug, Default)]
-pub struct ColdYields {
-    requests: AtomicU64,
-    at_bound: AtomicU64,
-    micros: AtomicU64,
-}
-
-/// What `/status` shows of them (`pools[].cold_yields`).
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct ColdYieldStatus {
-    /// Requests that yielded.
-    pub requests: u64,
-    /// Of those, the ones sent when the bound passed, still without room.
-    pub at_bound: u64,
-    /// Seconds yielded, all requests together.
-    pub seconds: f64,
-}
-
-impl ColdYields {
-    fn note(&self, waited: Duration, at_bound: bool) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        self.at_bound
-            .fetch_add(u64::from(at_bound), Ordering::Relaxed);
-        self.micros.fetch_add(
-            u64::try_from(waited.as_micros()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-    }
-
-    pub fn status(&self) -> ColdYieldStatus {
-        ColdYieldStatus {
-            requests: self.requests.load(Ordering::Relaxed),
-            at_bound: self.at_bound.load(Ordering::Relaxed),
-            seconds: self.micros.load(Ordering::Relaxed) as f64 / 1e6,
-        }
-    }
-}
 
 /// The request ranked `first` yields (the caller checked [`yields`]): it waits until room
 /// may have freed, is ranked again on the pool as it is then, and so on while it still
@@ -112,7 +65,10 @@ mod tests {
         kv_index::{IndexConfig, RouterKey},
         pool::Pool,
         proxy::{Proxy, TokenSource},
-        routing::{Policy, SessionSource, cold_yield::DEFAULT_COLD_YIELD},
+        routing::{
+            Policy, SessionSource,
+            cold_yield::{ColdYieldStatus, DEFAULT_COLD_YIELD},
+        },
         telemetry::{Telemetry, TelemetryConfig},
     };
 

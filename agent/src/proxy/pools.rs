@@ -41,7 +41,7 @@ pub struct PoolRuntime {
     /// The pool's hot prefixes and their homes.
     pub replication: parking_lot::Mutex<Replication>,
     /// Cold requests that yielded at a full pod ([`super::cold_yield`]).
-    pub cold_yields: super::cold_yield::ColdYields,
+    pub cold_yields: crate::routing::cold_yield::ColdYields,
     /// The second admission stage under the pool's own `clusterMaxConcurrent`
     /// ([`super::admission::Admission::for_pool`]); `None`: off.
     pub admission: Option<Arc<super::admission::Admission>>,

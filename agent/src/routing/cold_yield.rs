@@ -18,7 +18,12 @@
 //! it goes, the ranking sees the pods as they are then (late binding). The bound keeps cold
 //! prompts from starving: at worst one waits `cold_yield` more than it would have.
 
-use std::time::Duration;
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use serde::Serialize;
 
 use super::{Candidate, Decision, Policy};
 
@@ -84,6 +89,45 @@ pub fn yields(
 /// there (the ones a cold request yields to).
 pub fn warm(prefix_blocks: usize, blocks: usize) -> bool {
     blocks > 0 && prefix_blocks.saturating_mul(2) >= blocks
+}
+
+/// A pool's yield counters.
+#[derive(Debug, Default)]
+pub struct ColdYields {
+    requests: AtomicU64,
+    at_bound: AtomicU64,
+    micros: AtomicU64,
+}
+
+/// What `/status` shows of them (`pools[].cold_yields`).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct ColdYieldStatus {
+    /// Requests that yielded.
+    pub requests: u64,
+    /// Of those, the ones sent when the bound passed, still without room.
+    pub at_bound: u64,
+    /// Seconds yielded, all requests together.
+    pub seconds: f64,
+}
+
+impl ColdYields {
+    pub fn note(&self, waited: Duration, at_bound: bool) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.at_bound
+            .fetch_add(u64::from(at_bound), Ordering::Relaxed);
+        self.micros.fetch_add(
+            u64::try_from(waited.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    pub fn status(&self) -> ColdYieldStatus {
+        ColdYieldStatus {
+            requests: self.requests.load(Ordering::Relaxed),
+            at_bound: self.at_bound.load(Ordering::Relaxed),
+            seconds: self.micros.load(Ordering::Relaxed) as f64 / 1e6,
+        }
+    }
 }
 
 #[cfg(test)]
