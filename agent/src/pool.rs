@@ -104,11 +104,14 @@ pub struct Endpoint {
 
 mod kv;
 mod peers;
+mod room;
 
 use kv::{Drain, Pinned};
 pub use kv::{MAX_LEASE_KEYS, MAX_LEASES, MAX_PEER_PREFILL_BLOCKS, Room};
 use peers::PeerLoads;
 pub use peers::{LOAD_REFRESH, MAX_PEER_AGENTS, PEER_LOAD_TTL};
+use room::RoomSignal;
+pub use room::Yielding;
 
 /// Woken (once load sharing is on: [`share_loads`]) whenever a request starts, gets its first
 /// byte or ends at any endpoint: the proxy's load publisher waits on it.
@@ -649,33 +652,6 @@ pub struct EngineLoad {
     pub kv_cache_usage: f64,
 }
 
-/// A pool's wake-up for the requests yielding for KV room
-/// ([`crate::routing::cold_yield`]), and how many there are.
-#[derive(Debug, Default)]
-pub struct RoomSignal {
-    notify: tokio::sync::Notify,
-    waiters: AtomicUsize,
-}
-
-impl RoomSignal {
-    /// Wakes every request yielding now; with none (the common case), one atomic load.
-    fn wake(&self) {
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.notify.notify_waiters();
-        }
-    }
-}
-
-/// A request yielding for KV room ([`Pool::yielding`]).
-#[derive(Debug)]
-pub struct Yielding(Arc<RoomSignal>);
-
-impl Drop for Yielding {
-    fn drop(&mut self) {
-        self.0.waiters.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// A request in flight to an endpoint.
 #[derive(Debug)]
 pub struct InFlight {
@@ -715,134 +691,4 @@ impl Drop for InFlight {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A precise pool of one configured pod, `a:1`.
-    pub(super) fn one_pod() -> Pool {
-        Pool::new(
-            "m".into(),
-            16,
-            crate::routing::Policy::Precise,
-            vec![("a:1".into(), None)],
-        )
-    }
-
-    #[test]
-    fn configured_metrics_urls_are_kept_and_affinity_follows_the_address() {
-        let endpoints = vec![("a:1".to_string(), None), ("b:1".to_string(), None)];
-        let pool = Pool::new("m".into(), 16, crate::routing::Policy::Precise, endpoints)
-            .with_metrics_urls(vec!["http://a:9/metrics".into(), "http://b:9/m".into()]);
-        let urls: Vec<String> = pool
-            .endpoints()
-            .iter()
-            .map(|e| e.metrics_url.clone())
-            .collect();
-        assert_eq!(urls, ["http://a:9/metrics", "http://b:9/m"]);
-        // The same address hashes the same in another pool (another agent), whatever its
-        // position.
-        let other = Pool::new(
-            "m".into(),
-            16,
-            crate::routing::Policy::Precise,
-            vec![("b:1".to_string(), None)],
-        );
-        assert_eq!(pool.endpoints()[1].affinity, other.endpoints()[0].affinity);
-        assert_ne!(pool.endpoints()[0].affinity, pool.endpoints()[1].affinity);
-    }
-
-    #[test]
-    fn membership_changes_are_announced_and_scrape_health_follows_failures() {
-        let pool = one_pod();
-        let changes = pool.changes();
-        assert!(!changes.has_changed().unwrap());
-        let discovered = pool.endpoint(EndpointParts {
-            authority: "b:1".into(),
-            wanted: true,
-            discovered: true,
-            ..Default::default()
-        });
-        pool.set_endpoints(vec![pool.endpoints()[0].clone(), discovered.clone()]);
-        assert!(changes.has_changed().unwrap(), "set_endpoints announces");
-
-        // A discovered endpoint is healthy once its metrics answered, and until two scrapes
-        // in a row fail.
-        assert!(!discovered.scrape_healthy(), "never scraped");
-        discovered.set_engine_load(0, 0, 0.0);
-        assert!(discovered.scrape_healthy());
-        discovered.note_scrape_failure();
-        assert!(discovered.scrape_healthy(), "one failure is tolerated");
-        discovered.note_scrape_failure();
-        assert!(!discovered.scrape_healthy(), "two in a row are not");
-        discovered.set_engine_load(0, 0, 0.0);
-        assert!(discovered.scrape_healthy(), "an answer resets the count");
-        discovered.set_wanted(false);
-        assert!(!discovered.scrape_healthy(), "draining");
-    }
-
-    #[test]
-    fn work_ahead_counts_engine_queues_the_proxy_did_not_fill() {
-        let pool = one_pod();
-        let e = pool.endpoints()[0].clone();
-        for _ in 0..64 {
-            pool.note_prefill(10);
-        }
-        let _guard = e.start(7, &[], 0);
-        assert_eq!(
-            pool.work_ahead(&e, true),
-            7,
-            "not scraped yet: own queue only"
-        );
-        e.set_engine_load(5, 2, 0.5);
-        let ahead = pool.work_ahead(&e, true);
-        assert!(
-            (45..=50).contains(&ahead),
-            "5 waiting x ~10 blocks, got {ahead}"
-        );
-        e.set_engine_load(0, 2, 0.5);
-        assert_eq!(pool.work_ahead(&e, true), 7);
-        // Two scrapes failing in a row leave the last report's waiting count out.
-        e.set_engine_load(5, 2, 0.5);
-        e.note_scrape_failure();
-        assert!(pool.work_ahead(&e, true) >= 45, "one failure is tolerated");
-        e.note_scrape_failure();
-        assert_eq!(pool.work_ahead(&e, true), 7);
-    }
-
-    #[test]
-    fn in_flight_counts_what_the_engine_runs_beyond_own_requests_and_peers_leases() {
-        let pool = one_pod();
-        let e = pool.endpoints()[0].clone();
-        let _a = e.start(0, &[], 0);
-        let _b = e.start(0, &[], 0);
-        assert_eq!(
-            pool.in_flight(&e, true),
-            2,
-            "not scraped, no peers: own two"
-        );
-        // Three peers' placements, leased for a minute.
-        let now = std::time::Instant::now();
-        for _ in 0..3 {
-            e.lease(&[], 0, now + std::time::Duration::from_secs(60));
-        }
-        assert_eq!(pool.in_flight(&e, true), 5, "own two and three leases");
-        // The engine runs 4 and queues 3: 5 beyond own, more than the leases say.
-        e.set_engine_load(3, 4, 0.5);
-        assert_eq!(
-            pool.in_flight(&e, true),
-            7,
-            "own two and the engine's other five"
-        );
-        // The engine reports one beyond own, fewer than the three leases: the leases.
-        e.set_engine_load(0, 3, 0.5);
-        assert_eq!(pool.in_flight(&e, true), 5);
-        // Least-loaded and session pools count their own only.
-        e.set_engine_load(3, 4, 0.5);
-        assert_eq!(pool.in_flight(&e, false), 2);
-        // Scrapes failing: one is tolerated, two in a row leave the stale count out.
-        e.note_scrape_failure();
-        assert_eq!(pool.in_flight(&e, true), 7);
-        e.note_scrape_failure();
-        assert_eq!(pool.in_flight(&e, true), 5, "own two and three leases");
-    }
-}
+mod tests;

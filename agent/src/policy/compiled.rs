@@ -21,7 +21,7 @@ use std::{
 };
 
 use super::quota::QuotaLimits;
-use super::resources::{self, Condition, DataPathMode, FailureMode, Preset, Resource, RoutePolicy};
+use super::resources::{self, Condition, DataPathMode, FailureMode, Resource, RoutePolicy};
 use crate::{
     http::Headers,
     routing::{self, Policy, SessionSource},
@@ -624,7 +624,7 @@ fn refine(
     out.source = Arc::from(key);
     let mut policy = pools[pool].policy;
     if let Some(preset) = a.preset {
-        policy = routing::RoutePolicy::from(preset_policy(preset));
+        policy = routing::RoutePolicy::from(Policy::from(preset));
     }
     for (name, value) in &a.weights {
         policy
@@ -714,16 +714,6 @@ fn refine(
         }
     }
     Ok(out)
-}
-
-fn preset_policy(p: Preset) -> Policy {
-    match p {
-        Preset::Precise => Policy::Precise,
-        Preset::Approximate => Policy::Approximate,
-        Preset::RoundRobin => Policy::RoundRobin,
-        Preset::LeastLoaded => Policy::LeastLoaded,
-        Preset::Session => Policy::Session,
-    }
 }
 
 mod targets;

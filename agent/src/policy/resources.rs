@@ -197,6 +197,20 @@ pub struct Action {
     pub explain: Option<bool>,
 }
 
+impl From<Preset> for crate::routing::Policy {
+    /// The routing policy a preset names.
+    fn from(p: Preset) -> Self {
+        use crate::routing::Policy;
+        match p {
+            Preset::Precise => Policy::Precise,
+            Preset::Approximate => Policy::Approximate,
+            Preset::RoundRobin => Policy::RoundRobin,
+            Preset::LeastLoaded => Policy::LeastLoaded,
+            Preset::Session => Policy::Session,
+        }
+    }
+}
+
 /// The routing presets (docs/routing.md).
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "kebab-case")]

@@ -46,13 +46,9 @@ pub fn check(kind: Policy, ms: u64) -> Result<Duration, String> {
         ));
     }
     if ms > 0 && !kind.prices_kv_room() {
-        let name = match kind {
-            Policy::RoundRobin => "round-robin",
-            Policy::LeastLoaded => "least-loaded",
-            Policy::Session => "session",
-            Policy::Precise => "precise",
-            Policy::Approximate => "approximate",
-        };
+        // The preset as the flag and the configuration spell it.
+        let name = clap::ValueEnum::to_possible_value(&kind)
+            .map_or_else(|| format!("{kind:?}"), |v| v.get_name().to_string());
         return Err(format!(
             "{ms} ms with preset {}: only presets precise and approximate know each pod's KV room, which a cold request yields for; use 0 or one of those",
             name

@@ -378,20 +378,7 @@ metadata: {name: k8s-only}
 spec:
   identity: {namespaces: [ml]}
 "#;
-    let resources = documents::parse("t.yaml", text).unwrap();
-    let identity = TenantPolicy::default();
-    let mut tokenizers = |_: &str| -> Result<Tokens, String> { Err("none".into()) };
-    let set = compile(
-        CompileInput {
-            pools: &pools(),
-            identity: &identity,
-            tokenizers: &mut tokenizers,
-            builtin: &|| Tokens::Approximate,
-            workloads: None,
-        },
-        &resources,
-        1,
-    );
+    let set = compile_text(&pools(), text);
     let a = set.tenant(&Arc::from("team-a"));
     assert_eq!((a.priority, a.weight, a.isolated), (5, 3, true));
     let q = a.quotas.expect("quota");
@@ -609,20 +596,7 @@ fn a_kv_room_weight_on_a_pool_that_ranks_by_requests_is_refused() {
     let mut bases = pools();
     bases[2].policy = routing::RoutePolicy::from(Policy::LeastLoaded);
     let doc = "apiVersion: warmpath.dev/v1alpha1\nkind: RoutePolicy\nmetadata: {name: kv, namespace: ml}\nspec:\n  targetRef: {pool: {name: code}}\n  action: {weights: {kvRoom: 1}}\n";
-    let resources = documents::parse("kv.yaml", doc).unwrap();
-    let identity = TenantPolicy::default();
-    let mut tokenizers = |_: &str| -> Result<Tokens, String> { Err("none here".into()) };
-    let set = compile(
-        CompileInput {
-            pools: &bases,
-            identity: &identity,
-            tokenizers: &mut tokenizers,
-            builtin: &|| Tokens::Approximate,
-            workloads: None,
-        },
-        &resources,
-        7,
-    );
+    let set = compile_text(&bases, doc);
     let kv = set
         .resolved
         .iter()
@@ -639,29 +613,9 @@ fn a_cold_yield_refines_the_pools_policy_and_needs_a_preset_that_knows_kv_room()
     let mut bases = pools();
     bases[1].policy = routing::RoutePolicy::from(Policy::LeastLoaded);
     let doc = "apiVersion: warmpath.dev/v1alpha1\nkind: RoutePolicy\nmetadata: {name: off, namespace: ml}\nspec:\n  targetRef: {pool: {name: code}}\n  action: {coldYieldMs: 0}\n---\napiVersion: warmpath.dev/v1alpha1\nkind: RoutePolicy\nmetadata: {name: blind, namespace: ml}\nspec:\n  targetRef: {pool: {name: chat-v2}}\n  action: {coldYieldMs: 200}\n";
-    let resources = documents::parse("yield.yaml", doc).unwrap();
-    let identity = TenantPolicy::default();
-    let mut tokenizers = |_: &str| -> Result<Tokens, String> { Err("none here".into()) };
-    let set = compile(
-        CompileInput {
-            pools: &bases,
-            identity: &identity,
-            tokenizers: &mut tokenizers,
-            builtin: &|| Tokens::Approximate,
-            workloads: None,
-        },
-        &resources,
-        7,
-    );
-    let status = |key: &str| {
-        set.resolved
-            .iter()
-            .find(|(_, k, _)| k == key)
-            .map(|(_, _, c)| c.clone())
-            .expect("reported")
-    };
-    assert_eq!(status("ml/off").status, "True");
-    let blind = status("ml/blind");
+    let set = compile_text(&bases, doc);
+    assert_eq!(status_of(&set, "ml/off").status, "True");
+    let blind = status_of(&set, "ml/blind");
     assert_eq!(
         (blind.status.as_str(), blind.reason.as_str()),
         ("False", "Invalid")

@@ -191,7 +191,7 @@ fn action(a: &Action, e: &mut Errors) {
     weights(a, e);
     if let Some(ms) = a.cold_yield_ms {
         // Against the preset the action names; the pool's own is checked when it compiles.
-        let kind = a.preset.map_or(Policy::Precise, preset_kind);
+        let kind = a.preset.map_or(Policy::Precise, Policy::from);
         if let Err(why) = crate::routing::cold_yield::check(kind, ms) {
             e.push("spec.action.coldYieldMs", ms, why);
         }
@@ -279,17 +279,6 @@ fn weights(a: &Action, e: &mut Errors) {
     }
 }
 
-/// The preset's routing policy.
-fn policy_of(p: Preset) -> Policy {
-    match p {
-        Preset::Precise => Policy::Precise,
-        Preset::Approximate => Policy::Approximate,
-        Preset::RoundRobin => Policy::RoundRobin,
-        Preset::LeastLoaded => Policy::LeastLoaded,
-        Preset::Session => Policy::Session,
-    }
-}
-
 /// The prefix weight the action itself determines: `weights.prefix` (any spelling), else
 /// the preset's; `None` when it sets neither (the pool's preset then applies).
 fn prefix_weight(a: &Action) -> Option<f64> {
@@ -297,7 +286,7 @@ fn prefix_weight(a: &Action) -> Option<f64> {
         .iter()
         .find(|(name, _)| scorer_of(name).is_some_and(|u| u.prefix == 1.0))
         .map(|(_, &w)| w)
-        .or_else(|| a.preset.map(|p| policy_of(p).weights().prefix))
+        .or_else(|| a.preset.map(|p| Policy::from(p).weights().prefix))
 }
 
 fn tokens(a: &Action, t: &TokenSpec, e: &mut Errors) {
@@ -483,16 +472,5 @@ impl NormalTarget {
             selector: t.selector.as_ref().map(|s| s.match_labels.clone()),
             models: t.models.iter().cloned().collect(),
         }
-    }
-}
-
-/// The routing preset a resource's preset names.
-fn preset_kind(p: Preset) -> Policy {
-    match p {
-        Preset::Precise => Policy::Precise,
-        Preset::Approximate => Policy::Approximate,
-        Preset::RoundRobin => Policy::RoundRobin,
-        Preset::LeastLoaded => Policy::LeastLoaded,
-        Preset::Session => Policy::Session,
     }
 }

@@ -1,0 +1,131 @@
+//! The pool's and its endpoints' own counters: members, scrape health, in-flight load.
+
+use super::*;
+
+/// A precise pool of one configured pod, `a:1`.
+pub(super) fn one_pod() -> Pool {
+    Pool::new(
+        "m".into(),
+        16,
+        crate::routing::Policy::Precise,
+        vec![("a:1".into(), None)],
+    )
+}
+
+#[test]
+fn configured_metrics_urls_are_kept_and_affinity_follows_the_address() {
+    let endpoints = vec![("a:1".to_string(), None), ("b:1".to_string(), None)];
+    let pool = Pool::new("m".into(), 16, crate::routing::Policy::Precise, endpoints)
+        .with_metrics_urls(vec!["http://a:9/metrics".into(), "http://b:9/m".into()]);
+    let urls: Vec<String> = pool
+        .endpoints()
+        .iter()
+        .map(|e| e.metrics_url.clone())
+        .collect();
+    assert_eq!(urls, ["http://a:9/metrics", "http://b:9/m"]);
+    // The same address hashes the same in another pool (another agent), whatever its
+    // position.
+    let other = Pool::new(
+        "m".into(),
+        16,
+        crate::routing::Policy::Precise,
+        vec![("b:1".to_string(), None)],
+    );
+    assert_eq!(pool.endpoints()[1].affinity, other.endpoints()[0].affinity);
+    assert_ne!(pool.endpoints()[0].affinity, pool.endpoints()[1].affinity);
+}
+
+#[test]
+fn membership_changes_are_announced_and_scrape_health_follows_failures() {
+    let pool = one_pod();
+    let changes = pool.changes();
+    assert!(!changes.has_changed().unwrap());
+    let discovered = pool.endpoint(EndpointParts {
+        authority: "b:1".into(),
+        wanted: true,
+        discovered: true,
+        ..Default::default()
+    });
+    pool.set_endpoints(vec![pool.endpoints()[0].clone(), discovered.clone()]);
+    assert!(changes.has_changed().unwrap(), "set_endpoints announces");
+
+    // A discovered endpoint is healthy once its metrics answered, and until two scrapes
+    // in a row fail.
+    assert!(!discovered.scrape_healthy(), "never scraped");
+    discovered.set_engine_load(0, 0, 0.0);
+    assert!(discovered.scrape_healthy());
+    discovered.note_scrape_failure();
+    assert!(discovered.scrape_healthy(), "one failure is tolerated");
+    discovered.note_scrape_failure();
+    assert!(!discovered.scrape_healthy(), "two in a row are not");
+    discovered.set_engine_load(0, 0, 0.0);
+    assert!(discovered.scrape_healthy(), "an answer resets the count");
+    discovered.set_wanted(false);
+    assert!(!discovered.scrape_healthy(), "draining");
+}
+
+#[test]
+fn work_ahead_counts_engine_queues_the_proxy_did_not_fill() {
+    let pool = one_pod();
+    let e = pool.endpoints()[0].clone();
+    for _ in 0..64 {
+        pool.note_prefill(10);
+    }
+    let _guard = e.start(7, &[], 0);
+    assert_eq!(
+        pool.work_ahead(&e, true),
+        7,
+        "not scraped yet: own queue only"
+    );
+    e.set_engine_load(5, 2, 0.5);
+    let ahead = pool.work_ahead(&e, true);
+    assert!(
+        (45..=50).contains(&ahead),
+        "5 waiting x ~10 blocks, got {ahead}"
+    );
+    e.set_engine_load(0, 2, 0.5);
+    assert_eq!(pool.work_ahead(&e, true), 7);
+    // Two scrapes failing in a row leave the last report's waiting count out.
+    e.set_engine_load(5, 2, 0.5);
+    e.note_scrape_failure();
+    assert!(pool.work_ahead(&e, true) >= 45, "one failure is tolerated");
+    e.note_scrape_failure();
+    assert_eq!(pool.work_ahead(&e, true), 7);
+}
+
+#[test]
+fn in_flight_counts_what_the_engine_runs_beyond_own_requests_and_peers_leases() {
+    let pool = one_pod();
+    let e = pool.endpoints()[0].clone();
+    let _a = e.start(0, &[], 0);
+    let _b = e.start(0, &[], 0);
+    assert_eq!(
+        pool.in_flight(&e, true),
+        2,
+        "not scraped, no peers: own two"
+    );
+    // Three peers' placements, leased for a minute.
+    let now = std::time::Instant::now();
+    for _ in 0..3 {
+        e.lease(&[], 0, now + std::time::Duration::from_secs(60));
+    }
+    assert_eq!(pool.in_flight(&e, true), 5, "own two and three leases");
+    // The engine runs 4 and queues 3: 5 beyond own, more than the leases say.
+    e.set_engine_load(3, 4, 0.5);
+    assert_eq!(
+        pool.in_flight(&e, true),
+        7,
+        "own two and the engine's other five"
+    );
+    // The engine reports one beyond own, fewer than the three leases: the leases.
+    e.set_engine_load(0, 3, 0.5);
+    assert_eq!(pool.in_flight(&e, true), 5);
+    // Least-loaded and session pools count their own only.
+    e.set_engine_load(3, 4, 0.5);
+    assert_eq!(pool.in_flight(&e, false), 2);
+    // Scrapes failing: one is tolerated, two in a row leave the stale count out.
+    e.note_scrape_failure();
+    assert_eq!(pool.in_flight(&e, true), 7);
+    e.note_scrape_failure();
+    assert_eq!(pool.in_flight(&e, true), 5, "own two and three leases");
+}
