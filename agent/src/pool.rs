@@ -153,8 +153,8 @@ pub struct Pool {
     /// Moving average of uncached prefill blocks per routed request, x16 (fixed point).
     mean_prefill_x16: AtomicU64,
     /// Moving average of the share of keyed requests warm at their pick
-    /// ([`crate::routing::cold_yield::warm`]), x65536 (fixed point).
-    warm_share_x65536: AtomicU32,
+    /// ([`crate::routing::cold_yield::warm`]): [`WarmShare`] packed in one word.
+    warm_share: AtomicU64,
     next_serial: AtomicU32,
     /// Bumped when the members change or one of them becomes ready or unready
     /// ([`Pool::note_change`]): the kernel table writer wakes on it.
@@ -164,6 +164,55 @@ pub struct Pool {
     exact_peers: AtomicBool,
     /// Woken when room may have freed on any member ([`Pool::room_freed`]).
     room: Arc<RoomSignal>,
+}
+
+/// A pool's warm share: the mean of its recent keyed requests' "warm at the pick" (1) or not
+/// (0), over about the last [`WARM_SHARE_MEMORY`]. Until that many were seen it is the plain
+/// mean of all of them, so a fresh agent's share is its traffic's from the first requests,
+/// not biased toward 0 by an empty start (measured: four agents of a fleet, each a quarter of
+/// chat's traffic, stayed below [`crate::routing::cold_yield::MIN_WARM_SHARE`] for a whole
+/// run of 30 requests each and never yielded, where the central agent did).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WarmShare {
+    /// The share, x2^32 / 2 (fixed point, 0..=2^31).
+    share: u32,
+    /// Requests seen, up to [`WARM_SHARE_MEMORY`].
+    seen: u32,
+}
+
+/// Requests the warm share remembers (weight 1/N per request once that many were seen).
+pub const WARM_SHARE_MEMORY: u32 = 64;
+
+impl WarmShare {
+    const ONE: u64 = 1 << 31;
+
+    /// Folds in one request.
+    pub fn note(self, warm: bool) -> Self {
+        let seen = (self.seen + 1).min(WARM_SHARE_MEMORY);
+        let old = u64::from(self.share);
+        let x = if warm { Self::ONE } else { 0 };
+        // old + (x - old) / seen, in integers (x and old both at most ONE).
+        let new = (old * u64::from(seen - 1) + x) / u64::from(seen);
+        Self {
+            share: new.min(Self::ONE) as u32,
+            seen,
+        }
+    }
+
+    pub fn share(self) -> f64 {
+        self.share as f64 / Self::ONE as f64
+    }
+
+    fn pack(self) -> u64 {
+        u64::from(self.seen) << 32 | u64::from(self.share)
+    }
+
+    fn unpack(w: u64) -> Self {
+        Self {
+            share: w as u32,
+            seen: (w >> 32) as u32,
+        }
+    }
 }
 
 /// Scrapes failed in a row (200 ms apart) after which an endpoint counts as not ready for
@@ -217,7 +266,7 @@ impl Pool {
             history: History::new(),
             rotation: AtomicUsize::new(0),
             mean_prefill_x16: AtomicU64::new(0),
-            warm_share_x65536: AtomicU32::new(0),
+            warm_share: AtomicU64::new(0),
             next_serial: AtomicU32::new(0),
             exact_peers: AtomicBool::new(false),
             changes: tokio::sync::watch::Sender::new(0),
@@ -318,17 +367,21 @@ impl Pool {
         self.history.remove(e.history);
     }
 
-    /// Folds whether a keyed request was warm at its pick into the pool's warm share (1/64
-    /// weight: about the last 64 requests count; 0 before any).
+    /// Folds whether a keyed request was warm at its pick into the pool's warm share
+    /// ([`WarmShare`]).
     pub fn note_warm(&self, warm: bool) {
-        let old = self.warm_share_x65536.load(Ordering::Relaxed);
-        let new = old - old / 64 + if warm { 65536 / 64 } else { 0 };
-        self.warm_share_x65536.store(new, Ordering::Relaxed);
+        // One word, updated whole: concurrent requests never lose each other's note.
+        let _ = self
+            .warm_share
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                Some(WarmShare::unpack(w).note(warm).pack())
+            });
     }
 
-    /// The share of the pool's recent keyed requests that were warm at their pick, 0-1.
+    /// The share of the pool's recent keyed requests that were warm at their pick, 0-1 (0
+    /// before any).
     pub fn warm_share(&self) -> f64 {
-        f64::from(self.warm_share_x65536.load(Ordering::Relaxed)) / 65536.0
+        WarmShare::unpack(self.warm_share.load(Ordering::Relaxed)).share()
     }
 
     /// Folds a routed request's uncached prefill blocks into the moving average (1/8 weight).

@@ -129,3 +129,32 @@ fn in_flight_counts_what_the_engine_runs_beyond_own_requests_and_peers_leases() 
     e.note_scrape_failure();
     assert_eq!(pool.in_flight(&e, true), 5, "own two and three leases");
 }
+
+/// A fresh pool's warm share after `notes` (each request warm at its pick or not).
+fn warm_share_after(notes: impl IntoIterator<Item = bool>) -> f64 {
+    let pool = one_pod();
+    for warm in notes {
+        pool.note_warm(warm);
+    }
+    pool.warm_share()
+}
+
+#[test]
+fn the_warm_share_is_the_plain_mean_until_its_memory_fills_then_forgets_at_one_in_64() {
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    assert_eq!(warm_share_after([]), 0.0, "nothing seen");
+    // Its traffic's share from the first requests: one warm of one, 3 of 4.
+    assert_eq!(warm_share_after([true]), 1.0);
+    assert!(close(warm_share_after([true, false, true, true]), 0.75));
+    // 30 requests, every other one warm (a fleet's agent sees a quarter of 120): 0.5, not
+    // the 0.19 an average started at 0 with weight 1/64 would give.
+    assert!(close(warm_share_after([true, false].repeat(15)), 0.5));
+    // 64 warm fill the memory; each cold request after keeps 63/64 of the share.
+    let full = || std::iter::repeat_n(true, 64);
+    assert_eq!(warm_share_after(full()), 1.0);
+    assert!(close(warm_share_after(full().chain([false])), 63.0 / 64.0));
+    assert!(close(
+        warm_share_after(full().chain([false, false])),
+        (63.0f64 / 64.0).powi(2)
+    ));
+}

@@ -142,6 +142,9 @@ pub async fn forward(
                 }
             }
         };
+        if tracing::enabled!(tracing::Level::TRACE) {
+            trace_ranking(&decision, &candidates, &endpoints, ctx.keys.len(), yielded);
+        }
         tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), first_key = ctx.keys.first().map_or(0, |k| k.0), "routing decision");
         // The chosen pod as the cost model saw it, before this request joins its queue.
         let features = {
@@ -387,3 +390,47 @@ fn decision_reason(policy: Policy, prefix_blocks: usize) -> DecisionReason {
 
 #[cfg(test)]
 mod tests;
+
+/// Logs a ranking at trace level (docs/routing.md, "How a decision is made"): every candidate best first,
+/// its prefix blocks (`h`: from the history), requests in flight, queued prefill blocks, KV
+/// room and wait, prefill seconds per block and cost.
+fn trace_ranking(
+    decision: &Decision,
+    candidates: &[Candidate],
+    endpoints: &[std::sync::Arc<Endpoint>],
+    blocks: usize,
+    yielded: Duration,
+) {
+    let rows: Vec<String> = decision
+        .ranked
+        .iter()
+        .zip(&decision.costs)
+        .map(|(id, cost)| {
+            let c = &candidates[id.0];
+            let kv = c.kv.map_or_else(String::new, |k| {
+                format!(
+                    "kv={}/{}+{} w={:.3}",
+                    k.pinned,
+                    k.capacity,
+                    k.new_blocks,
+                    k.wait()
+                )
+            });
+            format!(
+                "{}:m={}{} f={} q={} {kv} spb={:.4} c={cost:.3}",
+                endpoints[id.0].authority,
+                c.prefix().0,
+                if c.prefix_trusted { "" } else { "h" },
+                c.in_flight,
+                c.queued_prefill_blocks,
+                c.timing.secs_per_block
+            )
+        })
+        .collect();
+    tracing::trace!(
+        blocks,
+        yielded_ms = u64::try_from(yielded.as_millis()).unwrap_or(u64::MAX),
+        ranked = ?rows,
+        "ranking"
+    );
+}
