@@ -391,9 +391,9 @@ fn decision_reason(policy: Policy, prefix_blocks: usize) -> DecisionReason {
 #[cfg(test)]
 mod tests;
 
-/// Logs a ranking at trace level (docs/routing.md, "How a decision is made"): every candidate best first,
-/// its prefix blocks (`h`: from the history), requests in flight, queued prefill blocks, KV
-/// room and wait, prefill seconds per block and cost.
+/// Logs a ranking at trace level (docs/routing.md, "How a decision is made"): every
+/// candidate best first, its prefix blocks (`h`: from the history), requests in flight,
+/// queued prefill blocks, KV room and wait, prefill seconds per block and cost.
 fn trace_ranking(
     decision: &Decision,
     candidates: &[Candidate],
