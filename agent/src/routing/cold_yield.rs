@@ -30,9 +30,9 @@ use super::{Candidate, Decision, Policy};
 /// The longest a cold request yields under the prefix presets (docs/benchmarks.md, "Cold
 /// requests yield" and "Every agent yields"): a request that waits the whole bound and then
 /// queues at the engine is the tail, so the bound is the trade between chat's p50 at the
-/// ladder's saturation and its p99. With every agent yielding, 500 ms put the p99 at 1.3-1.5x
-/// the best peer's on two seed sets where 300 ms gave 0.9-1.2x, at the same p50 within
-/// noise; at 1,000 ms the p99 rose by the bound.
+/// ladder's saturation and its p99. With every agent yielding, 500 ms put chat's p99 at the
+/// ladder's 0.8x at 1.17-1.46x the peer's (two seed sets, four agents and central) where
+/// 300 ms gave 0.93-1.22x, the p50 within 5 ms; at 1,000 ms the p99 rose by the bound.
 pub const DEFAULT_COLD_YIELD: Duration = Duration::from_millis(300);
 
 /// The most a policy may set: a request held longer than this is better refused.
