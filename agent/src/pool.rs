@@ -174,7 +174,7 @@ pub struct Pool {
 /// run of 30 requests each and never yielded, where the central agent did).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct WarmShare {
-    /// The share, x2^32 / 2 (fixed point, 0..=2^31).
+    /// The share x 2^31 (fixed point: 0 to 2^31).
     share: u32,
     /// Requests seen, up to [`WARM_SHARE_MEMORY`].
     seen: u32,
