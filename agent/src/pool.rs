@@ -48,7 +48,8 @@ pub struct Endpoint {
     /// `host:port` of its HTTP server.
     pub authority: String,
     /// Its pool's wake-up for requests yielding for KV room: woken when a request ends
-    /// here or a scrape updates the engine's figures.
+    /// here (this agent's, or a peer's by its report) or a scrape updates the engine's
+    /// figures.
     room: Arc<RoomSignal>,
     /// Its Prometheus page.
     pub metrics_url: String,
@@ -347,10 +348,10 @@ impl Pool {
         self.changes.subscribe()
     }
 
-    /// Resolves at the next moment room may have freed on a member: a request there ended,
-    /// or a scrape (every 200 ms while the engines answer)
-    /// updated an engine's figures. Only while a [`Yielding`] guard is held: without one
-    /// nothing is woken (the request path pays one atomic load).
+    /// Resolves at the next moment room may have freed on a member: a request there ended
+    /// (this agent's, or a peer agent's by its load report), or a scrape (every 200 ms while
+    /// the engines answer) updated an engine's figures. Only while a [`Yielding`] guard is
+    /// held: without one nothing is woken (the request path pays one atomic load).
     pub fn room_freed(&self) -> tokio::sync::futures::Notified<'_> {
         self.room.notify.notified()
     }
@@ -465,9 +466,23 @@ impl Pool {
 }
 
 impl Endpoint {
-    /// A peer agent reported its load here.
+    /// A peer agent reported its load here. A report of fewer requests than its last
+    /// (current) one says requests of its ended: the peers' placements here are then held
+    /// for no more requests than the peers' current reports count, plus those placed too
+    /// recently to be in them (`Pinned::keep_leases`, `pool/kv.rs`: a lease
+    /// guesses when a peer's request ends, a report says how many did), and if that ended a
+    /// lease, requests yielding for room in the pool are woken, as the end of one of this
+    /// agent's own wakes them. A peer whose reports went stale ([`PEER_LOAD_TTL`]) counts no
+    /// request, as in [`Pool::in_flight`].
     pub fn set_peer_load(&self, agent: &str, load: AgentLoad, now: std::time::Instant) {
-        self.peer_loads.lock().set(agent, load, now);
+        let (before, live) = {
+            let mut loads = self.peer_loads.lock();
+            let before = loads.set(agent, load, now);
+            (before, loads.sum(now).in_flight)
+        };
+        if load.in_flight < before.in_flight && self.pinned.lock().keep_leases(live as usize, now) {
+            self.room.wake();
+        }
     }
 
     /// The peers' reported loads here still current at `now`, summed.

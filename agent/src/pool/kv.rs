@@ -16,15 +16,19 @@ use crate::kv_index::RouterKey;
 pub(super) struct Pinned {
     refs: std::collections::HashMap<RouterKey, u32, foldhash::fast::RandomState>,
     output_blocks: u64,
-    /// Peer agents' placements here (a cluster): held until their expected end, the first
-    /// to end first, at most [`MAX_LEASES`].
+    /// Peer agents' placements here (a cluster): held until their expected end, or until
+    /// the peers' load reports say fewer of their requests run here ([`Pinned::keep_leases`]),
+    /// the first due first, at most [`MAX_LEASES`].
     leases: std::collections::VecDeque<Lease>,
 }
 
 /// A peer's request as this agent counts its KV: it does not see the request end, so it
-/// holds its blocks for the pool's mean lifetime.
+/// holds its blocks for the pool's mean lifetime, unless a peer's load report of a request
+/// ended there ends it first ([`Endpoint::set_peer_load`]).
 #[derive(Debug)]
 struct Lease {
+    /// When the placement arrived.
+    placed: std::time::Instant,
     until: std::time::Instant,
     keys: Vec<RouterKey>,
     output_blocks: u64,
@@ -52,6 +56,13 @@ impl Drain {
         (self.blocks - done).max(0.0)
     }
 }
+
+/// How long a peer's placement may come before the load report that counts its request: the
+/// placement is sent as the peer decides and its load when the request has started (after
+/// a publishing gap of a millisecond), each on its own queue and through one or two stream
+/// hops, so a lease younger than this is never taken for an ended request
+/// ([`Pinned::keep_leases`]).
+pub const PLACEMENT_REPORT_LAG: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Peer placements a pod's KV accounting holds at most (beyond it, the first to end goes).
 pub const MAX_LEASES: usize = 256;
@@ -85,6 +96,29 @@ impl Pinned {
             }
         }
         self.output_blocks = self.output_blocks.saturating_sub(output_blocks);
+    }
+
+    /// The peers report `live` requests running here at `now`: keeps that many leases, those
+    /// due last, plus the ones placed within [`PLACEMENT_REPORT_LAG`] (their requests may not
+    /// be in the reports yet), and ends the others, the first due first — taken as the
+    /// requests that ended (a report says how many run, not which). Returns whether any
+    /// ended.
+    pub(super) fn keep_leases(&mut self, live: usize, now: std::time::Instant) -> bool {
+        let settled = |l: &Lease| now.saturating_duration_since(l.placed) >= PLACEMENT_REPORT_LAG;
+        let young = self.leases.iter().filter(|l| !settled(l)).count();
+        let mut excess = self.leases.len().saturating_sub(live.saturating_add(young));
+        let ended = excess > 0;
+        let mut i = 0;
+        while excess > 0 && i < self.leases.len() {
+            if settled(&self.leases[i]) {
+                let l = self.leases.remove(i).expect("in range");
+                self.release(&l.keys, l.output_blocks);
+                excess -= 1;
+            } else {
+                i += 1;
+            }
+        }
+        ended
     }
 
     /// Ends the leases due by `now` (and the oldest beyond [`MAX_LEASES`]).
@@ -168,9 +202,16 @@ impl Endpoint {
         u32::try_from(p.leases.len()).unwrap_or(u32::MAX)
     }
 
-    /// A peer agent placed a request of `keys` here: its blocks and `output_blocks` count as
-    /// held until `until` (this agent does not see it end).
-    pub fn lease(&self, keys: &[RouterKey], output_blocks: u64, until: std::time::Instant) {
+    /// A peer agent's placement of a request of `keys` here arrived at `placed`: its blocks
+    /// and `output_blocks` count as held until `until` (this agent does not see it end), or
+    /// until the peers' load reports end the lease first ([`Endpoint::set_peer_load`]).
+    pub fn lease(
+        &self,
+        keys: &[RouterKey],
+        output_blocks: u64,
+        placed: std::time::Instant,
+        until: std::time::Instant,
+    ) {
         let (keys, rest) = keys.split_at(keys.len().min(MAX_LEASE_KEYS));
         let output_blocks = output_blocks.saturating_add(rest.len() as u64);
         let mut p = self.pinned.lock();
@@ -180,6 +221,7 @@ impl Endpoint {
         p.leases.insert(
             at,
             Lease {
+                placed,
                 until,
                 keys: keys.to_vec(),
                 output_blocks,
@@ -234,8 +276,13 @@ mod tests {
         // A peer agent's placement holds its blocks until its expected end; one already
         // due holds nothing.
         let now = std::time::Instant::now();
-        e.lease(&keys(1, 0), 4, now + std::time::Duration::from_secs(3600));
-        e.lease(&keys(2, 0), 4, now);
+        e.lease(
+            &keys(1, 0),
+            4,
+            now,
+            now + std::time::Duration::from_secs(3600),
+        );
+        e.lease(&keys(2, 0), 4, now, now);
         let room = e.kv_room(&keys(1, 2)).expect("sized");
         assert_eq!((room.pinned, room.shared), (68, 60));
         // The engine's own report wins when it says more (requests of other routers).
@@ -256,6 +303,7 @@ mod tests {
             e.lease(
                 &[RouterKey(i)],
                 0,
+                now,
                 now + hour + std::time::Duration::from_millis(i),
             );
         }
@@ -279,8 +327,8 @@ mod tests {
         // Two peers' placements of the same 1,030-block prompt, 2 output blocks each: the
         // first 1,024 blocks are shared, the last 6 of each counted apart.
         let keys: Vec<RouterKey> = (0..1030).map(RouterKey).collect();
-        e.lease(&keys, 2, until);
-        e.lease(&keys, 2, until);
+        e.lease(&keys, 2, until, until);
+        e.lease(&keys, 2, until, until);
         let room = e.kv_room(&keys).expect("sized");
         assert_eq!(room.pinned, 1024 + 2 * (6 + 2));
         assert_eq!(room.shared, 1024);

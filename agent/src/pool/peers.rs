@@ -32,15 +32,22 @@ pub struct PeerLoads {
 }
 
 impl PeerLoads {
-    /// `agent` reported `load` at `now` (replacing its previous report).
-    pub fn set(&mut self, agent: &str, load: AgentLoad, now: Instant) {
+    /// `agent` reported `load` at `now` (replacing its previous report). Returns the
+    /// report it replaces while that was current (zero when there was none, or it had gone
+    /// stale: it counted for nothing).
+    pub fn set(&mut self, agent: &str, load: AgentLoad, now: Instant) -> AgentLoad {
         if let Some(r) = self.reports.iter_mut().find(|r| &*r.agent == agent) {
+            let before = if now.saturating_duration_since(r.at) <= PEER_LOAD_TTL {
+                r.load
+            } else {
+                AgentLoad::default()
+            };
             r.load = load;
             r.at = now;
-            return;
+            return before;
         }
         if load == AgentLoad::default() {
-            return;
+            return load;
         }
         if self.reports.len() >= MAX_PEER_AGENTS
             && let Some(stalest) = (0..self.reports.len()).min_by_key(|&i| self.reports[i].at)
@@ -52,6 +59,7 @@ impl PeerLoads {
             load,
             at: now,
         });
+        AgentLoad::default()
     }
 
     /// The sum of the reports still current at `now` (stale ones are dropped).
@@ -91,6 +99,18 @@ mod tests {
         p.set("b", load(2, 0), t0 + Duration::from_millis(5));
         p.set("b", load(1, 0), t0 + Duration::from_millis(9));
         assert_eq!(p.sum(t0 + Duration::from_millis(10)), load(2, 30));
+    }
+
+    #[test]
+    fn a_report_returns_the_current_one_it_replaces() {
+        let t0 = Instant::now();
+        let mut p = PeerLoads::default();
+        assert_eq!(p.set("b", load(2, 10), t0), load(0, 0), "none before");
+        assert_eq!(p.set("b", load(1, 0), t0 + PEER_LOAD_TTL), load(2, 10));
+        // One not refreshed for longer than the TTL counted for nothing.
+        let late = t0 + PEER_LOAD_TTL + PEER_LOAD_TTL + Duration::from_millis(1);
+        assert_eq!(p.set("b", load(3, 0), late), load(0, 0));
+        assert_eq!(p.set("idle", load(0, 0), late), load(0, 0));
     }
 
     #[test]
@@ -137,7 +157,7 @@ mod tests {
         let _b = e.start(10, &[], 0);
         // Leases of placements no longer count: the peers' reports do.
         let now = std::time::Instant::now();
-        e.lease(&[], 0, now + std::time::Duration::from_secs(60));
+        e.lease(&[], 0, now, now + std::time::Duration::from_secs(60));
         assert_eq!(pool.in_flight(&e, true), 2, "own two, no report");
         e.set_peer_load(
             "b",
@@ -180,5 +200,83 @@ mod tests {
         // nobody else's.
         e.set_engine_load(0, 1, 0.5);
         assert_eq!(pool.in_flight(&e, true), 5);
+    }
+
+    #[test]
+    fn a_peer_reporting_ended_requests_ends_the_first_due_settled_leases_and_wakes_yielders() {
+        use futures::FutureExt;
+
+        use super::super::kv::PLACEMENT_REPORT_LAG;
+        use crate::{kv_index::RouterKey, pool::Endpoint};
+
+        let pool = one_pod();
+        pool.count_peers_exactly();
+        let e = pool.endpoints()[0].clone();
+        e.set_kv_capacity(1_000);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let hour = Duration::from_secs(3600);
+        // Peers' placements of 10 prompt blocks and 2 of output each, arriving at t0 and due
+        // an hour on: prompt 2 is due first, then 1, then 3 (out of arrival order).
+        let prompt =
+            |p: u64| -> Vec<RouterKey> { (0..10).map(|i| RouterKey(p * 100 + i)).collect() };
+        for (p, due) in [(1, ms(20)), (2, ms(10)), (3, ms(30))] {
+            e.lease(&prompt(p), 2, t0, t0 + hour + due);
+        }
+        let pinned = |e: &Endpoint| e.kv_room(&[]).expect("sized").pinned;
+        let held = |e: &Endpoint| -> Vec<u64> {
+            (1..=4)
+                .map(|p| e.kv_room(&prompt(p)).expect("sized").shared)
+                .collect()
+        };
+        // The reports come a second later: b runs two requests, c one.
+        let t1 = t0 + Duration::from_secs(1);
+        e.set_peer_load("b", load(2, 0), t1);
+        e.set_peer_load("c", load(1, 0), t1);
+        assert_eq!(pinned(&e), 36);
+        // A request yields for room meanwhile.
+        let _yielding = pool.yielding();
+        let woken = pool.room_freed();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        // b reports one request fewer: the peers run two, so the first due lease (prompt 2)
+        // ends, output included, long before its time, and the yielding request is woken.
+        e.set_peer_load("b", load(1, 0), t1);
+        assert_eq!(pinned(&e), 24);
+        assert_eq!(held(&e), [10, 0, 10, 0]);
+        assert!(woken.as_mut().now_or_never().is_some(), "woken");
+        // A placement (prompt 4) arrives before the report that counts its request: three
+        // leases for two reported requests. A refresh or a rise ends nothing; nor does a
+        // fall within the lag, which ends the settled lease due first (prompt 1), not the
+        // young one.
+        e.lease(&prompt(4), 2, t1, t1 + hour);
+        e.set_peer_load("c", load(1, 0), t1);
+        e.set_peer_load("c", load(2, 0), t1);
+        assert_eq!(held(&e), [10, 0, 10, 10]);
+        // c's two end within the lag: the peers run one (b's), and the settled lease due
+        // first (prompt 1) ends, not the young one.
+        let quiet = pool.room_freed();
+        tokio::pin!(quiet);
+        quiet.as_mut().enable();
+        let soon = t1 + PLACEMENT_REPORT_LAG - ms(1);
+        e.set_peer_load("c", load(0, 0), soon);
+        assert_eq!(held(&e), [0, 0, 10, 10], "b's one and the young one");
+        assert_eq!(pinned(&e), 24);
+        assert!(quiet.as_mut().now_or_never().is_some());
+        // A fall that ends no lease wakes no one: c starts one request and it ends, while
+        // the leases (3 and 4) are no more than b's one plus the young one.
+        let idle = pool.room_freed();
+        tokio::pin!(idle);
+        idle.as_mut().enable();
+        e.set_peer_load("c", load(1, 0), soon);
+        e.set_peer_load("c", load(0, 0), soon);
+        assert_eq!(held(&e), [0, 0, 10, 10]);
+        assert!(idle.as_mut().now_or_never().is_none(), "nothing ended");
+        // b's reports go stale: it counts no request, and the next fall (a new agent d's)
+        // leaves no settled lease.
+        let late = t1 + PEER_LOAD_TTL + ms(1);
+        e.set_peer_load("d", load(1, 0), late);
+        e.set_peer_load("d", load(0, 0), late);
+        assert_eq!(pinned(&e), 0);
     }
 }

@@ -1,6 +1,7 @@
 //! A pool's wake-up for the requests yielding for KV room
-//! ([`crate::routing::cold_yield`]): woken by its endpoints when a request ends or a scrape
-//! comes in, and only while some request yields.
+//! ([`crate::routing::cold_yield`]): woken by its endpoints when a request ends (this
+//! agent's, or a peer's by its load report) or a scrape comes in, and only while some
+//! request yields.
 
 use std::sync::{
     Arc,

@@ -107,7 +107,7 @@ fn in_flight_counts_what_the_engine_runs_beyond_own_requests_and_peers_leases() 
     // Three peers' placements, leased for a minute.
     let now = std::time::Instant::now();
     for _ in 0..3 {
-        e.lease(&[], 0, now + std::time::Duration::from_secs(60));
+        e.lease(&[], 0, now, now + std::time::Duration::from_secs(60));
     }
     assert_eq!(pool.in_flight(&e, true), 5, "own two and three leases");
     // The engine runs 4 and queues 3: 5 beyond own, more than the leases say.

@@ -1,9 +1,10 @@
 //! Step 4b of a request: a cold request yields to warm ones while its pick has no KV room
 //! ([`crate::routing::cold_yield`] says when). It is ranked again each time room may have
-//! freed in the pool (a request ended there, a scrape came in) until its pick has room, it
-//! turns warm (its prefix reached a pod meanwhile), or the policy's bound passes; then it
-//! goes to the pick of that last ranking. Dropping the future (the client left) ends the
-//! wait. Missing a wake-up costs at most the bound: the pool's scrapes wake it every 200 ms.
+//! freed in the pool (a request ended there, a peer reported one ended, a scrape came in)
+//! until its pick has room, it turns warm (its prefix reached a pod meanwhile), or the
+//! policy's bound passes; then it goes to the pick of that last ranking. Dropping the
+//! future (the client left) ends the wait. Missing a wake-up costs at most the bound: the
+//! pool's scrapes wake it every 200 ms.
 //!
 //! Counted per pool ([`crate::routing::cold_yield::ColdYields`]): requests that yielded,
 //! those that went at the bound, and the time yielded in all, on `/status` and `/metrics`.

@@ -175,7 +175,7 @@ impl Proxy {
                 let output = p.calibration.output_blocks(p.pool.block_size);
                 let lifetime = std::time::Duration::try_from_secs_f64(p.calibration.lifetime())
                     .unwrap_or_default();
-                e.lease(keys, output, now + lifetime);
+                e.lease(keys, output, now, now + lifetime);
                 // And its prefill: the blocks new to the pod join the work queued there,
                 // drained at the pod's calibrated rate (this agent does not see it start);
                 // unless the peers report their queued prefill themselves (shared load).

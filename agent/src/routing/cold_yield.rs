@@ -9,10 +9,10 @@
 //! holds less than half its prompt) and the pool's traffic reuses its cache (a quarter or
 //! more of its recent requests were warm at their pick), the proxy holds it back for up to
 //! the policy's `cold_yield` and ranks it again whenever room may have freed (a request ends
-//! there, a scrape changes the picture), sending it as soon as its pick has room. A warm
-//! request is never held: it needs few blocks and its prefix is worth most while it is still
-//! cached. Where nothing is reused, a yield would only delay the cold request (measured on
-//! the no-sharing control).
+//! there, a peer agent reports one of its own ended there, a scrape changes the picture),
+//! sending it as soon as its pick has room. A warm request is never held: it needs few
+//! blocks and its prefix is worth most while it is still cached. Where nothing is reused, a
+//! yield would only delay the cold request (measured on the no-sharing control).
 //!
 //! The held request waits at the router instead of at the head of an engine's queue; when
 //! it goes, the ranking sees the pods as they are then (late binding). The bound keeps cold
