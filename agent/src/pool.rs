@@ -475,12 +475,15 @@ impl Endpoint {
     /// agent's own wakes them. A peer whose reports went stale ([`PEER_LOAD_TTL`]) counts no
     /// request, as in [`Pool::in_flight`].
     pub fn set_peer_load(&self, agent: &str, load: AgentLoad, now: std::time::Instant) {
-        let (before, live) = {
+        // The peers' sum only on a fall (most reports are rises and refreshes).
+        let live = {
             let mut loads = self.peer_loads.lock();
             let before = loads.set(agent, load, now);
-            (before, loads.sum(now).in_flight)
+            (load.in_flight < before.in_flight).then(|| loads.sum(now).in_flight)
         };
-        if load.in_flight < before.in_flight && self.pinned.lock().keep_leases(live as usize, now) {
+        if let Some(live) = live
+            && self.pinned.lock().keep_leases(live as usize, now)
+        {
             self.room.wake();
         }
     }

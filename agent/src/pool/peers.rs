@@ -25,6 +25,13 @@ struct Report {
     at: Instant,
 }
 
+impl Report {
+    /// Still counts at `now`: refreshed within [`PEER_LOAD_TTL`].
+    fn current(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.at) <= PEER_LOAD_TTL
+    }
+}
+
 /// The latest report of each peer agent.
 #[derive(Debug, Default)]
 pub struct PeerLoads {
@@ -37,7 +44,7 @@ impl PeerLoads {
     /// stale: it counted for nothing).
     pub fn set(&mut self, agent: &str, load: AgentLoad, now: Instant) -> AgentLoad {
         if let Some(r) = self.reports.iter_mut().find(|r| &*r.agent == agent) {
-            let before = if now.saturating_duration_since(r.at) <= PEER_LOAD_TTL {
+            let before = if r.current(now) {
                 r.load
             } else {
                 AgentLoad::default()
@@ -64,8 +71,7 @@ impl PeerLoads {
 
     /// The sum of the reports still current at `now` (stale ones are dropped).
     pub fn sum(&mut self, now: Instant) -> AgentLoad {
-        self.reports
-            .retain(|r| now.saturating_duration_since(r.at) <= PEER_LOAD_TTL);
+        self.reports.retain(|r| r.current(now));
         self.reports
             .iter()
             .fold(AgentLoad::default(), |s, r| AgentLoad {
