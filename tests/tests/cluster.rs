@@ -12,6 +12,7 @@ use std::{
 use serde_json::{Value, json};
 use warmpath_e2e::{
     agent_process::AgentProcess,
+    scratch::{free_tcp_port, free_udp_port},
     sim::{Fleet, get_json, metric, metrics_text, sample, wait_for},
 };
 
@@ -62,18 +63,6 @@ impl Drop for Keys {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// A loopback UDP port free now (gossip needs its advertised port before it binds).
-fn free_udp_port() -> u16 {
-    let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
-    s.local_addr().expect("bound").port()
-}
-
-/// A loopback TCP port free now.
-fn free_tcp_port() -> u16 {
-    let s = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    s.local_addr().expect("bound").port()
 }
 
 fn agent_args(fleet: &Fleet, k: usize, ports: &[(u16, u16)], key: &Path) -> Vec<String> {

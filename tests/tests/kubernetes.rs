@@ -622,19 +622,12 @@ async fn draining_finishes_streams_in_flight_and_refuses_new_connections() {
     assert_eq!(left, 0, "nothing left in flight");
 }
 
-/// A loopback port free now (gossip and gRPC need theirs before they bind).
+/// A loopback port free now (gossip and gRPC need theirs before they bind), from below the
+/// kernel's ephemeral range ([`warmpath_e2e::scratch::unclaimed_port`]).
 fn free_port(udp: bool) -> u16 {
     match udp {
-        true => std::net::UdpSocket::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port(),
-        false => std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port(),
+        true => warmpath_e2e::scratch::free_udp_port(),
+        false => warmpath_e2e::scratch::free_tcp_port(),
     }
 }
 

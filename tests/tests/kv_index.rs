@@ -139,12 +139,9 @@ async fn losses_without_replay_mark_the_source_unsure() {
     assert!(!index.trusted(id));
 }
 
-/// Three free loopback ports.
+/// Three free loopback ports, from below the kernel's ephemeral range.
 fn free_ports() -> [String; 3] {
-    let l: Vec<_> = (0..3)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    [0, 1, 2].map(|i| l[i].local_addr().unwrap().port().to_string())
+    [(); 3].map(|()| warmpath_e2e::scratch::free_tcp_port().to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -410,11 +410,9 @@ async fn a_real_collector_receives_the_metrics() {
     };
     // warmpath --OTLP/gRPC--> rotel --OTLP/gRPC--> the in-process receiver.
     let receiver = Receiver::start().await;
-    let port = |l: std::net::TcpListener| l.local_addr().unwrap();
-    let (rotel_grpc, rotel_http) = (
-        port(std::net::TcpListener::bind("127.0.0.1:0").unwrap()),
-        port(std::net::TcpListener::bind("127.0.0.1:0").unwrap()),
-    );
+    let port =
+        || std::net::SocketAddr::from(([127, 0, 0, 1], warmpath_e2e::scratch::free_tcp_port()));
+    let (rotel_grpc, rotel_http) = (port(), port());
     let mut cmd = std::process::Command::new(&rotel);
     cmd.args(["start", "--otlp-grpc-endpoint"])
         .arg(rotel_grpc.to_string())
