@@ -214,19 +214,10 @@ pub struct RawRun {
     pub prefix_queries: u64,
 }
 
-/// Runs the comparison; Ctrl-C ends it early, every process it started stopped and every
-/// namespace, cgroup and pin of the intercepted row removed.
+/// Runs the comparison. Interrupted ([`crate::run`]: Ctrl-C or SIGTERM), it ends where it
+/// stands, every process it started stopped and every namespace, cgroup and pin of the
+/// intercepted row removed as their guards drop.
 pub async fn run(args: CompareArgs) -> Result<(), Error> {
-    tokio::select! {
-        done = compare(args) => done,
-        Ok(()) = tokio::signal::ctrl_c() => {
-            eprintln!("interrupted: cleaning up");
-            Err(Error::Setup("interrupted".into()))
-        }
-    }
-}
-
-async fn compare(args: CompareArgs) -> Result<(), Error> {
     // Logs first: from here on this process's own tracing goes to bench.log, not the terminal.
     let logs = Logs::create(&args.out)?;
     let bench_log = BenchLog::install(&logs)?;

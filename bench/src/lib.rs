@@ -83,19 +83,44 @@ pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
     ) {
         warmpath_agent::telemetry::init_tracing();
     }
-    match cmd {
-        BenchCommand::SimStreams(args) => sim_streams::run(args).await,
-        BenchCommand::Compare(args) => compare::run(*args).await,
-        BenchCommand::Matrix(args) => matrix::run(*args).await,
-        BenchCommand::Proxy(args) => proxy::run(args).await,
-        BenchCommand::Run(args) => run::run(*args).await,
-        BenchCommand::Soak(args) => soak::run(*args).await,
-        BenchCommand::Cluster(args) => cluster::run(*args).await,
-        BenchCommand::Ebpf(args) => ebpf::run(*args).await,
-        BenchCommand::EbpfClient(args) => ebpf::client::run(args).await,
-        BenchCommand::CompareClient(args) => compare::run_pod_client(args).await,
-        BenchCommand::Index(args) => tokio::task::spawn_blocking(move || index::run(args))
-            .await
-            .map_err(|e| Error::Setup(format!("index benchmark panicked: {e}"))),
+    // `bench ebpf` stops its rounds itself on a signal and then removes what it made.
+    let handles_signals = matches!(cmd, BenchCommand::Ebpf(_));
+    let bench = async move {
+        match cmd {
+            BenchCommand::SimStreams(args) => sim_streams::run(args).await,
+            BenchCommand::Compare(args) => compare::run(*args).await,
+            BenchCommand::Matrix(args) => matrix::run(*args).await,
+            BenchCommand::Proxy(args) => proxy::run(args).await,
+            BenchCommand::Run(args) => run::run(*args).await,
+            BenchCommand::Soak(args) => soak::run(*args).await,
+            BenchCommand::Cluster(args) => cluster::run(*args).await,
+            BenchCommand::Ebpf(args) => ebpf::run(*args).await,
+            BenchCommand::EbpfClient(args) => ebpf::client::run(args).await,
+            BenchCommand::CompareClient(args) => compare::run_pod_client(args).await,
+            BenchCommand::Index(args) => tokio::task::spawn_blocking(move || index::run(args))
+                .await
+                .map_err(|e| Error::Setup(format!("index benchmark panicked: {e}"))),
+        }
+    };
+    if handles_signals {
+        return bench.await;
+    }
+    // Interrupted (Ctrl-C, or SIGTERM sent to this process alone), the benchmark is dropped
+    // where it stands: every process it started is stopped and every network namespace,
+    // cgroup and pin it made is removed as its guard drops, instead of outliving it.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|source| Error::Io {
+            what: "watching for SIGTERM".into(),
+            source,
+        })?;
+    let interrupted = |signal: &str| {
+        Err(Error::Setup(format!(
+            "interrupted by {signal}: stopped every process the benchmark started"
+        )))
+    };
+    tokio::select! {
+        result = bench => result,
+        _ = tokio::signal::ctrl_c() => interrupted("SIGINT"),
+        _ = term.recv() => interrupted("SIGTERM"),
     }
 }

@@ -18,43 +18,7 @@ fn compare_shows_progress_and_the_table_and_logs_every_agent_to_a_file() {
     let _ = std::fs::remove_dir_all(&out);
     // 2 groups x 2 users x 1 round = 4 requests per policy, through 2 agents each (the
     // central row: one), the precise agents a cluster (the default).
-    let argv = [
-        "bench",
-        "compare",
-        "--out",
-        &out.display().to_string(),
-        "--policies",
-        "round-robin,precise",
-        "--agents",
-        "2",
-        "--replicas",
-        "2",
-        "--peers",
-        "none",
-        "--ebpf",
-        "off",
-        "--groups",
-        "2",
-        "--users",
-        "2",
-        "--rounds",
-        "1",
-        "--system-tokens",
-        "64",
-        "--question-tokens",
-        "8",
-        "--output-tokens",
-        "4",
-        "--profile",
-        "tiny",
-        "--time-scale",
-        "0.05",
-        "--num-gpu-blocks",
-        "64",
-        "--max-seconds",
-        "60",
-    ]
-    .map(String::from);
+    let argv = tiny_compare(&out, &[("--policies", "round-robin,precise")]);
     let output = bench(&argv);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -400,17 +364,165 @@ fn check_cluster(cluster: &serde_json::Value, logs: &Path) {
 
 /// Runs `warmpath-roles <argv>` as a user does (the default log filter, no terminal) in a
 /// process group of its own, killed if it outlives [`RUN_WITHIN`] or the test panics.
-fn bench(argv: &[String]) -> std::process::Output {
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_warmpath-roles"))
+/// Interrupted (SIGTERM to the bench alone, as `kill` sends it), the bench stops every
+/// process it started and says why: none of its agents or engines outlives it.
+#[test]
+fn an_interrupted_bench_stops_every_process_it_started() {
+    let out =
+        std::env::temp_dir().join(format!("warmpath-bench-interrupted-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    // Long enough to be interrupted mid-row: modelled time 20x slower than the wall clock,
+    // 20 rounds of 64 output tokens a request.
+    let argv = tiny_compare(
+        &out,
+        &[
+            ("--policies", "round-robin"),
+            ("--central", "off"),
+            ("--rounds", "20"),
+            ("--output-tokens", "64"),
+            ("--time-scale", "20"),
+            ("--max-seconds", "120"),
+        ],
+    );
+    let child = spawn(&argv);
+    let bench = i32::try_from(child.id()).unwrap();
+    // Whatever happens, nothing of the group survives the test.
+    let _group = ProcessGroup(Some(bench));
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(child.wait_with_output()));
+    // Its agents serving requests: the row is under way.
+    let log = out.join("logs").join("agent-round-robin-1.log");
+    until("the second agent serves", RUN_WITHIN, || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("routing proxy ready"))
+    });
+    let started = descendants(bench);
+    assert!(
+        started.len() >= 2,
+        "the bench's processes (engines, agents): {started:?}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(bench),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let output = finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the bench exited after SIGTERM")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("interrupted by SIGTERM: stopped every process the benchmark started"),
+        "{stderr}"
+    );
+    for pid in started {
+        until(
+            &format!("process {pid} ended"),
+            Duration::from_secs(10),
+            || !alive(pid),
+        );
+    }
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// Waits (bounded) until `done` holds, polling every 50 ms.
+fn until(what: &str, within: Duration, done: impl Fn() -> bool) {
+    let end = std::time::Instant::now() + within;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < end,
+            "{what}: not within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every live descendant of `pid`, from `/proc`.
+fn descendants(pid: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|p| Some((p, stat(p)?.1)))
+        .collect();
+    let mut out = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for (child, _) in parents.iter().filter(|(_, pp)| *pp == parent) {
+            out.push(*child);
+            frontier.push(*child);
+        }
+    }
+    out.retain(|p| alive(*p));
+    out
+}
+
+/// A process's state letter and parent, from `/proc/PID/stat` (`None`: gone).
+fn stat(pid: i32) -> Option<(char, i32)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name, which may hold spaces, in parentheses.
+    let rest = &text[text.rfind(')')? + 2..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    Some((state, fields.next()?.parse().ok()?))
+}
+
+/// Whether `pid` runs (a zombie has ended: only its parent has yet to reap it).
+fn alive(pid: i32) -> bool {
+    stat(pid).is_some_and(|(state, _)| state != 'Z' && state != 'X')
+}
+
+/// `bench compare` on a tiny fleet into `out`: 2 agents in front of 2 engines of the tiny
+/// profile, no peers and no eBPF, 2 groups x 2 users x 1 round of short requests; each
+/// `(flag, value)` of `changes` replaces that flag's value or is added.
+fn tiny_compare(out: &Path, changes: &[(&str, &str)]) -> Vec<String> {
+    let out = out.display().to_string();
+    let mut argv: Vec<String> = ["bench", "compare", "--out", &out]
+        .map(String::from)
+        .to_vec();
+    let mut flags: Vec<(&str, &str)> = vec![
+        ("--agents", "2"),
+        ("--replicas", "2"),
+        ("--peers", "none"),
+        ("--ebpf", "off"),
+        ("--groups", "2"),
+        ("--users", "2"),
+        ("--rounds", "1"),
+        ("--system-tokens", "64"),
+        ("--question-tokens", "8"),
+        ("--output-tokens", "4"),
+        ("--profile", "tiny"),
+        ("--time-scale", "0.05"),
+        ("--num-gpu-blocks", "64"),
+        ("--max-seconds", "60"),
+    ];
+    for (flag, value) in changes {
+        match flags.iter_mut().find(|(f, _)| f == flag) {
+            Some(slot) => slot.1 = value,
+            None => flags.push((flag, value)),
+        }
+    }
+    for (flag, value) in flags {
+        argv.extend([flag.to_string(), value.to_string()]);
+    }
+    argv
+}
+
+/// The bench as its own process group, stdin closed, stdout and stderr piped, with the
+/// default log filter (info: what a user gets, and what must stay off the terminal).
+fn spawn(argv: &[String]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_warmpath-roles"))
         .args(argv)
-        // The default filter (info): what a user gets, and what must stay off the terminal.
         .env_remove("RUST_LOG")
         .process_group(0)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+fn bench(argv: &[String]) -> std::process::Output {
+    let child = spawn(argv);
     let mut group = ProcessGroup(i32::try_from(child.id()).ok());
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || done.send(child.wait_with_output()));

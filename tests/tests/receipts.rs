@@ -10,7 +10,7 @@ use std::{collections::HashMap, time::Duration};
 use serde_json::json;
 use warmpath_e2e::{
     agent::{proxy, urls},
-    sim::{Fleet, get_json, metric, wait_for},
+    sim::{Fleet, get_json, metric, metrics_text, sample, wait_for},
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -309,9 +309,9 @@ async fn a_pod_without_the_prefix_captures_less_than_was_available() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_request_s_receipt_is_the_answering_pod_s() {
-    // Round-robin over two engines and, last, an endpoint nobody listens on: the third
-    // request's turn is the dead one (which holds nothing: it has no index), and its retry
-    // goes to an engine that holds the whole prefix by then.
+    // Round-robin over two engines and an endpoint nobody listens on (which holds nothing:
+    // it has no index): once both engines hold the prefix, the request whose turn is the
+    // dead one is retried on an engine, which holds the whole prefix.
     let fleet = Fleet::tiny(2, &["--kv-replay-port", "0"]).await;
     // Ports bound and released: nothing listens there (its events and replay sockets too,
     // given only because the flags go per endpoint).
@@ -347,32 +347,68 @@ async fn a_retried_request_s_receipt_is_the_answering_pod_s() {
         status: format!("{admin}/status"),
         expected: HashMap::new(),
     };
+    // (The counter is absent until the first retry; it is recorded with the request,
+    // as its receipt is, so read it after `counters` has seen the receipt.)
+    let retries = || async {
+        sample(
+            &metrics_text(&client, &admin).await,
+            "warmpath_retries_total",
+        )
+        .unwrap_or(0.0) as u64
+    };
+    // Round-robin starts at a random endpoint (agents started together must not rotate in
+    // step), and a retry takes the next turn: send the prompt until both engines have
+    // answered it (a turn of the dead endpoint is retried on one of them). The first
+    // answer found nothing anywhere.
     let a = ids(4, 100);
     let six = 6 * BLOCK;
-    let first = complete(&client, &base, &a).await;
+    let mut sent = 0;
+    let mut answered: Vec<String> = Vec::new();
+    while answered.len() < 2 {
+        assert!(
+            sent < 4,
+            "four requests and not both engines answered: {answered:?}"
+        );
+        let seen = complete(&client, &base, &a).await;
+        sent += 1;
+        if sent == 1 {
+            assert_eq!((seen.available, seen.captured, seen.delivered), (0, 0, 0));
+        }
+        if !answered.contains(&seen.pod) {
+            indexed.wait(&seen.pod, 100 / BLOCK).await;
+            answered.push(seen.pod);
+        }
+    }
+    let before = counters(&client, &admin, sent).await;
+    let retried_before = retries().await;
+    // Both hold the prefix now: every request finds it, and within three turns one meets
+    // the dead endpoint and is retried; its receipt is the engine's that answered.
+    let mut more = 0;
+    loop {
+        assert!(
+            more < 3,
+            "three turns of round-robin never met the dead endpoint"
+        );
+        let seen = complete(&client, &base, &a).await;
+        more += 1;
+        assert!(answered.contains(&seen.pod), "{seen:?}");
+        assert_eq!(
+            (seen.available, seen.captured, seen.delivered),
+            (six, six, six),
+            "captured by the engine that answered, not by a dead first pick"
+        );
+        counters(&client, &admin, sent + more).await;
+        if retries().await > retried_before {
+            break;
+        }
+    }
     assert_eq!(
-        (first.available, first.captured, first.delivered),
-        (0, 0, 0)
+        retries().await,
+        retried_before + 1,
+        "one retry in the last turn"
     );
-    indexed.wait(&first.pod, 100 / BLOCK).await;
-    let second = complete(&client, &base, &a).await;
-    assert_ne!(second.pod, first.pod, "round-robin takes turns");
-    assert_eq!(
-        (second.available, second.captured, second.delivered),
-        (six, 0, 0)
-    );
-    indexed.wait(&second.pod, 100 / BLOCK).await;
-    let retried = complete(&client, &base, &a).await;
-    assert_eq!(
-        (retried.available, retried.captured, retried.delivered),
-        (six, six, six),
-        "captured by the engine that answered, not by the dead first pick"
-    );
-    let got = counters(&client, &admin, 3).await;
-    assert_eq!(
-        metric(&client, &admin, "warmpath_retries_total").await as u64,
-        1,
-        "the third request was retried once"
-    );
-    assert_eq!(got, [3, 2 * six, six, six, 0]);
+    let got = counters(&client, &admin, sent + more).await;
+    let added: Vec<u64> = got.iter().zip(before).map(|(g, b)| g - b).collect();
+    let n = more;
+    assert_eq!(added, [n, n * six, n * six, n * six, 0]);
 }

@@ -158,3 +158,22 @@ fn the_warm_share_is_the_plain_mean_until_its_memory_fills_then_forgets_at_one_i
         (63.0f64 / 64.0).powi(2)
     ));
 }
+
+#[test]
+fn pools_start_their_rotation_apart() {
+    // Pools made together (as agents started together make theirs) do not start their
+    // rotation at one pod: of 64, the starts fall on more than one of 4 pods (all on one by
+    // chance: 4^-63).
+    let starts: std::collections::HashSet<usize> = (0..64)
+        .map(|_| {
+            let pool = Pool::new(
+                "m".into(),
+                16,
+                crate::routing::Policy::RoundRobin,
+                Vec::new(),
+            );
+            pool.rotation.load(std::sync::atomic::Ordering::Relaxed) % 4
+        })
+        .collect();
+    assert!(starts.len() > 1, "{starts:?}");
+}

@@ -112,11 +112,20 @@ pub async fn run(args: EbpfBenchArgs) -> Result<(), Error> {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
+    // Ctrl-C or SIGTERM: the rounds stop and everything is removed (not dropped mid-round:
+    // `crate::run` leaves this benchmark's signals to it).
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|source| Error::Io {
+            what: "watching for SIGTERM".into(),
+            source,
+        })?;
     let ctrl_c = tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("interrupted: cleaning up");
-            flag.store(true, Ordering::Relaxed);
+        tokio::select! {
+            Ok(()) = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
         }
+        eprintln!("interrupted: cleaning up");
+        flag.store(true, Ordering::Relaxed);
     });
     let result = measure(&args, &tag, &stop).await;
     ctrl_c.abort();
