@@ -53,7 +53,9 @@ pub async fn forward(
     strip_usage: bool,
 ) -> Result<Answer, ProxyError> {
     let pool = &runtime.pool;
-    let policy = action.policy.unwrap_or(pool.policy);
+    let mut policy = action.policy.unwrap_or(pool.policy);
+    // Peer agents route to these pods too: near-ties go by this agent's turn.
+    policy.peers_route = pool.counts_peers_exactly();
     let retries = action.retries.unwrap_or(proxy.retries);
     let head_timeout = action
         .head_timeout

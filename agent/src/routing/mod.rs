@@ -45,6 +45,10 @@
 //! A cold request whose pick has no KV room waits at the router, bounded, while warm ones go
 //! first, and is ranked again when room frees ([`cold_yield`]).
 //!
+//! Where peer agents route to the same pods, near-ties (within one request's load, holding as
+//! much of the prompt) go by each agent's own turn, so agents deciding in the same
+//! milliseconds do not all pick one pod ([`near_ties_by_turn`]).
+//!
 //! A pod whose index is not trusted (unsure, stalled, no events yet, or a replica whose
 //! owner cannot vouch for it) is scored by the approximate signal instead: `matched_blocks`
 //! is replaced by its `history_blocks` (what was routed there recently: by this agent, and in
@@ -515,6 +519,10 @@ pub struct RoutePolicy {
     /// The longest a cold request yields to warm ones at a full pod ([`cold_yield`]; zero:
     /// never).
     pub cold_yield: std::time::Duration,
+    /// Other agents route to the same pods at the same time (a cluster sharing its loads):
+    /// under the prefix presets, near-ties go by this agent's own turn ([`rank`]). Set per
+    /// request by the proxy, not by configuration.
+    pub peers_route: bool,
 }
 
 impl From<Policy> for RoutePolicy {
@@ -523,6 +531,7 @@ impl From<Policy> for RoutePolicy {
             kind,
             weights: kind.weights(),
             cold_yield: kind.cold_yield(),
+            peers_route: false,
         }
     }
 }
@@ -616,6 +625,8 @@ pub fn rank(
     };
     let n = live.len();
     let mut costs: SmallVec<[f64; INLINE]> = smallvec::smallvec![0.0; n];
+    // Seconds per block of the ranking (the prefix presets'; 0 for the others).
+    let mut scale = 0.0;
     if policy.kind == Policy::RoundRobin {
         let start = rotation.fetch_add(1, Ordering::Relaxed);
         for (i, c) in costs.iter_mut().enumerate() {
@@ -633,7 +644,7 @@ pub fn rank(
             // rose from 0.18 s to 6.0 s (a pod whose fit credits its TTFTs to queueing looks
             // nearly free to prefill on, and draws every cold prompt); with each pod's running
             // term too, 83 % and 0.36 s.
-            let scale = median(live.iter().map(|c| c.timing.secs_per_block));
+            scale = median(live.iter().map(|c| c.timing.secs_per_block));
             let base = median(live.iter().map(|c| c.timing.base));
             for cost in costs.iter_mut() {
                 *cost = *cost * scale + base;
@@ -649,6 +660,9 @@ pub fn rank(
             .then(live[a].in_flight.cmp(&live[b].in_flight))
             .then(((a + n - offset % n) % n).cmp(&((b + n - offset % n) % n)))
     });
+    if policy.peers_route && scale > 0.0 {
+        near_ties_by_turn(&policy, &sctx, &live, &costs, scale, offset, &mut order);
+    }
     if policy.kind != Policy::RoundRobin {
         rotation.fetch_add(1, Ordering::Relaxed);
     }
@@ -661,6 +675,53 @@ pub fn rank(
         predicted: order.iter().map(|&i| predict(&sctx, live[i])).collect(),
         costs: order.iter().map(|&i| costs[i]).collect(),
     })
+}
+
+/// Where other agents route to the same pods, the pods within one request's load of the
+/// cheapest that hold as much of the prompt go by this agent's turn (`offset`, its rotation:
+/// random at its start, one step a decision), not by the smallest cost: moves the pick to
+/// the front of `order`.
+///
+/// Every agent ranks the same fleet by the same figures, so two agents deciding within the
+/// few milliseconds before they hear of each other's request pick the same cheapest pod, and
+/// one prefill waits for the other (docs/benchmarks.md, "Off the design point": on the
+/// no-sharing control, requests sent within 5 ms of another to its pod, 3-8 a run for three
+/// agents, none for one central agent). One request's load is what the ranking charges for
+/// one more request running there (`in-flight` plus `stall`, for the pick's uncached blocks):
+/// a pod a single decoding request busier is a near-tie, one with a prefill queued is not,
+/// and a pod holding less of the prompt never is. One agent alone (no peers) keeps the
+/// cheapest.
+fn near_ties_by_turn(
+    policy: &RoutePolicy,
+    sctx: &ScoreCtx<'_>,
+    live: &[&Candidate],
+    costs: &[f64],
+    scale: f64,
+    offset: usize,
+    order: &mut [usize],
+) {
+    let Some(&best) = order.first() else {
+        return;
+    };
+    let one_request = (policy.weights.in_flight
+        + policy.weights.stall * sctx.expected_uncached(live[best]))
+        * scale;
+    let held = sctx.matched(live[best]);
+    let ties: SmallVec<[usize; INLINE]> = order
+        .iter()
+        .copied()
+        // (A pod exactly one request busier is a near-tie, rounding aside.)
+        .filter(|&i| {
+            costs[i] <= costs[best] + one_request * (1.0 + 1e-9) && sctx.matched(live[i]) == held
+        })
+        .collect();
+    if ties.len() < 2 {
+        return;
+    }
+    let pick = ties[offset % ties.len()];
+    if let Some(at) = order.iter().position(|&i| i == pick) {
+        order[..=at].rotate_right(1);
+    }
 }
 
 #[cfg(test)]

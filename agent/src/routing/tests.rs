@@ -539,3 +539,37 @@ fn a_kv_wait_adds_its_seconds_to_the_cost_whatever_the_pods_own_fit() {
     assert!((d.costs[0] - 0.0055).abs() < 1e-12, "{:?}", d.costs);
     assert!((d.costs[1] - 0.1055).abs() < 1e-12, "{:?}", d.costs);
 }
+
+#[test]
+fn with_peers_near_ties_go_by_turn_and_a_prefix_or_a_queue_is_never_traded() {
+    // A cold request of 10 blocks; pods at the default timing (1e-4 s a token: 1.6 ms a
+    // block). One more request running costs 4 + 0.25 x 10 = 6.5 blocks there.
+    let idle = cand(0, 0, 0, 0);
+    let one_busier = cand(1, 0, 0, 1);
+    let queued = cand(2, 0, 20, 0);
+    let pods = [idle.clone(), one_busier, queued];
+    let mut with_peers = RoutePolicy::from(Policy::Precise);
+    with_peers.peers_route = true;
+    // The pick (its position, its prefix) at each of four turns.
+    let picks = |policy: RoutePolicy, pods: &[Candidate]| -> Vec<(usize, usize)> {
+        (0..4)
+            .map(|start| {
+                let d = rank(policy, &ctx(10), pods, &AtomicUsize::new(start)).unwrap();
+                (d.ranked[0].0, d.prefix_blocks)
+            })
+            .collect()
+    };
+    // Alone, an agent always takes the idle pod.
+    let alone = RoutePolicy::from(Policy::Precise);
+    assert_eq!(picks(alone, &pods), [(0, 0); 4]);
+    // With peers, the idle pod and the one a request busier (6.5 blocks dearer: within one
+    // request's load) go by turn; the pod with 20 blocks of prefill queued never does.
+    assert_eq!(picks(with_peers, &pods), [(0, 0), (1, 0), (0, 0), (1, 0)]);
+    // Two requests running is 13 blocks dearer: beyond one request's load.
+    let two_busier = cand(1, 0, 0, 2);
+    assert_eq!(picks(with_peers, &[idle.clone(), two_busier]), [(0, 0); 4]);
+    // A pod that holds the prompt's first 4 blocks costs 6; the idle pod's 10 is within one
+    // request's load of it (4 + 0.25 x 6 = 5.5), but holds less: never taken instead.
+    let holder = cand(1, 4, 0, 0);
+    assert_eq!(picks(with_peers, &[idle, holder]), [(1, 4); 4]);
+}
