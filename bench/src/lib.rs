@@ -76,6 +76,8 @@ pub enum Error {
 
 /// Runs a benchmark and prints its report. Sets up this process's tracing: `bench compare`
 /// into its logs directory (the terminal is for its progress and table), the others to stderr.
+/// On SIGINT or SIGTERM it drops the benchmark (stopping what it started), says so on stderr
+/// and exits the process (130 or 143); `bench ebpf` finishes its cleanup first on its own.
 pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
     if !matches!(
         cmd,
@@ -107,20 +109,19 @@ pub async fn run(cmd: BenchCommand) -> Result<(), Error> {
     }
     // Interrupted (Ctrl-C, or SIGTERM sent to this process alone), the benchmark is dropped
     // where it stands: every process it started is stopped and every network namespace,
-    // cgroup and pin it made is removed as its guard drops, instead of outliving it.
+    // cgroup and pin it made is removed as its guard drops, instead of outliving it. Then
+    // the process exits at once: work on blocking threads (`bench index`, the gossip
+    // measurement, a client role reading its stdin) would otherwise keep it alive.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|source| Error::Io {
             what: "watching for SIGTERM".into(),
             source,
         })?;
-    let interrupted = |signal: &str| {
-        Err(Error::Setup(format!(
-            "interrupted by {signal}: stopped every process the benchmark started"
-        )))
+    let (signal, code) = tokio::select! {
+        result = bench => return result,
+        Ok(()) = tokio::signal::ctrl_c() => ("SIGINT", 130),
+        _ = term.recv() => ("SIGTERM", 143),
     };
-    tokio::select! {
-        result = bench => result,
-        _ = tokio::signal::ctrl_c() => interrupted("SIGINT"),
-        _ = term.recv() => interrupted("SIGTERM"),
-    }
+    eprintln!("Error: interrupted by {signal}: stopped every process the benchmark started");
+    std::process::exit(code)
 }

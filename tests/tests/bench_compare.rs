@@ -362,8 +362,6 @@ fn check_cluster(cluster: &serde_json::Value, logs: &Path) {
     }
 }
 
-/// Runs `warmpath-roles <argv>` as a user does (the default log filter, no terminal) in a
-/// process group of its own, killed if it outlives [`RUN_WITHIN`] or the test panics.
 /// Interrupted (SIGTERM to the bench alone, as `kill` sends it), the bench stops every
 /// process it started and says why: none of its agents or engines outlives it.
 #[test]
@@ -521,6 +519,8 @@ fn spawn(argv: &[String]) -> std::process::Child {
         .unwrap()
 }
 
+/// Runs `warmpath-roles <argv>` as a user does (the default log filter, no terminal) in a
+/// process group of its own, killed if it outlives [`RUN_WITHIN`] or the test panics.
 fn bench(argv: &[String]) -> std::process::Output {
     let child = spawn(argv);
     let mut group = ProcessGroup(i32::try_from(child.id()).ok());

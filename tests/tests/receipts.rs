@@ -315,12 +315,7 @@ async fn a_retried_request_s_receipt_is_the_answering_pod_s() {
     let fleet = Fleet::tiny(2, &["--kv-replay-port", "0"]).await;
     // Ports bound and released: nothing listens there (its events and replay sockets too,
     // given only because the flags go per endpoint).
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-    };
+    let free = || format!("127.0.0.1:{}", warmpath_e2e::scratch::free_tcp_port());
     let (dead, events, replay) = (
         format!("http://{}", free()),
         format!("tcp://{}", free()),

@@ -688,9 +688,9 @@ pub fn rank(
 /// no-sharing control, requests sent within 5 ms of another to its pod, 3-8 a run for three
 /// agents, none for one central agent). One request's load is what the ranking charges for
 /// one more request running there (`in-flight` plus `stall`, for the pick's uncached blocks):
-/// a pod a single decoding request busier is a near-tie, one with a prefill queued is not,
-/// and a pod holding less of the prompt never is. One agent alone (no peers) keeps the
-/// cheapest.
+/// a pod a single decoding request busier is a near-tie; one holding less of the prompt, or
+/// with more prefill queued or a longer wait for KV room than the cheapest, never is. An
+/// agent whose pool has never heard from a peer keeps the cheapest.
 fn near_ties_by_turn(
     policy: &RoutePolicy,
     sctx: &ScoreCtx<'_>,
@@ -706,22 +706,38 @@ fn near_ties_by_turn(
     let one_request = (policy.weights.in_flight
         + policy.weights.stall * sctx.expected_uncached(live[best]))
         * scale;
-    let held = sctx.matched(live[best]);
-    let ties: SmallVec<[usize; INLINE]> = order
+    let (held, queued, waits) = (
+        sctx.matched(live[best]),
+        live[best].queued_prefill_blocks,
+        kv_wait(live[best]),
+    );
+    let mut ties: SmallVec<[usize; INLINE]> = order
         .iter()
         .copied()
         // (A pod exactly one request busier is a near-tie, rounding aside.)
         .filter(|&i| {
-            costs[i] <= costs[best] + one_request * (1.0 + 1e-9) && sctx.matched(live[i]) == held
+            let c = live[i];
+            costs[i] <= costs[best] + one_request * (1.0 + 1e-9)
+                && sctx.matched(c) == held
+                && c.queued_prefill_blocks <= queued
+                && kv_wait(c) <= waits
         })
         .collect();
     if ties.len() < 2 {
         return;
     }
+    // In the pool's own order: `order` already rotated exact ties by `offset`, and a second
+    // rotation would undo it (2 x offset: with two tied pods, always the first).
+    ties.sort_unstable();
     let pick = ties[offset % ties.len()];
     if let Some(at) = order.iter().position(|&i| i == pick) {
         order[..=at].rotate_right(1);
     }
+}
+
+/// The seconds a request would wait for KV room on `c` (0 without a figure).
+fn kv_wait(c: &Candidate) -> f64 {
+    c.kv.map_or(0.0, |k| k.wait())
 }
 
 #[cfg(test)]

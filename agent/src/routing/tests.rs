@@ -565,6 +565,17 @@ fn with_peers_near_ties_go_by_turn_and_a_prefix_or_a_queue_is_never_traded() {
     // With peers, the idle pod and the one a request busier (6.5 blocks dearer: within one
     // request's load) go by turn; the pod with 20 blocks of prefill queued never does.
     assert_eq!(picks(with_peers, &pods), [(0, 0), (1, 0), (0, 0), (1, 0)]);
+    // Exact ties (two idle pods) go by turn too, each pod in its turn.
+    assert_eq!(
+        picks(with_peers, &[idle.clone(), cand(1, 0, 0, 0)]),
+        [(0, 0), (1, 0), (0, 0), (1, 0)]
+    );
+    // A pod with 2 blocks of prefill queued (2 dearer) and none running is within one
+    // request's load of the idle pod, but has more queued: never a tie.
+    assert_eq!(
+        picks(with_peers, &[idle.clone(), cand(1, 0, 2, 0)]),
+        [(0, 0); 4]
+    );
     // Two requests running is 13 blocks dearer: beyond one request's load.
     let two_busier = cand(1, 0, 0, 2);
     assert_eq!(picks(with_peers, &[idle.clone(), two_busier]), [(0, 0); 4]);
