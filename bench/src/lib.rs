@@ -21,6 +21,9 @@ pub mod workload;
 
 use clap::Subcommand;
 
+/// Loopback ports for child processes, from below the kernel's ephemeral range (the e2e
+/// suites hand theirs out the same way).
+pub use process::{free_port, free_port_where};
 pub use sim_streams::SimStreamsArgs;
 
 /// Benchmarks.

@@ -41,6 +41,11 @@ impl Drop for Child {
 /// tried in turn from an offset of this process's id, so concurrent benchmarks rarely try
 /// the same ones; where there is no room below the range, it falls back to `bind(0)`.
 pub fn free_port() -> Result<u16, Error> {
+    free_port_where(|port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+}
+
+/// [`free_port`] for the port kind `free` checks (TCP or UDP: it tries to bind the port).
+pub fn free_port_where(free: impl Fn(u16) -> bool) -> Result<u16, Error> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
     const LOWEST: u32 = 10_000;
@@ -60,7 +65,7 @@ pub fn free_port() -> Result<u16, Error> {
             let Ok(port) = u16::try_from(port) else {
                 continue;
             };
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            if free(port) {
                 return Ok(port);
             }
         }

@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod agent_process;
+pub mod bench_cli;
 pub mod fake_kube;
 pub mod gate;
 pub mod index;

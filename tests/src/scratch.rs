@@ -34,45 +34,19 @@ impl Drop for Dir {
 }
 
 /// A loopback UDP port free now (gossip needs its advertised port before it binds), from
-/// below the kernel's ephemeral range ([`unclaimed_port`]).
+/// below the kernel's ephemeral range, as the benchmarks take theirs
+/// ([`warmpath_bench::free_port`]: a port released from `bind(0)` can be handed to the next
+/// `bind(0)` before the child binds it; an agent's admin listener took a peer's IndexSync
+/// port that way).
 pub fn free_udp_port() -> u16 {
-    unclaimed_port(|p| std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok())
+    warmpath_bench::free_port_where(|p| std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok())
+        .expect("a free loopback UDP port")
 }
 
-/// A loopback TCP port free now, from below the kernel's ephemeral range
-/// ([`unclaimed_port`]).
+/// A loopback TCP port free now, for a child process to bind later or to stay dead, from
+/// below the kernel's ephemeral range ([`warmpath_bench::free_port`]).
 pub fn free_tcp_port() -> u16 {
-    unclaimed_port(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
-}
-
-/// A loopback port for a child process to bind later, or to stay dead: one `free` says is
-/// free now, taken from below the kernel's ephemeral range
-/// (`/proc/sys/net/ipv4/ip_local_port_range`) and never handed out twice by this process.
-/// A port bound at 0 and released is in that range, where the next listener bound at 0 or
-/// the next outgoing connection can be given it before the child binds it (an agent's admin
-/// listener took a peer's IndexSync port that way: "Address already in use"). Below the
-/// range only an explicit bind takes a port. Each process starts at its own offset, so test
-/// binaries running side by side walk different ports.
-pub fn unclaimed_port(free: impl Fn(u16) -> bool) -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    const LOW: u32 = 10_000;
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32_768)
-        .clamp(LOW + 1_000, 65_535);
-    let span = ephemeral_low - LOW;
-    let start = std::process::id().wrapping_mul(7_919) % span;
-    for _ in 0..span {
-        let k = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = LOW + (start + k) % span;
-        let port = u16::try_from(port).expect("below 65536");
-        if free(port) {
-            return port;
-        }
-    }
-    panic!("no free loopback port in {LOW}..{ephemeral_low}");
+    warmpath_bench::free_port().expect("a free loopback TCP port")
 }
 
 /// `warmpath agent` flags for agent `k` of a loopback cluster `cluster_id`: listeners on

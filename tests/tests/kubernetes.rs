@@ -623,7 +623,7 @@ async fn draining_finishes_streams_in_flight_and_refuses_new_connections() {
 }
 
 /// A loopback port free now (gossip and gRPC need theirs before they bind), from below the
-/// kernel's ephemeral range ([`warmpath_e2e::scratch::unclaimed_port`]).
+/// kernel's ephemeral range ([`warmpath_bench::free_port`]).
 fn free_port(udp: bool) -> u16 {
     match udp {
         true => warmpath_e2e::scratch::free_udp_port(),
