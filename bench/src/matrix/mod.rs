@@ -12,6 +12,7 @@
 //! proportion to its hits.
 
 pub mod floor;
+pub mod interval;
 pub mod ladder;
 mod requests;
 mod table;
@@ -108,6 +109,10 @@ pub struct CellRow {
     /// figures move from run to run ([`verdict`] judges each run too).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub runs: Vec<RunFigures>,
+    /// Each run's answered TTFTs by chain, in run order: what [`interval`] resamples (empty
+    /// for a row that did not run).
+    #[serde(skip)]
+    pub answers: Vec<interval::RunAnswers>,
 }
 
 /// One run's figures of a row (seconds, tokens/s, failed requests).
@@ -377,6 +382,11 @@ fn pool_runs(runs: Vec<CellRow>) -> CellRow {
             .filter_map(|r| r.result.as_ref().map(RunFigures::from))
             .collect(),
     };
+    let answers = runs
+        .iter()
+        .filter_map(|r| r.result.as_ref())
+        .map(|r| interval::answers(&r.raw.samples, r.raw.scale))
+        .collect();
     let mut result = compare::pool(runs.into_iter().filter_map(|r| r.result).collect());
     // The answers are pooled: the cell keeps its figures only.
     if let Some(r) = result.as_mut() {
@@ -387,6 +397,7 @@ fn pool_runs(runs: Vec<CellRow>) -> CellRow {
         status: "ok".into(),
         result,
         runs: figures,
+        answers,
     }
 }
 
@@ -408,6 +419,7 @@ async fn run_slot(
                 status: "not installed".into(),
                 result: None,
                 runs: Vec::new(),
+                answers: Vec::new(),
             });
         }
         Slot::Run(t) => t,
@@ -441,6 +453,7 @@ async fn run_slot(
                 status: "ok".into(),
                 result: Some(row),
                 runs: Vec::new(),
+                answers: Vec::new(),
             })
         }
         Err(e) if matches!(target, Target::Peer(_)) => {
@@ -450,6 +463,7 @@ async fn run_slot(
                 status: format!("failed: {e}"),
                 result: None,
                 runs: Vec::new(),
+                answers: Vec::new(),
             })
         }
         Err(e) => Err(e),

@@ -122,7 +122,7 @@ pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
         "\n(modelled time: wall-clock / time-scale; receipts as % of the answered requests' prompt tokens; \"-\": the row sent no such header; {FLOOR_ROW}: the TTFT no router can beat on the cell's plans, each request's tokens new to the fleet prefilled alone in one step)"
     );
     let _ = writeln!(s, "\nTargets (issue #19):\n");
-    let (mut pass, mut miss, mut out_of_reach) = (0, 0, 0);
+    let (mut pass, mut miss, mut out_of_reach, mut noise) = (0, 0, 0, 0);
     for c in cells {
         for v in verdict::judge(c, top_two(&args.loads, c.load)) {
             if v.pass {
@@ -130,6 +130,7 @@ pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
             } else {
                 miss += 1;
                 out_of_reach += usize::from(v.out_of_reach);
+                noise += usize::from(v.within_noise);
             }
             let _ = writeln!(
                 s,
@@ -145,7 +146,7 @@ pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
     }
     let _ = writeln!(
         s,
-        "\n{pass} PASS, {miss} MISS ({out_of_reach} of them below the cell's floor: out of any router's reach)"
+        "\n{pass} PASS, {miss} MISS ({out_of_reach} of them below the cell's floor: out of any router's reach; {noise} with the limit inside their 95 % interval: another draw of the cell could pass them)"
     );
     s
 }

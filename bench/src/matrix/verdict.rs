@@ -15,11 +15,15 @@
 //! beat on the plan) is out of every router's reach: it stays a MISS, and its line says so
 //! ([`Verdict::out_of_reach`]).
 //!
+//! Each TTFT verdict also carries a 95 % interval of its ratio ([`super::interval`]: a
+//! paired bootstrap over the cell's chains) and says whether the limit lies inside it: a
+//! verdict the draw of requests could turn ([`Verdict::within_noise`]).
+//!
 //! A row with a failed request misses every target. With no peer row that ran, the peer
 //! targets are judged against the best of round-robin and least-loaded instead, and every
 //! such line says it is a stand-in.
 
-use super::{Cell, CellRow, RunFigures};
+use super::{Cell, CellRow, RunFigures, interval::Bootstrap};
 use crate::compare::CENTRAL_ROW;
 
 /// One target judged for one row of one cell.
@@ -39,6 +43,13 @@ pub struct Verdict {
     /// verdict would move had only one run been made.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub by_run: Vec<Option<f64>>,
+    /// A TTFT target's ratio, 95 % interval (2.5th, 97.5th percentile) over resamples of the
+    /// cell's chains ([`super::interval`]); `None` for throughput or without answers.
+    #[serde(rename = "interval_95", skip_serializing_if = "Option::is_none")]
+    pub interval: Option<(f64, f64)>,
+    /// The limit lies inside [`Verdict::interval`]: another draw of the same cell could turn
+    /// the verdict.
+    pub within_noise: bool,
 }
 
 /// One figure of a row.
@@ -138,6 +149,20 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
         .filter(|r| r.name == "LeastLoaded")
         .filter_map(ran)
         .collect();
+    let named: Vec<(&str, &[super::interval::RunAnswers])> = cell
+        .rows
+        .iter()
+        .filter(|r| !r.answers.is_empty())
+        .map(|r| (r.name.as_str(), r.answers.as_slice()))
+        .collect();
+    let boot = Bootstrap::of(&named, seed_of(cell));
+    let names = |rs: &[Ran<'_>]| -> Vec<String> { rs.iter().map(|r| r.name.to_string()).collect() };
+    let (ref_names, least_names) = (names(&refs), names(&least));
+    // The interval of `me`'s quantile `q` (an index into `interval::QUANTILES`).
+    let interval = |me: &str, of: &[String], q: usize| -> Option<(f64, f64)> {
+        let of: Vec<&str> = of.iter().map(String::as_str).collect();
+        boot.as_ref()?.interval(me, &of, q)
+    };
     let mut out = Vec::new();
     for row in cell
         .rows
@@ -150,7 +175,8 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                          (mine, theirs, by_run): (f64, f64, Vec<RunRatio>),
                          limit: f64,
                          better: Better,
-                         detail: String| {
+                         detail: String,
+                         interval: Option<(f64, f64)>| {
             let ratio = mine / theirs;
             let out_of_reach = match better {
                 Better::Lower { floor } => (floor > limit * theirs).then_some(floor),
@@ -178,6 +204,17 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                         .count()
                 ),
             };
+            let within_noise = interval.is_some_and(|(lo, hi)| lo <= limit && limit <= hi);
+            let spread = interval.map_or(String::new(), |(lo, hi)| {
+                let call = if within_noise {
+                    "the limit inside it"
+                } else if ok(lo) && ok(hi) {
+                    "a pass beyond the noise"
+                } else {
+                    "a miss beyond the noise"
+                };
+                format!("; 95 % interval {lo:.2}-{hi:.2}x, {call}")
+            });
             let reach = out_of_reach.map_or(String::new(), |f| {
                 format!(
                     "; out of any router's reach: the floor is {} ({:.2}x)",
@@ -190,19 +227,23 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                 target,
                 pass: ok(ratio) && failed.is_none(),
                 detail: format!(
-                    "{ratio:.2}x: {detail}{runs}{reach}{}",
+                    "{ratio:.2}x: {detail}{runs}{spread}{reach}{}",
                     failed.unwrap_or_default()
                 ),
                 out_of_reach: out_of_reach.is_some(),
                 by_run: by_run.into_iter().map(|r| r.map(|(r, _)| r)).collect(),
+                interval,
+                within_noise,
             });
         };
         let f = &cell.floor;
+        // In the order of `interval::QUANTILES`.
         let quantiles: [(&str, Figure, f64); 3] = [
             ("p50", |r| r.ttft_p50, f.ttft_p50),
             ("p90", |r| r.ttft_p90, f.ttft_p90),
             ("p99", |r| r.ttft_p99, f.ttft_p99),
         ];
+        let me_name = me.name;
         let p90: Figure = |r| r.ttft_p90;
         if cell.shares
             && top_load
@@ -214,9 +255,10 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                 0.7,
                 Better::Lower { floor: f.ttft_p90 },
                 format!("{} vs {} ({by})", ms(mine), ms(v)),
+                interval(me_name, &ref_names, 1),
             );
         }
-        for (q, figure, floor) in quantiles {
+        for (qi, (q, figure, floor)) in quantiles.into_iter().enumerate() {
             if let Some((mine, v, by, runs)) = against(&me, &refs, figure, true) {
                 check(
                     format!("{q} <= 1.05x {against_what}"),
@@ -224,6 +266,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                     1.05,
                     Better::Lower { floor },
                     format!("{} vs {} ({by})", ms(mine), ms(v)),
+                    interval(me_name, &ref_names, qi),
                 );
             }
         }
@@ -235,6 +278,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                 0.98,
                 Better::Higher,
                 format!("{mine:.0} vs {v:.0} tok/s ({by})"),
+                None,
             );
         }
         if !cell.shares && !least.is_empty() {
@@ -245,6 +289,7 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                     1.05,
                     Better::Lower { floor: f.ttft_p90 },
                     format!("{} vs {}", ms(mine), ms(v)),
+                    interval(me_name, &least_names, 1),
                 );
             }
             if let Some((mine, v, _, runs)) = against(&me, &least, tput, false) {
@@ -254,11 +299,20 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                     0.95,
                     Better::Higher,
                     format!("{mine:.0} vs {v:.0} tok/s"),
+                    None,
                 );
             }
         }
     }
     out
+}
+
+/// The resamples' seed of a cell: its workload and load, so a cell's intervals do not
+/// change between the report and `matrix.json`, nor with the cells around it.
+fn seed_of(cell: &Cell) -> u64 {
+    cell.workload
+        .bytes()
+        .fold(cell.load.to_bits(), |h, b| h.rotate_left(7) ^ u64::from(b))
 }
 
 /// Seconds as milliseconds for a verdict line.

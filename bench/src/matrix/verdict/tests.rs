@@ -27,6 +27,7 @@ fn row(name: &str, p50: f64, p90: f64, p99: f64, tps: f64) -> CellRow {
             raw: Default::default(),
         }),
         runs: Vec::new(),
+        answers: Vec::new(),
     }
 }
 
@@ -87,6 +88,7 @@ fn precise_is_judged_against_the_best_peer_per_figure() {
                 status: "not installed".into(),
                 result: None,
                 runs: Vec::new(),
+                answers: Vec::new(),
             },
         ],
     );
@@ -281,4 +283,77 @@ fn a_target_below_the_floor_is_a_miss_that_says_it_is_out_of_reach() {
     let v = judge(&with_floor(true, rows, 0.09), true);
     let tight = find(&v, "Precise", "p90 <= 0.7x best peer");
     assert!(!tight.pass && !tight.out_of_reach, "{tight:?}");
+}
+
+/// `r` with each run's answers: per run, each chain's TTFTs.
+fn with_answers(mut r: CellRow, runs: &[&[&[f64]]]) -> CellRow {
+    r.answers = runs
+        .iter()
+        .map(|chains| {
+            chains
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (i, t.to_vec()))
+                .collect()
+        })
+        .collect();
+    r
+}
+
+#[test]
+fn a_ttft_verdict_carries_its_interval_and_says_whether_the_limit_is_inside() {
+    // The peer answers two chains in 1 s each. Precise answers them in 1 s and 3 s: its
+    // pooled p50 (rank ceil(0.5 x 2) = 1) is 1 s, a pass at 1.00x, but a resample draws the
+    // slow chain twice a quarter of the time, so the p50 ratio's interval is 1.00-3.00x and
+    // the 1.05x limit lies inside it. Its p90 and p99 (3 s) are 3.00x: a resample's p90 is
+    // 1 s only when it draws the fast chain twice (a quarter), so their interval is
+    // 1.00-3.00x too, the limit inside it as well. The central agent answers every request
+    // 1.2x the peer's: 1.20x in every resample, a miss beyond the noise at every quantile.
+    let c = cell(
+        true,
+        vec![
+            with_answers(row("Precise", 1.0, 3.0, 3.0, 100.0), &[&[&[1.0], &[3.0]]]),
+            with_answers(row(CENTRAL_ROW, 1.2, 1.2, 1.2, 100.0), &[&[&[1.2], &[1.2]]]),
+            with_answers(
+                row("vllm-router kv_aware", 1.0, 1.0, 1.0, 100.0),
+                &[&[&[1.0], &[1.0]]],
+            ),
+        ],
+    );
+    let v = judge(&c, true);
+    let p50 = find(&v, "Precise", "p50 <= 1.05x best peer");
+    assert!(p50.pass && p50.within_noise, "{p50:?}");
+    assert_eq!(p50.interval, Some((1.0, 3.0)));
+    assert!(
+        p50.detail
+            .contains("95 % interval 1.00-3.00x, the limit inside it"),
+        "{}",
+        p50.detail
+    );
+    let p99 = find(&v, "Precise", "p99 <= 1.05x best peer");
+    assert!(!p99.pass && p99.within_noise, "{p99:?}");
+    for target in [
+        "p50 <= 1.05x best peer",
+        "p90 <= 1.05x best peer",
+        "p99 <= 1.05x best peer",
+    ] {
+        let central = find(&v, CENTRAL_ROW, target);
+        assert!(!central.pass && !central.within_noise, "{central:?}");
+        assert_eq!(central.interval, Some((1.2, 1.2)));
+        assert!(
+            central
+                .detail
+                .contains("1.20-1.20x, a miss beyond the noise"),
+            "{}",
+            central.detail
+        );
+    }
+    // 0.7x of the peer's p90: the central agent's 1.2 s is a miss beyond the noise.
+    let tight = find(&v, CENTRAL_ROW, "p90 <= 0.7x best peer");
+    assert!(!tight.pass && !tight.within_noise, "{tight:?}");
+    // Throughput has no per-request figure to resample.
+    assert_eq!(
+        find(&v, "Precise", "throughput >= 0.98x best peer").interval,
+        None
+    );
 }
