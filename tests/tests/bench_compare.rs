@@ -433,7 +433,10 @@ fn matrix_runs_every_cell_and_row_and_writes_one_table() {
     assert!(
         stdout.contains(" PASS, ")
             && stdout.contains(" MISS (")
-            && stdout.contains(" of them below the cell's floor: out of any router's reach)\n"),
+            && stdout.contains(" of them below the cell's floor: out of any router's reach; ")
+            && stdout.contains(
+                " with the limit inside their 95 % interval: another draw of the cell could pass them)\n"
+            ),
         "{stdout}"
     );
     // Each cell's floor: its line in the table, TTFT only.
@@ -631,6 +634,43 @@ fn matrix_repeats_pool_each_rows_runs() {
     for v in verdicts {
         assert_eq!(v["by_run"].as_array().map(Vec::len), Some(2), "{v}");
         assert!(v["detail"].as_str().unwrap().contains("; by run "), "{v}");
+    }
+    // Every TTFT verdict carries a 95 % interval of its ratio, within what the answers allow
+    // (the row's slowest answer over the references' fastest, and its fastest over their
+    // slowest), and is `within_noise` exactly when its limit lies inside the interval;
+    // throughput has none.
+    let answers_of = |rows: &[&str]| -> (f64, f64) {
+        lines
+            .iter()
+            .filter(|l| rows.iter().any(|r| l["row"] == *r))
+            .map(|l| l["ttft"].as_f64().unwrap())
+            .fold((f64::MAX, 0.0f64), |(lo, hi), t| (lo.min(t), hi.max(t)))
+    };
+    let (refs_lo, refs_hi) = answers_of(&["RoundRobin", "LeastLoaded"]);
+    for v in verdicts {
+        let target = v["target"].as_str().unwrap();
+        if target.starts_with("throughput") {
+            assert!(v.get("interval_95").is_none(), "{v}");
+            continue;
+        }
+        let (me_lo, me_hi) = answers_of(&[v["row"].as_str().unwrap()]);
+        let interval = v["interval_95"].as_array().unwrap_or_else(|| panic!("{v}"));
+        let (lo, hi) = (interval[0].as_f64().unwrap(), interval[1].as_f64().unwrap());
+        assert!(
+            me_lo / refs_hi * 0.999 <= lo && lo <= hi && hi <= me_hi / refs_lo * 1.001,
+            "{v}"
+        );
+        let limit: f64 = target
+            .split("<= ")
+            .nth(1)
+            .and_then(|t| t.split('x').next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{target}"));
+        assert_eq!(v["within_noise"], lo <= limit && limit <= hi, "{v}");
+        assert!(
+            v["detail"].as_str().unwrap().contains("; 95 % interval "),
+            "{v}"
+        );
     }
     // The four agents' p90 in each run against that run's best of round-robin and
     // least-loaded (no peer ran: the stand-in).

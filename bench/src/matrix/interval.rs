@@ -247,7 +247,7 @@ mod tests {
             ],
             2.0,
         );
-        // Wall seconds at 2 wall seconds per modelled one; chain 3's turns in the order sent;
+        // Modelled seconds (2 wall seconds per modelled one); chain 3's turns in the order sent;
         // the failed answer is not one.
         assert_eq!(a.get(&3), Some(&vec![0.1, 0.2]));
         assert_eq!(a.get(&(usize::MAX - 2)), Some(&vec![0.3]));
