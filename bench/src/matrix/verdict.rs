@@ -48,7 +48,7 @@ pub struct Verdict {
     #[serde(rename = "interval_95", skip_serializing_if = "Option::is_none")]
     pub interval: Option<(f64, f64)>,
     /// The limit lies inside [`Verdict::interval`]: another draw of the same cell could turn
-    /// the verdict.
+    /// the verdict (never for a row with failed requests, nor a target below the floor).
     pub within_noise: bool,
 }
 
@@ -204,10 +204,16 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
                         .count()
                 ),
             };
-            let within_noise = interval.is_some_and(|(lo, hi)| lo <= limit && limit <= hi);
+            // Only a verdict the answers decide: failed requests miss on any draw, and no
+            // draw of the plan beats its floor.
+            let within_noise = failed.is_none()
+                && out_of_reach.is_none()
+                && interval.is_some_and(|(lo, hi)| lo <= limit && limit <= hi);
             let spread = interval.map_or(String::new(), |(lo, hi)| {
                 let call = if within_noise {
                     "the limit inside it"
+                } else if failed.is_some() || out_of_reach.is_some() {
+                    "the answers' ratio only"
                 } else if ok(lo) && ok(hi) {
                     "a pass beyond the noise"
                 } else {

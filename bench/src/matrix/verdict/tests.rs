@@ -151,16 +151,28 @@ fn a_row_with_failed_requests_misses_every_target() {
     if let Some(r) = &mut precise.result {
         r.errors = 2;
     }
-    let c = cell(
-        true,
-        vec![row("vllm-router kv_aware", 1.0, 1.0, 1.0, 100.0), precise],
+    // Its answers are the peer's, so every TTFT interval is 1.00-1.00x and holds the 1.05x
+    // limit; but failed requests miss on any draw, so none is within the noise.
+    let precise = with_answers(precise, &[&[&[1.0], &[1.0]]]);
+    let peer = with_answers(
+        row("vllm-router kv_aware", 1.0, 1.0, 1.0, 100.0),
+        &[&[&[1.0], &[1.0]]],
     );
+    let c = cell(true, vec![peer, precise]);
     let v = judge(&c, true);
     assert_eq!(v.len(), 5);
     assert!(
         v.iter()
-            .all(|x| !x.pass && x.detail.ends_with("; 2 failed requests")),
+            .all(|x| !x.pass && !x.within_noise && x.detail.ends_with("; 2 failed requests")),
         "{v:?}"
+    );
+    let p50 = find(&v, "Precise", "p50 <= 1.05x best peer");
+    assert_eq!(p50.interval, Some((1.0, 1.0)));
+    assert!(
+        p50.detail
+            .contains("95 % interval 1.00-1.00x, the answers' ratio only"),
+        "{}",
+        p50.detail
     );
 }
 
