@@ -350,9 +350,10 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
         cell.rows = by_slot.into_iter().map(pool_runs).collect();
         cells.push(cell);
     }
-    let report = table::render(&args, &cells);
+    let verdicts = table::judge_all(&args, &cells);
+    let report = table::render(&args, &cells, &verdicts);
     println!("\n{report}");
-    table::write(&args, &cells, &report)?;
+    table::write(&args, &cells, &verdicts, &report)?;
     println!("{}", bench_log.summary());
     Ok(())
 }

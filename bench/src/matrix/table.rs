@@ -12,8 +12,17 @@ use crate::Error;
 /// The floor's line in each cell ([`super::floor`]).
 const FLOOR_ROW: &str = "Floor (any router)";
 
-/// The whole report.
-pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
+/// Each cell's verdicts ([`verdict::judge`]), in cell order: judged once for the report and
+/// `matrix.json` alike.
+pub fn judge_all(args: &MatrixArgs, cells: &[Cell]) -> Vec<Vec<verdict::Verdict>> {
+    cells
+        .iter()
+        .map(|c| verdict::judge(c, top_two(&args.loads, c.load)))
+        .collect()
+}
+
+/// The whole report; `verdicts` from [`judge_all`].
+pub fn render(args: &MatrixArgs, cells: &[Cell], verdicts: &[Vec<verdict::Verdict>]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -123,8 +132,8 @@ pub fn render(args: &MatrixArgs, cells: &[Cell]) -> String {
     );
     let _ = writeln!(s, "\nTargets (issue #19):\n");
     let (mut pass, mut miss, mut out_of_reach, mut noise) = (0, 0, 0, 0);
-    for c in cells {
-        for v in verdict::judge(c, top_two(&args.loads, c.load)) {
+    for (c, judged) in cells.iter().zip(verdicts) {
+        for v in judged {
             if v.pass {
                 pass += 1;
             } else {
@@ -177,14 +186,20 @@ pub fn floors(profile: &Profile, plans: &[(super::Workload, f64, f64, Vec<Genera
 }
 
 /// `matrix.md` (the report) and `matrix.json` (settings, cells, verdicts) under `--out`.
-pub fn write(args: &MatrixArgs, cells: &[Cell], report: &str) -> Result<(), Error> {
+pub fn write(
+    args: &MatrixArgs,
+    cells: &[Cell],
+    verdicts: &[Vec<verdict::Verdict>],
+    report: &str,
+) -> Result<(), Error> {
     let verdicts: Vec<_> = cells
         .iter()
-        .map(|c| {
+        .zip(verdicts)
+        .map(|(c, judged)| {
             serde_json::json!({
                 "workload": c.workload,
                 "load": c.load,
-                "verdicts": verdict::judge(c, top_two(&args.loads, c.load)),
+                "verdicts": judged,
             })
         })
         .collect();

@@ -156,12 +156,11 @@ pub fn judge(cell: &Cell, top_load: bool) -> Vec<Verdict> {
         .map(|r| (r.name.as_str(), r.answers.as_slice()))
         .collect();
     let boot = Bootstrap::of(&named, seed_of(cell));
-    let names = |rs: &[Ran<'_>]| -> Vec<String> { rs.iter().map(|r| r.name.to_string()).collect() };
-    let (ref_names, least_names) = (names(&refs), names(&least));
+    let ref_names: Vec<&str> = refs.iter().map(|r| r.name).collect();
+    let least_names: Vec<&str> = least.iter().map(|r| r.name).collect();
     // The interval of `me`'s quantile `q` (an index into `interval::QUANTILES`).
-    let interval = |me: &str, of: &[String], q: usize| -> Option<(f64, f64)> {
-        let of: Vec<&str> = of.iter().map(String::as_str).collect();
-        boot.as_ref()?.interval(me, &of, q)
+    let interval = |me: &str, of: &[&str], q: usize| -> Option<(f64, f64)> {
+        boot.as_ref()?.interval(me, of, q)
     };
     let mut out = Vec::new();
     for row in cell
