@@ -75,6 +75,9 @@ pub struct Endpoint {
     /// The watcher's verdict: Ready and not terminating. Cleared to drain.
     wanted: AtomicBool,
     in_flight: AtomicU32,
+    /// When this agent last sent a request here or saw one end, ms after [`origin`] (or
+    /// when the endpoint was made): how long it has been idle ([`Endpoint::idle_for`]).
+    last_busy_ms: AtomicU64,
     queued_prefill_blocks: AtomicU64,
     requests: AtomicU64,
     failures: AtomicU64,
@@ -113,6 +116,17 @@ use peers::PeerLoads;
 pub use peers::{LOAD_REFRESH, MAX_PEER_AGENTS, PEER_LOAD_TTL};
 use room::RoomSignal;
 pub use room::Yielding;
+
+/// A process-wide instant the endpoints' idle clocks count from.
+fn origin() -> std::time::Instant {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *ORIGIN.get_or_init(std::time::Instant::now)
+}
+
+/// Milliseconds from [`origin`] to `at` (0 before it).
+fn since_origin(at: std::time::Instant) -> u64 {
+    at.saturating_duration_since(origin()).as_millis() as u64
+}
 
 /// Woken (once load sharing is on: [`share_loads`]) whenever a request starts, gets its first
 /// byte or ends at any endpoint: the proxy's load publisher waits on it.
@@ -311,6 +325,7 @@ impl Pool {
             discovered: parts.discovered,
             wanted: AtomicBool::new(parts.wanted),
             in_flight: AtomicU32::new(0),
+            last_busy_ms: AtomicU64::new(since_origin(std::time::Instant::now())),
             queued_prefill_blocks: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -650,6 +665,21 @@ impl Endpoint {
         self.lora.read().clone()
     }
 
+    fn mark_busy(&self) {
+        self.last_busy_ms
+            .store(since_origin(std::time::Instant::now()), Ordering::Relaxed);
+    }
+
+    /// How long this agent has had nothing in flight here and sent nothing here (zero
+    /// while a request of its own runs): the idle-pod rule's clock ([`crate::routing::idle`]).
+    pub fn idle_for(&self, now: std::time::Instant) -> std::time::Duration {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return std::time::Duration::ZERO;
+        }
+        let last = self.last_busy_ms.load(Ordering::Relaxed);
+        std::time::Duration::from_millis(since_origin(now).saturating_sub(last))
+    }
+
     pub fn note_failure(&self) {
         self.failures.fetch_add(1, Ordering::Relaxed);
     }
@@ -664,6 +694,7 @@ impl Endpoint {
         output_blocks: u64,
     ) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.mark_busy();
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.queued_prefill_blocks
             .fetch_add(prefill_blocks, Ordering::Relaxed);
@@ -770,6 +801,7 @@ impl Drop for InFlight {
                 .release(&self.keys, self.output_blocks);
         }
         self.endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.endpoint.mark_busy();
         load_changed();
         // Its KV blocks are free: requests yielding for room may go.
         self.endpoint.room.wake();

@@ -525,6 +525,7 @@ fn decision(tokens: usize) {
             excluded: false,
             timing: Default::default(),
             kv: None,
+            idle_for: std::time::Duration::ZERO,
         })
         .collect();
     let rotation = std::sync::atomic::AtomicUsize::new(0);

@@ -177,3 +177,21 @@ fn pools_start_their_rotation_apart() {
         .collect();
     assert!(starts.len() > 1, "{starts:?}");
 }
+
+#[test]
+fn idle_time_counts_from_the_last_request_sent_or_ended_and_is_zero_while_one_runs() {
+    let pool = one_pod();
+    let e = pool.endpoints()[0].clone();
+    let later = |s: u64| std::time::Instant::now() + std::time::Duration::from_secs(s);
+    // A new endpoint counts from when it was made.
+    assert!(e.idle_for(later(5)) >= std::time::Duration::from_secs(5));
+    let guard = e.start(3, &[], 0);
+    assert_eq!(e.idle_for(later(5)), std::time::Duration::ZERO, "busy");
+    drop(guard);
+    // Ended just now: idle from then, not from when it was made.
+    let idle = e.idle_for(later(2));
+    assert!(
+        idle >= std::time::Duration::from_secs(2) && idle < std::time::Duration::from_secs(3),
+        "{idle:?}"
+    );
+}

@@ -38,6 +38,7 @@ pub fn candidates(
     // Each request's expected output, in blocks, and how long requests hold their KV.
     let output_blocks = runtime.calibration.output_blocks(pool.block_size);
     let lifetime = runtime.calibration.lifetime();
+    let now = std::time::Instant::now();
     let mut matches = Vec::new();
     if !approximate {
         index.lookup(&ctx.keys, &mut matches);
@@ -88,6 +89,7 @@ pub fn candidates(
                             .saturating_add(output_blocks),
                         lifetime,
                     }),
+                idle_for: e.idle_for(now),
             }
         })
         .collect()

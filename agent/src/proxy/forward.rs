@@ -34,7 +34,7 @@ use crate::{
     routing::{
         Candidate, Decision, Policy, RequestCtx, cold_yield,
         cost::Features,
-        rank,
+        idle, rank,
         replication::{MAX_HOMES, Pod},
     },
     telemetry::{DecisionReason, Receipt},
@@ -81,6 +81,7 @@ pub async fn forward(
     // Built only when an attempt fails (an error's message is a heap string).
     let mut last_error = None;
     let mut yielded = Duration::ZERO;
+    let mut warmed_idle = false;
     for n in 0..=retries {
         let Some(mut decision) = rank(policy, ctx, &candidates, &pool.rotation) else {
             break;
@@ -107,6 +108,14 @@ pub async fn forward(
         }
         if n == 0 && matches!(policy.kind, Policy::Precise | Policy::Approximate) {
             replicate(runtime, ctx, &candidates, available, &mut decision);
+            if let Some(idle) = idle::warm(&decision, &candidates, ctx.keys.len()) {
+                tracing::info!(endpoint = %endpoints[idle.0].authority, "warming an idle pod that lacks a prefix the busy pods hold");
+                warmed_idle = true;
+                decision.promote(idle);
+                let (blocks, source) = candidates[idle.0].prefix();
+                decision.prefix_blocks = blocks.min(ctx.keys.len());
+                decision.prefix_source = source;
+            }
         }
         let chosen = decision.ranked[0];
         let endpoint = &endpoints[chosen.0];
@@ -118,11 +127,13 @@ pub async fn forward(
             if !ctx.keys.is_empty() {
                 pool.note_warm(cold_yield::warm(decision.prefix_blocks, ctx.keys.len()));
             }
-            proxy.telemetry.record_decision(
-                runtime.telemetry_id,
-                decision_reason(policy.kind, decision.prefix_blocks),
-                decision.prefix_blocks,
-            );
+            let reason = match warmed_idle {
+                true => DecisionReason::IdleWarm,
+                false => decision_reason(policy.kind, decision.prefix_blocks),
+            };
+            proxy
+                .telemetry
+                .record_decision(runtime.telemetry_id, reason, decision.prefix_blocks);
         }
         let now = Instant::now();
         // An endpoint that left since this request's snapshot was taken may have handed its

@@ -157,6 +157,7 @@ mod tests {
                 new_blocks,
                 lifetime: 1.0,
             }),
+            idle_for: std::time::Duration::ZERO,
         }
     }
 

@@ -45,6 +45,9 @@
 //! A cold request whose pick has no KV room waits at the router, bounded, while warm ones go
 //! first, and is ranked again when room frees ([`cold_yield`]).
 //!
+//! A pod left idle because it lacks a prefix every busy pod holds is warmed by one request
+//! ([`idle`]).
+//!
 //! Where peer agents route to the same pods, near-ties (within one request's load, holding as
 //! much of the prompt) go by each agent's own turn, so agents deciding in the same
 //! milliseconds do not all pick one pod ([`near_ties_by_turn`]).
@@ -59,6 +62,7 @@
 pub mod cold_yield;
 pub mod cost;
 mod history;
+pub mod idle;
 pub mod replication;
 pub mod scorers;
 pub mod session;
@@ -212,6 +216,9 @@ pub struct Candidate {
     pub timing: BlockTiming,
     /// The pod's KV room for this request, when the engine reports its KV size.
     pub kv: Option<KvRoom>,
+    /// How long the pod has had nothing in flight from this agent and been sent nothing
+    /// (zero while busy): [`idle`].
+    pub idle_for: std::time::Duration,
 }
 
 /// A pod's KV cache as one request would find it: the engine admits a request only while

@@ -2,7 +2,7 @@
 
 use super::*;
 
-fn cand(id: usize, matched: usize, queued: u64, in_flight: u32) -> Candidate {
+pub(super) fn cand(id: usize, matched: usize, queued: u64, in_flight: u32) -> Candidate {
     Candidate {
         id: EndpointId(id),
         affinity: id as u64,
@@ -16,6 +16,7 @@ fn cand(id: usize, matched: usize, queued: u64, in_flight: u32) -> Candidate {
         excluded: false,
         timing: BlockTiming::default(),
         kv: None,
+        idle_for: std::time::Duration::ZERO,
     }
 }
 

@@ -110,14 +110,18 @@ pub enum DecisionReason {
     Session,
     /// Round-robin.
     RoundRobin,
+    /// Sent to warm an idle pod that lacks a prefix the busy pods hold
+    /// ([`crate::routing::idle`]).
+    IdleWarm,
 }
 
 impl DecisionReason {
-    pub const ALL: [DecisionReason; 4] = [
+    pub const ALL: [DecisionReason; 5] = [
         DecisionReason::Prefix,
         DecisionReason::Load,
         DecisionReason::Session,
         DecisionReason::RoundRobin,
+        DecisionReason::IdleWarm,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -126,6 +130,7 @@ impl DecisionReason {
             DecisionReason::Load => "load",
             DecisionReason::Session => "session",
             DecisionReason::RoundRobin => "round_robin",
+            DecisionReason::IdleWarm => "idle_warm",
         }
     }
 }

@@ -55,7 +55,7 @@ pub const REQUEST_LAYOUT: Layout = Layout {
 /// A pool's routing decisions: a counter per reason, the chosen pod's prefix blocks, and the
 /// cost model's absolute TTFT prediction errors (streams).
 pub const POOL_LAYOUT: Layout = Layout {
-    counters: 4,
+    counters: 5,
     histograms: &[BLOCK_BOUNDS, LATENCY_BOUNDS],
 };
 /// The pool histogram of prediction errors.
@@ -70,7 +70,7 @@ const OUTCOMES: &[&str] = &[
     "cancelled",
 ];
 /// Label values of the decision counter's split, in [`DecisionReason`] order.
-const REASONS: &[&str] = &["prefix", "load", "session", "round_robin"];
+const REASONS: &[&str] = &["prefix", "load", "session", "round_robin", "idle_warm"];
 
 /// What a family's points are.
 #[derive(Debug)]

@@ -25,7 +25,9 @@
 //! bounds is replaced by the document's cold prefill for its shortest request — whichever
 //! request comes first pays at least that, the others at least their own bounds, so it holds
 //! for every order. Growing sessions count only each turn's appended text as new (the answer
-//! before it may be cached where it was generated) and no context, a looser bound. Tokens
+//! before it may be cached where it was generated) and no context, a looser bound; sessions
+//! that open with a common system prompt (`chat:SHARED`) share it as a document's requests
+//! do, so their openings are bounded as those requests are. Tokens
 //! are the built-in tokenizer's, as the simulator counts them (a completion prompt with its
 //! BOS token; the generated texts join at whitespace, so a turn encodes alone as it does in
 //! its prompt).

@@ -37,7 +37,8 @@ use workloads::{Generated, Sizes, Workload};
 #[derive(Debug, Clone, Args)]
 pub struct MatrixArgs {
     /// Workloads (rows of cells): `rag:SKEW:TOKENS` (Zipf-popular documents of TOKENS tokens),
-    /// `chat`, `agentic`, `no-sharing`.
+    /// `chat`, `chat:SHARED` (every session opening with one system prompt of SHARED tokens),
+    /// `agentic`, `no-sharing`.
     #[arg(
         long,
         value_delimiter = ',',

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `rag:SKEW:TOKENS` | one per request | one of `docs` documents of TOKENS tokens, drawn with Zipf popularity (document d's share proportional to 1/(d+1)^SKEW), then a question of its own |
 //! | `chat` | interleaved sessions (a count that is not a multiple of the engine count) | a user message appended to the conversation so far: the session's system prompt, every earlier message and answer |
+//! | `chat:SHARED` | as `chat` | as `chat`, every session opening with one system prompt of SHARED tokens common to all of them (a deployment's own), before its own |
 //! | `agentic` | interleaved agent loops | a tool result appended to everything before it, after a long task |
 //! | `no-sharing` | one per request | a prefix of its own and a question: nothing to reuse (the control) |
 //!
@@ -34,9 +35,18 @@ pub enum Workload {
         skew: f64,
         doc_tokens: usize,
     },
-    Chat,
+    /// Multi-turn chat; `shared_tokens` (0: none) of system prompt common to every session
+    /// open each one.
+    Chat {
+        shared_tokens: usize,
+    },
     Agentic,
     NoSharing,
+}
+
+impl Workload {
+    /// Multi-turn chat with no system prompt common to the sessions (`chat`).
+    pub const CHAT: Workload = Workload::Chat { shared_tokens: 0 };
 }
 
 impl FromStr for Workload {
@@ -44,16 +54,26 @@ impl FromStr for Workload {
 
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "chat" => return Ok(Self::Chat),
+            "chat" => return Ok(Self::CHAT),
             "agentic" => return Ok(Self::Agentic),
             "no-sharing" => return Ok(Self::NoSharing),
             _ => {}
         }
         let bad = || {
             format!(
-                "`{s}`: expected rag:SKEW:TOKENS (e.g. rag:1.0:2500), chat, agentic or no-sharing"
+                "`{s}`: expected rag:SKEW:TOKENS (e.g. rag:1.0:2500), chat, chat:SHARED (e.g. \
+                 chat:2000), agentic or no-sharing"
             )
         };
+        if let Some(shared) = s.strip_prefix("chat:") {
+            let shared_tokens: usize = shared.parse().map_err(|_| bad())?;
+            if !(16..=16_384).contains(&shared_tokens) {
+                return Err(format!(
+                    "`{s}`: the shared system prompt must be 16..=16384 tokens"
+                ));
+            }
+            return Ok(Self::Chat { shared_tokens });
+        }
         let mut parts = s.split(':');
         let (Some("rag"), Some(skew), Some(tokens), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -76,7 +96,8 @@ impl fmt::Display for Workload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Rag { skew, doc_tokens } => write!(f, "rag:{skew}:{doc_tokens}"),
-            Self::Chat => f.write_str("chat"),
+            Self::Chat { shared_tokens: 0 } => f.write_str("chat"),
+            Self::Chat { shared_tokens } => write!(f, "chat:{shared_tokens}"),
             Self::Agentic => f.write_str("agentic"),
             Self::NoSharing => f.write_str("no-sharing"),
         }
@@ -155,6 +176,8 @@ pub struct Generated {
     pub output_tokens: usize,
     /// A RAG plan's document of each request, in plan order (empty for other workloads).
     pub documents: Vec<usize>,
+    /// Whether the sessions open with a system prompt common to all of them (`chat:SHARED`).
+    pub shared_opening: bool,
 }
 
 impl Generated {
@@ -178,7 +201,7 @@ impl Generated {
         }
         // A prompt of its own is new whole (with BOS), as is a session's opening; each later
         // turn's text is appended to what may be cached.
-        let each = self
+        let each: Vec<Fresh> = self
             .chains
             .iter()
             .flat_map(|c| c.turns.iter().enumerate().map(move |(k, t)| (c.grow, k, t)))
@@ -187,10 +210,37 @@ impl Generated {
                 context: 0,
             })
             .collect();
-        NewWork {
+        let mut work = NewWork {
             each,
             shared: Vec::new(),
+        };
+        if self.shared_opening {
+            // The openings share their common system prompt as a RAG cell's requests share
+            // their document: each brings what follows it, and the first brings it too.
+            let mut at = Vec::new();
+            let mut openings = Vec::new();
+            let mut i = 0;
+            for c in &self.chains {
+                if let Some(t) = c.turns.first() {
+                    at.push(i);
+                    openings.push((0, t.prompt.as_str()));
+                }
+                i += c.turns.len();
+            }
+            let opened = floor::rag(&openings, super::BLOCK_SIZE);
+            for (j, f) in opened.each.into_iter().enumerate() {
+                work.each[at[j]] = f;
+            }
+            work.shared = opened
+                .shared
+                .into_iter()
+                .map(|mut p| {
+                    p.members = p.members.iter().map(|&j| at[j]).collect();
+                    p
+                })
+                .collect();
         }
+        work
     }
 }
 
@@ -223,8 +273,9 @@ impl Workload {
         match *self {
             Self::Rag { skew, doc_tokens } => rag(sizes, skew, doc_tokens, rate, &mut rng, seed),
             Self::NoSharing => no_sharing(sizes, rate, &mut rng),
-            Self::Chat => {
+            Self::Chat { shared_tokens } => {
                 let shape = Growing {
+                    shared_tokens,
                     turns: sizes.chat_turns,
                     first_tokens: sizes.chat_system_tokens,
                     step_tokens: sizes.chat_message_tokens,
@@ -236,6 +287,7 @@ impl Workload {
             }
             Self::Agentic => {
                 let shape = Growing {
+                    shared_tokens: 0,
                     turns: sizes.agent_steps,
                     first_tokens: sizes.agent_task_tokens,
                     step_tokens: sizes.tool_tokens,
@@ -303,6 +355,7 @@ fn rag(
     let request_tokens = doc_tokens + sizes.question_tokens;
     Generated {
         documents: picks,
+        shared_opening: false,
         working_set_tokens: distinct * doc_tokens
             + sizes.requests * (sizes.question_tokens + sizes.output_tokens),
         mean_prompt_tokens: request_tokens as f64,
@@ -330,6 +383,7 @@ fn no_sharing(sizes: &Sizes, rate: f64, rng: &mut ChaCha8Rng) -> Generated {
         .collect();
     let request_tokens = sizes.no_sharing_tokens + sizes.question_tokens;
     Generated {
+        shared_opening: false,
         documents: Vec::new(),
         working_set_tokens: sizes.requests * (request_tokens + sizes.output_tokens),
         mean_prompt_tokens: request_tokens as f64,
@@ -342,6 +396,8 @@ fn no_sharing(sizes: &Sizes, rate: f64, rng: &mut ChaCha8Rng) -> Generated {
 /// Sessions whose context grows each turn: a first text of its own, then one appended text
 /// per turn (the answers are appended between them as they arrive).
 struct Growing {
+    /// A first text common to every session, before each one's own (0: none).
+    shared_tokens: usize,
     turns: usize,
     first_tokens: usize,
     step_tokens: usize,
@@ -359,6 +415,11 @@ impl Growing {
         order.shuffle(rng);
         let times = arrivals(order.len(), rate, rng);
         let mut text = TextGen::new(rng.random());
+        // Drawn only when asked for, so `chat` plans stay as they were.
+        let shared = match self.shared_tokens {
+            0 => String::new(),
+            n => format!("{}\n", text.text(chars(n))),
+        };
         let mut chains: Vec<Chain> = (0..sessions)
             .map(|_| Chain {
                 turns: Vec::with_capacity(turns),
@@ -371,7 +432,10 @@ impl Growing {
             let prompt = if k == 0 {
                 let first = text.text(chars(self.first_tokens));
                 let step = text.text(chars(self.step_tokens));
-                format!("{} {s}: {first}{} {k}: {step}\n", self.first, self.step)
+                format!(
+                    "{shared}{} {s}: {first}{} {k}: {step}\n",
+                    self.first, self.step
+                )
             } else {
                 format!(
                     "{} {k}: {}\n",
@@ -386,13 +450,20 @@ impl Growing {
                 max_tokens: self.output_tokens,
             });
         }
-        // Turn k's prompt: the first text, k + 1 appended texts and k answers.
-        let prompt_at =
-            |k: usize| self.first_tokens + (k + 1) * self.step_tokens + k * self.output_tokens;
+        // Turn k's prompt: the shared and the first text, k + 1 appended texts and k answers.
+        let prompt_at = |k: usize| {
+            self.shared_tokens
+                + self.first_tokens
+                + (k + 1) * self.step_tokens
+                + k * self.output_tokens
+        };
         let mean = (0..turns).map(prompt_at).sum::<usize>() as f64 / turns as f64;
+        // The shared text is held once, however many sessions open with it.
+        let own = prompt_at(turns - 1) - self.shared_tokens + self.output_tokens;
         Generated {
             documents: Vec::new(),
-            working_set_tokens: sessions * (prompt_at(turns - 1) + self.output_tokens),
+            shared_opening: self.shared_tokens > 0,
+            working_set_tokens: self.shared_tokens + sessions * own,
             mean_prompt_tokens: mean,
             longest_tokens: prompt_at(turns - 1) + self.output_tokens,
             output_tokens: self.output_tokens,

@@ -21,7 +21,13 @@ fn workload_names_parse_and_print_back() {
             doc_tokens: 2500
         })
     );
-    for name in ["chat", "agentic", "no-sharing", "rag:0.6:1000"] {
+    assert_eq!(
+        "chat:2000".parse::<Workload>(),
+        Ok(Workload::Chat {
+            shared_tokens: 2000
+        })
+    );
+    for name in ["chat", "chat:2000", "agentic", "no-sharing", "rag:0.6:1000"] {
         assert_eq!(name.parse::<Workload>().unwrap().to_string(), name);
     }
     for bad in [
@@ -32,6 +38,11 @@ fn workload_names_parse_and_print_back() {
         "rag:9:100",
         "rag:1:8",
         "chats",
+        "chat:",
+        "chat:8",
+        "chat:x",
+        "chat:1:2",
+        "chat:20000",
     ] {
         assert!(bad.parse::<Workload>().is_err(), "{bad}");
     }
@@ -99,9 +110,9 @@ fn chat_sessions_interleave_grow_and_are_not_a_multiple_of_the_engines() {
         ..Sizes::quick(0)
     };
     // 12 requests of 3 turns: 4 sessions, a multiple of 4 engines, so 5.
-    let g = Workload::Chat.generate(&sizes, 5.0, 4, 1);
+    let g = Workload::CHAT.generate(&sizes, 5.0, 4, 1);
     assert_eq!(g.chains.len(), 5);
-    assert_eq!(Workload::Chat.generate(&sizes, 5.0, 3, 1).chains.len(), 4);
+    assert_eq!(Workload::CHAT.generate(&sizes, 5.0, 3, 1).chains.len(), 4);
     assert_eq!(g.requests(), 15);
     for (s, c) in g.chains.iter().enumerate() {
         assert!(c.grow);
@@ -120,7 +131,7 @@ fn chat_sessions_interleave_grow_and_are_not_a_multiple_of_the_engines() {
     assert_eq!(g.longest_tokens, 32 + 24 + 8 + 4);
     assert_eq!(g.mean_prompt_tokens, (40.0 + 52.0 + 64.0) / 3.0);
     assert_eq!(g.working_set_tokens, 5 * 68);
-    let again = Workload::Chat.generate(&sizes, 5.0, 4, 1);
+    let again = Workload::CHAT.generate(&sizes, 5.0, 4, 1);
     assert_eq!(
         all(&g).iter().map(|p| &p.prompt).collect::<Vec<_>>(),
         all(&again).iter().map(|p| &p.prompt).collect::<Vec<_>>()
@@ -160,7 +171,7 @@ fn no_sharing_gives_every_request_its_own_prefix() {
     let g = Workload::NoSharing.generate(&sizes, 5.0, 4, 2);
     let heads: HashSet<_> = all(&g).into_iter().map(head).collect();
     assert_eq!(heads.len(), 40);
-    assert!(!Workload::NoSharing.shares() && Workload::Chat.shares());
+    assert!(!Workload::NoSharing.shares() && Workload::CHAT.shares());
     assert_eq!(g.working_set_tokens, 40 * (64 + 8 + 4));
 }
 
@@ -199,7 +210,7 @@ fn each_request_has_its_fresh_tokens_and_each_document_or_session_opening_is_new
             }
         }
     }
-    for w in [Workload::Chat, Workload::Agentic] {
+    for w in [Workload::CHAT, Workload::Agentic] {
         let g = w.generate(&sizes, 10.0, 4, 7);
         let work = g.new_work();
         let each = &work.each;
@@ -209,7 +220,7 @@ fn each_request_has_its_fresh_tokens_and_each_document_or_session_opening_is_new
         // as the generator estimates them), then brings one message (96) or tool result (512)
         // a turn, with its label ("User 3: "); the tokenizer counts up to a third more.
         let (opening, step) = match w {
-            Workload::Chat => (608.0, 96.0),
+            Workload::Chat { .. } => (608.0, 96.0),
             _ => (2560.0, 512.0),
         };
         let near = |t: usize, n: f64| (n * 0.9..n * 1.4).contains(&(t as f64));
@@ -226,4 +237,81 @@ fn each_request_has_its_fresh_tokens_and_each_document_or_session_opening_is_new
             .iter()
             .all(|f| f.context == 0 && f.tokens > 1000)
     );
+}
+
+#[test]
+fn chat_with_a_shared_system_prompt_opens_every_session_with_it_and_it_is_new_once() {
+    let sizes = Sizes::full(120);
+    let w = Workload::Chat {
+        shared_tokens: 1000,
+    };
+    let g = w.generate(&sizes, 10.0, 4, 7);
+    let openings: Vec<&str> = g
+        .chains
+        .iter()
+        .map(|c| c.turns[0].prompt.as_str())
+        .collect();
+    // One text before the first newline, the same in every session, then each session's own.
+    let shared = head(&g.chains[0].turns[0]);
+    assert!((3500..4300).contains(&shared.len()), "{}", shared.len());
+    for (s, o) in openings.iter().enumerate() {
+        let own = o
+            .strip_prefix(shared)
+            .and_then(|rest| rest.strip_prefix('\n'))
+            .expect("the shared system prompt first");
+        assert!(own.starts_with(&format!("System {s}: ")), "{own}");
+    }
+    // The shared text is held once: 1,000 + 21 sessions (20, a multiple of 4, so 21) x
+    // (512 + 6 x 96 + 5 x 64 + 64).
+    assert_eq!(g.chains.len(), 21);
+    assert_eq!(g.working_set_tokens, 1000 + 21 * (512 + 6 * 96 + 6 * 64));
+    assert_eq!(g.longest_tokens, 1000 + 512 + 6 * 96 + 6 * 64);
+    // Later turns are as in `chat`: the same sizes, only the openings are longer.
+    let plain = Workload::CHAT.generate(&sizes, 10.0, 4, 7);
+    assert_eq!(g.requests(), plain.requests());
+    assert_eq!(
+        g.mean_prompt_tokens - plain.mean_prompt_tokens,
+        1000.0,
+        "{} vs {}",
+        g.mean_prompt_tokens,
+        plain.mean_prompt_tokens
+    );
+    // The floor: one shared prefix whose members are the openings, cold for the first
+    // (~1,000 + ~608 tokens, the tokenizer counting up to a third more); each opening brings
+    // its own ~608 tokens after the shared whole blocks (a multiple of 16).
+    let work = g.new_work();
+    assert_eq!(work.shared.len(), 1);
+    let mut starts = Vec::new();
+    let mut i = 0;
+    for c in &g.chains {
+        starts.push(i);
+        i += c.turns.len();
+    }
+    let mut members = work.shared[0].members.clone();
+    members.sort_unstable();
+    assert_eq!(members, starts);
+    let cold = work.shared[0].cold;
+    assert!(
+        (1450..2200).contains(&cold.tokens) && cold.context == 0,
+        "{cold:?}"
+    );
+    for &i in &starts {
+        let f = work.each[i];
+        assert_eq!(f.context % 16, 0, "{f:?}");
+        assert!((900..1400).contains(&f.context), "{f:?}");
+        assert!((540..860).contains(&f.tokens), "{f:?}");
+    }
+    // The other turns bring what they do in `chat`.
+    let plain_work = plain.new_work();
+    let later = |w: &NewWork, g: &Generated| -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        for c in &g.chains {
+            out.extend((i + 1..i + c.turns.len()).map(|j| w.each[j].tokens));
+            i += c.turns.len();
+        }
+        out
+    };
+    assert_eq!(later(&work, &g).len(), later(&plain_work, &plain).len());
+    assert!(later(&work, &g).iter().all(|&t| (86..135).contains(&t)));
 }
