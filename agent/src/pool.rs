@@ -75,8 +75,9 @@ pub struct Endpoint {
     /// The watcher's verdict: Ready and not terminating. Cleared to drain.
     wanted: AtomicBool,
     in_flight: AtomicU32,
-    /// When this agent last sent a request here or saw one end, ms after [`origin`] (or
-    /// when the endpoint was made): how long it has been idle ([`Endpoint::idle_for`]).
+    /// When this agent last sent a request here, saw one end, or heard of a peer's placement
+    /// here, ms after [`origin`] (or when the endpoint was made): how long it has been idle
+    /// ([`Endpoint::idle_for`]).
     last_busy_ms: AtomicU64,
     queued_prefill_blocks: AtomicU64,
     requests: AtomicU64,
@@ -666,12 +667,18 @@ impl Endpoint {
     }
 
     fn mark_busy(&self) {
-        self.last_busy_ms
-            .store(since_origin(std::time::Instant::now()), Ordering::Relaxed);
+        self.mark_busy_at(std::time::Instant::now());
     }
 
-    /// How long this agent has had nothing in flight here and sent nothing here (zero
-    /// while a request of its own runs): the idle-pod rule's clock ([`crate::routing::idle`]).
+    /// Busy at `at` (the latest mark holds).
+    fn mark_busy_at(&self, at: std::time::Instant) {
+        self.last_busy_ms
+            .fetch_max(since_origin(at), Ordering::Relaxed);
+    }
+
+    /// How long this agent has had nothing in flight here, sent nothing here and heard of no
+    /// peer's placement here (zero while a request of its own runs): the idle-pod rule's
+    /// clock ([`crate::routing::idle`]).
     pub fn idle_for(&self, now: std::time::Instant) -> std::time::Duration {
         if self.in_flight.load(Ordering::Relaxed) > 0 {
             return std::time::Duration::ZERO;

@@ -212,6 +212,8 @@ impl Endpoint {
         placed: std::time::Instant,
         until: std::time::Instant,
     ) {
+        // Sent here by a peer: not idle.
+        self.mark_busy_at(placed);
         let (keys, rest) = keys.split_at(keys.len().min(MAX_LEASE_KEYS));
         let output_blocks = output_blocks.saturating_add(rest.len() as u64);
         let mut p = self.pinned.lock();

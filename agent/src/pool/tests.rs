@@ -188,10 +188,20 @@ fn idle_time_counts_from_the_last_request_sent_or_ended_and_is_zero_while_one_ru
     let guard = e.start(3, &[], 0);
     assert_eq!(e.idle_for(later(5)), std::time::Duration::ZERO, "busy");
     drop(guard);
-    // Ended just now: idle from then, not from when it was made.
+    // Ended: idle again (from the end; made just before it, so this cannot tell the two).
     let idle = e.idle_for(later(2));
     assert!(
         idle >= std::time::Duration::from_secs(2) && idle < std::time::Duration::from_secs(3),
+        "{idle:?}"
+    );
+    // A peer's placement here restarts the clock too (a cluster's pods are busy with the
+    // peers' requests this agent does not send): one placed 10 s from now.
+    let fresh = one_pod().endpoints()[0].clone();
+    assert!(fresh.idle_for(later(11)) >= std::time::Duration::from_secs(11));
+    fresh.lease(&[], 0, later(10), later(60));
+    let idle = fresh.idle_for(later(11));
+    assert!(
+        idle >= std::time::Duration::from_millis(900) && idle < std::time::Duration::from_secs(2),
         "{idle:?}"
     );
 }

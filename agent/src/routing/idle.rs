@@ -13,7 +13,8 @@
 //! - the prefix it holds of the request is common: at least one other live pod holds as
 //!   much (a context of one session, held by its pod alone, is never moved by this rule);
 //! - a live pod lacks that prefix and has been idle — nothing in flight there, nothing
-//!   queued, nothing sent by this agent — for [`IDLE_WARM_AFTER`].
+//!   queued, nothing sent by this agent or placed there by its peers — for
+//!   [`IDLE_WARM_AFTER`].
 //!
 //! Then the request goes to that pod (the one idle longest) and warms it: one cold prefill
 //! per idle period, after which the cost model ranks it as any other. An idle pod that

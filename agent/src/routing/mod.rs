@@ -216,8 +216,8 @@ pub struct Candidate {
     pub timing: BlockTiming,
     /// The pod's KV room for this request, when the engine reports its KV size.
     pub kv: Option<KvRoom>,
-    /// How long the pod has had nothing in flight from this agent and been sent nothing
-    /// (zero while busy): [`idle`].
+    /// How long the pod has had nothing in flight from this agent and been sent nothing by
+    /// it or its peers (zero while busy): [`idle`].
     pub idle_for: std::time::Duration,
 }
 
