@@ -179,7 +179,8 @@ fn pools_start_their_rotation_apart() {
 }
 
 #[test]
-fn idle_time_counts_from_the_last_request_sent_or_ended_and_is_zero_while_one_runs() {
+fn idle_time_counts_from_the_last_request_sent_ended_or_placed_by_a_peer_and_is_zero_while_one_runs()
+ {
     let pool = one_pod();
     let e = pool.endpoints()[0].clone();
     let later = |s: u64| std::time::Instant::now() + std::time::Duration::from_secs(s);
