@@ -76,7 +76,7 @@ pub struct Endpoint {
     wanted: AtomicBool,
     in_flight: AtomicU32,
     /// When this agent last sent a request here, saw one end, or heard of a peer's placement
-    /// here, ms after [`origin`] (or when the endpoint was made): how long it has been idle
+    /// here, ms after a process-wide origin (or when the endpoint was made): how long it has been idle
     /// ([`Endpoint::idle_for`]).
     last_busy_ms: AtomicU64,
     queued_prefill_blocks: AtomicU64,
@@ -107,27 +107,18 @@ pub struct Endpoint {
     lora: parking_lot::RwLock<LoraInfo>,
 }
 
+mod idle;
 mod kv;
 mod peers;
 mod room;
 
+use idle::since_origin;
 use kv::{Drain, Pinned};
 pub use kv::{MAX_LEASE_KEYS, MAX_LEASES, MAX_PEER_PREFILL_BLOCKS, Room};
 use peers::PeerLoads;
 pub use peers::{LOAD_REFRESH, MAX_PEER_AGENTS, PEER_LOAD_TTL};
 use room::RoomSignal;
 pub use room::Yielding;
-
-/// A process-wide instant the endpoints' idle clocks count from.
-fn origin() -> std::time::Instant {
-    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    *ORIGIN.get_or_init(std::time::Instant::now)
-}
-
-/// Milliseconds from [`origin`] to `at` (0 before it).
-fn since_origin(at: std::time::Instant) -> u64 {
-    at.saturating_duration_since(origin()).as_millis() as u64
-}
 
 /// Woken (once load sharing is on: [`share_loads`]) whenever a request starts, gets its first
 /// byte or ends at any endpoint: the proxy's load publisher waits on it.
@@ -664,27 +655,6 @@ impl Endpoint {
 
     pub fn lora_info(&self) -> LoraInfo {
         self.lora.read().clone()
-    }
-
-    fn mark_busy(&self) {
-        self.mark_busy_at(std::time::Instant::now());
-    }
-
-    /// Busy at `at` (the latest mark holds).
-    fn mark_busy_at(&self, at: std::time::Instant) {
-        self.last_busy_ms
-            .fetch_max(since_origin(at), Ordering::Relaxed);
-    }
-
-    /// How long this agent has had nothing in flight here, sent nothing here and heard of no
-    /// peer's placement here (zero while a request of its own runs): the idle-pod rule's
-    /// clock ([`crate::routing::idle`]).
-    pub fn idle_for(&self, now: std::time::Instant) -> std::time::Duration {
-        if self.in_flight.load(Ordering::Relaxed) > 0 {
-            return std::time::Duration::ZERO;
-        }
-        let last = self.last_busy_ms.load(Ordering::Relaxed);
-        std::time::Duration::from_millis(since_origin(now).saturating_sub(last))
     }
 
     pub fn note_failure(&self) {

@@ -112,9 +112,7 @@ pub async fn forward(
                 tracing::info!(endpoint = %endpoints[idle.0].authority, "warming an idle pod that lacks a prefix the busy pods hold");
                 warmed_idle = true;
                 decision.promote(idle);
-                let (blocks, source) = candidates[idle.0].prefix();
-                decision.prefix_blocks = blocks.min(ctx.keys.len());
-                decision.prefix_source = source;
+                follow_first(&mut decision, &candidates, ctx.keys.len());
             }
         }
         let chosen = decision.ranked[0];
@@ -373,9 +371,14 @@ fn replicate(
     if let Some(c) = advice.warm.and_then(of) {
         decision.promote(c.id);
     }
-    let first = &candidates[decision.ranked[0].0];
-    let (blocks, source) = first.prefix();
-    decision.prefix_blocks = blocks.min(ctx.keys.len());
+    follow_first(decision, candidates, ctx.keys.len());
+}
+
+/// After the pick was moved (replication, an idle warm-up): the decision's prefix is its new
+/// first pod's, of the request's `blocks`.
+fn follow_first(decision: &mut Decision, candidates: &[Candidate], blocks: usize) {
+    let (held, source) = candidates[decision.ranked[0].0].prefix();
+    decision.prefix_blocks = held.min(blocks);
     decision.prefix_source = source;
 }
 
