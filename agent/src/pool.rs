@@ -76,8 +76,8 @@ pub struct Endpoint {
     wanted: AtomicBool,
     in_flight: AtomicU32,
     /// When this agent last sent a request here, saw one end, or heard of a peer's placement
-    /// here, ms after a process-wide origin (or when the endpoint was made): how long it has been idle
-    /// ([`Endpoint::idle_for`]).
+    /// here, ms after a process-wide origin (or when the endpoint was made): how long it has
+    /// been idle ([`Endpoint::idle_for`]).
     last_busy_ms: AtomicU64,
     queued_prefill_blocks: AtomicU64,
     requests: AtomicU64,

@@ -81,8 +81,8 @@ pub async fn forward(
     // Built only when an attempt fails (an error's message is a heap string).
     let mut last_error = None;
     let mut yielded = Duration::ZERO;
-    let mut warmed_idle = false;
     for n in 0..=retries {
+        let mut warmed_idle = false;
         let Some(mut decision) = rank(policy, ctx, &candidates, &pool.rotation) else {
             break;
         };
@@ -125,9 +125,10 @@ pub async fn forward(
             if !ctx.keys.is_empty() {
                 pool.note_warm(cold_yield::warm(decision.prefix_blocks, ctx.keys.len()));
             }
-            let reason = match warmed_idle {
-                true => DecisionReason::IdleWarm,
-                false => decision_reason(policy.kind, decision.prefix_blocks),
+            let reason = if warmed_idle {
+                DecisionReason::IdleWarm
+            } else {
+                decision_reason(policy.kind, decision.prefix_blocks)
             };
             proxy
                 .telemetry
