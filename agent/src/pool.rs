@@ -95,6 +95,8 @@ pub struct Endpoint {
     peer_prefill: parking_lot::Mutex<Drain>,
     /// Peer agents' own reports of their load here (a cluster sharing loads).
     peer_loads: parking_lot::Mutex<PeerLoads>,
+    /// Peers' cold placements too recent for their load reports ([`provisional`]).
+    peer_placements: parking_lot::Mutex<provisional::PeerPlacements>,
     /// Requests the engine ran beyond this agent's and its peers' reported ones at the
     /// last scrape (other routers' clients), with exact peer loads.
     foreign_requests: AtomicU32,
@@ -110,6 +112,7 @@ pub struct Endpoint {
 mod idle;
 mod kv;
 mod peers;
+mod provisional;
 mod room;
 
 use idle::since_origin;
@@ -328,6 +331,7 @@ impl Pool {
             pinned: parking_lot::Mutex::new(Pinned::default()),
             peer_prefill: parking_lot::Mutex::new(Drain::default()),
             peer_loads: parking_lot::Mutex::new(PeerLoads::default()),
+            peer_placements: parking_lot::Mutex::new(provisional::PeerPlacements::default()),
             foreign_requests: AtomicU32::new(0),
             scraped: AtomicBool::new(false),
             scrape_failures: AtomicU32::new(0),
@@ -408,14 +412,17 @@ impl Pool {
     /// `with_peers`: count peers' placements' prefill (the prefix presets do; the others rank
     /// by this agent's own view).
     /// With exact peer loads ([`Pool::count_peers_exactly`]) the peers' part is what they
-    /// report queued there, and the engine's waiting count stands in only while it saw
-    /// requests no agent reported (another router's).
+    /// report queued there, plus the prefill of peers' cold placements too recent for their
+    /// reports ([`Endpoint::provisional_peer_load`]), and the engine's waiting count stands
+    /// in only while it saw requests no agent reported (another router's).
     pub fn work_ahead(&self, e: &Endpoint, with_peers: bool) -> u64 {
         let mut own = e.queued_prefill_blocks();
         if with_peers {
             if self.counts_peers_exactly() {
+                let now = std::time::Instant::now();
                 own = own
-                    .saturating_add(e.peer_load(std::time::Instant::now()).queued_prefill_blocks);
+                    .saturating_add(e.peer_load(now).queued_prefill_blocks)
+                    .saturating_add(e.provisional_peer_load(now).1);
                 if e.foreign_requests.load(Ordering::Relaxed) == 0 {
                     return own;
                 }
@@ -440,8 +447,9 @@ impl Pool {
     /// this proxy's requests that ended since count among the others until the next. Without `with_peers` the count is this proxy's own view
     /// (least-loaded and session pools: agents reading shared counts herd, docs/cluster.md).
     /// With exact peer loads ([`Pool::count_peers_exactly`]) the others are what the peers
-    /// report in flight there, plus the requests the engine ran beyond all the agents'
-    /// reports at the last scrape (another router's).
+    /// report in flight there, plus their cold placements too recent for their reports
+    /// ([`Endpoint::provisional_peer_load`]), plus the requests the engine ran beyond all
+    /// the agents' reports at the last scrape (another router's).
     pub fn in_flight(&self, e: &Endpoint, with_peers: bool) -> u32 {
         let own = e.in_flight();
         if !with_peers {
@@ -453,8 +461,10 @@ impl Pool {
             } else {
                 0
             };
+            let now = std::time::Instant::now();
             return own
-                .saturating_add(e.peer_load(std::time::Instant::now()).in_flight)
+                .saturating_add(e.peer_load(now).in_flight)
+                .saturating_add(e.provisional_peer_load(now).0)
                 .saturating_add(foreign);
         }
         let engine = e.engine_requests().unwrap_or(0);
