@@ -444,8 +444,8 @@ impl Pool {
     /// waiting beyond this proxy's own. A lease guesses a request's end; the scrape (one
     /// interval old, about a second when one scrape timed out) sees it, so a long request
     /// outliving its lease still counts, as one another router sent does. Between scrapes
-    /// this proxy's requests that ended since count among the others until the next. Without `with_peers` the count is this proxy's own view
-    /// (least-loaded and session pools: agents reading shared counts herd, docs/cluster.md).
+    /// this proxy's requests that ended since count among the others until the next. Without
+    /// `with_peers`, its own only (least-loaded, session pools: shared counts herd, cluster.md).
     /// With exact peer loads ([`Pool::count_peers_exactly`]) the others are what the peers
     /// report in flight there, plus their cold placements too recent for their reports
     /// ([`Endpoint::provisional_peer_load`]), plus the requests the engine ran beyond all
