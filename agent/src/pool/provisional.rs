@@ -89,7 +89,7 @@ impl Endpoint {
     /// A peer placed a request of `blocks` here whose prefill adds `new_blocks` (by this
     /// agent's index), arriving at `now`. Only a cold one is kept: at least [`COLD_BLOCKS`]
     /// new, and at least half its prompt.
-    pub fn note_peer_prefill(&self, new_blocks: usize, blocks: usize, now: Instant) {
+    pub fn note_cold_placement(&self, new_blocks: usize, blocks: usize, now: Instant) {
         if new_blocks < COLD_BLOCKS || new_blocks.saturating_mul(2) < blocks {
             return;
         }
@@ -113,12 +113,12 @@ mod tests {
         let pool = one_pod();
         let e = &pool.endpoints()[0];
         let t0 = Instant::now();
-        e.note_peer_prefill(90, 100, t0);
-        e.note_peer_prefill(40, 80, t0 + Duration::from_millis(1));
+        e.note_cold_placement(90, 100, t0);
+        e.note_cold_placement(40, 80, t0 + Duration::from_millis(1));
         // A warm request's new blocks, few or a small share of its prompt (a long context's
         // next step): left to the reports.
-        e.note_peer_prefill(COLD_BLOCKS - 1, COLD_BLOCKS, t0 + Duration::from_millis(1));
-        e.note_peer_prefill(60, 400, t0 + Duration::from_millis(1));
+        e.note_cold_placement(COLD_BLOCKS - 1, COLD_BLOCKS, t0 + Duration::from_millis(1));
+        e.note_cold_placement(60, 400, t0 + Duration::from_millis(1));
         assert_eq!(
             e.provisional_peer_load(t0 + Duration::from_millis(2)),
             (2, 130)
@@ -136,11 +136,11 @@ mod tests {
         let pool = one_pod();
         let e = &pool.endpoints()[0];
         let t0 = Instant::now();
-        e.note_peer_prefill(1_000, 1_000, t0);
+        e.note_cold_placement(1_000, 1_000, t0);
         // A burst of more than are kept, all current: the oldest give way.
         let t1 = t0 + PROVISIONAL;
         for _ in 0..KEPT + 5 {
-            e.note_peer_prefill(COLD_BLOCKS, COLD_BLOCKS, t1);
+            e.note_cold_placement(COLD_BLOCKS, COLD_BLOCKS, t1);
         }
         assert_eq!(e.peer_placements.lock().0.len(), KEPT);
         assert_eq!(
@@ -164,7 +164,7 @@ mod tests {
             Instant::now(),
         );
         // Stamped a minute ahead, so it is still current whenever the pool reads it.
-        e.note_peer_prefill(90, 120, Instant::now() + Duration::from_secs(60));
+        e.note_cold_placement(90, 120, Instant::now() + Duration::from_secs(60));
         // Its report's 2 requests and 10 blocks, and the placement not yet in a report.
         assert_eq!(pool.in_flight(&e, true), 3);
         assert_eq!(pool.work_ahead(&e, true), 100);

@@ -167,8 +167,11 @@ impl Proxy {
             let endpoints = p.pool.endpoints();
             if let Some(e) = endpoints.iter().find(|e| e.source == Some(source)) {
                 p.pool.history.record(e.history, keys, now);
-                // Its load until the peer's own report can count it (`pool::provisional`).
-                e.note_peer_prefill(new_blocks, keys.len(), now);
+                // Its load until the peer's own report can count it (`pool::provisional`):
+                // read only where the peers report their loads.
+                if p.pool.counts_peers_exactly() {
+                    e.note_cold_placement(new_blocks, keys.len(), now);
+                }
                 // Its KV too, for as long as this pool's requests are in flight, where this
                 // pool prices KV room.
                 if !p.pool.policy.kind.prices_kv_room() {
