@@ -38,7 +38,7 @@ use workloads::{Generated, Sizes, Workload};
 pub struct MatrixArgs {
     /// Workloads (rows of cells): `rag:SKEW:TOKENS` (Zipf-popular documents of TOKENS tokens),
     /// `chat`, `chat:SHARED` (every session opening with one system prompt of SHARED tokens),
-    /// `agentic`, `no-sharing`.
+    /// `agentic`, `no-sharing`, `mix` (RAG, chat, agentic and no-sharing on one fleet at once).
     #[arg(
         long,
         value_delimiter = ',',
@@ -324,6 +324,7 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
                 ..setup.clone()
             };
             let requests = g.requests();
+            let parts = g.parts;
             let chains = Arc::new(g.chains);
             for (i, slot) in slots.iter().enumerate() {
                 let at = Position {
@@ -342,6 +343,7 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
                         run: r,
                         seed: run_setup.seed,
                         row: &row.name,
+                        parts: &parts,
                     };
                     requests_out.write(of, &result.raw.samples)?;
                 }

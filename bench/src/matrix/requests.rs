@@ -2,7 +2,8 @@
 //! JSON object a line — the cell (workload, load), the run and its seed, the row, and the
 //! sample (sent at, TTFT, end to end, prompt / cached / output tokens, the route receipt,
 //! the cost model's prediction and the chosen engine when the router sent them, and the
-//! chain — chat session, agent loop, RAG user — it was a turn of as `session`; `tenant` and
+//! chain — chat session, agent loop, RAG user — it was a turn of as `session`, and in a
+//! `mix` cell the workload of that chain as `part`; `tenant` and
 //! `step` are the load generator's and empty / 0 here). Times are wall seconds from the
 //! run's start. What the table's quantiles are computed from, for reading one request at a
 //! time (which were cold, when they waited); a failed request is counted in the table's
@@ -16,6 +17,7 @@ use std::{
 
 use serde::Serialize;
 
+use super::workloads::Part;
 use crate::{Error, run::report::Sample};
 
 /// The open file; lines are written as each row's run ends.
@@ -32,6 +34,8 @@ pub struct RunOf<'a> {
     pub run: usize,
     pub seed: u64,
     pub row: &'a str,
+    /// The run's plan's parts, to name each sample's (a `mix`'s).
+    pub parts: &'a [Part],
 }
 
 #[derive(Serialize)]
@@ -41,6 +45,8 @@ struct Line<'a> {
     run: usize,
     seed: u64,
     row: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    part: Option<String>,
     #[serde(flatten)]
     sample: &'a Sample,
 }
@@ -70,6 +76,10 @@ impl Requests {
                 run: at.run,
                 seed: at.seed,
                 row: at.row,
+                part: sample
+                    .session
+                    .and_then(|u| Part::of_user(at.parts, u))
+                    .map(|w| w.to_string()),
                 sample,
             };
             serde_json::to_writer(&mut self.out, &line)

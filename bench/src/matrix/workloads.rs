@@ -8,6 +8,7 @@
 //! | `chat:SHARED` | as `chat` | as `chat`, every session opening with one system prompt of SHARED tokens common to all of them (a deployment's own), before its own |
 //! | `agentic` | interleaved agent loops | a tool result appended to everything before it, after a long task |
 //! | `no-sharing` | one per request | a prefix of its own and a question: nothing to reuse (the control) |
+//! | `mix` | each part's own | `rag:1.0:2500`, `chat`, `agentic` and `no-sharing` at once, a quarter of the requests each ([`mix`]) |
 //!
 //! Arrivals: the n-th request of the plan arrives at the n-th point of a Poisson process of
 //! the rate; in `chat` and `agentic` the arrivals go to the sessions in a seeded interleaving,
@@ -42,6 +43,8 @@ pub enum Workload {
     },
     Agentic,
     NoSharing,
+    /// RAG, chat, agent loops and the control on one fleet at once ([`mix`]).
+    Mix,
 }
 
 impl Workload {
@@ -57,12 +60,13 @@ impl FromStr for Workload {
             "chat" => return Ok(Self::CHAT),
             "agentic" => return Ok(Self::Agentic),
             "no-sharing" => return Ok(Self::NoSharing),
+            "mix" => return Ok(Self::Mix),
             _ => {}
         }
         let bad = || {
             format!(
                 "`{s}`: expected rag:SKEW:TOKENS (e.g. rag:1.0:2500), chat, chat:SHARED (e.g. \
-                 chat:2000), agentic or no-sharing"
+                 chat:2000), agentic, no-sharing or mix"
             )
         };
         if let Some(shared) = s.strip_prefix("chat:") {
@@ -100,6 +104,7 @@ impl fmt::Display for Workload {
             Self::Chat { shared_tokens } => write!(f, "chat:{shared_tokens}"),
             Self::Agentic => f.write_str("agentic"),
             Self::NoSharing => f.write_str("no-sharing"),
+            Self::Mix => f.write_str("mix"),
         }
     }
 }
@@ -172,9 +177,20 @@ pub struct Generated {
     pub mean_prompt_tokens: f64,
     /// The longest request: prompt and output tokens.
     pub longest_tokens: usize,
-    /// Output tokens each request asks for (`max_tokens`).
+    /// Output tokens a request asks for (`max_tokens`; a `mix`: the mean, rounded).
     pub output_tokens: usize,
-    /// A RAG plan's document of each request, in plan order (empty for other workloads).
+    /// The workloads whose chains make up `chains`, in order (one but for a `mix`).
+    pub parts: Vec<Part>,
+}
+
+/// One workload's share of a plan: its chains are the next `chains` of the plan's, its
+/// users (sessions) are numbered from `first_user` up to the next part's.
+#[derive(Debug, Clone)]
+pub struct Part {
+    pub workload: Workload,
+    pub chains: usize,
+    pub first_user: usize,
+    /// A RAG part's document of each request, in plan order (empty for other workloads).
     pub documents: Vec<usize>,
     /// Whether the sessions open with a system prompt common to all of them (`chat:SHARED`).
     pub shared_opening: bool,
@@ -187,9 +203,54 @@ impl Generated {
     }
 
     /// What the requests must compute however they are routed: the cell's floor
-    /// ([`floor`]). Tokenizes every prompt, so only the plans that run ask for it.
+    /// ([`floor`]), each part's in turn. Tokenizes every prompt, so only the plans that run
+    /// ask for it.
     pub fn new_work(&self) -> NewWork {
-        let turns = || self.chains.iter().flat_map(|c| &c.turns);
+        let mut work = NewWork::default();
+        let mut first = 0;
+        for part in &self.parts {
+            let end = (first + part.chains).min(self.chains.len());
+            let mut own = part.new_work(&self.chains[first..end]);
+            let offset = work.each.len();
+            for prefix in &mut own.shared {
+                prefix.members.iter_mut().for_each(|m| *m += offset);
+            }
+            work.each.append(&mut own.each);
+            work.shared.append(&mut own.shared);
+            first = end;
+        }
+        work
+    }
+}
+
+impl Part {
+    /// The workload of the part of `parts` (a plan's) whose chain `user` (a turn's) is,
+    /// where the plan has several (a `mix`); `None` for a plan of one.
+    pub fn of_user(parts: &[Part], user: usize) -> Option<Workload> {
+        if parts.len() < 2 {
+            return None;
+        }
+        parts
+            .iter()
+            .rev()
+            .find(|p| p.first_user <= user)
+            .map(|p| p.workload)
+    }
+
+    /// The whole plan of `workload` as one part.
+    fn whole(workload: Workload, chains: &[Chain]) -> Vec<Part> {
+        vec![Part {
+            workload,
+            chains: chains.len(),
+            first_user: 0,
+            documents: Vec::new(),
+            shared_opening: false,
+        }]
+    }
+
+    /// What this part's requests (`chains`) must compute.
+    fn new_work(&self, chains: &[Chain]) -> NewWork {
+        let turns = || chains.iter().flat_map(|c| &c.turns);
         if !self.documents.is_empty() {
             let asked: Vec<(usize, &str)> = self
                 .documents
@@ -201,8 +262,7 @@ impl Generated {
         }
         // A prompt of its own is new whole (with BOS), as is a session's opening; each later
         // turn's text is appended to what may be cached.
-        let each: Vec<Fresh> = self
-            .chains
+        let each: Vec<Fresh> = chains
             .iter()
             .flat_map(|c| c.turns.iter().enumerate().map(move |(k, t)| (c.grow, k, t)))
             .map(|(grow, k, t)| Fresh {
@@ -220,7 +280,7 @@ impl Generated {
             let mut at = Vec::new();
             let mut openings = Vec::new();
             let mut i = 0;
-            for c in &self.chains {
+            for c in chains {
                 if let Some(t) = c.turns.first() {
                     at.push(i);
                     openings.push((0, t.prompt.as_str()));
@@ -273,8 +333,10 @@ impl Workload {
         match *self {
             Self::Rag { skew, doc_tokens } => rag(sizes, skew, doc_tokens, rate, &mut rng, seed),
             Self::NoSharing => no_sharing(sizes, rate, &mut rng),
+            Self::Mix => mix::plan(sizes, rate, replicas, seed),
             Self::Chat { shared_tokens } => {
                 let shape = Growing {
+                    workload: *self,
                     shared_tokens,
                     turns: sizes.chat_turns,
                     first_tokens: sizes.chat_system_tokens,
@@ -287,6 +349,7 @@ impl Workload {
             }
             Self::Agentic => {
                 let shape = Growing {
+                    workload: *self,
                     shared_tokens: 0,
                     turns: sizes.agent_steps,
                     first_tokens: sizes.agent_task_tokens,
@@ -353,15 +416,21 @@ fn rag(
         .collect();
     let distinct = used.iter().filter(|u| **u).count();
     let request_tokens = doc_tokens + sizes.question_tokens;
+    let chains = Chain::singles(turns);
     Generated {
-        documents: picks,
-        shared_opening: false,
+        parts: vec![Part {
+            workload: Workload::Rag { skew, doc_tokens },
+            chains: chains.len(),
+            first_user: 0,
+            documents: picks,
+            shared_opening: false,
+        }],
         working_set_tokens: distinct * doc_tokens
             + sizes.requests * (sizes.question_tokens + sizes.output_tokens),
         mean_prompt_tokens: request_tokens as f64,
         longest_tokens: request_tokens + sizes.output_tokens,
         output_tokens: sizes.output_tokens,
-        chains: Chain::singles(turns),
+        chains,
     }
 }
 
@@ -382,20 +451,21 @@ fn no_sharing(sizes: &Sizes, rate: f64, rng: &mut ChaCha8Rng) -> Generated {
         })
         .collect();
     let request_tokens = sizes.no_sharing_tokens + sizes.question_tokens;
+    let chains = Chain::singles(turns);
     Generated {
-        shared_opening: false,
-        documents: Vec::new(),
+        parts: Part::whole(Workload::NoSharing, &chains),
         working_set_tokens: sizes.requests * (request_tokens + sizes.output_tokens),
         mean_prompt_tokens: request_tokens as f64,
         longest_tokens: request_tokens + sizes.output_tokens,
         output_tokens: sizes.output_tokens,
-        chains: Chain::singles(turns),
+        chains,
     }
 }
 
 /// Sessions whose context grows each turn: a first text of its own, then one appended text
 /// per turn (the answers are appended between them as they arrive).
 struct Growing {
+    workload: Workload,
     /// A first text common to every session, before each one's own (0: none).
     shared_tokens: usize,
     turns: usize,
@@ -461,8 +531,13 @@ impl Growing {
         // The shared text is held once, however many sessions open with it.
         let own = prompt_at(turns - 1) - self.shared_tokens + self.output_tokens;
         Generated {
-            documents: Vec::new(),
-            shared_opening: self.shared_tokens > 0,
+            parts: vec![Part {
+                workload: self.workload,
+                chains: chains.len(),
+                first_user: 0,
+                documents: Vec::new(),
+                shared_opening: self.shared_tokens > 0,
+            }],
             working_set_tokens: self.shared_tokens + sessions * own,
             mean_prompt_tokens: mean,
             longest_tokens: prompt_at(turns - 1) + self.output_tokens,
@@ -472,5 +547,6 @@ impl Growing {
     }
 }
 
+pub mod mix;
 #[cfg(test)]
 mod tests;

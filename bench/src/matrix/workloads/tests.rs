@@ -315,3 +315,89 @@ fn chat_with_a_shared_system_prompt_opens_every_session_with_it_and_it_is_new_on
     assert_eq!(later(&work, &g).len(), later(&plain_work, &plain).len());
     assert!(later(&work, &g).iter().all(|&t| (86..135).contains(&t)));
 }
+
+#[test]
+fn a_mix_runs_every_part_at_its_share_of_the_rate_with_sessions_of_its_own() {
+    let sizes = Sizes::full(120);
+    let rate = 8.0;
+    let g = Workload::Mix.generate(&sizes, rate, 4, 7);
+    assert_eq!("mix".parse::<Workload>(), Ok(Workload::Mix));
+    assert_eq!(Workload::Mix.to_string(), "mix");
+    assert!(Workload::Mix.shares());
+    // 30 requests a part: 30 RAG questions, 5 chat sessions and 5 agent loops of 6 turns
+    // (not a multiple of 4 engines), 30 control requests.
+    let kinds: Vec<Workload> = g.parts.iter().map(|p| p.workload).collect();
+    let rag = Workload::Rag {
+        skew: 1.0,
+        doc_tokens: 2500,
+    };
+    let order = [rag, Workload::CHAT, Workload::Agentic, Workload::NoSharing];
+    assert_eq!(kinds, order);
+    let chains: Vec<usize> = g.parts.iter().map(|p| p.chains).collect();
+    assert_eq!(chains, [30, 5, 5, 30]);
+    assert_eq!(g.requests(), 120);
+    // Chains by part: what each one's prompts open with, and the users of each part lie
+    // at or above its `first_user` and below the next part's, each chain's its own.
+    let mut first = 0;
+    let mut users = HashSet::new();
+    for (k, part) in g.parts.iter().enumerate() {
+        let next = g.parts.get(k + 1).map_or(usize::MAX, |p| p.first_user);
+        for c in &g.chains[first..first + part.chains] {
+            let opening = &c.turns[0].prompt;
+            let looks = match part.workload {
+                Workload::Chat { .. } => opening.starts_with("System "),
+                Workload::Agentic => opening.starts_with("Task "),
+                _ => !c.grow && opening.contains("\nQuestion "),
+            };
+            assert!(looks, "{}: {opening:.40}", part.workload);
+            let user = c.turns[0].user;
+            assert!((part.first_user..next).contains(&user), "{user}");
+            assert!(c.turns.iter().all(|t| t.user == user));
+            assert!(users.insert(user), "user {user} twice");
+            assert_eq!(Part::of_user(&g.parts, user), Some(part.workload));
+        }
+        first += part.chains;
+    }
+    // The arrivals merge into the cell's rate: 120 requests over about 120 / 8 = 15 s, and
+    // each part's over the same span (its own rate is a quarter of the cell's).
+    let last = |range: std::ops::Range<usize>| {
+        g.chains[range]
+            .iter()
+            .flat_map(|c| &c.turns)
+            .map(|t| t.at.as_secs_f64())
+            .fold(0.0, f64::max)
+    };
+    assert!((9.0..22.0).contains(&last(0..70)), "{}", last(0..70));
+    for range in [0..30, 30..35, 35..40, 40..70] {
+        let end = last(range.clone());
+        assert!((8.0..24.0).contains(&end), "{range:?}: {end}");
+    }
+    // The cell's sizes: the parts' working sets summed, the longest an agent loop's last
+    // step (2,048 + 6 x 512 + 5 x 48 prompt tokens, 48 out), the mean prompt and output
+    // over the 120 requests.
+    assert_eq!(g.longest_tokens, 2048 + 3072 + 240 + 48);
+    // (90 x 64 + 30 x 48) / 120 output tokens.
+    assert_eq!(g.output_tokens, 60);
+    // New work: one bound per request, in plan order; the documents' shared prefixes are
+    // the RAG part's requests (the first 30) and only theirs; the control's requests bring
+    // their whole prompts.
+    let work = g.new_work();
+    assert_eq!(work.each.len(), 120);
+    assert!(!work.shared.is_empty());
+    assert!(work.shared.iter().flat_map(|p| &p.members).all(|&i| i < 30));
+    let members: usize = work.shared.iter().map(|p| p.members.len()).sum();
+    assert_eq!(members, 30);
+    assert!(
+        work.each[90..]
+            .iter()
+            .all(|f| f.tokens > 1000 && f.context == 0)
+    );
+    // The same seed, the same plan; another seed, other text.
+    let again = Workload::Mix.generate(&sizes, rate, 4, 7);
+    let prompts = |g: &Generated| all(g).iter().map(|p| p.prompt.clone()).collect::<Vec<_>>();
+    assert_eq!(prompts(&g), prompts(&again));
+    assert_ne!(
+        prompts(&g),
+        prompts(&Workload::Mix.generate(&sizes, rate, 4, 8))
+    );
+}
