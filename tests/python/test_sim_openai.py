@@ -65,6 +65,57 @@ def test_errors_surface_as_openai_exceptions(start_sim):
         c.completions.create(model="sim-llama", prompt="word " * 2000, max_tokens=1)
 
 
+@pytest.mark.parametrize(
+    "kind, params, param",
+    [
+        ("completion", {"logprobs": 2}, "logprobs"),
+        ("completion", {"echo": True}, "echo"),
+        ("completion", {"n": 2}, "n"),
+        ("completion", {"best_of": 3}, "best_of"),
+        ("completion", {"extra_body": {"prompt_logprobs": 1}}, "prompt_logprobs"),
+        ("chat", {"logprobs": True, "top_logprobs": 2}, "logprobs"),
+        ("chat", {"top_logprobs": 2}, "top_logprobs"),
+        ("chat", {"n": 3}, "n"),
+        ("completion", {"extra_body": {"min_tokens": 9}}, "min_tokens"),
+        ("chat", {"extra_body": {"min_tokens": -1}}, "min_tokens"),
+    ],
+)
+def test_what_the_simulator_cannot_answer_is_refused_by_name(start_sim, kind, params, param):
+    # Log probabilities, echoed prompts and several samples are refused, never answered
+    # without (a client reading `choices[0].logprobs` would get None); min_tokens is checked
+    # as vLLM checks it (0 <= min_tokens <= max_tokens).
+    c = client(start_sim())
+    with pytest.raises(openai.BadRequestError) as e:
+        if kind == "completion":
+            c.completions.create(model="sim-llama", prompt="x", max_tokens=4, **params)
+        else:
+            c.chat.completions.create(model="sim-llama", messages=[{"role": "user", "content": "x"}], max_tokens=4, **params)
+    assert e.value.body["param"] == param, e.value.body
+    # Asking for none is no request for them.
+    r = c.completions.create(model="sim-llama", prompt="x", max_tokens=2, logprobs=None, echo=False, n=1, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 2
+
+
+def test_min_tokens_holds_eos_back(start_sim):
+    # Without ignore_eos each prompt ends at its own natural length (16 tokens or more, drawn
+    # from the prompt); find prompts that end by EOS before 60 tokens, then ask them again
+    # with min_tokens=60: each runs to max_tokens.
+    c = client(start_sim())
+    early = []
+    for i in range(40):
+        r = c.completions.create(model="sim-llama", prompt=f"prompt number {i}", max_tokens=60)
+        if r.choices[0].finish_reason == "stop":
+            assert r.usage.completion_tokens < 60
+            early.append(f"prompt number {i}")
+    assert len(early) >= 2, "some prompts end before 60 tokens"
+    for prompt in early:
+        r = c.completions.create(model="sim-llama", prompt=prompt, max_tokens=60, extra_body={"min_tokens": 60})
+        assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("length", 60)
+        # A lower floor lets EOS come at its natural place again when that is past it.
+        r = c.completions.create(model="sim-llama", prompt=prompt, max_tokens=60, extra_body={"min_tokens": 1})
+        assert r.choices[0].finish_reason == "stop"
+
+
 def test_models_lists_lora_adapters_with_parent(start_sim):
     c = client(start_sim("--lora-modules", "sql-lora=/adapters/sql"))
     models = {m.id: m for m in c.models.list().data}

@@ -200,7 +200,19 @@ async fn bad_requests_get_openai_errors() {
     let (s, _) = post(vec![b' '; 17 * 1024 * 1024]).await;
     assert_eq!(s, 413);
     let models = get_json(&client, &format!("{base}/v1/models")).await;
-    assert_eq!(models["data"][0]["id"], "sim-llama");
+    assert_eq!(models["object"], "list");
+    let card = &models["data"][0];
+    assert_eq!(
+        (&card["id"], &card["object"]),
+        (&json!("sim-llama"), &json!("model"))
+    );
+    // `created` (unix seconds) is required by typed clients (async-openai's `Model`).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let created = card["created"].as_u64().expect("created is unix seconds");
+    assert!(created.abs_diff(now) < 600, "{created} vs {now}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

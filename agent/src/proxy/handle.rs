@@ -145,13 +145,18 @@ pub(super) async fn respond(
     }
 }
 
+/// `GET /v1/models`: each pool's model and the adapters its ready engines serve, as vLLM's
+/// cards (`created` is the answer's time, as vLLM's; clients such as async-openai require it).
 fn models(proxy: &Proxy) -> http::Response<Body> {
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let mut data = Vec::new();
     for p in &proxy.pools {
         let base = &p.pool.model;
         data.push(
-            serde_json::json!({"id": base, "object": "model", "owned_by": "warmpath",
-            "root": base, "parent": null}),
+            serde_json::json!({"id": base, "object": "model", "created": created,
+            "owned_by": "warmpath", "root": base, "parent": null}),
         );
         let mut adapters: Vec<String> = p
             .pool
@@ -163,7 +168,8 @@ fn models(proxy: &Proxy) -> http::Response<Body> {
         adapters.sort();
         adapters.dedup();
         data.extend(adapters.into_iter().map(|a| {
-            serde_json::json!({"id": a, "object": "model", "owned_by": "warmpath", "root": a, "parent": base})
+            serde_json::json!({"id": a, "object": "model", "created": created,
+            "owned_by": "warmpath", "root": a, "parent": base})
         }));
     }
     let v = serde_json::json!({"object": "list", "data": data});

@@ -197,6 +197,7 @@ async fn generate(served: Arc<ServedModel>, kind: Kind, body: Bytes) -> Result<R
         .submit(NewRequest {
             prompt: prepared.prompt.clone(),
             max_tokens: prepared.max_tokens,
+            min_tokens: prepared.min_tokens,
             ignore_eos: prepared.ignore_eos,
             extra: prepared.extra.clone(),
             sink: tx,

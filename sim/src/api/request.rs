@@ -37,7 +37,8 @@ struct StreamOptions {
 }
 
 /// The fields of both request kinds that the simulator honours; others are accepted and
-/// ignored, as vLLM does.
+/// ignored, as vLLM does, but for those asking for what it cannot give (log probabilities, the
+/// prompt echoed, several samples), which are refused by name rather than answered without.
 #[derive(Debug, Deserialize)]
 struct Body {
     model: Option<String>,
@@ -58,6 +59,14 @@ struct Body {
     #[serde(default)]
     ignore_eos: bool,
     n: Option<i64>,
+    best_of: Option<i64>,
+    min_tokens: Option<i64>,
+    /// An integer on completions, a boolean on chat; null or `false` / 0 ask for none.
+    logprobs: Option<serde_json::Value>,
+    top_logprobs: Option<i64>,
+    prompt_logprobs: Option<i64>,
+    #[serde(default)]
+    echo: bool,
     cache_salt: Option<String>,
     add_special_tokens: Option<bool>,
     add_generation_prompt: Option<bool>,
@@ -70,6 +79,8 @@ pub struct Prepared {
     pub model: String,
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
+    /// Tokens before which EOS cannot end the request (`min_tokens`).
+    pub min_tokens: usize,
     pub stream: bool,
     pub include_usage: bool,
     pub stop: Vec<String>,
@@ -83,14 +94,7 @@ pub fn prepare(kind: Kind, body: &[u8], served: &ServedModel) -> Result<Prepared
         .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))?;
     let model = body.model.clone().unwrap_or_else(|| served.name.clone());
     let lora = served.resolve(&model)?;
-    if let Some(n) = body.n
-        && n != 1
-    {
-        return Err(ApiError::bad_param(
-            "n",
-            format!("n={n} is not supported; only n=1 is"),
-        ));
-    }
+    unsupported(&body)?;
     if let Some(salt) = &body.cache_salt
         && salt.is_empty()
     {
@@ -123,6 +127,7 @@ pub fn prepare(kind: Kind, body: &[u8], served: &ServedModel) -> Result<Prepared
             prompt.len()
         )));
     }
+    let min_tokens = min_tokens(body.min_tokens, requested)?;
     let stop = match body.stop {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
@@ -134,6 +139,7 @@ pub fn prepare(kind: Kind, body: &[u8], served: &ServedModel) -> Result<Prepared
     Ok(Prepared {
         kind,
         max_tokens: requested.map_or(max_len - prompt.len(), |m| m as usize),
+        min_tokens,
         prompt,
 
         model,
@@ -148,6 +154,68 @@ pub fn prepare(kind: Kind, body: &[u8], served: &ServedModel) -> Result<Prepared
             cache_salt: body.cache_salt,
         },
     })
+}
+
+/// Refuses, by parameter, what the simulator cannot answer as vLLM would: several samples a
+/// request, log probabilities (it samples from no distribution), the prompt echoed back.
+fn unsupported(body: &Body) -> Result<(), ApiError> {
+    for (param, n) in [("n", body.n), ("best_of", body.best_of)] {
+        if let Some(n) = n
+            && n != 1
+        {
+            return Err(ApiError::bad_param(
+                param,
+                format!("{param}={n} is not supported; only {param}=1 is"),
+            ));
+        }
+    }
+    let asks = |v: &serde_json::Value| {
+        !matches!(v, serde_json::Value::Null | serde_json::Value::Bool(false))
+            && v.as_i64() != Some(0)
+    };
+    let logprobs = [
+        ("logprobs", body.logprobs.as_ref().is_some_and(asks)),
+        ("top_logprobs", body.top_logprobs.is_some_and(|k| k != 0)),
+        ("prompt_logprobs", body.prompt_logprobs.is_some()),
+    ];
+    if let Some((param, _)) = logprobs.into_iter().find(|(_, asked)| *asked) {
+        return Err(ApiError::bad_param(
+            param,
+            format!(
+                "{param} is not supported by the simulator: its tokens are drawn from no \
+                 distribution, so it has no log probabilities to return"
+            ),
+        ));
+    }
+    if body.echo {
+        return Err(ApiError::bad_param(
+            "echo",
+            "echo is not supported by the simulator; the prompt is not returned with the answer",
+        ));
+    }
+    Ok(())
+}
+
+/// `min_tokens` as vLLM checks it: at least 0 and at most `max_tokens` when that is given.
+fn min_tokens(min: Option<i64>, max: Option<i64>) -> Result<usize, ApiError> {
+    let Some(min) = min else {
+        return Ok(0);
+    };
+    if min < 0 {
+        return Err(ApiError::bad_param(
+            "min_tokens",
+            format!("min_tokens must be greater than or equal to 0, got {min}."),
+        ));
+    }
+    if let Some(max) = max
+        && min > max
+    {
+        return Err(ApiError::bad_param(
+            "min_tokens",
+            format!("min_tokens must be less than or equal to max_tokens={max}, got {min}."),
+        ));
+    }
+    Ok(usize::try_from(min).unwrap_or(usize::MAX))
 }
 
 fn completion_prompt(body: &Body, served: &ServedModel) -> Result<Vec<u32>, ApiError> {

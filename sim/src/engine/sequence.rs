@@ -40,6 +40,8 @@ pub enum Output {
 pub struct NewRequest {
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
+    /// EOS cannot end the request before this many tokens (`min_tokens`).
+    pub min_tokens: usize,
     pub ignore_eos: bool,
     pub extra: ExtraKeys,
     pub sink: UnboundedSender<Output>,

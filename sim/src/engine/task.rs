@@ -232,7 +232,9 @@ impl Engine {
         let natural_len = if req.ignore_eos || self.vocabulary.eos.is_none() {
             usize::MAX
         } else {
+            // EOS is the natural_len-th token: at least `min_tokens` come before it.
             natural_length(token_seed(&req.prompt, self.config.seed))
+                .max(req.min_tokens.saturating_add(1))
         };
         let prompt_len = req.prompt.len();
         self.sched.waiting.push_back(Sequence {
