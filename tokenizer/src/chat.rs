@@ -9,10 +9,13 @@
 //! - `{% generation %}` blocks (transformers' assistant-mask tag) render their body;
 //! - filter `tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False)` with
 //!   Python's `json.dumps` output ([`pyjson`]);
+//! - test `iterable` as jinja2's (`none` is not iterable);
 //! - globals `raise_exception(message)` (the render fails with exactly that message) and
 //!   `strftime_now(format)` ([`clock`]);
 //! - Python methods on strings, lists and dicts (`.strip()`, `.split()`, `.startswith()`,
 //!   `.items()`, `.get()`, ...) from minijinja-contrib's pycompat;
+//! - a config's list of named templates: `tool_use` for a request with tools, else `default`
+//!   (else the first), as transformers' `get_chat_template` picks;
 //! - variables `messages`, `tools` and `documents` (none when absent), `add_generation_prompt`,
 //!   the special tokens the config sets (`bos_token`, `eos_token`, `unk_token`, `pad_token`,
 //!   `sep_token`, `cls_token`, `mask_token`, `additional_special_tokens`), then
@@ -51,6 +54,9 @@ const SPECIAL_TOKENS: [&str; 7] = [
 pub(super) struct ChatTemplate {
     env: Arc<Environment<'static>>,
     source: Arc<str>,
+    /// A config's template named `tool_use` (the list form), rendered when a request has
+    /// tools, as transformers' `get_chat_template` picks it.
+    tool_use: Option<(Arc<Environment<'static>>, Arc<str>)>,
     specials: Vec<(String, Value)>,
     eos_token: Option<String>,
 }
@@ -71,18 +77,25 @@ impl ChatTemplate {
     /// Reads `chat_template` and the special tokens from a parsed `tokenizer_config.json`;
     /// the clock from [`NOW_ENV`] when set.
     pub(super) fn from_config(config: &serde_json::Value) -> Result<Option<Self>, Error> {
-        let template = match &config["chat_template"] {
-            serde_json::Value::String(s) => s.clone(),
-            // The list form: [{"name": "default", "template": "..."}, ...].
-            serde_json::Value::Array(items) => match items
+        let named = |items: &[serde_json::Value], name: &str| {
+            items
                 .iter()
-                .find(|i| i["name"] == "default")
-                .or_else(|| items.first())
+                .find(|i| i["name"] == name)
                 .and_then(|i| i["template"].as_str())
-            {
-                Some(t) => t.to_string(),
-                None => return Ok(None),
-            },
+                .map(str::to_string)
+        };
+        let (template, tool_use) = match &config["chat_template"] {
+            serde_json::Value::String(s) => (s.clone(), None),
+            // The list form: [{"name": "default", "template": "..."}, {"name": "tool_use",
+            // ...}, ...].
+            serde_json::Value::Array(items) => {
+                let default = named(items, "default")
+                    .or_else(|| items.first()?["template"].as_str().map(str::to_string));
+                match default {
+                    Some(t) => (t, named(items, "tool_use")),
+                    None => return Ok(None),
+                }
+            }
             _ => return Ok(None),
         };
         let mut specials: Vec<(String, Value)> = SPECIAL_TOKENS
@@ -97,9 +110,18 @@ impl ChatTemplate {
             specials.push(("additional_special_tokens".into(), Value::from(tokens)));
         }
         let source: Arc<str> = template.into();
+        let clock = ChatClock::from_env()?;
+        let tool_use = match tool_use {
+            Some(t) => {
+                let source: Arc<str> = t.into();
+                Some((Arc::new(environment(&source, clock)?), source))
+            }
+            None => None,
+        };
         Ok(Some(Self {
-            env: Arc::new(environment(&source, ChatClock::from_env()?)?),
+            env: Arc::new(environment(&source, clock)?),
             source,
+            tool_use,
             specials,
             eos_token: special_token(config, "eos_token"),
         }))
@@ -111,6 +133,9 @@ impl ChatTemplate {
 
     /// The same template with `strftime_now` reading `clock`.
     pub(super) fn set_clock(&mut self, clock: ChatClock) -> Result<(), Error> {
+        if let Some((env, source)) = &mut self.tool_use {
+            *env = Arc::new(environment(source, clock)?);
+        }
         self.env = Arc::new(environment(&self.source, clock)?);
         Ok(())
     }
@@ -122,8 +147,12 @@ impl ChatTemplate {
                     .into(),
             ));
         }
-        let template = self
-            .env
+        // transformers: `tool_use` when the request has tools (vLLM passes none without).
+        let env = match &self.tool_use {
+            Some((env, _)) if !chat.tools.is_none() => env,
+            _ => &self.env,
+        };
+        let template = env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::Template(e.to_string()))?;
         let mut ctx: Vec<(String, Value)> = vec![
@@ -206,9 +235,22 @@ fn environment(source: &str, clock: ChatClock) -> Result<Environment<'static>, E
         },
     );
     env.add_filter("tojson", tojson);
+    env.add_test("iterable", python_iterable);
     env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))
         .map_err(|e| Error::Template(e.to_string()))?;
     Ok(env)
+}
+
+/// `value is iterable` as jinja2 tests it (Python's `iter(value)` succeeds): `none` is not
+/// (minijinja's own test says it is, and `tools is iterable and tools | length > 0` then
+/// fails on a request without tools), an undefined value is (jinja2's `Undefined` iterates
+/// as empty), and so are strings, lists and maps.
+fn python_iterable(value: &Value) -> bool {
+    match value.kind() {
+        minijinja::value::ValueKind::None => false,
+        minijinja::value::ValueKind::Undefined => true,
+        _ => value.try_iter().is_ok(),
+    }
 }
 
 /// `value | tojson(...)`: Python's `json.dumps` (see [`pyjson`]).

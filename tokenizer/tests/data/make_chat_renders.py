@@ -15,7 +15,8 @@ chat templates by HuggingFace transformers itself, computed here without any war
   json.loads-ed ("" or null -> {}), tool_call_id (tool), reasoning/reasoning_content;
   tools as ChatCompletionToolsParam.model_dump() writes them (type, function{name,
   description, parameters, ...}).
-- A template that raises records the exception's message instead of a render.
+- A template that raises records the exception's message instead of a render, and whether
+  it was the template's own raise_exception ("raised") or a Python error ("python").
 
     pip install transformers==5.23.0   # pulls jinja2 >= 3.1.6
     python3 tokenizer/tests/data/make_chat_renders.py
@@ -25,6 +26,7 @@ import datetime
 import json
 import os
 
+import jinja2.exceptions
 import transformers
 from transformers.utils import chat_template_utils
 
@@ -65,6 +67,36 @@ TEMPLATES = {
         },
     ),
 }
+# More published templates (llama.cpp's copies, same sdist), each with its model's BOS / EOS.
+DEEPSEEK = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}
+CHATML = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+COHERE = {"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>"}
+MISTRAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+GRANITE = {"bos_token": "<|end_of_text|>", "eos_token": "<|end_of_text|>"}
+HERMES = {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}
+MORE = {
+    "gemma-2": ("google-gemma-2-2b-it", {"bos_token": "<bos>", "eos_token": "<eos>"}),
+    "gemma-4": ("google-gemma-4-31B-it", {"bos_token": "<bos>", "eos_token": "<eos>"}),
+    "phi-3.5": ("microsoft-Phi-3.5-mini-instruct", {"bos_token": "<s>", "eos_token": "<|endoftext|>"}),
+    "hermes-2-pro-tool-use": ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", HERMES),
+    "hermes-3-tool-use": ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", HERMES),
+    "command-r-plus-tool-use": ("CohereForAI-c4ai-command-r-plus-tool_use", COHERE),
+    "command-r7b-tool-use": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", COHERE),
+    "granite-3.3": ("ibm-granite-granite-3.3-2B-Instruct", GRANITE),
+    "granite-4.0": ("ibm-granite-granite-4.0", GRANITE),
+    "gpt-oss": ("openai-gpt-oss-120b", {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"}),
+    "mistral-small-3.2": ("Mistral-Small-3.2-24B-Instruct-2506", MISTRAL),
+    "devstral-small": ("unsloth-mistral-Devstral-Small-2507", MISTRAL),
+    "kimi-k2": ("moonshotai-Kimi-K2", {"bos_token": "[BOS]", "eos_token": "[EOS]"}),
+    "smollm3": ("HuggingFaceTB-SmolLM3-3B", {"eos_token": "<|im_end|>", "pad_token": "<|im_end|>"}),
+    "functionary-3.2": ("meetkai-functionary-medium-v3.2", LLAMA3),
+    "deepseek-v3.1": ("deepseek-ai-DeepSeek-V3.1", DEEPSEEK),
+    "glm-4.6": ("GLM-4.6", {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}),
+    "qwen3-coder": ("Qwen3-Coder", CHATML),
+    "qwq": ("Qwen-QwQ-32B", CHATML),
+}
+TEMPLATES.update({k: (f"templates/{f}.jinja", tokens) for k, (f, tokens) in MORE.items()})
+
 
 WEATHER_TOOL = {
     "type": "function",
@@ -228,7 +260,11 @@ def main():
                     text = text[0]
                 result = {"rendered": text}
             except Exception as e:  # noqa: BLE001 - the template's own exception is the expectation
-                result = {"error": str(e)}
+                # "raised": the template's raise_exception (jinja2's TemplateError itself);
+                # "python": anything else (a TypeError, an undefined name), whose message is
+                # Python's own.
+                kind = "raised" if type(e) is jinja2.exceptions.TemplateError else "python"
+                result = {"error": str(e), "error_kind": kind}
             renders.append({"template": name, "case": case, **result})
     out = {
         "generator": f"transformers {transformers.__version__} render_jinja_template",
