@@ -9,7 +9,8 @@
 //! - `{% generation %}` blocks (transformers' assistant-mask tag) render their body;
 //! - filter `tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False)` with
 //!   Python's `json.dumps` output ([`pyjson`]);
-//! - test `iterable` as jinja2's (`none` is not iterable);
+//! - test `iterable` as jinja2's (`none` is not iterable); filter `string` and `{{ dict }}`
+//!   as Python's `str()` (`{'k': None}`, [`pyrepr`]);
 //! - globals `raise_exception(message)` (the render fails with exactly that message) and
 //!   `strftime_now(format)` ([`clock`]);
 //! - Python methods on strings, lists and dicts (`.strip()`, `.split()`, `.startswith()`,
@@ -25,6 +26,7 @@
 mod clock;
 mod input;
 mod pyjson;
+mod pyrepr;
 
 use std::sync::Arc;
 
@@ -236,6 +238,7 @@ fn environment(source: &str, clock: ChatClock) -> Result<Environment<'static>, E
     );
     env.add_filter("tojson", tojson);
     env.add_test("iterable", python_iterable);
+    env.add_filter("string", |value: Value| pyrepr::str_of(&value));
     env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))
         .map_err(|e| Error::Template(e.to_string()))?;
     Ok(env)
@@ -265,7 +268,8 @@ fn tojson(
 }
 
 /// Output of `{{ ... }}` as jinja2 prints Python values: `None`, `True`, `False`, floats by
-/// `repr`; everything else as minijinja prints it.
+/// `repr`, dicts and lists as Python's `str()` ([`pyrepr`]); everything else as minijinja
+/// prints it.
 fn python_formatter(
     out: &mut minijinja::Output<'_>,
     state: &minijinja::State<'_, '_>,
@@ -275,12 +279,8 @@ fn python_formatter(
     let text = match value.kind() {
         ValueKind::None => "None".to_string(),
         ValueKind::Bool => if value.is_true() { "True" } else { "False" }.to_string(),
-        ValueKind::Number if !value.is_integer() => match f64::try_from(value.clone()) {
-            Ok(f) if f.is_nan() => "nan".to_string(),
-            Ok(f) if f.is_infinite() => if f > 0.0 { "inf" } else { "-inf" }.to_string(),
-            Ok(f) => pyjson::float_repr(f),
-            Err(_) => return minijinja::escape_formatter(out, state, value),
-        },
+        ValueKind::Number if !value.is_integer() => pyrepr::str_of(value),
+        ValueKind::Map | ValueKind::Seq => pyrepr::str_of(value),
         _ => return minijinja::escape_formatter(out, state, value),
     };
     out.write_str(&text).map_err(JinjaError::from)

@@ -146,14 +146,16 @@ fn mistral_and_deepseek_templates_render_as_transformers_does() {
 
 #[test]
 fn more_published_templates_render_as_transformers_does() {
-    // Gemma 2 (raises on a system role) and 4, Phi-3.5, Granite 3.3 and 4.0, gpt-oss
-    // (harmony), Mistral Small 3.2 and Devstral, Kimi K2, SmolLM3, functionary 3.2, GLM 4.6,
-    // DeepSeek V3.1, QwQ, Qwen3-Coder (`tools is iterable`: jinja2's test, none is not), and
-    // the tool-use variants of Hermes 2 Pro / 3 and Command R+ / R7B.
+    // Gemma 2 (raises on a system role) and 4, Phi-3.5, Granite 3.3, 4.0 and 4.1, gpt-oss
+    // (harmony), Mistral Small 3.2, Devstral and Ministral 3, Kimi K2 and K2 Thinking,
+    // SmolLM3, functionary 3.2, GLM 4.6 and 4.7, DeepSeek V3.1 and V3.2, QwQ, Qwen3.5,
+    // Qwen3-Coder (`tools is iterable`: jinja2's test, none is not), Apriel 1.5 (tools printed
+    // with `| string`: Python's `str()` of a dict), MiniMax M2, Nemotron Nano 2, Seed-OSS,
+    // LFM2, and the tool-use variants of Hermes 2 Pro / 3 and Command R+ / R7B.
     let families = [
         ("gemma-", 2),
         ("phi-3.5", 1),
-        ("granite-", 2),
+        ("granite-", 3),
         ("gpt-oss", 1),
         ("mistral-small-3.2", 1),
         ("devstral-small", 1),
@@ -167,6 +169,16 @@ fn more_published_templates_render_as_transformers_does() {
         ("hermes-", 2),
         ("command-r-plus-tool-use", 1),
         ("command-r7b-tool-use", 1),
+        ("qwen3.5", 1),
+        ("apriel-1.5", 1),
+        ("deepseek-v3.2", 1),
+        ("glm-4.7-flash", 1),
+        ("minimax-m2", 1),
+        ("nemotron-nano-v2", 1),
+        ("seed-oss", 1),
+        ("kimi-k2-thinking", 1),
+        ("ministral-3-reasoning", 1),
+        ("lfm2", 1),
     ];
     for (prefix, templates) in families {
         assert_eq!(check(prefix), templates * 8, "{prefix}");
@@ -181,6 +193,7 @@ fn more_published_templates_render_as_transformers_does() {
             .count()
     };
     assert_eq!(rendered("qwen3-coder"), 8);
+    assert_eq!(rendered("apriel-1.5"), 8);
     assert_eq!(rendered("gpt-oss"), 6);
     assert_eq!(rendered("hermes-3-tool-use"), 0);
 }

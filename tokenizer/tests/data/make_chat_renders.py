@@ -67,7 +67,8 @@ TEMPLATES = {
         },
     ),
 }
-# More published templates (llama.cpp's copies, same sdist), each with its model's BOS / EOS.
+# More published templates (llama.cpp's copies, same sdist), with special tokens as written here
+# (the model's BOS / EOS where known: both sides of the comparison get the same ones).
 DEEPSEEK = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}
 CHATML = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
 COHERE = {"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>"}
@@ -94,6 +95,17 @@ MORE = {
     "glm-4.6": ("GLM-4.6", {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}),
     "qwen3-coder": ("Qwen3-Coder", CHATML),
     "qwq": ("Qwen-QwQ-32B", CHATML),
+    "qwen3.5": ("Qwen3.5-4B", CHATML),
+    "apriel-1.5": ("unsloth-Apriel-1.5", {"bos_token": "<s>", "eos_token": "<|end|>"}),
+    "deepseek-v3.2": ("deepseek-ai-DeepSeek-V3.2", DEEPSEEK),
+    "glm-4.7-flash": ("GLM-4.7-Flash", {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}),
+    "minimax-m2": ("MiniMax-M2", {"bos_token": "]~!b[", "eos_token": "[e~["}),
+    "nemotron-nano-v2": ("NVIDIA-Nemotron-Nano-v2", {"bos_token": "<SPECIAL_10>", "eos_token": "<SPECIAL_12>"}),
+    "seed-oss": ("ByteDance-Seed-OSS", {"bos_token": "<seed:bos>", "eos_token": "<seed:eos>"}),
+    "kimi-k2-thinking": ("Kimi-K2-Thinking", {"bos_token": "[BOS]", "eos_token": "[EOS]"}),
+    "ministral-3-reasoning": ("mistralai-Ministral-3-14B-Reasoning-2512", MISTRAL),
+    "lfm2": ("LFM2-8B-A1B", {"bos_token": "<|startoftext|>", "eos_token": "<|im_end|>"}),
+    "granite-4.1": ("ibm-granite-granite-4.1", GRANITE),
 }
 TEMPLATES.update({k: (f"templates/{f}.jinja", tokens) for k, (f, tokens) in MORE.items()})
 
