@@ -167,13 +167,44 @@ impl SegmentTokenizer {
         let words = tokenizer
             .is_gpt2_byte_level()
             .then(|| Mutex::new(WordCache::default()));
-        Self {
+        let mut this = Self {
             tokenizer,
             specials,
             bos,
             cache: Mutex::new(Cache::default()),
             words,
+        };
+        if !this.splits_exactly() {
+            this.specials = None;
         }
+        // The probes' pieces are not worth keeping.
+        *this.cache.lock() = Cache::default();
+        this
+    }
+
+    /// Whether encoding piece by piece gives the tokenizer's own ids around added tokens. It
+    /// does not when the pre-tokenizer treats the start of the input apart: a Metaspace
+    /// pre-tokenizer with `prepend_scheme: "first"` (transformers' non-legacy Llama / Mistral
+    /// conversions) prepends `▁` to a piece only at offset 0 of the whole text, so `user`
+    /// after `<|im_start|>` is `user` there and `▁user` alone. Probed once, at start.
+    fn splits_exactly(&self) -> bool {
+        let Some(special) = self.tokenizer.added_tokens().into_iter().next() else {
+            return true;
+        };
+        let s = special.0;
+        let probes = [
+            format!("{s}user\nhello there{s}\n{s}assistant\n"),
+            format!("a b{s} c{s}d\te {s}"),
+            format!("{s}{s} x y"),
+        ];
+        probes.iter().all(|p| {
+            [false, true].into_iter().all(|special| {
+                matches!(
+                    (self.encode(p, special), self.tokenizer.encode(p, special)),
+                    (Ok(a), Ok(b)) if a == b
+                )
+            })
+        })
     }
 
     /// The tokenizer itself (chat templates, decoding).
@@ -282,6 +313,34 @@ mod tests {
         }
         // " hot" was encoded once; every other word once each.
         assert_eq!(misses, 1 + MAX_CACHED_WORDS * 2);
+    }
+
+    #[test]
+    fn a_metaspace_first_tokenizer_is_not_split_at_added_tokens() {
+        // HuggingFace tokenizers (make_metaspace.py): with prepend_scheme "first", `user`
+        // right after `<|im_start|>` is not `▁user`, so piece-by-piece encoding would differ;
+        // the probe at start turns splitting off. With "always" it is exact, and stays on.
+        let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/metaspace");
+        let text = "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\nthe \
+                    quick brown fox<|im_end|>\n<|im_start|>user\nbilling?<|im_end|>\n";
+        for (scheme, splits) in [("first", false), ("always", true)] {
+            let dir = std::path::Path::new(data).join(scheme);
+            let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
+            let seg = SegmentTokenizer::new(tok.clone());
+            assert_eq!(seg.specials.is_some(), splits, "{scheme}");
+            for special in [false, true] {
+                assert_eq!(
+                    seg.encode(text, special).unwrap(),
+                    tok.encode(text, special).unwrap(),
+                    "{scheme}"
+                );
+            }
+        }
+        // What splitting would have given with "first": another id for `user`.
+        let tok = Tokenizer::from_dir(&std::path::Path::new(data).join("first")).unwrap();
+        let whole = tok.encode("<|im_start|>user", false).unwrap();
+        let alone = tok.encode("user", false).unwrap();
+        assert_ne!(&whole[1..], &alone[..]);
     }
 
     #[test]
