@@ -200,6 +200,50 @@ fn continue_final(rendered: String, chat: &Chat) -> Result<String, Error> {
     Ok(rendered[..end].to_string())
 }
 
+/// The chat templates transformers saves as files beside `tokenizer_config.json`, as its
+/// loader reads them: `chat_template.jinja` (the default) and `additional_chat_templates/
+/// NAME.jinja` (named ones), as one template when there is only the default, else the list
+/// form `[{"name", "template"}, ...]`; `None` when there are no such files.
+pub(super) fn template_files(
+    dir: &std::path::Path,
+    read: impl Fn(&std::path::Path) -> Result<String, Error>,
+) -> Result<Option<serde_json::Value>, Error> {
+    let mut named: Vec<(String, String)> = Vec::new();
+    let default = dir.join("chat_template.jinja");
+    if default.is_file() {
+        named.push(("default".into(), read(&default)?));
+    }
+    let extra = dir.join("additional_chat_templates");
+    if extra.is_dir() {
+        let entries = std::fs::read_dir(&extra).map_err(|e| Error::Load {
+            path: extra.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let mut files: Vec<std::path::PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "jinja") && p.is_file())
+            .collect();
+        files.sort();
+        for path in files {
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            named.push((name, read(&path)?));
+        }
+    }
+    Ok(match named.as_slice() {
+        [] => None,
+        [(name, template)] if name == "default" => Some(template.clone().into()),
+        _ => Some(serde_json::Value::Array(
+            named
+                .into_iter()
+                .map(|(name, template)| serde_json::json!({"name": name, "template": template}))
+                .collect(),
+        )),
+    })
+}
+
 /// A render failure: a template's `raise_exception` message as it gave it, anything else as
 /// minijinja describes it (with the template line).
 fn render_error(e: JinjaError) -> Error {

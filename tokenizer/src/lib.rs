@@ -79,21 +79,36 @@ impl Tokenizer {
         )
     }
 
-    /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`.
+    /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`, with the
+    /// chat templates transformers saves beside them (`chat_template.jinja`,
+    /// `additional_chat_templates/NAME.jinja`), which take the config's place as they do
+    /// when transformers loads the directory.
     pub fn from_dir(dir: &Path) -> Result<Self, Error> {
-        let read = |name: &str| {
-            let path = dir.join(name);
-            std::fs::read_to_string(&path).map_err(|e| Error::Load {
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(|e| Error::Load {
                 path: path.display().to_string(),
                 message: e.to_string(),
             })
         };
-        let json = read("tokenizer.json")?;
-        let config = dir
-            .join("tokenizer_config.json")
+        let json = read(&dir.join("tokenizer.json"))?;
+        let config_path = dir.join("tokenizer_config.json");
+        let mut config = config_path
             .is_file()
-            .then(|| read("tokenizer_config.json"))
+            .then(|| read(&config_path))
             .transpose()?;
+        if let Some(templates) = chat::template_files(dir, read)? {
+            let mut value: serde_json::Value = match &config {
+                Some(c) => serde_json::from_str(c).map_err(|e| Error::Load {
+                    path: config_path.display().to_string(),
+                    message: e.to_string(),
+                })?,
+                None => serde_json::json!({}),
+            };
+            if let Some(object) = value.as_object_mut() {
+                object.insert("chat_template".into(), templates);
+            }
+            config = Some(value.to_string());
+        }
         Self::from_parts(&json, config.as_deref(), &dir.display().to_string())
     }
 

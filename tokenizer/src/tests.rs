@@ -82,3 +82,73 @@ fn added_tokens_decoder_is_merged() {
     let ids = tok.encode("a <tool_call> b", false).unwrap();
     assert!(ids.contains(&tok.inner.token_to_id("<tool_call>").unwrap()));
 }
+
+/// A scratch directory under the system temp dir, emptied first; the caller removes it.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("warmpath-tokenizer-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn chat_template_files_beside_the_config_take_its_place() {
+    // transformers saves templates as files (chat_template.jinja, additional_chat_templates/
+    // NAME.jinja) and, loading the directory, uses them over the config's `chat_template`.
+    let dir = scratch_dir("template-files");
+    std::fs::write(dir.join("tokenizer.json"), DEFAULT_TOKENIZER_JSON).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"chat_template": "CONFIG", "eos_token": "<|im_end|>"}"#,
+    )
+    .unwrap();
+    let chat = |tools: Option<&str>| {
+        Chat::from_json(
+            ChatJson {
+                messages: r#"[{"role": "user", "content": "hi"}]"#,
+                tools,
+                documents: None,
+                chat_template_kwargs: None,
+            },
+            true,
+        )
+        .unwrap()
+    };
+    let tools = r#"[{"type": "function", "function": {"name": "f"}}]"#;
+    let render = |tools| {
+        Tokenizer::from_dir(&dir)
+            .unwrap()
+            .render_chat(&chat(tools))
+            .unwrap()
+    };
+    assert_eq!(render(None), "CONFIG");
+    std::fs::write(
+        dir.join("chat_template.jinja"),
+        "FILE{{ messages | length }}{{ eos_token }}",
+    )
+    .unwrap();
+    assert_eq!(render(None), "FILE1<|im_end|>");
+    assert_eq!(render(Some(tools)), "FILE1<|im_end|>");
+    // A named tool_use template: the request with tools gets it.
+    std::fs::create_dir(dir.join("additional_chat_templates")).unwrap();
+    std::fs::write(
+        dir.join("additional_chat_templates/tool_use.jinja"),
+        "TOOLS{{ tools | length }}",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("additional_chat_templates/notes.txt"),
+        "not a template",
+    )
+    .unwrap();
+    assert_eq!(render(None), "FILE1<|im_end|>");
+    assert_eq!(render(Some(tools)), "TOOLS1");
+    // No tokenizer_config.json at all: the files alone.
+    std::fs::remove_file(dir.join("tokenizer_config.json")).unwrap();
+    assert_eq!(render(None), "FILE1");
+    // A template file that does not compile is the load's error.
+    std::fs::write(dir.join("chat_template.jinja"), "{% for %}").unwrap();
+    assert!(Tokenizer::from_dir(&dir).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
