@@ -9,14 +9,16 @@
 //! - `{% generation %}` blocks (transformers' assistant-mask tag) render their body;
 //! - filter `tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False)` with
 //!   Python's `json.dumps` output ([`pyjson`]);
-//! - test `iterable` as jinja2's (`none` is not iterable); filter `string` and `{{ dict }}`
-//!   as Python's `str()` (`{'k': None}`, [`pyrepr`]);
+//! - test `iterable` as jinja2's (`none` is not iterable); filters `string` and `trim`, and
+//!   `{{ dict }}`, on Python's `str()` (`{'k': None}`, [`pyrepr`]);
 //! - globals `raise_exception(message)` (the render fails with exactly that message) and
 //!   `strftime_now(format)` ([`clock`]);
 //! - Python methods on strings, lists and dicts (`.strip()`, `.split()`, `.startswith()`,
 //!   `.items()`, `.get()`, ...) from minijinja-contrib's pycompat;
 //! - a config's list of named templates: `tool_use` for a request with tools, else `default`
 //!   (else the first), as transformers' `get_chat_template` picks;
+//! - message contents in vLLM's content format for the template ([`format`]): one string, or
+//!   for a template that loops over a message's content, a list of text parts;
 //! - variables `messages`, `tools` and `documents` (none when absent), `add_generation_prompt`,
 //!   the special tokens the config sets (`bos_token`, `eos_token`, `unk_token`, `pad_token`,
 //!   `sep_token`, `cls_token`, `mask_token`, `additional_special_tokens`), then
@@ -24,6 +26,7 @@
 //!   `None`, `True`, `False`.
 
 mod clock;
+mod format;
 mod input;
 mod pyjson;
 mod pyrepr;
@@ -54,13 +57,31 @@ const SPECIAL_TOKENS: [&str; 7] = [
 /// A compiled chat template plus the special tokens it may reference.
 #[derive(Debug, Clone)]
 pub(super) struct ChatTemplate {
-    env: Arc<Environment<'static>>,
-    source: Arc<str>,
+    default: Compiled,
     /// A config's template named `tool_use` (the list form), rendered when a request has
     /// tools, as transformers' `get_chat_template` picks it.
-    tool_use: Option<(Arc<Environment<'static>>, Arc<str>)>,
+    tool_use: Option<Compiled>,
     specials: Vec<(String, Value)>,
     eos_token: Option<String>,
+}
+
+/// One template, compiled, and how vLLM gives it message contents.
+#[derive(Debug, Clone)]
+struct Compiled {
+    env: Arc<Environment<'static>>,
+    source: Arc<str>,
+    /// vLLM's "openai" content format ([`format`]): contents as lists of text parts.
+    openai: bool,
+}
+
+impl Compiled {
+    fn new(source: Arc<str>, clock: ChatClock) -> Result<Self, Error> {
+        Ok(Self {
+            env: Arc::new(environment(&source, clock)?),
+            openai: format::is_openai(&without_generation_tags(&source)),
+            source,
+        })
+    }
 }
 
 /// The message a template's `raise_exception` gave, carried to the render's caller.
@@ -111,18 +132,13 @@ impl ChatTemplate {
                 .collect();
             specials.push(("additional_special_tokens".into(), Value::from(tokens)));
         }
-        let source: Arc<str> = template.into();
         let clock = ChatClock::from_env()?;
         let tool_use = match tool_use {
-            Some(t) => {
-                let source: Arc<str> = t.into();
-                Some((Arc::new(environment(&source, clock)?), source))
-            }
+            Some(t) => Some(Compiled::new(t.into(), clock)?),
             None => None,
         };
         Ok(Some(Self {
-            env: Arc::new(environment(&source, clock)?),
-            source,
+            default: Compiled::new(template.into(), clock)?,
             tool_use,
             specials,
             eos_token: special_token(config, "eos_token"),
@@ -135,10 +151,10 @@ impl ChatTemplate {
 
     /// The same template with `strftime_now` reading `clock`.
     pub(super) fn set_clock(&mut self, clock: ChatClock) -> Result<(), Error> {
-        if let Some((env, source)) = &mut self.tool_use {
-            *env = Arc::new(environment(source, clock)?);
+        if let Some(t) = &mut self.tool_use {
+            *t = Compiled::new(t.source.clone(), clock)?;
         }
-        self.env = Arc::new(environment(&self.source, clock)?);
+        self.default = Compiled::new(self.default.source.clone(), clock)?;
         Ok(())
     }
 
@@ -150,15 +166,21 @@ impl ChatTemplate {
             ));
         }
         // transformers: `tool_use` when the request has tools (vLLM passes none without).
-        let env = match &self.tool_use {
-            Some((env, _)) if !chat.tools.is_none() => env,
-            _ => &self.env,
+        let compiled = match &self.tool_use {
+            Some(t) if !chat.tools.is_none() => t,
+            _ => &self.default,
         };
-        let template = env
+        let template = compiled
+            .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::Template(e.to_string()))?;
+        let messages = if compiled.openai {
+            chat.openai_messages()
+        } else {
+            chat.messages.clone()
+        };
         let mut ctx: Vec<(String, Value)> = vec![
-            ("messages".into(), Value::from(chat.messages.clone())),
+            ("messages".into(), Value::from(messages)),
             ("tools".into(), chat.tools.clone()),
             ("documents".into(), chat.documents.clone()),
             (
@@ -283,6 +305,7 @@ fn environment(source: &str, clock: ChatClock) -> Result<Environment<'static>, E
     env.add_filter("tojson", tojson);
     env.add_test("iterable", python_iterable);
     env.add_filter("string", |value: Value| pyrepr::str_of(&value));
+    env.add_filter("trim", python_trim);
     env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))
         .map_err(|e| Error::Template(e.to_string()))?;
     Ok(env)
@@ -297,6 +320,17 @@ fn python_iterable(value: &Value) -> bool {
         minijinja::value::ValueKind::None => false,
         minijinja::value::ValueKind::Undefined => true,
         _ => value.try_iter().is_ok(),
+    }
+}
+
+/// `value | trim(chars)` as jinja2's: `str(value).strip(chars)`, so a list of content parts
+/// trims its Python form (Gemma 4 trims a system message's content, a list in vLLM's
+/// "openai" content format); strings as minijinja's own filter trims them.
+fn python_trim(value: Value, chars: Option<String>) -> String {
+    let text = pyrepr::str_of(&value);
+    match chars {
+        Some(chars) => text.trim_matches(|c| chars.contains(c)).to_string(),
+        None => text.trim().to_string(),
     }
 }
 

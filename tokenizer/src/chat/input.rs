@@ -3,7 +3,9 @@
 //!
 //! - `content` becomes one string: a string as is, `null` or absent as `""`, a list of parts as
 //!   its text parts (`text`, `input_text`, `output_text`, `refusal`, bare strings) joined with
-//!   `"\n"` (vLLM's "string" content format). Other parts (images, audio, ...) are skipped
+//!   `"\n"` (vLLM's "string" content format); for a template of the "openai" content format
+//!   ([`super::format`]), a list of `{"type": "text", "text": ...}` parts instead
+//!   ([`Chat::openai_messages`]). Other parts (images, audio, ...) are skipped
 //!   and counted in [`Chat::non_text_parts`]: their placeholder tokens are not rendered here.
 //! - A message keeps `role`, `content`, `name` (a string), `tool_calls` (assistant, when not
 //!   null) with each call's `function.arguments` decoded from its JSON string into an object
@@ -30,6 +32,8 @@ pub struct ChatMessage {
 #[derive(Debug, Clone)]
 pub struct Chat {
     pub(super) messages: Vec<Value>,
+    /// Each message's content as the client sent it (for vLLM's "openai" content format).
+    raw_contents: Vec<Value>,
     pub(super) tools: Value,
     pub(super) documents: Value,
     /// `chat_template_kwargs`: extra template variables (override the others, as in vLLM).
@@ -53,17 +57,23 @@ pub struct ChatJson<'a> {
 impl Chat {
     /// Plain role/content messages.
     pub fn from_messages(messages: &[ChatMessage], add_generation_prompt: bool) -> Self {
+        let raw_contents: Vec<Value> = messages
+            .iter()
+            .map(|m| Value::from(m.content.as_str()))
+            .collect();
         let messages = messages
             .iter()
-            .map(|m| {
+            .zip(&raw_contents)
+            .map(|(m, content)| {
                 Value::from_iter([
                     ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
+                    ("content", content.clone()),
                 ])
             })
             .collect();
         Self {
             messages,
+            raw_contents,
             tools: Value::from(()),
             documents: Value::from(()),
             kwargs: Vec::new(),
@@ -120,8 +130,10 @@ impl Chat {
             }
             _ => Vec::new(),
         };
+        let raw_contents = raw.iter().map(|m| member(m, "content")).collect();
         Ok(Self {
             messages,
+            raw_contents,
             tools,
             documents,
             kwargs,
@@ -129,6 +141,28 @@ impl Chat {
             continue_final_message: false,
             non_text_parts,
         })
+    }
+
+    /// The messages as vLLM gives them to a template of the "openai" content format
+    /// ([`super::format`]): each content a list of `{"type": "text", "text": ...}` parts — a
+    /// string one part, null none, a bare string part left a string; parts that are not text
+    /// skipped, as in the "string" format.
+    pub(super) fn openai_messages(&self) -> Vec<Value> {
+        self.messages
+            .iter()
+            .zip(&self.raw_contents)
+            .map(|(m, raw)| {
+                let keys: Vec<Value> = m.try_iter().map(Iterator::collect).unwrap_or_default();
+                Value::from_iter(keys.into_iter().map(|k| {
+                    let v = if k.as_str() == Some("content") {
+                        openai_content(raw)
+                    } else {
+                        m.get_item(&k).unwrap_or_default()
+                    };
+                    (k, v)
+                }))
+            })
+            .collect()
     }
 
     /// Content parts that are not text (images, audio, ...): skipped in the render, where vLLM
@@ -217,6 +251,33 @@ fn message(m: &Value, non_text: &mut usize) -> Result<Value, Error> {
         out.push(("name", name));
     }
     Ok(Value::from_iter(out))
+}
+
+/// vLLM's "openai" content format of one message's content (already checked by [`content`]).
+fn openai_content(c: &Value) -> Value {
+    let part = |text: Value| Value::from_iter([("type", Value::from("text")), ("text", text)]);
+    match c.kind() {
+        minijinja::value::ValueKind::String => Value::from(vec![part(c.clone())]),
+        minijinja::value::ValueKind::Seq => Value::from(
+            c.try_iter()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| {
+                    if p.as_str().is_some() {
+                        return Some(p);
+                    }
+                    match member(&p, "type").as_str() {
+                        Some("text" | "input_text" | "output_text") => {
+                            Some(part(member(&p, "text")))
+                        }
+                        Some("refusal") => Some(part(member(&p, "refusal"))),
+                        _ => None,
+                    }
+                })
+                .collect::<Vec<_>>(),
+        ),
+        _ => Value::from(Vec::<Value>::new()),
+    }
 }
 
 /// vLLM's "string" content format.

@@ -19,6 +19,8 @@ struct Fixture {
 struct TemplateEntry {
     path: String,
     special_tokens: serde_json::Map<String, serde_json::Value>,
+    /// vLLM's content format for it, as the generator detects it on jinja2's syntax tree.
+    content_format: String,
 }
 
 #[derive(serde::Deserialize)]
@@ -226,6 +228,27 @@ fn a_list_of_named_templates_renders_tool_use_for_requests_with_tools() {
     let config = serde_json::json!({"chat_template": [{"name": "default", "template": "D"}]});
     let t = ChatTemplate::from_config(&config).unwrap().unwrap();
     assert_eq!(t.render(&chat(Some(tools))).unwrap(), "D");
+}
+
+#[test]
+fn the_content_format_is_detected_as_vllm_detects_it() {
+    // The generator detects it on jinja2's tree, written again from vLLM; here on minijinja's.
+    let f = fixture();
+    let mut openai = Vec::new();
+    for (name, entry) in &f.templates {
+        let t = template(&f, name);
+        assert_eq!(
+            if t.default.openai { "openai" } else { "string" },
+            entry.content_format,
+            "{name}"
+        );
+        if t.default.openai {
+            openai.push(name.as_str());
+        }
+    }
+    // Gemma 4, Mistral Small 3.2, Devstral, Ministral 3, GLM 4.6 / 4.7, Kimi K2, Qwen3.5,
+    // MiniMax M2, Granite 4.0 / 4.1, Apriel 1.5: 12 of the fixture's 37.
+    assert_eq!(openai.len(), 12, "{openai:?}");
 }
 
 #[test]

@@ -10,8 +10,11 @@ chat templates by HuggingFace transformers itself, computed here without any war
   chat_template_kwargs on top as vLLM passes them. strftime_now reads a fixed clock,
   NOW below (datetime.now() patched in transformers' module).
 - Messages: reshaped as vLLM's chat_utils does before apply_chat_template, written again
-  here from vLLM's code: content flattened to one string (text parts joined with "\\n",
-  null -> ""), role/content/name kept, tool_calls (assistant) with function.arguments
+  here from vLLM's code: in the "string" content format content flattened to one string
+  (text parts joined with "\\n", null -> ""), in the "openai" one a list of
+  {"type": "text", "text": ...} parts (a string: one part; null: none), the format detected
+  from the template's syntax tree as vLLM does (content_format below); role/content/name
+  kept, tool_calls (assistant) with function.arguments
   json.loads-ed ("" or null -> {}), tool_call_id (tool), reasoning/reasoning_content;
   tools as ChatCompletionToolsParam.model_dump() writes them (type, function{name,
   description, parameters, ...}).
@@ -27,6 +30,7 @@ import json
 import os
 
 import jinja2.exceptions
+import jinja2.nodes
 import transformers
 from transformers.utils import chat_template_utils
 
@@ -189,22 +193,78 @@ CASES = {
 }
 
 
-def vllm_message(m):
+def is_var(node, name):
+    return isinstance(node, jinja2.nodes.Name) and node.name == name
+
+
+def is_member(node, name, key):
+    """`name[key]` or `name.key`."""
+    if isinstance(node, jinja2.nodes.Getitem):
+        return is_var(node.node, name) and isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == key
+    if isinstance(node, jinja2.nodes.Getattr):
+        return is_var(node.node, name) and node.attr == key
+    return False
+
+
+def reads(node, name, key=None):
+    """`name` (or `name[key]`), possibly sliced, filtered or tested."""
+    if isinstance(node, jinja2.nodes.Filter):
+        return node.node is not None and reads(node.node, name, key)
+    if isinstance(node, jinja2.nodes.Test):
+        return reads(node.node, name, key)
+    if isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice):
+        return reads(node.node, name, key)
+    return is_member(node, name, key) if key else is_var(node, name)
+
+
+def content_format(template):
+    """vLLM's automatic chat template content format (chat_utils `_detect_content_format`),
+    written again here on jinja2's syntax tree: "openai" when a loop iterates a message's
+    `content` (a message being a loop variable over `messages` or a variable set from it),
+    or a variable named `content`; else "string" (also when the template does not parse)."""
+    try:
+        ast = chat_template_utils._compile_jinja_template(template).environment.parse(template)
+    except Exception:  # noqa: BLE001 - vLLM falls back to "string" the same way
+        return "string"
+    names, i = ["messages"], 0
+    while i < len(names):
+        for assign in ast.find_all(jinja2.nodes.Assign):
+            target = assign.target
+            if isinstance(target, jinja2.nodes.Name) and reads(assign.node, names[i]) and target.name not in names:
+                names.append(target.name)
+        i += 1
+    loops = list(ast.find_all(jinja2.nodes.For))
+    items = [f.target.name for f in loops if isinstance(f.target, jinja2.nodes.Name) and any(reads(f.iter, n) for n in names)]
+    for f in loops:
+        if any(reads(f.iter, m, "content") for m in items) or is_var(f.iter, "content"):
+            return "openai"
+    return "string"
+
+
+def vllm_message(m, fmt):
     content = m.get("content")
     if content is None:
-        text = ""
+        parts = []
     elif isinstance(content, str):
-        text = content
+        parts = [content]
     else:
         parts = []
         for p in content:
             if isinstance(p, str):
                 parts.append(p)
             elif p.get("type") in ("text", "input_text", "output_text"):
-                parts.append(p["text"])
+                parts.append({"text": p["text"]})
             elif p.get("type") == "refusal":
-                parts.append(p["refusal"])
-        text = "\n".join(parts)
+                parts.append({"text": p["refusal"]})
+    if fmt == "openai":
+        # Each text part as {"type": "text", "text": ...}; a bare string part in a list of
+        # parts stays a string, as vLLM leaves it.
+        if isinstance(content, str):
+            text = [{"type": "text", "text": content}]
+        else:
+            text = [p if isinstance(p, str) else {"type": "text", "text": p["text"]} for p in parts]
+    else:
+        text = "\n".join(p if isinstance(p, str) else p["text"] for p in parts)
     out = {"role": m["role"], "content": text}
     if m["role"] == "assistant":
         if m.get("tool_calls") is not None:
@@ -256,12 +316,13 @@ def main():
     renders = []
     for name, (path, specials) in TEMPLATES.items():
         template, tokens = load(path, specials)
+        fmt = content_format(template)
         for case, request in CASES.items():
             kwargs = {**tokens, **request.get("chat_template_kwargs", {})}
             tools = request.get("tools")
             try:
                 text = chat_template_utils.render_jinja_template(
-                    conversations=[[vllm_message(m) for m in request["messages"]]],
+                    conversations=[[vllm_message(m, fmt) for m in request["messages"]]],
                     tools=[vllm_tool(t) for t in tools] if tools is not None else None,
                     chat_template=template,
                     add_generation_prompt=request.get("add_generation_prompt", True),
@@ -281,7 +342,10 @@ def main():
     out = {
         "generator": f"transformers {transformers.__version__} render_jinja_template",
         "now": NOW_ARG,
-        "templates": {k: {"path": p, "special_tokens": load(p, s)[1]} for k, (p, s) in TEMPLATES.items()},
+        "templates": {
+            k: {"path": p, "special_tokens": load(p, s)[1], "content_format": content_format(load(p, s)[0])}
+            for k, (p, s) in TEMPLATES.items()
+        },
         "cases": CASES,
         "renders": renders,
     }
