@@ -69,6 +69,8 @@ def test_errors_surface_as_openai_exceptions(start_sim):
     "kind, params, param",
     [
         ("completion", {"logprobs": 2}, "logprobs"),
+        # vLLM answers logprobs=0 with the chosen tokens' own: a request for them too.
+        ("completion", {"logprobs": 0}, "logprobs"),
         ("completion", {"echo": True}, "echo"),
         ("completion", {"n": 2}, "n"),
         ("completion", {"best_of": 3}, "best_of"),
@@ -94,6 +96,25 @@ def test_what_the_simulator_cannot_answer_is_refused_by_name(start_sim, kind, pa
     # Asking for none is no request for them.
     r = c.completions.create(model="sim-llama", prompt="x", max_tokens=2, logprobs=None, echo=False, n=1, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 2
+
+
+def test_min_tokens_holds_stop_strings_back_too(start_sim):
+    # vLLM looks for stop strings only once more than min_tokens tokens are out. The answer
+    # of a prompt with ignore_eos, cut at the first occurrence of one of its own words, stops
+    # there without min_tokens and runs past it with min_tokens beyond that point.
+    c = client(start_sim())
+    full = c.completions.create(model="sim-llama", prompt="stop words", max_tokens=40, extra_body={"ignore_eos": True})
+    words = full.choices[0].text.split()
+    stop = words[3]
+    first = full.choices[0].text.index(" " + stop)
+    cut = c.completions.create(model="sim-llama", prompt="stop words", max_tokens=40, stop=[" " + stop], extra_body={"ignore_eos": True})
+    assert (cut.choices[0].finish_reason, cut.choices[0].text) == ("stop", full.choices[0].text[:first])
+    held = c.completions.create(
+        model="sim-llama", prompt="stop words", max_tokens=40, stop=[" " + stop],
+        extra_body={"ignore_eos": True, "min_tokens": 40},
+    )
+    assert (held.choices[0].finish_reason, held.usage.completion_tokens) == ("length", 40)
+    assert held.choices[0].text == full.choices[0].text
 
 
 def test_min_tokens_holds_eos_back(start_sim):

@@ -195,16 +195,16 @@ impl ChatTemplate {
             .render(Value::from_iter(ctx))
             .map_err(render_error)?;
         if chat.continue_final_message {
-            return continue_final(rendered, chat);
+            return continue_final(rendered, chat, compiled.openai);
         }
         Ok(rendered)
     }
 }
 
 /// transformers' `continue_final_message`: the render cut right after the final message's
-/// content (its trailing whitespace kept only if the template kept it).
-fn continue_final(rendered: String, chat: &Chat) -> Result<String, Error> {
-    let content = chat.final_content().unwrap_or_default();
+/// content (its last text part, when the template was given parts) (its trailing whitespace kept only if the template kept it).
+fn continue_final(rendered: String, chat: &Chat, openai: bool) -> Result<String, Error> {
+    let content = chat.final_content(openai).unwrap_or_default();
     let stripped = content.trim();
     let Some(at) = rendered.rfind(stripped) else {
         return Err(Error::Request(
@@ -330,7 +330,10 @@ fn python_trim(value: Value, chars: Option<String>) -> String {
     let text = pyrepr::str_of(&value);
     match chars {
         Some(chars) => text.trim_matches(|c| chars.contains(c)).to_string(),
-        None => text.trim().to_string(),
+        // Python's str.isspace() also holds for the separators U+001C..U+001F.
+        None => text
+            .trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+            .to_string(),
     }
 }
 

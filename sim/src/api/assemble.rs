@@ -8,6 +8,9 @@
 #[derive(Debug, Default)]
 pub struct Assembler {
     stops: Vec<String>,
+    /// Stop strings are looked for only after this many tokens (`min_tokens`, as vLLM's
+    /// detokenizer checks them only past it).
+    min_tokens: usize,
     hold: usize,
     text: String,
     emitted: usize,
@@ -16,7 +19,7 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    pub fn new(stops: Vec<String>) -> Self {
+    pub fn new(stops: Vec<String>, min_tokens: usize) -> Self {
         let hold = stops
             .iter()
             .map(|s| s.len().saturating_sub(1))
@@ -24,6 +27,7 @@ impl Assembler {
             .unwrap_or(0);
         Self {
             stops,
+            min_tokens,
             hold,
             ..Default::default()
         }
@@ -38,8 +42,12 @@ impl Assembler {
         self.tokens += 1;
         let search_from = self.emitted;
         self.text.push_str(piece);
-        let found = self
-            .stops
+        let checked = if self.tokens > self.min_tokens {
+            &self.stops[..]
+        } else {
+            &[]
+        };
+        let found = checked
             .iter()
             .filter_map(|s| {
                 self.text[search_from..]
@@ -87,7 +95,7 @@ mod tests {
 
     #[test]
     fn stop_string_across_tokens_is_cut_and_never_shown() {
-        let mut a = Assembler::new(vec!["END".into()]);
+        let mut a = Assembler::new(vec!["END".into()], 0);
         let mut shown = String::new();
         for piece in [" hello", " E", "N", "D and more"] {
             shown.push_str(a.push(piece));
@@ -100,8 +108,21 @@ mod tests {
     }
 
     #[test]
+    fn stop_strings_count_only_after_min_tokens() {
+        // vLLM checks stop strings once more than min_tokens tokens are out: "END" in the
+        // second token is text, in the fourth it stops.
+        let mut a = Assembler::new(vec!["END".into()], 2);
+        for piece in [" a", " END", " b", " END", " c"] {
+            a.push(piece);
+        }
+        assert_eq!(a.stopped_by.as_deref(), Some("END"));
+        assert_eq!(a.text(), " a END b ");
+        assert_eq!(a.tokens, 4);
+    }
+
+    #[test]
     fn without_stops_everything_streams_immediately() {
-        let mut a = Assembler::new(vec![]);
+        let mut a = Assembler::new(vec![], 0);
         assert_eq!(a.push(" one"), " one");
         assert_eq!(a.push(" two"), " two");
         assert_eq!(a.flush(), "");

@@ -169,9 +169,9 @@ fn unsupported(body: &Body) -> Result<(), ApiError> {
             ));
         }
     }
+    // Completions: any number asks (0 too: the chosen token's own); chat: `true` asks.
     let asks = |v: &serde_json::Value| {
         !matches!(v, serde_json::Value::Null | serde_json::Value::Bool(false))
-            && v.as_i64() != Some(0)
     };
     let logprobs = [
         ("logprobs", body.logprobs.as_ref().is_some_and(asks)),

@@ -29,33 +29,48 @@ pub fn is_openai(source: &str) -> bool {
     };
     let mut nodes = Nodes::default();
     nodes.walk(&root);
+    // vLLM asserts that each target it follows is one name; where one is not (`set ns.x =
+    // messages`, `for i, m in messages`), the assertion fails and it falls back to "string".
     // Variables holding `messages` or its elements, widened through `set` until none is new.
     let mut names: Vec<&str> = vec!["messages"];
     let mut i = 0;
     while i < names.len() {
         for (target, value) in &nodes.sets {
-            if reads(value, names[i], None) && !names.contains(target) {
-                names.push(target);
+            if reads(value, names[i], None) {
+                match target {
+                    None => return false,
+                    Some(t) if !names.contains(t) => names.push(t),
+                    Some(_) => {}
+                }
             }
         }
         i += 1;
     }
-    let items: Vec<&str> = nodes
-        .loops
-        .iter()
-        .filter(|(_, iter)| names.iter().any(|n| reads(iter, n, None)))
-        .filter_map(|(target, _)| *target)
-        .collect();
-    nodes.loops.iter().any(|(_, iter)| {
-        items.iter().any(|m| reads(iter, m, Some("content")))
+    let mut items: Vec<&str> = Vec::new();
+    for (target, iter) in &nodes.loops {
+        if names.iter().any(|n| reads(iter, n, None)) {
+            match target {
+                None => return false,
+                Some(t) => items.push(t),
+            }
+        }
+    }
+    // The first loop over a message's content (or over `content`) decides, in template order.
+    for (target, iter) in &nodes.loops {
+        if items.iter().any(|m| reads(iter, m, Some("content")))
             || matches!(iter, Expr::Var(v) if v.id == "content")
-    })
+        {
+            return target.is_some();
+        }
+    }
+    false
 }
 
 /// Every `set NAME = EXPR` and every `for TARGET in ITER` of a template, wherever they are.
 #[derive(Default)]
 struct Nodes<'n, 's> {
-    sets: Vec<(&'s str, &'n Expr<'s>)>,
+    /// The variable set when it is one name (not `ns.attr`), and its value.
+    sets: Vec<(Option<&'s str>, &'n Expr<'s>)>,
     /// The loop variable when it is one name (not a tuple), and what the loop iterates.
     loops: Vec<(Option<&'s str>, &'n Expr<'s>)>,
 }
@@ -79,9 +94,11 @@ impl<'n, 's> Nodes<'n, 's> {
             }
             Stmt::WithBlock(w) => self.walk_all(&w.body),
             Stmt::Set(s) => {
-                if let Expr::Var(v) = &s.target {
-                    self.sets.push((v.id, &s.expr));
-                }
+                let target = match &s.target {
+                    Expr::Var(v) => Some(v.id),
+                    _ => None,
+                };
+                self.sets.push((target, &s.expr));
             }
             Stmt::SetBlock(s) => self.walk_all(&s.body),
             Stmt::AutoEscape(a) => self.walk_all(&a.body),
@@ -139,8 +156,12 @@ mod tests {
             "{% for m in messages %}{{ m['content'] }}{% endfor %}",
             // A loop over content of something that is not a message.
             "{% for p in tools['content'] %}{% endfor %}{% for m in messages %}{% endfor %}",
-            // A tuple target is no message variable.
+            // Targets that are not one name where vLLM follows one: its assertion fails and
+            // it falls back to "string".
             "{% for i, m in messages %}{% for p in m.content %}{% endfor %}{% endfor %}",
+            "{% set ns = namespace() %}{% set ns.x = messages %}{% for m in messages %}{% for p in m.content %}{% endfor %}{% endfor %}",
+            "{% for m in messages %}{% for k, v in m.content %}{% endfor %}{% endfor %}",
+            "{% for a, b in content %}{% endfor %}",
             // `messages` through a call is not followed (vLLM does not either).
             "{% for m in messages.items() %}{% for p in m.content %}{% endfor %}{% endfor %}",
             "{% for %}",

@@ -172,7 +172,18 @@ impl Chat {
     }
 
     /// The last message's content (for `continue_final_message`).
-    pub(super) fn final_content(&self) -> Option<String> {
+    pub(super) fn final_content(&self, openai: bool) -> Option<String> {
+        if openai {
+            // transformers continues the last text block of a list of parts.
+            let parts = openai_content(self.raw_contents.last()?);
+            let last = parts.try_iter().ok()?.last()?;
+            let text = if last.as_str().is_some() {
+                last
+            } else {
+                last.get_attr("text").ok()?
+            };
+            return text.as_str().map(str::to_string);
+        }
         let last = self.messages.last()?;
         let content = last.get_attr("content").ok()?;
         content.as_str().map(str::to_string)
@@ -270,7 +281,10 @@ fn openai_content(c: &Value) -> Value {
                         Some("text" | "input_text" | "output_text") => {
                             Some(part(member(&p, "text")))
                         }
-                        Some("refusal") => Some(part(member(&p, "refusal"))),
+                        Some("refusal") => {
+                            let refusal = member(&p, "refusal");
+                            refusal.as_str().is_some().then(|| part(refusal))
+                        }
                         _ => None,
                     }
                 })

@@ -221,23 +221,32 @@ def content_format(template):
     """vLLM's automatic chat template content format (chat_utils `_detect_content_format`),
     written again here on jinja2's syntax tree: "openai" when a loop iterates a message's
     `content` (a message being a loop variable over `messages` or a variable set from it),
-    or a variable named `content`; else "string" (also when the template does not parse)."""
+    or a variable named `content` (vLLM since #42660); else "string" (also when the template
+    does not parse, or a variable it follows is not one name: vLLM's assertion fails)."""
     try:
         ast = chat_template_utils._compile_jinja_template(template).environment.parse(template)
     except Exception:  # noqa: BLE001 - vLLM falls back to "string" the same way
         return "string"
+    # Where a target vLLM follows is not one name, its assertion fails: "string".
     names, i = ["messages"], 0
     while i < len(names):
         for assign in ast.find_all(jinja2.nodes.Assign):
-            target = assign.target
-            if isinstance(target, jinja2.nodes.Name) and reads(assign.node, names[i]) and target.name not in names:
-                names.append(target.name)
+            if reads(assign.node, names[i]):
+                if not isinstance(assign.target, jinja2.nodes.Name):
+                    return "string"
+                if assign.target.name not in names:
+                    names.append(assign.target.name)
         i += 1
     loops = list(ast.find_all(jinja2.nodes.For))
-    items = [f.target.name for f in loops if isinstance(f.target, jinja2.nodes.Name) and any(reads(f.iter, n) for n in names)]
+    items = []
     for f in loops:
+        if any(reads(f.iter, n) for n in names):
+            if not isinstance(f.target, jinja2.nodes.Name):
+                return "string"
+            items.append(f.target.name)
+    for f in loops:  # the first loop over a message's content decides
         if any(reads(f.iter, m, "content") for m in items) or is_var(f.iter, "content"):
-            return "openai"
+            return "openai" if isinstance(f.target, jinja2.nodes.Name) else "string"
     return "string"
 
 
