@@ -109,6 +109,13 @@ def test_min_tokens_holds_stop_strings_back_too(start_sim):
     first = full.choices[0].text.index(" " + stop)
     cut = c.completions.create(model="sim-llama", prompt="stop words", max_tokens=40, stop=[" " + stop], extra_body={"ignore_eos": True})
     assert (cut.choices[0].finish_reason, cut.choices[0].text) == ("stop", full.choices[0].text[:first])
+    # vLLM's include_stop_str_in_output keeps the stop string at the end of the text.
+    kept = c.completions.create(
+        model="sim-llama", prompt="stop words", max_tokens=40, stop=[" " + stop],
+        extra_body={"ignore_eos": True, "include_stop_str_in_output": True},
+    )
+    assert kept.choices[0].text == full.choices[0].text[: first + len(" " + stop)]
+    assert kept.choices[0].model_extra["stop_reason"] == " " + stop
     held = c.completions.create(
         model="sim-llama", prompt="stop words", max_tokens=40, stop=[" " + stop],
         extra_body={"ignore_eos": True, "min_tokens": 40},

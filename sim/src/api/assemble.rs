@@ -11,6 +11,8 @@ pub struct Assembler {
     /// Stop strings are looked for only after this many tokens (`min_tokens`, as vLLM's
     /// detokenizer checks them only past it).
     min_tokens: usize,
+    /// Keep the matched stop string at the end of the text (`include_stop_str_in_output`).
+    include_stop: bool,
     hold: usize,
     text: String,
     emitted: usize,
@@ -19,7 +21,7 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    pub fn new(stops: Vec<String>, min_tokens: usize) -> Self {
+    pub fn new(stops: Vec<String>, min_tokens: usize, include_stop: bool) -> Self {
         let hold = stops
             .iter()
             .map(|s| s.len().saturating_sub(1))
@@ -28,6 +30,7 @@ impl Assembler {
         Self {
             stops,
             min_tokens,
+            include_stop,
             hold,
             ..Default::default()
         }
@@ -57,9 +60,14 @@ impl Assembler {
             .min_by_key(|(p, _)| *p);
         let end = match found {
             Some((pos, stop)) => {
+                let end = if self.include_stop {
+                    pos + stop.len()
+                } else {
+                    pos
+                };
                 self.stopped_by = Some(stop.clone());
-                self.text.truncate(pos);
-                pos
+                self.text.truncate(end);
+                end
             }
             None => floor_char_boundary(&self.text, self.text.len().saturating_sub(self.hold))
                 .max(self.emitted),
@@ -95,7 +103,7 @@ mod tests {
 
     #[test]
     fn stop_string_across_tokens_is_cut_and_never_shown() {
-        let mut a = Assembler::new(vec!["END".into()], 0);
+        let mut a = Assembler::new(vec!["END".into()], 0, false);
         let mut shown = String::new();
         for piece in [" hello", " E", "N", "D and more"] {
             shown.push_str(a.push(piece));
@@ -111,7 +119,7 @@ mod tests {
     fn stop_strings_count_only_after_min_tokens() {
         // vLLM checks stop strings once more than min_tokens tokens are out: "END" in the
         // second token is text, in the fourth it stops.
-        let mut a = Assembler::new(vec!["END".into()], 2);
+        let mut a = Assembler::new(vec!["END".into()], 2, false);
         for piece in [" a", " END", " b", " END", " c"] {
             a.push(piece);
         }
@@ -121,8 +129,20 @@ mod tests {
     }
 
     #[test]
+    fn include_stop_str_in_output_keeps_the_stop_string() {
+        let mut a = Assembler::new(vec!["END".into()], 0, true);
+        let mut shown = String::new();
+        for piece in [" hello", " E", "N", "D and more"] {
+            shown.push_str(a.push(piece));
+        }
+        shown.push_str(a.flush());
+        assert_eq!((a.text(), shown.as_str()), (" hello END", " hello END"));
+        assert_eq!(a.stopped_by.as_deref(), Some("END"));
+    }
+
+    #[test]
     fn without_stops_everything_streams_immediately() {
-        let mut a = Assembler::new(vec![], 0);
+        let mut a = Assembler::new(vec![], 0, false);
         assert_eq!(a.push(" one"), " one");
         assert_eq!(a.push(" two"), " two");
         assert_eq!(a.flush(), "");

@@ -67,6 +67,8 @@ struct Body {
     prompt_logprobs: Option<i64>,
     #[serde(default)]
     echo: bool,
+    #[serde(default)]
+    include_stop_str_in_output: bool,
     cache_salt: Option<String>,
     add_special_tokens: Option<bool>,
     add_generation_prompt: Option<bool>,
@@ -84,6 +86,8 @@ pub struct Prepared {
     pub stream: bool,
     pub include_usage: bool,
     pub stop: Vec<String>,
+    /// Keep a matched stop string in the text (vLLM's `include_stop_str_in_output`).
+    pub include_stop: bool,
     pub ignore_eos: bool,
     pub extra: ExtraKeys,
 }
@@ -148,6 +152,7 @@ pub fn prepare(kind: Kind, body: &[u8], served: &ServedModel) -> Result<Prepared
             .stream_options
             .is_some_and(|o| o.include_usage.unwrap_or(true)),
         stop,
+        include_stop: body.include_stop_str_in_output,
         ignore_eos: body.ignore_eos,
         extra: ExtraKeys {
             lora_name: lora,

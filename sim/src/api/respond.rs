@@ -66,7 +66,7 @@ pub async fn respond(
         served,
         rx,
         ids,
-        asm: Assembler::new(req.stop, req.min_tokens),
+        asm: Assembler::new(req.stop, req.min_tokens, req.include_stop),
         prompt_tokens: req.prompt.len(),
         cached_tokens: 0,
         include_usage: req.include_usage,
