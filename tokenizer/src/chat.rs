@@ -76,9 +76,10 @@ struct Compiled {
 
 impl Compiled {
     fn new(source: Arc<str>, clock: ChatClock) -> Result<Self, Error> {
+        let text = without_generation_tags(&source);
         Ok(Self {
-            env: Arc::new(environment(&source, clock)?),
-            openai: format::is_openai(&without_generation_tags(&source)),
+            openai: format::is_openai(&text),
+            env: Arc::new(environment(text, clock)?),
             source,
         })
     }
@@ -202,7 +203,8 @@ impl ChatTemplate {
 }
 
 /// transformers' `continue_final_message`: the render cut right after the final message's
-/// content (its last text part, when the template was given parts) (its trailing whitespace kept only if the template kept it).
+/// content — its last text part when the template was given parts — with its trailing
+/// whitespace kept only if the template kept it.
 fn continue_final(rendered: String, chat: &Chat, openai: bool) -> Result<String, Error> {
     let content = chat.final_content(openai).unwrap_or_default();
     let stripped = content.trim();
@@ -279,8 +281,9 @@ fn render_error(e: JinjaError) -> Error {
     Error::Template(e.to_string())
 }
 
-/// The environment transformers compiles templates in (see the module docs).
-fn environment(source: &str, clock: ChatClock) -> Result<Environment<'static>, Error> {
+/// The environment transformers compiles templates in (see the module docs), holding
+/// `text`: a template's source with its `{% generation %}` tags already turned into blocks.
+fn environment(text: String, clock: ChatClock) -> Result<Environment<'static>, Error> {
     let mut env = Environment::new();
     minijinja_contrib::add_to_environment(&mut env);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -306,7 +309,7 @@ fn environment(source: &str, clock: ChatClock) -> Result<Environment<'static>, E
     env.add_test("iterable", python_iterable);
     env.add_filter("string", |value: Value| pyrepr::str_of(&value));
     env.add_filter("trim", python_trim);
-    env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))
+    env.add_template_owned(TEMPLATE_NAME, text)
         .map_err(|e| Error::Template(e.to_string()))?;
     Ok(env)
 }
@@ -360,8 +363,8 @@ fn python_formatter(
     let text = match value.kind() {
         ValueKind::None => "None".to_string(),
         ValueKind::Bool => if value.is_true() { "True" } else { "False" }.to_string(),
-        ValueKind::Number if !value.is_integer() => pyrepr::str_of(value),
         ValueKind::Map | ValueKind::Seq => pyrepr::str_of(value),
+        ValueKind::Number if !value.is_integer() => pyrepr::str_of(value),
         _ => return minijinja::escape_formatter(out, state, value),
     };
     out.write_str(&text).map_err(JinjaError::from)

@@ -92,40 +92,46 @@ impl Tokenizer {
         };
         let json = read(&dir.join("tokenizer.json"))?;
         let config_path = dir.join("tokenizer_config.json");
-        let mut config = config_path
+        let config = config_path
             .is_file()
             .then(|| read(&config_path))
             .transpose()?;
+        let origin = dir.display().to_string();
+        let mut config = Self::parse_config(config.as_deref(), &origin)?;
         if let Some(templates) = chat::template_files(dir, read)? {
-            let mut value: serde_json::Value = match &config {
-                Some(c) => serde_json::from_str(c).map_err(|e| Error::Load {
-                    path: config_path.display().to_string(),
-                    message: e.to_string(),
-                })?,
-                None => serde_json::json!({}),
-            };
-            if let Some(object) = value.as_object_mut() {
+            if config.is_null() {
+                config = serde_json::json!({});
+            }
+            if let Some(object) = config.as_object_mut() {
                 object.insert("chat_template".into(), templates);
             }
-            config = Some(value.to_string());
         }
-        Self::from_parts(&json, config.as_deref(), &dir.display().to_string())
+        Self::from_config(&json, &config, &origin)
     }
 
     fn from_parts(json: &str, config: Option<&str>, origin: &str) -> Result<Self, Error> {
+        Self::from_config(json, &Self::parse_config(config, origin)?, origin)
+    }
+
+    /// A `tokenizer_config.json`'s text parsed (`Null` when there is none).
+    fn parse_config(config: Option<&str>, origin: &str) -> Result<serde_json::Value, Error> {
+        config.map_or(Ok(serde_json::Value::Null), |c| {
+            serde_json::from_str(c).map_err(|e| Error::Load {
+                path: origin.to_string(),
+                message: format!("tokenizer_config.json: {e}"),
+            })
+        })
+    }
+
+    fn from_config(json: &str, config: &serde_json::Value, origin: &str) -> Result<Self, Error> {
         let load_err = |message: String| Error::Load {
             path: origin.to_string(),
             message,
         };
-        let config: serde_json::Value = match config {
-            Some(c) => serde_json::from_str(c)
-                .map_err(|e| load_err(format!("tokenizer_config.json: {e}")))?,
-            None => serde_json::Value::Null,
-        };
         let mut inner =
             tokenizers::Tokenizer::from_str(json).map_err(|e| load_err(e.to_string()))?;
-        chat::merge_added_tokens(&mut inner, &config);
-        let chat = chat::ChatTemplate::from_config(&config).map_err(|e| load_err(e.to_string()))?;
+        chat::merge_added_tokens(&mut inner, config);
+        let chat = chat::ChatTemplate::from_config(config).map_err(|e| load_err(e.to_string()))?;
         let eos_id = chat
             .as_ref()
             .and_then(|c| c.eos_token())

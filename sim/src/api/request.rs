@@ -61,7 +61,8 @@ struct Body {
     n: Option<i64>,
     best_of: Option<i64>,
     min_tokens: Option<i64>,
-    /// An integer on completions, a boolean on chat; null or `false` / 0 ask for none.
+    /// An integer on completions (any, 0 too, asks), a boolean on chat; null or `false` ask
+    /// for none.
     logprobs: Option<serde_json::Value>,
     top_logprobs: Option<i64>,
     prompt_logprobs: Option<i64>,

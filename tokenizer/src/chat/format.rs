@@ -80,11 +80,7 @@ impl<'n, 's> Nodes<'n, 's> {
         match stmt {
             Stmt::Template(t) => self.walk_all(&t.children),
             Stmt::ForLoop(f) => {
-                let target = match &f.target {
-                    Expr::Var(v) => Some(v.id),
-                    _ => None,
-                };
-                self.loops.push((target, &f.iter));
+                self.loops.push((name_of(&f.target), &f.iter));
                 self.walk_all(&f.body);
                 self.walk_all(&f.else_body);
             }
@@ -93,13 +89,7 @@ impl<'n, 's> Nodes<'n, 's> {
                 self.walk_all(&c.false_body);
             }
             Stmt::WithBlock(w) => self.walk_all(&w.body),
-            Stmt::Set(s) => {
-                let target = match &s.target {
-                    Expr::Var(v) => Some(v.id),
-                    _ => None,
-                };
-                self.sets.push((target, &s.expr));
-            }
+            Stmt::Set(s) => self.sets.push((name_of(&s.target), &s.expr)),
             Stmt::SetBlock(s) => self.walk_all(&s.body),
             Stmt::AutoEscape(a) => self.walk_all(&a.body),
             Stmt::FilterBlock(f) => self.walk_all(&f.body),
@@ -114,6 +104,14 @@ impl<'n, 's> Nodes<'n, 's> {
         for s in stmts {
             self.walk(s);
         }
+    }
+}
+
+/// The name a `set` or `for` target is, when it is one (not `ns.attr`, not a tuple).
+fn name_of<'s>(target: &Expr<'s>) -> Option<&'s str> {
+    match target {
+        Expr::Var(v) => Some(v.id),
+        _ => None,
     }
 }
 

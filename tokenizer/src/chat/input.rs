@@ -273,24 +273,55 @@ fn openai_content(c: &Value) -> Value {
             c.try_iter()
                 .into_iter()
                 .flatten()
-                .filter_map(|p| {
-                    if p.as_str().is_some() {
-                        return Some(p);
-                    }
-                    match member(&p, "type").as_str() {
-                        Some("text" | "input_text" | "output_text") => {
-                            Some(part(member(&p, "text")))
-                        }
-                        Some("refusal") => {
-                            let refusal = member(&p, "refusal");
-                            refusal.as_str().is_some().then(|| part(refusal))
-                        }
-                        _ => None,
-                    }
+                .filter_map(|p| match part_text(&p) {
+                    Ok(PartText::Bare(t)) => Some(t),
+                    Ok(PartText::Text(t)) => Some(part(t)),
+                    _ => None,
                 })
                 .collect::<Vec<_>>(),
         ),
         _ => Value::from(Vec::<Value>::new()),
+    }
+}
+
+/// What vLLM reads from one part of a list of contents.
+enum PartText {
+    /// A bare string.
+    Bare(Value),
+    /// A text part's `text` (`text`, `input_text`, `output_text`) or a refusal's `refusal`.
+    Text(Value),
+    /// A part that is not text (an image, audio, ...).
+    NotText,
+    /// A refusal without a string.
+    Empty,
+}
+
+fn part_text(part: &Value) -> Result<PartText, Error> {
+    if part.as_str().is_some() {
+        return Ok(PartText::Bare(part.clone()));
+    }
+    match member(part, "type").as_str() {
+        Some("text" | "input_text" | "output_text") => {
+            let text = member(part, "text");
+            if text.as_str().is_none() {
+                return Err(Error::Request(
+                    "content: a text part needs a string 'text'".into(),
+                ));
+            }
+            Ok(PartText::Text(text))
+        }
+        Some("refusal") => {
+            let refusal = member(part, "refusal");
+            Ok(if refusal.as_str().is_some() {
+                PartText::Text(refusal)
+            } else {
+                PartText::Empty
+            })
+        }
+        Some(_) => Ok(PartText::NotText),
+        None => Err(Error::Request(
+            "content: a part needs a string 'type'".into(),
+        )),
     }
 }
 
@@ -303,32 +334,12 @@ fn content(c: &Value, non_text: &mut usize) -> Result<String, Error> {
         ValueKind::Seq => {
             let mut texts: Vec<String> = Vec::new();
             for part in c.try_iter().map_err(template)? {
-                if let Some(s) = part.as_str() {
-                    texts.push(s.to_string());
-                    continue;
-                }
-                let kind = member(&part, "type");
-                match kind.as_str() {
-                    Some("text" | "input_text" | "output_text") => {
-                        let text = member(&part, "text");
-                        let Some(t) = text.as_str() else {
-                            return Err(Error::Request(
-                                "content: a text part needs a string 'text'".into(),
-                            ));
-                        };
-                        texts.push(t.to_string());
+                match part_text(&part)? {
+                    PartText::Bare(t) | PartText::Text(t) => {
+                        texts.push(t.as_str().unwrap_or_default().to_string());
                     }
-                    Some("refusal") => {
-                        if let Some(t) = member(&part, "refusal").as_str() {
-                            texts.push(t.to_string());
-                        }
-                    }
-                    Some(_) => *non_text += 1,
-                    None => {
-                        return Err(Error::Request(
-                            "content: a part needs a string 'type'".into(),
-                        ));
-                    }
+                    PartText::NotText => *non_text += 1,
+                    PartText::Empty => {}
                 }
             }
             Ok(texts.join("\n"))
