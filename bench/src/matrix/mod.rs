@@ -38,7 +38,8 @@ use workloads::{Generated, Sizes, Workload};
 pub struct MatrixArgs {
     /// Workloads (rows of cells): `rag:SKEW:TOKENS` (Zipf-popular documents of TOKENS tokens),
     /// `chat`, `chat:SHARED` (every session opening with one system prompt of SHARED tokens),
-    /// `agentic`, `no-sharing`, `mix` (RAG, chat, agentic and no-sharing on one fleet at once).
+    /// `agentic`, `no-sharing`, `mix` (RAG, chat, agentic and no-sharing on one fleet at once),
+    /// `mooncake:FILE` (windows of a request trace in the Mooncake format, replayed shrunk).
     #[arg(
         long,
         value_delimiter = ',',
@@ -52,6 +53,13 @@ pub struct MatrixArgs {
     /// Requests per cell (chat and agentic: rounded up to whole sessions).
     #[arg(long, default_value_t = 120)]
     pub requests: usize,
+    /// Prompt tokens per block of a `mooncake:FILE` trace's `hash_ids` (Mooncake's: 512).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub trace_block_size: u32,
+    /// Tokens each block of a trace becomes in the replay (and its answers shrink alike):
+    /// 64 shrinks Mooncake's eightfold. Default 64, 4 with --quick.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub trace_block_tokens: Option<u32>,
     /// Tiny requests (a few tokens each) for tests; --requests still sets how many.
     #[arg(long)]
     pub quick: bool,
@@ -232,11 +240,20 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
     if args.agents > 1 {
         super::cluster_agents::check_nodes(args.agents, args.replicas)?;
     }
-    let sizes = if args.quick {
+    let mut sizes = if args.quick {
         Sizes::quick(args.requests)
     } else {
         Sizes::full(args.requests)
     };
+    sizes.trace.block_size = args.trace_block_size as usize;
+    if let Some(tokens) = args.trace_block_tokens {
+        sizes.trace.block_tokens = tokens as usize;
+    }
+    for w in &args.workloads {
+        if let Workload::Trace(t) = w {
+            t.check(sizes.trace.block_size).map_err(Error::Setup)?;
+        }
+    }
     let replicas = usize::from(args.replicas);
     // Every cell's plan first: the estimate, and the header's sizing, before anything runs.
     let mut plans = Vec::new();
@@ -277,7 +294,7 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
                 estimate +=
                     runs as f64 * (ROW_SETUP_S + (span * args.time_scale).min(args.max_seconds));
             }
-            plans.push((*w, load, rate, runs_of_cell));
+            plans.push((w.clone(), load, rate, runs_of_cell));
         }
     }
     if args.floor_only {

@@ -9,13 +9,14 @@
 //! | `agentic` | interleaved agent loops | a tool result appended to everything before it, after a long task |
 //! | `no-sharing` | one per request | a prefix of its own and a question: nothing to reuse (the control) |
 //! | `mix` | each part's own | `rag:1.0:2500`, `chat`, `agentic` and `no-sharing` at once, a quarter of the requests each ([`mix`]) |
+//! | `mooncake:FILE` | one per request | a window of a request trace in the Mooncake format, its sharing and arrivals kept, its requests shrunk ([`trace`]) |
 //!
 //! Arrivals: the n-th request of the plan arrives at the n-th point of a Poisson process of
 //! the rate; in `chat` and `agentic` the arrivals go to the sessions in a seeded interleaving,
 //! each session's turns in order (a turn also waits for the previous answer, see [`Chain`]).
 //! Token counts are estimated at the built-in tokenizer's 3.85 characters per token.
 
-use std::{fmt, str::FromStr, time::Duration};
+use std::{fmt, path::Path, str::FromStr, sync::Arc, time::Duration};
 
 use rand::{Rng, SeedableRng, seq::SliceRandom};
 use rand_chacha::ChaCha8Rng;
@@ -29,7 +30,7 @@ fn chars(tokens: usize) -> usize {
 }
 
 /// One workload of the matrix.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Workload {
     /// Retrieval-augmented questions over Zipf-popular documents.
     Rag {
@@ -45,6 +46,8 @@ pub enum Workload {
     NoSharing,
     /// RAG, chat, agent loops and the control on one fleet at once ([`mix`]).
     Mix,
+    /// A window of a request trace in the Mooncake format ([`trace`]).
+    Trace(Arc<trace::Trace>),
 }
 
 impl Workload {
@@ -63,10 +66,13 @@ impl FromStr for Workload {
             "mix" => return Ok(Self::Mix),
             _ => {}
         }
+        if let Some(path) = s.strip_prefix("mooncake:") {
+            return trace::Trace::load(Path::new(path)).map(|t| Self::Trace(Arc::new(t)));
+        }
         let bad = || {
             format!(
                 "`{s}`: expected rag:SKEW:TOKENS (e.g. rag:1.0:2500), chat, chat:SHARED (e.g. \
-                 chat:2000), agentic, no-sharing or mix"
+                 chat:2000), agentic, no-sharing, mix or mooncake:FILE"
             )
         };
         if let Some(shared) = s.strip_prefix("chat:") {
@@ -105,6 +111,7 @@ impl fmt::Display for Workload {
             Self::Agentic => f.write_str("agentic"),
             Self::NoSharing => f.write_str("no-sharing"),
             Self::Mix => f.write_str("mix"),
+            Self::Trace(t) => t.fmt(f),
         }
     }
 }
@@ -126,6 +133,8 @@ pub struct Sizes {
     pub tool_tokens: usize,
     pub agent_output_tokens: usize,
     pub no_sharing_tokens: usize,
+    /// How a trace's blocks become text (`mooncake:FILE`).
+    pub trace: trace::Shrink,
 }
 
 impl Sizes {
@@ -144,6 +153,10 @@ impl Sizes {
             tool_tokens: 512,
             agent_output_tokens: 48,
             no_sharing_tokens: 1024,
+            trace: trace::Shrink {
+                block_size: 512,
+                block_tokens: 64,
+            },
         }
     }
 
@@ -162,6 +175,10 @@ impl Sizes {
             tool_tokens: 16,
             agent_output_tokens: 4,
             no_sharing_tokens: 64,
+            trace: trace::Shrink {
+                block_size: 512,
+                block_tokens: 4,
+            },
         }
     }
 }
@@ -194,6 +211,9 @@ pub struct Part {
     pub documents: Vec<usize>,
     /// Whether the sessions open with a system prompt common to all of them (`chat:SHARED`).
     pub shared_opening: bool,
+    /// A trace part's bytes of each request's prompt that another request's prompt begins
+    /// with too, in plan order (empty for other workloads).
+    pub shared_chars: Vec<usize>,
 }
 
 impl Generated {
@@ -234,7 +254,7 @@ impl Part {
             .iter()
             .rev()
             .find(|p| p.first_user <= user)
-            .map(|p| p.workload)
+            .map(|p| p.workload.clone())
     }
 
     /// The whole plan of `workload` as one part.
@@ -245,6 +265,7 @@ impl Part {
             first_user: 0,
             documents: Vec::new(),
             shared_opening: false,
+            shared_chars: Vec::new(),
         }]
     }
 
@@ -259,6 +280,28 @@ impl Part {
                 .map(|(d, t)| (*d, t.prompt.as_str()))
                 .collect();
             return floor::rag(&asked, super::BLOCK_SIZE);
+        }
+        if !self.shared_chars.is_empty() {
+            // What follows the prefix another request shares, after it.
+            let each = self
+                .shared_chars
+                .iter()
+                .zip(turns())
+                .map(|(&shared, t)| {
+                    let context = match shared {
+                        0 => 0,
+                        n => floor::tokens(t.prompt.get(..n).unwrap_or_default(), true),
+                    };
+                    Fresh {
+                        tokens: floor::tokens(&t.prompt, true).saturating_sub(context),
+                        context,
+                    }
+                })
+                .collect();
+            return NewWork {
+                each,
+                shared: Vec::new(),
+            };
         }
         // A prompt of its own is new whole (with BOS), as is a session's opening; each later
         // turn's text is appended to what may be cached.
@@ -330,13 +373,14 @@ impl Workload {
     /// The plan at `rate` requests per modelled second in front of `replicas` engines.
     pub fn generate(&self, sizes: &Sizes, rate: f64, replicas: usize, seed: u64) -> Generated {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        match *self {
-            Self::Rag { skew, doc_tokens } => rag(sizes, skew, doc_tokens, rate, &mut rng, seed),
+        match self {
+            &Self::Rag { skew, doc_tokens } => rag(sizes, skew, doc_tokens, rate, &mut rng, seed),
             Self::NoSharing => no_sharing(sizes, rate, &mut rng),
             Self::Mix => mix::plan(sizes, rate, replicas, seed),
-            Self::Chat { shared_tokens } => {
+            Self::Trace(t) => t.plan(self, sizes, rate, seed),
+            &Self::Chat { shared_tokens } => {
                 let shape = Growing {
-                    workload: *self,
+                    workload: self.clone(),
                     shared_tokens,
                     turns: sizes.chat_turns,
                     first_tokens: sizes.chat_system_tokens,
@@ -349,7 +393,7 @@ impl Workload {
             }
             Self::Agentic => {
                 let shape = Growing {
-                    workload: *self,
+                    workload: self.clone(),
                     shared_tokens: 0,
                     turns: sizes.agent_steps,
                     first_tokens: sizes.agent_task_tokens,
@@ -365,7 +409,7 @@ impl Workload {
 
     /// Whether requests share prefixes (every workload but the control).
     pub fn shares(&self) -> bool {
-        *self != Self::NoSharing
+        !matches!(self, Self::NoSharing)
     }
 }
 
@@ -424,6 +468,7 @@ fn rag(
             first_user: 0,
             documents: picks,
             shared_opening: false,
+            shared_chars: Vec::new(),
         }],
         working_set_tokens: distinct * doc_tokens
             + sizes.requests * (sizes.question_tokens + sizes.output_tokens),
@@ -532,11 +577,12 @@ impl Growing {
         let own = prompt_at(turns - 1) - self.shared_tokens + self.output_tokens;
         Generated {
             parts: vec![Part {
-                workload: self.workload,
+                workload: self.workload.clone(),
                 chains: chains.len(),
                 first_user: 0,
                 documents: Vec::new(),
                 shared_opening: self.shared_tokens > 0,
+                shared_chars: Vec::new(),
             }],
             working_set_tokens: self.shared_tokens + sessions * own,
             mean_prompt_tokens: mean,
@@ -550,3 +596,4 @@ impl Growing {
 pub mod mix;
 #[cfg(test)]
 mod tests;
+pub mod trace;

@@ -8,18 +8,20 @@
 //! | `multi-turn` | N chat sessions | T turns; each appends a user message (Q tokens) to the conversation so far, including the model's previous answers |
 //! | `agentic` | N long-context agents | a long task (S tokens), then T steps each appending a tool result (K tokens) to everything before |
 //! | `no-sharing` | G x U x R requests | a random system prompt each: the control, nothing to reuse |
-//! | `trace` | one per JSONL line | the line's prompt (or a prompt of its length, prefix-shared within its session) at its timestamp |
+//! | `trace` | one per JSONL line | the line's prompt (or a prompt of its length, prefix-shared within its session) at its timestamp; or a Mooncake trace's line, its blocks as text (see `crate::matrix::workloads::trace`) |
 //!
 //! Every text comes from the simulator's seeded text generator, so the same seed gives the
 //! same requests byte for byte; prompt lengths use the built-in tokenizer's average of 3.85
 //! characters per token.
 
-use std::{path::PathBuf, time::Duration};
+use std::{collections::HashMap, path::PathBuf, time::Duration};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Deserialize;
 use warmpath_tokenizer::text::TextGen;
+
+use crate::matrix::workloads::trace::{self as mooncake, Shrink};
 
 /// Average characters per token of the built-in tokenizer on generated text.
 pub const CHARS_PER_TOKEN: f64 = 3.85;
@@ -78,6 +80,13 @@ pub struct WorkloadArgs {
     /// JSONL trace (workload `trace`).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// Prompt tokens per block of a Mooncake trace's `hash_ids` (Mooncake's: 512).
+    #[arg(long, default_value_t = 512)]
+    pub trace_block_size: usize,
+    /// Tokens each block of a Mooncake trace becomes (its answers shrink alike); the trace's
+    /// block size replays it at full length.
+    #[arg(long, default_value_t = 64)]
+    pub trace_block_tokens: usize,
 }
 
 impl Default for WorkloadArgs {
@@ -95,6 +104,8 @@ impl Default for WorkloadArgs {
             think_seconds: 0.5,
             step_tokens: 1024,
             trace: None,
+            trace_block_size: 512,
+            trace_block_tokens: 64,
         }
     }
 }
@@ -235,7 +246,12 @@ impl WorkloadArgs {
                     path: path.display().to_string(),
                     source,
                 })?;
-                trace_sessions(&text, &path.display().to_string(), self.output_tokens, seed)?
+                let shrink = Shrink {
+                    block_size: self.trace_block_size,
+                    block_tokens: self.trace_block_tokens,
+                };
+                let at = path.display().to_string();
+                trace_sessions(&text, &at, self.output_tokens, shrink, seed)?
             }
         })
     }
@@ -243,14 +259,17 @@ impl WorkloadArgs {
 
 /// Sessions from JSONL trace text: one single-turn session per line at its timestamp. Lines of
 /// the same `session` without a `prompt` get prefixes of one session text, so they share
-/// cache like a real conversation does.
+/// cache like a real conversation does. A line with `hash_ids` is a Mooncake trace's
+/// (milliseconds, blocks as text by `shrink`).
 pub fn trace_sessions(
     text: &str,
     path: &str,
     default_output: usize,
+    shrink: Shrink,
     seed: u64,
 ) -> Result<Vec<Session>, PlanError> {
     let mut out = Vec::new();
+    let mut blocks = HashMap::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -260,6 +279,19 @@ pub fn trace_sessions(
             line: i + 1,
             message,
         };
+        if line.contains("\"hash_ids\"") {
+            let l = mooncake::Line::read(line, shrink).map_err(err)?;
+            out.push(Session {
+                turns: vec![Turn {
+                    text: l.prompt(shrink, seed, &mut blocks),
+                    append: false,
+                    max_tokens: shrink.tokens(l.output_length).max(1),
+                    think: Duration::ZERO,
+                }],
+                at: Some(Duration::from_secs_f64(l.timestamp / 1000.0)),
+            });
+            continue;
+        }
         let l: TraceLine = serde_json::from_str(line).map_err(|e| err(e.to_string()))?;
         if !(l.timestamp.is_finite() && l.timestamp >= 0.0) {
             return Err(err(format!("timestamp {}: must be >= 0", l.timestamp)));
@@ -370,23 +402,51 @@ mod tests {
         assert!((1.25..1.5).contains(&median), "{median}");
     }
 
+    const SHRINK: Shrink = Shrink {
+        block_size: 512,
+        block_tokens: 64,
+    };
+
+    #[test]
+    fn mooncake_lines_replay_their_shared_blocks_shrunk() {
+        let text = "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 512, \"hash_ids\": [7, 8]}\n\
+                    {\"timestamp\": 2500, \"input_length\": 700, \"output_length\": 1, \"hash_ids\": [7, 9]}\n";
+        let s = trace_sessions(text, "m.jsonl", 16, SHRINK, 1).unwrap();
+        assert_eq!(s[1].at, Some(Duration::from_millis(2500)));
+        // 512 answer tokens of 512-token blocks shrunk to 64: 64; one token stays one.
+        assert_eq!(s[0].turns[0].max_tokens, 64);
+        assert_eq!(s[1].turns[0].max_tokens, 1);
+        // Block 7 opens both prompts (64 tokens: about 246 characters), then they part.
+        let (a, b) = (&s[0].turns[0].text, &s[1].turns[0].text);
+        let common = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+        assert!((200..=260).contains(&common), "{common}");
+        // Three ids for 1024 tokens of 512-token blocks: refused, the line named.
+        let bad = "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 5, \"hash_ids\": [1, 2, 3]}";
+        let e = trace_sessions(bad, "m.jsonl", 16, SHRINK, 1).unwrap_err();
+        assert!(
+            e.to_string().starts_with("m.jsonl:1: 3 ids for 1024"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn traces_replay_with_shared_session_prefixes_and_clear_errors() {
         let text = "{\"timestamp\": 0.5, \"session\": \"a\", \"prompt_tokens\": 50}\n\n\
                     {\"timestamp\": 1.0, \"session\": \"a\", \"prompt_tokens\": 80, \"output_tokens\": 7}\n\
                     {\"timestamp\": 1.5, \"prompt\": \"hello\"}\n";
-        let s = trace_sessions(text, "t.jsonl", 16, 1).unwrap();
+        let s = trace_sessions(text, "t.jsonl", 16, SHRINK, 1).unwrap();
         assert_eq!(s.len(), 3);
         assert_eq!(s[1].at, Some(Duration::from_millis(1000)));
         assert_eq!(s[1].turns[0].max_tokens, 7);
         assert!(s[1].turns[0].text.starts_with(&s[0].turns[0].text[..100]));
         assert_eq!(s[2].turns[0].text, "hello");
-        let e = trace_sessions("{\"timestamp\": 1}\n", "t.jsonl", 16, 1).unwrap_err();
+        let e = trace_sessions("{\"timestamp\": 1}\n", "t.jsonl", 16, SHRINK, 1).unwrap_err();
         assert!(e.to_string().starts_with("t.jsonl:1:"), "{e}");
         let e = trace_sessions(
             "{}\n{\"timestamp\": -1, \"prompt\": \"x\"}",
             "t.jsonl",
             16,
+            SHRINK,
             1,
         )
         .unwrap_err();

@@ -326,7 +326,7 @@ fn a_mix_runs_every_part_at_its_share_of_the_rate_with_sessions_of_its_own() {
     assert!(Workload::Mix.shares());
     // 30 requests a part: 30 RAG questions, 5 chat sessions and 5 agent loops of 6 turns
     // (not a multiple of 4 engines), 30 control requests.
-    let kinds: Vec<Workload> = g.parts.iter().map(|p| p.workload).collect();
+    let kinds: Vec<Workload> = g.parts.iter().map(|p| p.workload.clone()).collect();
     let rag = Workload::Rag {
         skew: 1.0,
         doc_tokens: 2500,
@@ -354,7 +354,7 @@ fn a_mix_runs_every_part_at_its_share_of_the_rate_with_sessions_of_its_own() {
             assert!((part.first_user..next).contains(&user), "{user}");
             assert!(c.turns.iter().all(|t| t.user == user));
             assert!(users.insert(user), "user {user} twice");
-            assert_eq!(Part::of_user(&g.parts, user), Some(part.workload));
+            assert_eq!(Part::of_user(&g.parts, user), Some(part.workload.clone()));
         }
         first += part.chains;
     }
