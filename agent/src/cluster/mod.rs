@@ -20,6 +20,7 @@ pub mod join;
 pub mod lag;
 mod loads;
 pub mod membership;
+mod order;
 mod pods;
 pub mod remote;
 mod report;
@@ -30,6 +31,7 @@ mod watermarks;
 
 pub use contention::spawn_contention_exchange;
 pub use loads::{LOAD_ROUNDS, LoadSource, load_fact, spawn_load_publisher};
+pub use order::spawn_order_watch;
 pub use pods::{PodsChanged, Refused};
 pub use report::Report;
 pub use usage::spawn_usage_exchange;

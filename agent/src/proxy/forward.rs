@@ -36,6 +36,7 @@ use crate::{
         cost::Features,
         idle, rank,
         replication::{MAX_HOMES, Pod},
+        stagger,
     },
     telemetry::{DecisionReason, Receipt},
 };
@@ -86,6 +87,27 @@ pub async fn forward(
         let Some(mut decision) = rank(policy, ctx, &candidates, &pool.rotation) else {
             break;
         };
+        if n == 0
+            && policy.peers_route
+            && matches!(policy.kind, Policy::Precise | Policy::Approximate)
+            && !ctx.keys.is_empty()
+            && !cold_yield::warm(decision.prefix_blocks, ctx.keys.len())
+            && let Some(hold) = decision
+                .predicted
+                .first()
+                .and_then(|p| stagger::hold(stagger::slot(), *p))
+        {
+            // Agents in earlier slots decide first: their placements count when it ranks again.
+            tokio::time::sleep(hold).await;
+            endpoints = pool.endpoints();
+            candidates =
+                super::candidates::candidates(&proxy.index, runtime, &endpoints, ctx, policy.kind);
+            let Some(again) = rank(policy, ctx, &candidates, &pool.rotation) else {
+                break;
+            };
+            decision = again;
+            available = available_blocks(&candidates, ctx.keys.len());
+        }
         if n == 0
             && !policy.cold_yield.is_zero()
             && cold_yield::yields(&decision, &candidates, ctx.keys.len(), pool.warm_share())

@@ -66,6 +66,7 @@ pub mod idle;
 pub mod replication;
 pub mod scorers;
 pub mod session;
+pub mod stagger;
 
 use smallvec::SmallVec;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,37 @@
+//! This agent's place in the cluster's order: its position among the live members' node ids,
+//! kept current as members come and go, for the staggered cold decisions
+//! ([`crate::routing::stagger`]).
+
+use std::sync::{Arc, Weak};
+
+use tokio::task::JoinHandle;
+
+use super::{ClusterNode, membership::Membership};
+use crate::routing::stagger;
+
+/// Follows the live members of `node` and sets this agent's slot on each change. The task
+/// ends once `node` is shut down or dropped (and the slot goes back to the first: a lone
+/// agent holds nothing).
+pub fn spawn_order_watch(node: &ClusterNode) -> JoinHandle<()> {
+    tokio::spawn(follow(Arc::downgrade(&node.membership)))
+}
+
+async fn follow(membership: Weak<Membership>) {
+    let (mut live, me) = match membership.upgrade() {
+        Some(m) => (m.watch().await, m.node_id().to_string()),
+        None => return,
+    };
+    drop(membership);
+    loop {
+        let position = {
+            let members = live.borrow_and_update();
+            let ids = members.keys().map(|id| &*id.node_id);
+            stagger::position(&me, ids.chain(std::iter::once(me.as_str())))
+        };
+        stagger::set_position(position);
+        if live.changed().await.is_err() {
+            stagger::set_position(0);
+            return;
+        }
+    }
+}

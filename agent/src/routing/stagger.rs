@@ -1,0 +1,109 @@
+//! Cold decisions staggered across agents.
+//!
+//! Agents of a cluster rank the same fleet by the same figures and hear of each other's
+//! placements a fraction of a millisecond to a millisecond or so later (docs/cluster.md,
+//! "Shared load"). Requests that reach several agents at one instant — a burst, as a
+//! production trace's arrivals come (Mooncake's conversation trace: 6-28 requests a
+//! timestamp) — are ranked before any of them has heard of the others, and each agent's
+//! cold prompt goes to the same cheapest pod, where all but one wait for the others'
+//! prefills. Near-ties by each agent's turn ([`super::near_ties_by_turn`]) spread them only
+//! where pods are within one request's load; in a burst the cheapest pod is usually the only
+//! one.
+//!
+//! So an agent that is not first in its cluster's order holds a cold request for its slot's
+//! share of a few milliseconds before ranking it again: agents are ordered by node id among
+//! the live members, slot = position mod [`SLOTS`], and the agent in slot `s` waits `s x`
+//! [`STEP`]. By then the placements of the agents in earlier slots have arrived and count on
+//! their pods ([`crate::pool`]'s provisional placements), so the burst is ranked as one
+//! central agent would rank it, a slot at a time. The hold is taken only where it is small
+//! beside what the request waits anyway: at most [`MAX_SHARE`] of its predicted time to
+//! first token at the first ranking's pick, and only for a cold request (its pick holds less
+//! than half its prompt; a warm one keeps its pod whatever the others do). Measured on the
+//! Mooncake conversation trace (docs/benchmarks.md, "A production trace"): the four agents'
+//! slowest tenth had been predicted 226 ms short (the central agent's 19 ms long), p90 570
+//! -> 437 ms against the central agent's 426-442.
+
+use std::{
+    sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
+};
+
+/// Slots of the cluster's order: agents in one slot (every [`SLOTS`]th) still race.
+pub const SLOTS: u32 = 4;
+
+/// One slot's hold: above the time a placement takes to reach the peers (p99 1.2 ms on a
+/// loaded 2-vCPU host), at the timer's millisecond resolution.
+pub const STEP: Duration = Duration::from_millis(2);
+
+/// The most of a request's predicted time to first token a hold may take.
+pub const MAX_SHARE: f64 = 0.05;
+
+/// This agent's slot (0 until a cluster's membership says otherwise: a lone agent never
+/// holds).
+static SLOT: AtomicU32 = AtomicU32::new(0);
+
+/// Sets this agent's slot from its position among the live agents' sorted node ids.
+pub fn set_position(position: usize) {
+    SLOT.store(slot_of(position), Ordering::Relaxed);
+}
+
+/// The slot of the agent at `position` in the cluster's order.
+pub fn slot_of(position: usize) -> u32 {
+    (position % SLOTS as usize) as u32
+}
+
+/// This agent's slot.
+pub fn slot() -> u32 {
+    SLOT.load(Ordering::Relaxed)
+}
+
+/// The hold for a cold request predicted to see its first token in `predicted_s` seconds, by
+/// an agent in `slot`: `slot x STEP`, or none where that is more than [`MAX_SHARE`] of the
+/// prediction (or the slot is the first).
+pub fn hold(slot: u32, predicted_s: f64) -> Option<Duration> {
+    let d = STEP * slot;
+    (slot > 0 && d.as_secs_f64() <= MAX_SHARE * predicted_s).then_some(d)
+}
+
+/// This agent's position among the live members' node ids (`members`, itself included,
+/// any order, duplicates counted once).
+pub fn position<'a>(me: &str, members: impl IntoIterator<Item = &'a str>) -> usize {
+    let mut ids: Vec<&str> = members.into_iter().collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids.iter().position(|id| *id == me).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_after_the_first_hold_two_milliseconds_each_where_small_beside_the_wait() {
+        // The first slot never holds.
+        assert_eq!(hold(0, 10.0), None);
+        // Slot 2 holds 4 ms, allowed from a predicted 80 ms (5 %) up.
+        assert_eq!(hold(2, 0.080), Some(Duration::from_millis(4)));
+        assert_eq!(hold(2, 0.5), Some(Duration::from_millis(4)));
+        assert_eq!(hold(2, 0.079), None);
+        // Slot 1 from 40 ms; slot 3 from 120 ms.
+        assert_eq!(hold(1, 0.040), Some(Duration::from_millis(2)));
+        assert_eq!(hold(3, 0.119), None);
+        assert_eq!(hold(3, 0.120), Some(Duration::from_millis(6)));
+        // No prediction (0) or a nonsense one: no hold.
+        assert_eq!(hold(1, 0.0), None);
+        assert_eq!(hold(1, f64::NAN), None);
+    }
+
+    #[test]
+    fn an_agents_position_is_its_rank_among_the_live_node_ids() {
+        let live = ["node-c", "node-a", "node-b", "node-a"];
+        assert_eq!(position("node-a", live), 0);
+        assert_eq!(position("node-b", live), 1);
+        assert_eq!(position("node-c", live), 2);
+        // Not (yet) among them: first, as a lone agent.
+        assert_eq!(position("node-z", live), 0);
+        // Five agents: the fifth shares the first slot.
+        assert_eq!([0, 1, 3, 4, 6].map(slot_of), [0, 1, 3, 0, 2]);
+    }
+}
