@@ -20,8 +20,9 @@
 //! first token at the first ranking's pick, and only for a cold request (its pick holds less
 //! than half its prompt; a warm one keeps its pod whatever the others do). Measured on the
 //! Mooncake conversation trace (docs/benchmarks.md, "A production trace"): the four agents'
-//! slowest tenth had been predicted 226 ms short (the central agent's 19 ms long), p90 570
-//! -> 437 ms against the central agent's 426-442.
+//! slowest tenth had been predicted 226 ms short (the central agent's 19 ms long), 46 ms
+//! short with it; their p90 at 0.8x 570 -> 425 ms, the central agent's 442 and 428 in the
+//! same runs.
 
 use std::{
     sync::atomic::{AtomicU32, Ordering},
