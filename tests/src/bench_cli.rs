@@ -51,3 +51,61 @@ pub fn spawn(exe: &str, argv: &[String]) -> std::process::Child {
         .spawn()
         .unwrap_or_else(|e| panic!("start {exe}: {e}"))
 }
+
+/// Runs `exe <argv>` as a user does (the default log filter, no terminal) in a process group
+/// of its own, killed if it outlives `within` or the test panics.
+pub fn run(exe: &str, argv: &[String], within: std::time::Duration) -> std::process::Output {
+    let child = spawn(exe, argv);
+    let mut group = crate::process::ProcessGroup(i32::try_from(child.id()).ok());
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(child.wait_with_output()));
+    // On a timeout the panic drops `group`: the kill ends the waiting thread too.
+    let output = finished
+        .recv_timeout(within)
+        .expect("the bench finished in time")
+        .unwrap_or_else(|e| panic!("wait for {exe}: {e}"));
+    group.0 = None;
+    output
+}
+
+/// `bench matrix` of tiny requests (four a cell) on two engines and two agents, no peers.
+pub fn matrix_argv(
+    out: &std::path::Path,
+    workloads: &str,
+    loads: &str,
+    extra: &[&str],
+) -> Vec<String> {
+    let out = out.display().to_string();
+    let mut argv = vec![
+        "bench",
+        "matrix",
+        "--quick",
+        "--out",
+        &out,
+        "--workloads",
+        workloads,
+        "--loads",
+        loads,
+        "--requests",
+        "4",
+        "--replicas",
+        "2",
+        "--agents",
+        "2",
+        "--peers",
+        "none",
+        "--profile",
+        "tiny",
+        "--time-scale",
+        "0.05",
+        "--max-seconds",
+        "60",
+    ];
+    argv.extend_from_slice(extra);
+    argv.into_iter().map(String::from).collect()
+}
+
+/// The file at `path`, or a panic naming it.
+pub fn read(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}

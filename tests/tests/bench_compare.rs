@@ -7,9 +7,8 @@
 use std::{path::Path, time::Duration};
 
 use warmpath_e2e::{
-    bench_cli::{spawn, tiny_compare},
+    bench_cli::{matrix_argv, read, run, tiny_compare},
     gate,
-    process::ProcessGroup,
 };
 
 /// The whole run, start-up of four debug agents included, on a loaded 2-core machine.
@@ -366,20 +365,9 @@ fn check_cluster(cluster: &serde_json::Value, logs: &Path) {
     }
 }
 
-/// Runs `warmpath-roles <argv>` as a user does (the default log filter, no terminal) in a
-/// process group of its own, killed if it outlives [`RUN_WITHIN`] or the test panics.
+/// Runs `warmpath-roles <argv>` as a user does ([`run`]), within [`RUN_WITHIN`].
 fn bench(argv: &[String]) -> std::process::Output {
-    let child = spawn(env!("CARGO_BIN_EXE_warmpath-roles"), argv);
-    let mut group = ProcessGroup(i32::try_from(child.id()).ok());
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || done.send(child.wait_with_output()));
-    // On a timeout the panic drops `group`: the kill ends the waiting thread too.
-    let output = finished
-        .recv_timeout(RUN_WITHIN)
-        .expect("the bench finished in time")
-        .unwrap();
-    group.0 = None;
-    output
+    run(env!("CARGO_BIN_EXE_warmpath-roles"), argv, RUN_WITHIN)
 }
 
 #[test]
@@ -751,120 +739,4 @@ fn matrix_floor_only_prints_each_cells_floor_and_runs_nothing() {
         assert!(ms[0] > 0.0 && ms[0] <= ms[1] && ms[1] <= ms[2], "{line}");
     }
     assert!(!out.exists(), "--floor-only writes nothing");
-}
-
-#[test]
-fn matrix_replays_a_mooncake_trace_and_names_a_bad_line() {
-    let out = std::env::temp_dir().join(format!(
-        "warmpath-bench-matrix-trace-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).unwrap();
-    // Four requests in Mooncake's format: the second and fourth extend the first's two
-    // blocks, the third shares nothing; two arrive at one instant.
-    let trace = out.join("trace.jsonl");
-    std::fs::write(
-        &trace,
-        "{\"timestamp\": 0, \"input_length\": 1100, \"output_length\": 40, \"hash_ids\": [1, 2, 3]}\n\
-         {\"timestamp\": 1000, \"input_length\": 1500, \"output_length\": 80, \"hash_ids\": [1, 2, 4]}\n\
-         {\"timestamp\": 1000, \"input_length\": 300, \"output_length\": 8, \"hash_ids\": [5]}\n\
-         {\"timestamp\": 2500, \"input_length\": 2000, \"output_length\": 1, \"hash_ids\": [1, 2, 6, 7]}\n",
-    )
-    .unwrap();
-    let workload = format!("mooncake:{}", trace.display());
-    let results = out.join("results");
-    let output = bench(&matrix_argv(
-        &results,
-        &workload,
-        "1.0",
-        &["--trace-block-tokens", "32"],
-    ));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
-    for row in ["RoundRobin", "LeastLoaded", "Precise", "Precise (1 agent)"] {
-        let line = format!("| {workload} | 1x | ");
-        let found = stdout
-            .lines()
-            .find(|l| l.starts_with(&line) && l.contains(&format!(" | {row} | ")))
-            .unwrap_or_else(|| panic!("{row}: {stdout}"));
-        assert!(found.contains(&format!(" | {row} | 4/4 | ")), "{found}");
-    }
-    // Prompts as the blocks shrink them: 1100 tokens of 512-token blocks at 32 a block are
-    // 32 + 32 + ceil(76 x 32 / 512) = 69 tokens, 1500: 94, 300: 19, 2000: 125 (the built-in
-    // tokenizer counts within a few tokens of that, BOS included); answers alike, at least
-    // one: 3, 5, 1, 1.
-    let json: serde_json::Value =
-        serde_json::from_str(&read(&results.join("matrix.json"))).unwrap();
-    let rows = json["cells"][0]["rows"].as_array().unwrap();
-    assert!(rows.iter().all(|r| r["status"] == "ok"), "{rows:?}");
-    let lines: Vec<serde_json::Value> = read(&results.join("requests.jsonl"))
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|l: &serde_json::Value| l["row"] == "RoundRobin")
-        .collect();
-    let mut sizes: Vec<(u64, u64)> = lines
-        .iter()
-        .map(|l| {
-            (
-                l["prompt_tokens"].as_u64().unwrap(),
-                l["output_tokens"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    sizes.sort_unstable();
-    let want = [(19, 1), (69, 3), (94, 5), (125, 1)];
-    for ((got, out), (tokens, answer)) in sizes.iter().zip(want) {
-        assert!(got.abs_diff(tokens) <= 6 && *out == answer, "{sizes:?}");
-    }
-    // A line whose ids do not cover its prompt: refused before anything runs, named.
-    std::fs::write(
-        &trace,
-        "{\"timestamp\": 0, \"input_length\": 1100, \"output_length\": 40, \"hash_ids\": [1, 2]}\n",
-    )
-    .unwrap();
-    let output = bench(&matrix_argv(&results, &workload, "1.0", &[]));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success());
-    assert!(
-        stderr.contains("request 1 (in time order): 2 ids for 1100 prompt tokens"),
-        "{stderr}"
-    );
-    std::fs::remove_dir_all(&out).unwrap();
-}
-
-/// `bench matrix` of tiny requests (four a cell) on two engines and two agents, no peers.
-fn matrix_argv(out: &Path, workloads: &str, loads: &str, extra: &[&str]) -> Vec<String> {
-    let out = out.display().to_string();
-    let mut argv = vec![
-        "bench",
-        "matrix",
-        "--quick",
-        "--out",
-        &out,
-        "--workloads",
-        workloads,
-        "--loads",
-        loads,
-        "--requests",
-        "4",
-        "--replicas",
-        "2",
-        "--agents",
-        "2",
-        "--peers",
-        "none",
-        "--profile",
-        "tiny",
-        "--time-scale",
-        "0.05",
-        "--max-seconds",
-        "60",
-    ];
-    argv.extend_from_slice(extra);
-    argv.into_iter().map(String::from).collect()
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

@@ -10,8 +10,8 @@ use super::{ClusterNode, membership::Membership};
 use crate::routing::stagger;
 
 /// Follows the live members of `node` and sets this agent's slot on each change. The task
-/// ends once `node` is shut down or dropped (and the slot goes back to the first: a lone
-/// agent holds nothing).
+/// ends when the membership is dropped (the slot goes back to the first: a lone agent holds
+/// nothing); the agent aborts it with its other tasks at shutdown.
 pub fn spawn_order_watch(node: &ClusterNode) -> JoinHandle<()> {
     tokio::spawn(follow(Arc::downgrade(&node.membership)))
 }

@@ -12,7 +12,10 @@
 //! When every attempt failed, the last failure is the answer (502, 503, or 504 after a head
 //! timeout).
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -20,7 +23,7 @@ use http::StatusCode;
 use super::{
     Proxy, ProxyError,
     calibration::Prediction,
-    candidates::{available_blocks, candidates},
+    candidates::{Candidates, available_blocks, candidates},
     pools::PoolRuntime,
     record::Attempt,
     tap::Tap,
@@ -32,7 +35,7 @@ use crate::{
     policy::{compiled::Action, resources::FailureMode},
     pool::{Endpoint, InFlight},
     routing::{
-        Candidate, Decision, Policy, RequestCtx, cold_yield,
+        Candidate, Decision, Policy, RequestCtx, RoutePolicy, cold_yield,
         cost::Features,
         idle, rank,
         replication::{MAX_HOMES, Pod},
@@ -40,6 +43,39 @@ use crate::{
     },
     telemetry::{DecisionReason, Receipt},
 };
+
+/// Holds a cold request for this agent's slot in the cluster's order and ranks it again
+/// ([`stagger`]): `None` where it is not held (no peers routing here, another preset, no
+/// keys, a warm pick, the hold too long beside its predicted TTFT); `Some(None)` where no
+/// pod is left to rank.
+async fn stagger(
+    proxy: &Proxy,
+    runtime: &PoolRuntime,
+    policy: RoutePolicy,
+    ctx: &RequestCtx,
+    decision: &Decision,
+    endpoints: &mut Arc<Vec<Arc<Endpoint>>>,
+    candidates: &mut Candidates,
+) -> Option<Option<Decision>> {
+    let held = policy.peers_route
+        && matches!(policy.kind, Policy::Precise | Policy::Approximate)
+        && !ctx.keys.is_empty()
+        && !cold_yield::warm(decision.prefix_blocks, ctx.keys.len());
+    let hold = decision
+        .predicted
+        .first()
+        .and_then(|p| stagger::hold(stagger::slot(), *p))
+        .filter(|_| held)?;
+    // Agents in earlier slots decide first: their placements count when this one ranks again.
+    tokio::time::sleep(hold).await;
+    let pool = &runtime.pool;
+    *endpoints = pool.endpoints();
+    *candidates = super::candidates::candidates(&proxy.index, runtime, endpoints, ctx, policy.kind);
+    // The first ranking stepped the rotation; the one that counts steps it again.
+    pool.rotation
+        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    Some(rank(policy, ctx, candidates, &pool.rotation))
+}
 
 /// Ranks, then tries endpoints best first until one answers.
 #[allow(clippy::too_many_arguments)]
@@ -88,21 +124,18 @@ pub async fn forward(
             break;
         };
         if n == 0
-            && policy.peers_route
-            && matches!(policy.kind, Policy::Precise | Policy::Approximate)
-            && !ctx.keys.is_empty()
-            && !cold_yield::warm(decision.prefix_blocks, ctx.keys.len())
-            && let Some(hold) = decision
-                .predicted
-                .first()
-                .and_then(|p| stagger::hold(stagger::slot(), *p))
+            && let Some(again) = stagger(
+                proxy,
+                runtime,
+                policy,
+                ctx,
+                &decision,
+                &mut endpoints,
+                &mut candidates,
+            )
+            .await
         {
-            // Agents in earlier slots decide first: their placements count when it ranks again.
-            tokio::time::sleep(hold).await;
-            endpoints = pool.endpoints();
-            candidates =
-                super::candidates::candidates(&proxy.index, runtime, &endpoints, ctx, policy.kind);
-            let Some(again) = rank(policy, ctx, &candidates, &pool.rotation) else {
+            let Some(again) = again else {
                 break;
             };
             decision = again;

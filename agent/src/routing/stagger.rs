@@ -21,8 +21,8 @@
 //! than half its prompt; a warm one keeps its pod whatever the others do). Measured on the
 //! Mooncake conversation trace (docs/benchmarks.md, "A production trace"): the four agents'
 //! slowest tenth had been predicted 226 ms short (the central agent's 19 ms long), 46 ms
-//! short with it; their p90 at 0.8x 570 -> 425 ms, the central agent's 442 and 428 in the
-//! same runs.
+//! short with it; their p90 at 0.8x 570 -> 425 ms (the central agent's 442 in the run
+//! before, 428 in the run after). Its cost: agentic's tail at 1.0x on one seed of three.
 
 use std::{
     sync::atomic::{AtomicU32, Ordering},

@@ -172,6 +172,9 @@ enum Slot {
 /// Tokens per KV block of the fleets (the simulator's default).
 const BLOCK_SIZE: usize = 16;
 
+/// The longest request a cell may hold (prompt and answer): the fleets' `--max-model-len`.
+const MAX_REQUEST_TOKENS: usize = 32_768;
+
 /// Estimated wall seconds to start and stop a row's fleet and router(s) and to drain its
 /// last requests (a debug build on a loaded 2-core machine: 1-3 s measured).
 const ROW_SETUP_S: f64 = 4.0;
@@ -266,6 +269,12 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
             .collect();
         let (_, blocks_per_engine, _) = setup(&args, &units);
         let unit = &units[0];
+        if let Some(long) = units.iter().find(|g| g.longest_tokens > MAX_REQUEST_TOKENS) {
+            return Err(Error::Setup(format!(
+                "{w}: a request of {} tokens, over the simulator's {MAX_REQUEST_TOKENS}-token context (a trace: lower --trace-block-tokens)",
+                long.longest_tokens
+            )));
+        }
         let fleet = ladder::Fleet {
             engines: replicas,
             blocks_per_engine,

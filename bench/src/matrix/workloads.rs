@@ -211,8 +211,8 @@ pub struct Part {
     pub documents: Vec<usize>,
     /// Whether the sessions open with a system prompt common to all of them (`chat:SHARED`).
     pub shared_opening: bool,
-    /// A trace part's bytes of each request's prompt that another request's prompt begins
-    /// with too, in plan order (empty for other workloads).
+    /// A trace part's bytes of each request's prompt up to the end of its leading blocks that
+    /// another request names too ([`trace`]), in plan order (empty for other workloads).
     pub shared_chars: Vec<usize>,
 }
 
@@ -269,6 +269,29 @@ impl Part {
         }]
     }
 
+    /// A trace part's new work: what follows each prompt's shared run, after it.
+    fn trace_work<'a>(&self, turns: impl Iterator<Item = &'a Planned>) -> NewWork {
+        let each = self
+            .shared_chars
+            .iter()
+            .zip(turns)
+            .map(|(&shared, t)| {
+                let context = match shared {
+                    0 => 0,
+                    n => floor::tokens(t.prompt.get(..n).unwrap_or_default(), true),
+                };
+                Fresh {
+                    tokens: floor::tokens(&t.prompt, true).saturating_sub(context),
+                    context,
+                }
+            })
+            .collect();
+        NewWork {
+            each,
+            shared: Vec::new(),
+        }
+    }
+
     /// What this part's requests (`chains`) must compute.
     fn new_work(&self, chains: &[Chain]) -> NewWork {
         let turns = || chains.iter().flat_map(|c| &c.turns);
@@ -282,26 +305,7 @@ impl Part {
             return floor::rag(&asked, super::BLOCK_SIZE);
         }
         if !self.shared_chars.is_empty() {
-            // What follows the prefix another request shares, after it.
-            let each = self
-                .shared_chars
-                .iter()
-                .zip(turns())
-                .map(|(&shared, t)| {
-                    let context = match shared {
-                        0 => 0,
-                        n => floor::tokens(t.prompt.get(..n).unwrap_or_default(), true),
-                    };
-                    Fresh {
-                        tokens: floor::tokens(&t.prompt, true).saturating_sub(context),
-                        context,
-                    }
-                })
-                .collect();
-            return NewWork {
-                each,
-                shared: Vec::new(),
-            };
+            return self.trace_work(turns());
         }
         // A prompt of its own is new whole (with BOS), as is a session's opening; each later
         // turn's text is appended to what may be cached.

@@ -3,8 +3,10 @@
 //! per ladder step), a JSON result file and charts (SVG and PNG).
 
 pub mod arrivals;
+pub mod mooncake;
 pub mod plan;
 pub mod report;
+pub mod text;
 
 use std::{
     path::PathBuf,

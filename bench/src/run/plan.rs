@@ -8,7 +8,7 @@
 //! | `multi-turn` | N chat sessions | T turns; each appends a user message (Q tokens) to the conversation so far, including the model's previous answers |
 //! | `agentic` | N long-context agents | a long task (S tokens), then T steps each appending a tool result (K tokens) to everything before |
 //! | `no-sharing` | G x U x R requests | a random system prompt each: the control, nothing to reuse |
-//! | `trace` | one per JSONL line | the line's prompt (or a prompt of its length, prefix-shared within its session) at its timestamp; or a Mooncake trace's line, its blocks as text (see `crate::matrix::workloads::trace`) |
+//! | `trace` | one per JSONL line | the line's prompt (or a prompt of its length, prefix-shared within its session) at its timestamp; or a Mooncake trace's line, its blocks as text (see `super::mooncake`) |
 //!
 //! Every text comes from the simulator's seeded text generator, so the same seed gives the
 //! same requests byte for byte; prompt lengths use the built-in tokenizer's average of 3.85
@@ -21,14 +21,10 @@ use rand_chacha::ChaCha8Rng;
 use serde::Deserialize;
 use warmpath_tokenizer::text::TextGen;
 
-use crate::matrix::workloads::trace::{self as mooncake, Shrink};
+use super::mooncake::{self, Shrink};
 
-/// Average characters per token of the built-in tokenizer on generated text.
-pub const CHARS_PER_TOKEN: f64 = 3.85;
-
-fn chars(tokens: usize) -> usize {
-    (tokens as f64 * CHARS_PER_TOKEN) as usize
-}
+pub use super::text::CHARS_PER_TOKEN;
+use super::text::chars;
 
 /// Which generator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
@@ -251,6 +247,11 @@ impl WorkloadArgs {
                     block_tokens: self.trace_block_tokens,
                 };
                 let at = path.display().to_string();
+                shrink.check().map_err(|message| PlanError::Line {
+                    path: at.clone(),
+                    line: 0,
+                    message: format!("--trace-block-size / --trace-block-tokens: {message}"),
+                })?;
                 trace_sessions(&text, &at, self.output_tokens, shrink, seed)?
             }
         })
@@ -288,14 +289,12 @@ pub fn trace_sessions(
                     max_tokens: shrink.tokens(l.output_length).max(1),
                     think: Duration::ZERO,
                 }],
-                at: Some(Duration::from_secs_f64(l.timestamp / 1000.0)),
+                at: Some(seconds(l.timestamp / 1000.0).map_err(err)?),
             });
             continue;
         }
         let l: TraceLine = serde_json::from_str(line).map_err(|e| err(e.to_string()))?;
-        if !(l.timestamp.is_finite() && l.timestamp >= 0.0) {
-            return Err(err(format!("timestamp {}: must be >= 0", l.timestamp)));
-        }
+        let at = seconds(l.timestamp).map_err(err)?;
         let prompt = match (l.prompt, l.prompt_tokens) {
             (Some(p), _) => p,
             (None, Some(n)) => {
@@ -316,10 +315,15 @@ pub fn trace_sessions(
                 max_tokens: l.output_tokens.unwrap_or(default_output),
                 think: Duration::ZERO,
             }],
-            at: Some(Duration::from_secs_f64(l.timestamp)),
+            at: Some(at),
         });
     }
     Ok(out)
+}
+
+/// A trace's timestamp in seconds as a duration: finite, non-negative, representable.
+fn seconds(s: f64) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(s).map_err(|_| format!("timestamp {s} s: must be >= 0 and finite"))
 }
 
 #[cfg(test)]

@@ -20,9 +20,12 @@
 //! consecutive ones), its arrivals the window's timestamps, stretched or squeezed so that
 //! their mean rate is the cell's.
 //!
-//! A request's floor ([`super::floor`]) is what follows the longest run of blocks it shares
-//! with another request of the window, after that prefix as context: a looser bound than a
-//! RAG cell's, which also charges the first request of each shared prefix with computing it.
+//! A request's floor ([`super::floor`]) is what follows its longest leading run of blocks
+//! whose ids another line of the window names too, after that run as context: a looser bound
+//! than a RAG cell's, which also charges the first request of each shared prefix with
+//! computing it. Ids are counted across the window, not by position: for a trace whose ids
+//! chain by position, as Mooncake's do, the run is a prefix another prompt begins with; for
+//! one whose do not, the run can only be longer than that, and the floor only lower.
 
 use std::{
     collections::HashMap,
@@ -32,27 +35,12 @@ use std::{
     time::Duration,
 };
 
-use serde::Deserialize;
-use warmpath_tokenizer::text::TextGen;
-
-use super::{Generated, Part, Sizes, Workload, chars};
+use super::{Generated, Part, Sizes, Workload};
+pub use crate::run::mooncake::{Line, Shrink, Texts};
 use crate::{compare::Chain, workload::Planned};
 
 /// The largest trace file read (Mooncake's largest published trace is 3 MB).
 const MAX_FILE_BYTES: u64 = 512 << 20;
-
-/// The most blocks one line may name (Mooncake's longest prompt has 374).
-const MAX_BLOCKS: usize = 1 << 16;
-
-/// One request of a trace.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct Line {
-    /// Milliseconds from the trace's start.
-    pub timestamp: f64,
-    pub input_length: usize,
-    pub output_length: usize,
-    pub hash_ids: Vec<u64>,
-}
 
 /// A trace file, read and checked once.
 #[derive(Debug, PartialEq)]
@@ -61,89 +49,6 @@ pub struct Trace {
     /// In arrival order.
     pub lines: Vec<Line>,
 }
-
-/// How a trace's blocks become text.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Shrink {
-    /// Prompt tokens per block in the trace (Mooncake's: 512).
-    pub block_size: usize,
-    /// Tokens each block becomes.
-    pub block_tokens: usize,
-}
-
-impl Shrink {
-    /// A length in the trace's tokens, shrunk.
-    pub fn tokens(&self, trace_tokens: usize) -> usize {
-        (trace_tokens * self.block_tokens).div_ceil(self.block_size.max(1))
-    }
-}
-
-impl Line {
-    /// One line of trace text, checked: timestamp finite and non-negative, 1..=65536 ids.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let line: Line = serde_json::from_str(text).map_err(|e| e.to_string())?;
-        if !(line.timestamp.is_finite() && line.timestamp >= 0.0) {
-            return Err(format!("timestamp {}: must be >= 0", line.timestamp));
-        }
-        if line.hash_ids.is_empty() || line.hash_ids.len() > MAX_BLOCKS {
-            return Err(format!("hash_ids: 1..={MAX_BLOCKS} ids expected"));
-        }
-        Ok(line)
-    }
-
-    /// [`Line::parse`], and its ids one per block of `shrink.block_size` tokens.
-    pub fn read(text: &str, shrink: Shrink) -> Result<Self, String> {
-        let line = Self::parse(text)?;
-        line.covers(shrink.block_size)?;
-        Ok(line)
-    }
-
-    /// Whether the ids cover the prompt in blocks of `block_size` tokens, the last partial.
-    fn covers(&self, block_size: usize) -> Result<(), String> {
-        if self.input_length.div_ceil(block_size.max(1)) == self.hash_ids.len() {
-            return Ok(());
-        }
-        Err(format!(
-            "{} ids for {} prompt tokens, not one per block of {block_size} (is the block size \
-             the trace's?)",
-            self.hash_ids.len(),
-            self.input_length
-        ))
-    }
-
-    /// The prompt: each block's text (`cache`: by id and length) joined at a space.
-    pub fn prompt(&self, shrink: Shrink, seed: u64, cache: &mut Texts) -> String {
-        self.prompt_and_ends(shrink, seed, cache).0
-    }
-
-    /// The prompt and the byte where each of its blocks ends.
-    fn prompt_and_ends(
-        &self,
-        shrink: Shrink,
-        seed: u64,
-        cache: &mut Texts,
-    ) -> (String, Vec<usize>) {
-        let last = self.hash_ids.len().saturating_sub(1);
-        let tail = self.input_length.saturating_sub(last * shrink.block_size);
-        let mut prompt = String::new();
-        let mut ends = Vec::with_capacity(self.hash_ids.len());
-        for (k, h) in self.hash_ids.iter().enumerate() {
-            let tokens = shrink.tokens(if k == last { tail } else { shrink.block_size });
-            let text = cache.entry((*h, tokens)).or_insert_with(|| {
-                block_text(seed ^ h.wrapping_mul(0x9e37_79b9_7f4a_7c15), tokens)
-            });
-            if k > 0 {
-                prompt.push(' ');
-            }
-            prompt.push_str(text);
-            ends.push(prompt.len());
-        }
-        (prompt, ends)
-    }
-}
-
-/// Block texts by id and length in tokens.
-pub type Texts = HashMap<(u64, usize), String>;
 
 impl fmt::Display for Trace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -272,8 +177,10 @@ fn arrivals(lines: &[Line], rate: f64) -> Vec<Duration> {
     let last = lines.last().map_or(0.0, |l| l.timestamp);
     let n = lines.len() as f64;
     let span_s = (last - first) / 1000.0 * n / (n - 1.0).max(1.0);
-    let scale = if span_s > 0.0 {
-        n / span_s / rate.max(f64::MIN_POSITIVE)
+    let scale = n / span_s / rate.max(f64::MIN_POSITIVE);
+    // A window at one instant (or spanning too little to scale) arrives at once.
+    let scale = if span_s > 0.0 && scale.is_finite() {
+        scale
     } else {
         0.0
     };
@@ -304,19 +211,6 @@ fn render(
         .count();
     let shared = leading.checked_sub(1).map_or(0, |k| ends[k]);
     (prompt, shared)
-}
-
-/// About `tokens` tokens of seeded text: whole sentences, cut at the last space within the
-/// characters `tokens` takes (a block shorter than a sentence would otherwise grow to one).
-fn block_text(seed: u64, tokens: usize) -> String {
-    let n = chars(tokens.max(1)).max(1);
-    let mut text = TextGen::new(seed).text(n);
-    if text.len() > n
-        && let Some(cut) = text.get(..n).and_then(|head| head.rfind(' '))
-    {
-        text.truncate(cut);
-    }
-    text
 }
 
 #[cfg(test)]

@@ -40,6 +40,25 @@ fn lines_parse_with_unknown_fields_ignored_and_bad_ones_named() {
         }
     );
     assert_eq!(t.check(512), Ok(()));
+    // Block sizes: at least one token, becoming 1..=4096.
+    for (block_size, block_tokens, ok) in [
+        (512, 64, true),
+        (0, 64, false),
+        (512, 0, false),
+        (512, 4097, false),
+    ] {
+        let shrink = Shrink {
+            block_size,
+            block_tokens,
+        };
+        assert_eq!(shrink.check().is_ok(), ok, "{shrink:?}");
+    }
+    // Shrinking saturates rather than overflows.
+    let wide = Shrink {
+        block_size: 1,
+        block_tokens: 4096,
+    };
+    assert_eq!(wide.tokens(usize::MAX), usize::MAX);
     let err = t.check(256).unwrap_err();
     assert!(
         err.contains("request 1") && err.contains("3 ids for 1500"),
@@ -60,6 +79,10 @@ fn lines_parse_with_unknown_fields_ignored_and_bad_ones_named() {
         (
             "{\"timestamp\": 0, \"input_length\": -5, \"output_length\": 1, \"hash_ids\": [1]}",
             "line 1: invalid value",
+        ),
+        (
+            "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 18446744073709551615, \"hash_ids\": [1]}",
+            "line 1: input_length 1 / output_length 18446744073709551615: at most 16777216 each",
         ),
     ] {
         let err = Trace::parse(text).unwrap_err();
