@@ -57,15 +57,14 @@ async fn stagger(
     endpoints: &mut Arc<Vec<Arc<Endpoint>>>,
     candidates: &mut Candidates,
 ) -> Option<Option<Decision>> {
-    let held = policy.peers_route
+    let cold = policy.peers_route
         && matches!(policy.kind, Policy::Precise | Policy::Approximate)
         && !ctx.keys.is_empty()
         && !cold_yield::warm(decision.prefix_blocks, ctx.keys.len());
-    let hold = decision
-        .predicted
-        .first()
-        .and_then(|p| stagger::hold(stagger::slot(), *p))
-        .filter(|_| held)?;
+    if !cold {
+        return None;
+    }
+    let hold = stagger::hold(stagger::slot(), *decision.predicted.first()?)?;
     // Agents in earlier slots decide first: their placements count when this one ranks again.
     tokio::time::sleep(hold).await;
     let pool = &runtime.pool;

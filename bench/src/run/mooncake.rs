@@ -108,6 +108,14 @@ impl Line {
         ))
     }
 
+    /// The prompt's and the answer's tokens, shrunk (each at least one).
+    pub fn shrunk(&self, shrink: Shrink) -> (usize, usize) {
+        (
+            shrink.tokens(self.input_length).max(1),
+            shrink.tokens(self.output_length).max(1),
+        )
+    }
+
     /// The prompt: each block's text (`cache`: by id and length) joined at a space.
     pub fn prompt(&self, shrink: Shrink, seed: u64, cache: &mut Texts) -> String {
         self.prompt_and_ends(shrink, seed, cache).0

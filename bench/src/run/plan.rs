@@ -14,7 +14,7 @@
 //! same requests byte for byte; prompt lengths use the built-in tokenizer's average of 3.85
 //! characters per token.
 
-use std::{collections::HashMap, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -270,7 +270,7 @@ pub fn trace_sessions(
     seed: u64,
 ) -> Result<Vec<Session>, PlanError> {
     let mut out = Vec::new();
-    let mut blocks = HashMap::new();
+    let mut blocks = mooncake::Texts::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -286,7 +286,7 @@ pub fn trace_sessions(
                 turns: vec![Turn {
                     text: l.prompt(shrink, seed, &mut blocks),
                     append: false,
-                    max_tokens: shrink.tokens(l.output_length).max(1),
+                    max_tokens: l.shrunk(shrink).1,
                     think: Duration::ZERO,
                 }],
                 at: Some(seconds(l.timestamp / 1000.0).map_err(err)?),

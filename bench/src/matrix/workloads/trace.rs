@@ -139,8 +139,7 @@ impl Trace {
             .map(|(i, (l, at))| {
                 let (prompt, shared) = render(l, shrink, seed, &named, &mut texts);
                 shared_chars.push(shared);
-                let input = shrink.tokens(l.input_length).max(1);
-                let output = shrink.tokens(l.output_length).max(1);
+                let (input, output) = l.shrunk(shrink);
                 prompts += input;
                 outputs += output;
                 longest = longest.max(input + output);
