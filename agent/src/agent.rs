@@ -438,7 +438,10 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         // The replicas' and placements' lag histograms on /metrics (and OTLP).
         node.lags().observe(proxy.telemetry.meter());
         // Cold decisions staggered by this agent's place among the live members.
-        tasks.push(crate::cluster::spawn_order_watch(node));
+        tasks.push(crate::cluster::spawn_order_watch(
+            node,
+            proxy.stagger.clone(),
+        ));
         // Quotas hold cluster-wide: each agent's share follows the others' demand.
         tasks.push(crate::cluster::spawn_usage_exchange(
             node,

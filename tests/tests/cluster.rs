@@ -119,6 +119,15 @@ async fn status(client: &reqwest::Client, agent: &AgentProcess) -> Value {
     get_json(client, &format!("http://{}/status", agent.admin)).await
 }
 
+/// Waits until `agent`'s slot in the cluster's order is `want`.
+async fn wait_slot(client: &reqwest::Client, agent: &AgentProcess, want: u64) {
+    let what = format!("the agent at {} in slot {want}", agent.admin);
+    wait_for(&what, LIMIT, || async {
+        (status(client, agent).await["stagger_slot"].as_u64() == Some(want)).then_some(())
+    })
+    .await;
+}
+
 fn authority(fleet: &Fleet, p: usize) -> String {
     fleet.engines[p].http.to_string()
 }
@@ -196,11 +205,19 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
         .map(|k| agent_args(&fleet, k, &ports, &key))
         .collect();
     let a = start(&args[0]);
-    let _b = start(&args[1]);
+    let b = start(&args[1]);
     let mut c = Some(start(&args[2]));
-    let _d = start(&args[3]);
+    let d = start(&args[3]);
     let a = &a;
     let client = reqwest::Client::new();
+    // Each agent's slot in the cluster's order (staggered cold decisions, docs/routing.md step
+    // 4): its place among the live members' node ids, agent-0 to agent-3.
+    for (want, agent) in [a, &b, c.as_ref().expect("started"), &d]
+        .into_iter()
+        .enumerate()
+    {
+        wait_slot(&client, agent, want as u64).await;
+    }
 
     // Agent A (0) replicates every other agent's two pods, each from its owner.
     for p in PODS_PER_AGENT..AGENTS * PODS_PER_AGENT {
@@ -258,6 +275,14 @@ async fn four_agents_share_one_index_survive_a_restart_and_refuse_strangers() {
     for p in [4, 5] {
         wait_pod(&client, a, &fleet, p, "agent-2", "unsure").await;
     }
+    // D moves up to C's slot once C has left the live members; A and B keep theirs.
+    wait_slot(&client, &d, 2).await;
+    let d_admin = format!("http://{}", d.admin);
+    assert_eq!(
+        metric(&client, &d_admin, "warmpath_stagger_slot").await,
+        2.0
+    );
+    assert_eq!(status(&client, &b).await["stagger_slot"], 1);
     // The prefix A sent to C's pod before still goes there: by A's routing history, its
     // index copy being untrusted (docs/routing.md, the history fallback).
     let (code, pod, blocks) = complete(&client, &base_a, &prompt(1, 2)).await;

@@ -9,14 +9,14 @@ use tokio::task::JoinHandle;
 use super::{ClusterNode, membership::Membership};
 use crate::routing::stagger;
 
-/// Follows the live members of `node` and sets this agent's slot on each change. The task
+/// Follows the live members of `node` and sets this agent's `slot` on each change. The task
 /// ends when the membership is dropped (the slot goes back to the first: a lone agent holds
 /// nothing); the agent aborts it with its other tasks at shutdown.
-pub fn spawn_order_watch(node: &ClusterNode) -> JoinHandle<()> {
-    tokio::spawn(follow(Arc::downgrade(&node.membership)))
+pub fn spawn_order_watch(node: &ClusterNode, slot: Arc<stagger::Slot>) -> JoinHandle<()> {
+    tokio::spawn(follow(Arc::downgrade(&node.membership), slot))
 }
 
-async fn follow(membership: Weak<Membership>) {
+async fn follow(membership: Weak<Membership>, slot: Arc<stagger::Slot>) {
     let (mut live, me) = match membership.upgrade() {
         Some(m) => (m.watch().await, m.node_id().to_string()),
         None => return,
@@ -28,9 +28,9 @@ async fn follow(membership: Weak<Membership>) {
             let ids = members.keys().map(|id| &*id.node_id);
             stagger::position(&me, ids.chain(std::iter::once(me.as_str())))
         };
-        stagger::set_position(position);
+        slot.set_position(position);
         if live.changed().await.is_err() {
-            stagger::set_position(0);
+            slot.set_position(0);
             return;
         }
     }

@@ -13,7 +13,7 @@ use super::Proxy;
 use crate::{
     config::AdminToken,
     http::{Body, message::full},
-    routing::cold_yield::ColdYieldStatus,
+    routing::{cold_yield::ColdYieldStatus, stagger::HoldStatus},
 };
 
 /// Serves the admin endpoints until the task is dropped; `token`, when given, guards all
@@ -196,13 +196,14 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
             "cold_yield_ms": p.pool.policy.cold_yield.as_millis(),
             "warm_share": p.pool.warm_share(),
             "cold_yields": p.cold_yields.status(),
+            "stagger": p.staggered.status(),
             "hot_prefixes_tracked": p.replication.lock().tracked()}));
     }
     let first = &proxy.pools[0].pool;
     let mut v = serde_json::json!({"model": first.model, "policy": format!("{:?}", first.policy.kind),
         "block_size": first.block_size, "pools": pools, "index_entries": proxy.index.len(),
         "index_bytes": proxy.index.bytes(), "pods": pods, "tenants": proxy.telemetry.live(),
-        "policies": policies(proxy)});
+        "policies": policies(proxy), "stagger_slot": proxy.stagger.get()});
     if crate::ebpf::intercepting() || !proxy.client_pods().is_empty() {
         // The client-affinity learner behind the kernel's fail-open and steer tables.
         let learner = proxy.client_pods();
@@ -327,40 +328,7 @@ fn metrics(proxy: &Proxy) -> String {
             );
         }
     }
-    let yields: Vec<_> = proxy
-        .pools
-        .iter()
-        .map(|p| (p.name.as_str(), p.cold_yields.status()))
-        .collect();
-    type Figure = fn(&ColdYieldStatus) -> f64;
-    let counters: [(&str, &str, Figure); 3] = [
-        (
-            "warmpath_cold_yields_total",
-            "Requests held back, cold, while the pod they were ranked to had no KV room",
-            |s| s.requests as f64,
-        ),
-        (
-            "warmpath_cold_yields_at_bound_total",
-            "Of those, the ones sent when the policy's bound passed, still without room",
-            |s| s.at_bound as f64,
-        ),
-        (
-            "warmpath_cold_yield_seconds_total",
-            "Seconds those requests were held back, all together",
-            |s| s.seconds,
-        ),
-    ];
-    for (name, help, value) in counters {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for (pool, status) in &yields {
-            let _ = writeln!(
-                out,
-                "{name}{} {}",
-                crate::telemetry::prometheus::label_text(std::iter::once(("pool", *pool)), None),
-                value(status)
-            );
-        }
-    }
+    holds(proxy, &mut out);
     let _ = writeln!(
         out,
         "# TYPE warmpath_index_entries gauge\nwarmpath_index_entries {}",
@@ -368,6 +336,66 @@ fn metrics(proxy: &Proxy) -> String {
     );
     out.push_str(&proxy.telemetry.prometheus());
     out
+}
+
+/// The counters of requests held before their ranking, by pool: cold yields at a full pod
+/// and cold decisions staggered across a cluster's agents; and this agent's slot.
+fn holds(proxy: &Proxy, out: &mut String) {
+    type Figure = fn(&ColdYieldStatus, &HoldStatus) -> f64;
+    let counters: [(&str, &str, Figure); 5] = [
+        (
+            "warmpath_cold_yields_total",
+            "Requests held back, cold, while the pod they were ranked to had no KV room",
+            |y, _| y.requests as f64,
+        ),
+        (
+            "warmpath_cold_yields_at_bound_total",
+            "Of those, the ones sent when the policy's bound passed, still without room",
+            |y, _| y.at_bound as f64,
+        ),
+        (
+            "warmpath_cold_yield_seconds_total",
+            "Seconds those requests were held back, all together",
+            |y, _| y.seconds,
+        ),
+        (
+            "warmpath_stagger_holds_total",
+            "Cold requests held for this agent's slot in its cluster's order, then ranked again",
+            |_, s| s.requests as f64,
+        ),
+        (
+            "warmpath_stagger_hold_seconds_total",
+            "Seconds those requests were held, all together",
+            |_, s| s.seconds,
+        ),
+    ];
+    let pools: Vec<_> = proxy
+        .pools
+        .iter()
+        .map(|p| {
+            (
+                p.name.as_str(),
+                p.cold_yields.status(),
+                p.staggered.status(),
+            )
+        })
+        .collect();
+    for (name, help, value) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (pool, yields, staggered) in &pools {
+            let _ = writeln!(
+                out,
+                "{name}{} {}",
+                crate::telemetry::prometheus::label_text(std::iter::once(("pool", *pool)), None),
+                value(yields, staggered)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP warmpath_stagger_slot This agent's slot in its cluster's order (0: never holds)\n# TYPE warmpath_stagger_slot gauge\nwarmpath_stagger_slot {}",
+        proxy.stagger.get()
+    );
 }
 
 #[cfg(test)]

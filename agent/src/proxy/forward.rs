@@ -45,9 +45,10 @@ use crate::{
 };
 
 /// Holds a cold request for this agent's slot in the cluster's order and ranks it again
-/// ([`stagger`]): `None` where it is not held (no peers routing here, another preset, no
-/// keys, a warm pick, the hold too long beside its predicted TTFT); `Some(None)` where no
-/// pod is left to rank.
+/// ([`stagger`]), counting the hold in the pool's [`stagger::Holds`]: `None` where it is not
+/// held (no peers routing here, another preset, no keys, a warm pick, the hold too long
+/// beside its predicted TTFT); else the hold and the new decision (`None`: no pod is left to
+/// rank).
 async fn stagger(
     proxy: &Proxy,
     runtime: &PoolRuntime,
@@ -56,7 +57,7 @@ async fn stagger(
     decision: &Decision,
     endpoints: &mut Arc<Vec<Arc<Endpoint>>>,
     candidates: &mut Candidates,
-) -> Option<Option<Decision>> {
+) -> Option<(Duration, Option<Decision>)> {
     let cold = policy.peers_route
         && matches!(policy.kind, Policy::Precise | Policy::Approximate)
         && !ctx.keys.is_empty()
@@ -64,16 +65,17 @@ async fn stagger(
     if !cold {
         return None;
     }
-    let hold = stagger::hold(stagger::slot(), *decision.predicted.first()?)?;
+    let hold = stagger::hold(proxy.stagger.get(), *decision.predicted.first()?)?;
     // Agents in earlier slots decide first: their placements count when this one ranks again.
     tokio::time::sleep(hold).await;
+    runtime.staggered.note(hold);
     let pool = &runtime.pool;
     *endpoints = pool.endpoints();
     *candidates = super::candidates::candidates(&proxy.index, runtime, endpoints, ctx, policy.kind);
     // The first ranking stepped the rotation; the one that counts steps it again.
     pool.rotation
         .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    Some(rank(policy, ctx, candidates, &pool.rotation))
+    Some((hold, rank(policy, ctx, candidates, &pool.rotation)))
 }
 
 /// Ranks, then tries endpoints best first until one answers.
@@ -117,13 +119,14 @@ pub async fn forward(
     // Built only when an attempt fails (an error's message is a heap string).
     let mut last_error = None;
     let mut yielded = Duration::ZERO;
+    let mut staggered = Duration::ZERO;
     for n in 0..=retries {
         let mut warmed_idle = false;
         let Some(mut decision) = rank(policy, ctx, &candidates, &pool.rotation) else {
             break;
         };
         if n == 0
-            && let Some(again) = stagger(
+            && let Some((held, again)) = stagger(
                 proxy,
                 runtime,
                 policy,
@@ -134,6 +137,7 @@ pub async fn forward(
             )
             .await
         {
+            staggered = held;
             let Some(again) = again else {
                 break;
             };
@@ -288,6 +292,7 @@ pub async fn forward(
                     endpoint,
                     decision: &decision,
                     yielded,
+                    staggered,
                     guard,
                     strip_usage,
                     action,
@@ -325,6 +330,8 @@ struct Answered<'a> {
     decision: &'a Decision,
     /// How long the request yielded before it was sent (cold at a full pod).
     yielded: Duration,
+    /// How long it was held for this agent's slot in the cluster (cold, [`stagger`]).
+    staggered: Duration,
     guard: InFlight,
     strip_usage: bool,
     action: &'a Action,
@@ -358,6 +365,12 @@ fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<
             set(
                 "x-warmpath-cold-yield-ms",
                 format!("{:.1}", a.yielded.as_secs_f64() * 1000.0),
+            );
+        }
+        if !a.staggered.is_zero() {
+            set(
+                "x-warmpath-stagger-ms",
+                format!("{:.1}", a.staggered.as_secs_f64() * 1000.0),
             );
         }
         if let Some(r) = attempt.receipt {

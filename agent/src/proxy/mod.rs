@@ -89,6 +89,9 @@ pub struct Proxy {
     pub sections: StatusSections,
     /// Set when the agent is told to stop: `/ready` answers 503 while requests drain.
     pub draining: std::sync::atomic::AtomicBool,
+    /// This agent's slot in its cluster's order, for staggered cold decisions
+    /// ([`crate::routing::stagger`]; kept by [`crate::cluster::spawn_order_watch`]).
+    pub stagger: Arc<crate::routing::stagger::Slot>,
     /// Which pods answered each intercepted client ([`clients`]); read by the kernel-table
     /// writer.
     clients: Arc<clients::ClientPods>,
@@ -140,6 +143,7 @@ impl Proxy {
             admission: admission::Admission::new(crate::config::Limits::default()),
             sections: StatusSections::default(),
             draining: std::sync::atomic::AtomicBool::new(false),
+            stagger: Arc::default(),
             clients: Arc::new(clients::ClientPods::default()),
             upstreams: upstream::Upstreams::new(),
         }

@@ -42,6 +42,8 @@ pub struct PoolRuntime {
     pub replication: parking_lot::Mutex<Replication>,
     /// Cold requests that yielded at a full pod ([`super::cold_yield`]).
     pub cold_yields: crate::routing::cold_yield::ColdYields,
+    /// Cold requests held for this agent's slot in the cluster ([`super::forward`]).
+    pub staggered: crate::routing::stagger::Holds,
     /// The second admission stage under the pool's own `clusterMaxConcurrent`
     /// ([`super::admission::Admission::for_pool`]); `None`: off.
     pub admission: Option<Arc<super::admission::Admission>>,
@@ -86,6 +88,7 @@ impl Proxy {
             calibration: Arc::default(),
             replication: Default::default(),
             cold_yields: Default::default(),
+            staggered: Default::default(),
             admission: None,
         });
         self.pools.last_mut().expect("a pool was just pushed")

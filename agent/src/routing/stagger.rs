@@ -25,9 +25,11 @@
 //! before, 428 in the run after). Its cost: agentic's tail at 1.0x on one seed of three.
 
 use std::{
-    sync::atomic::{AtomicU32, Ordering},
+    sync::atomic::{AtomicU32, AtomicU64, Ordering},
     time::Duration,
 };
+
+use serde::Serialize;
 
 /// Slots of the cluster's order: agents in one slot (every [`SLOTS`]th) still race.
 pub const SLOTS: u32 = 4;
@@ -39,23 +41,60 @@ pub const STEP: Duration = Duration::from_millis(2);
 /// The most of a request's predicted time to first token a hold may take.
 pub const MAX_SHARE: f64 = 0.05;
 
-/// This agent's slot (0 until a cluster's membership says otherwise: a lone agent never
-/// holds).
-static SLOT: AtomicU32 = AtomicU32::new(0);
+/// This agent's place in the cluster's order (one per agent: [`crate::proxy::Proxy`]), set
+/// by the membership's watcher; the first slot (a lone agent's) never holds.
+#[derive(Debug, Default)]
+pub struct Slot(AtomicU32);
 
-/// Sets this agent's slot from its position among the live agents' sorted node ids.
-pub fn set_position(position: usize) {
-    SLOT.store(slot_of(position), Ordering::Relaxed);
+impl Slot {
+    /// Sets this agent's slot from its position among the live agents' sorted node ids.
+    pub fn set_position(&self, position: usize) {
+        self.0.store(slot_of(position), Ordering::Relaxed);
+    }
+
+    /// This agent's slot.
+    pub fn get(&self) -> u32 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A pool's staggered requests: how many were held, and for how long in all (on `/status`
+/// and `/metrics`, beside the cold yields).
+#[derive(Debug, Default)]
+pub struct Holds {
+    requests: AtomicU64,
+    micros: AtomicU64,
+}
+
+/// What `/status` shows of them (`pools[].stagger`).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct HoldStatus {
+    /// Requests held for this agent's slot before their ranking.
+    pub requests: u64,
+    /// Seconds held, all requests together.
+    pub seconds: f64,
+}
+
+impl Holds {
+    pub fn note(&self, held: Duration) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.micros.fetch_add(
+            u64::try_from(held.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    pub fn status(&self) -> HoldStatus {
+        HoldStatus {
+            requests: self.requests.load(Ordering::Relaxed),
+            seconds: self.micros.load(Ordering::Relaxed) as f64 / 1e6,
+        }
+    }
 }
 
 /// The slot of the agent at `position` in the cluster's order.
 pub fn slot_of(position: usize) -> u32 {
     (position % SLOTS as usize) as u32
-}
-
-/// This agent's slot.
-pub fn slot() -> u32 {
-    SLOT.load(Ordering::Relaxed)
 }
 
 /// The hold for a cold request predicted to see its first token in `predicted_s` seconds, by
@@ -94,6 +133,26 @@ mod tests {
         // No prediction (0) or a nonsense one: no hold.
         assert_eq!(hold(1, 0.0), None);
         assert_eq!(hold(1, f64::NAN), None);
+    }
+
+    #[test]
+    fn a_slot_follows_its_position_and_the_holds_add_up() {
+        let slot = Slot::default();
+        assert_eq!(slot.get(), 0, "a lone agent's");
+        slot.set_position(6);
+        assert_eq!(slot.get(), 2, "the seventh agent: 6 mod 4");
+        slot.set_position(0);
+        assert_eq!(slot.get(), 0);
+        let holds = Holds::default();
+        holds.note(Duration::from_millis(2));
+        holds.note(Duration::from_millis(6));
+        assert_eq!(
+            holds.status(),
+            HoldStatus {
+                requests: 2,
+                seconds: 0.008
+            }
+        );
     }
 
     #[test]
