@@ -427,6 +427,50 @@ mod tests {
     }
 
     #[test]
+    fn the_stagger_slot_and_holds_show_on_status_and_metrics() {
+        use crate::{
+            kv_index::{IndexConfig, KvIndex},
+            pool::Pool,
+            proxy::TokenSource,
+            routing::{Policy, SessionSource},
+            telemetry::{Telemetry, TelemetryConfig},
+        };
+        let index = std::sync::Arc::new(KvIndex::new(IndexConfig::default()));
+        let telemetry =
+            std::sync::Arc::new(Telemetry::new(&TelemetryConfig::default()).expect("telemetry"));
+        let mut proxy = Proxy::new(index, telemetry, Default::default());
+        let pool = Pool::new("m".into(), 16, Policy::Precise, vec![("a:1".into(), None)]);
+        proxy.add_pool(
+            "chat",
+            pool,
+            TokenSource::Approximate,
+            SessionSource::default(),
+        );
+        proxy.stagger.set_position(2);
+        proxy.pools[0]
+            .staggered
+            .note(std::time::Duration::from_millis(4));
+        proxy.pools[0]
+            .staggered
+            .note(std::time::Duration::from_millis(4));
+        let s = status(&proxy);
+        assert_eq!(s["stagger_slot"], 2);
+        assert_eq!(
+            s["pools"][0]["stagger"],
+            serde_json::json!({"requests": 2, "seconds": 0.008})
+        );
+        let text = metrics(&proxy);
+        for line in [
+            "warmpath_stagger_slot 2",
+            "warmpath_stagger_holds_total{pool=\"chat\"} 2",
+            "warmpath_stagger_hold_seconds_total{pool=\"chat\"} 0.008",
+            "warmpath_cold_yields_total{pool=\"chat\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
+    }
+
+    #[test]
     fn the_token_guards_all_but_the_probes() {
         let token = AdminToken::new("0123456789abcdef-admin").unwrap();
         let good = Some("Bearer 0123456789abcdef-admin");

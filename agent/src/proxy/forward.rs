@@ -340,45 +340,11 @@ struct Answered<'a> {
 /// Step 7: the engine's response as the client's answer, its body tapped and tracked.
 fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<'_>) -> Answer {
     // Framing and hop-by-hop fields are each leg's own: the writers leave the engine's out.
-    let mut extra = Vec::new();
-    if a.action.explain.unwrap_or(proxy.explain) {
-        let mut set = |k: &'static str, v: String| {
-            if let Ok(v) = http::HeaderValue::from_str(&v) {
-                extra.push((http::HeaderName::from_static(k), v));
-            }
-        };
-        set("x-warmpath-pod", a.endpoint.authority.clone());
-        set(
-            "x-warmpath-prefix-blocks",
-            a.decision.prefix_blocks.to_string(),
-        );
-        set(
-            "x-warmpath-prefix-source",
-            a.decision.prefix_source.as_str().to_string(),
-        );
-        set("x-warmpath-score", format!("{:.6}", a.decision.score));
-        set(
-            "x-warmpath-predicted-ttft-ms",
-            format!("{:.1}", a.decision.predicted_ttft() * 1000.0),
-        );
-        if !a.yielded.is_zero() {
-            set(
-                "x-warmpath-cold-yield-ms",
-                format!("{:.1}", a.yielded.as_secs_f64() * 1000.0),
-            );
-        }
-        if !a.staggered.is_zero() {
-            set(
-                "x-warmpath-stagger-ms",
-                format!("{:.1}", a.staggered.as_secs_f64() * 1000.0),
-            );
-        }
-        if let Some(r) = attempt.receipt {
-            set("x-warmpath-available-tokens", r.available.to_string());
-            set("x-warmpath-captured-tokens", r.captured.to_string());
-        }
-        set("x-warmpath-policy", a.action.source.to_string());
-    }
+    let extra = if a.action.explain.unwrap_or(proxy.explain) {
+        explain(attempt, &a)
+    } else {
+        Vec::new()
+    };
     let tap = Tap::for_response(resp.status, &resp.headers, a.strip_usage);
     let observer = Observer {
         telemetry: proxy.telemetry.clone(),
@@ -399,6 +365,49 @@ fn answer(proxy: &Proxy, attempt: &Attempt, resp: UpstreamResponse, a: Answered<
         extra,
         body: Tracked::boxed(resp.body, a.guard, observer),
     }
+}
+
+/// The `x-warmpath-*` headers explaining the decision an answered attempt went by
+/// (docs/routing.md, "How a decision is made").
+fn explain(attempt: &Attempt, a: &Answered<'_>) -> Vec<(http::HeaderName, http::HeaderValue)> {
+    let mut extra = Vec::new();
+    let mut set = |k: &'static str, v: String| {
+        if let Ok(v) = http::HeaderValue::from_str(&v) {
+            extra.push((http::HeaderName::from_static(k), v));
+        }
+    };
+    set("x-warmpath-pod", a.endpoint.authority.clone());
+    set(
+        "x-warmpath-prefix-blocks",
+        a.decision.prefix_blocks.to_string(),
+    );
+    set(
+        "x-warmpath-prefix-source",
+        a.decision.prefix_source.as_str().to_string(),
+    );
+    set("x-warmpath-score", format!("{:.6}", a.decision.score));
+    set(
+        "x-warmpath-predicted-ttft-ms",
+        format!("{:.1}", a.decision.predicted_ttft() * 1000.0),
+    );
+    if !a.yielded.is_zero() {
+        set(
+            "x-warmpath-cold-yield-ms",
+            format!("{:.1}", a.yielded.as_secs_f64() * 1000.0),
+        );
+    }
+    if !a.staggered.is_zero() {
+        set(
+            "x-warmpath-stagger-ms",
+            format!("{:.1}", a.staggered.as_secs_f64() * 1000.0),
+        );
+    }
+    if let Some(r) = attempt.receipt {
+        set("x-warmpath-available-tokens", r.available.to_string());
+        set("x-warmpath-captured-tokens", r.captured.to_string());
+    }
+    set("x-warmpath-policy", a.action.source.to_string());
+    extra
 }
 
 /// Hot-prefix replication ([`crate::routing::replication`]): the request's prefix demand is

@@ -76,6 +76,7 @@ pub struct HoldStatus {
 }
 
 impl Holds {
+    /// One request held for `held`.
     pub fn note(&self, held: Duration) {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.micros.fetch_add(
@@ -84,6 +85,7 @@ impl Holds {
         );
     }
 
+    /// The requests held so far, and for how long in all.
     pub fn status(&self) -> HoldStatus {
         HoldStatus {
             requests: self.requests.load(Ordering::Relaxed),

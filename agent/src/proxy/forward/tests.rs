@@ -235,47 +235,46 @@ fn engine(requests: usize) -> String {
     authority
 }
 
+/// Sends the cold request through `forward` and returns its `x-warmpath-stagger-ms`.
+async fn stagger_header(proxy: &Proxy) -> Option<String> {
+    let runtime = &proxy.pools[0];
+    let head = RequestHead::new(
+        http::Method::POST,
+        Bytes::from_static(b"/v1/completions"),
+        http::Version::HTTP_11,
+        Headers::default(),
+    )
+    .expect("an origin-form target");
+    let answer = forward(
+        proxy,
+        runtime,
+        &Action::base("p"),
+        &cold(),
+        &head,
+        Bytes::from_static(b"{}"),
+        &mut attempt(proxy, runtime),
+        false,
+    )
+    .await
+    .expect("the engine answers");
+    assert_eq!(answer.status, StatusCode::OK);
+    answer
+        .extra
+        .iter()
+        .find(|(k, _)| k == "x-warmpath-stagger-ms")
+        .map(|(_, v)| v.to_str().expect("ascii").to_string())
+}
+
 #[tokio::test]
 async fn a_held_answer_says_how_long_it_was_held() {
     let authority = engine(2);
     let mut proxy = clustered(&[authority], 1);
     proxy.explain = true;
-    let head = || {
-        RequestHead::new(
-            http::Method::POST,
-            Bytes::from_static(b"/v1/completions"),
-            http::Version::HTTP_11,
-            Headers::default(),
-        )
-        .expect("an origin-form target")
-    };
-    let send = async |proxy: &Proxy| {
-        let runtime = &proxy.pools[0];
-        let mut attempt = attempt(proxy, runtime);
-        let answer = forward(
-            proxy,
-            runtime,
-            &Action::base("p"),
-            &cold(),
-            &head(),
-            Bytes::from_static(b"{}"),
-            &mut attempt,
-            false,
-        )
-        .await
-        .expect("the engine answers");
-        assert_eq!(answer.status, StatusCode::OK);
-        answer
-            .extra
-            .iter()
-            .find(|(k, _)| k == "x-warmpath-stagger-ms")
-            .map(|(_, v)| v.to_str().expect("ascii").to_string())
-    };
     // Slot 1: held one step, and said so.
-    assert_eq!(send(&proxy).await.as_deref(), Some("2.0"));
+    assert_eq!(stagger_header(&proxy).await.as_deref(), Some("2.0"));
     assert_eq!(proxy.pools[0].staggered.status().requests, 1);
     // The first slot: not held, no header.
     proxy.stagger.set_position(0);
-    assert_eq!(send(&proxy).await, None);
+    assert_eq!(stagger_header(&proxy).await, None);
     assert_eq!(proxy.pools[0].staggered.status().requests, 1);
 }
