@@ -45,10 +45,10 @@ use crate::{
 };
 
 /// Holds a cold request for this agent's slot in the cluster's order and ranks it again
-/// ([`stagger`]), counting the hold in the pool's [`stagger::Holds`]: `None` where it is not
-/// held (no peers routing here, another preset, no keys, a warm pick, the hold too long
-/// beside its predicted TTFT); else the hold and the new decision (`None`: no pod is left to
-/// rank).
+/// ([`stagger`]; the caller asks only while requests arrive in bursts), counting the hold in
+/// the pool's [`stagger::Holds`]: `None` where it is not held (no peers routing here, another
+/// preset, no keys, a warm pick, the hold too long beside its predicted TTFT); else the hold
+/// and the new decision (`None`: no pod is left to rank).
 async fn stagger(
     proxy: &Proxy,
     runtime: &PoolRuntime,
@@ -120,12 +120,15 @@ pub async fn forward(
     let mut last_error = None;
     let mut yielded = Duration::ZERO;
     let mut staggered = Duration::ZERO;
+    // Staggered only while requests come in bursts: a steady stream's would wait for nothing.
+    let burst = runtime.bursts.arrived(attempt.start);
     for n in 0..=retries {
         let mut warmed_idle = false;
         let Some(mut decision) = rank(policy, ctx, &candidates, &pool.rotation) else {
             break;
         };
         if n == 0
+            && burst
             && let Some((held, again)) = stagger(
                 proxy,
                 runtime,

@@ -22,11 +22,17 @@
 //! Mooncake conversation trace (docs/benchmarks.md, "A production trace"): the four agents'
 //! slowest tenth had been predicted 226 ms short (the central agent's 19 ms long), 46 ms
 //! short with it; their p90 at 0.8x 570 -> 425 ms (the central agent's 442 in the run
-//! before, 428 in the run after). Its cost: agentic's tail at 1.0x on one seed of three.
+//! before, 428 in the run after).
+//!
+//! Only while arrivals come in bursts ([`Bursts`]): two requests reaching this agent's pool
+//! within [`SAME_INSTANT`] of each other mark one, and the agent staggers for
+//! [`BURST_MEMORY`] after. Held always, the hold cost every cold request of a steady
+//! (Poisson) stream its few milliseconds for nothing — no peer's request of the same instant
+//! to wait for — and agentic's tail at 1.0x on one seed of three.
 
 use std::{
     sync::atomic::{AtomicU32, AtomicU64, Ordering},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use serde::Serialize;
@@ -55,6 +61,51 @@ impl Slot {
     /// This agent's slot.
     pub fn get(&self) -> u32 {
         self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Two arrivals this close mark a burst (a replayed trace's instant reaches an agent within
+/// a fraction of a millisecond; a steady stream's arrivals rarely come this close).
+pub const SAME_INSTANT: Duration = Duration::from_millis(1);
+
+/// How long a burst keeps the agent staggering: past the gap between a trace's instants
+/// (Mooncake's conversation trace at 0.8x: 0.26 s), so that an instant of which this agent
+/// gets one request is staggered too.
+pub const BURST_MEMORY: Duration = Duration::from_secs(1);
+
+/// Whether a pool's requests arrive in bursts: each arrival noted, lock-free, by the data
+/// path's threads.
+#[derive(Debug)]
+pub struct Bursts {
+    origin: Instant,
+    /// The latest arrival, in microseconds after `origin` plus one (0: none yet).
+    last: AtomicU64,
+    /// Staggering until then (same clock).
+    until: AtomicU64,
+}
+
+impl Default for Bursts {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+            last: AtomicU64::new(0),
+            until: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Bursts {
+    /// Notes a request that arrived `at`; true while arrivals come in bursts (this one or
+    /// one in the last [`BURST_MEMORY`] came within [`SAME_INSTANT`] of the one before).
+    pub fn arrived(&self, at: Instant) -> bool {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let now = micros(at.saturating_duration_since(self.origin)).saturating_add(1);
+        let before = self.last.swap(now, Ordering::Relaxed);
+        if before != 0 && before.abs_diff(now) < micros(SAME_INSTANT) {
+            let until = now.saturating_add(micros(BURST_MEMORY));
+            self.until.fetch_max(until, Ordering::Relaxed);
+        }
+        now < self.until.load(Ordering::Relaxed)
     }
 }
 
@@ -119,6 +170,30 @@ pub fn position<'a>(me: &str, members: impl IntoIterator<Item = &'a str>) -> usi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn two_arrivals_within_a_millisecond_mark_a_burst_that_lasts_a_second() {
+        let b = Bursts::default();
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        // A steady stream: arrivals 2 ms or more apart never mark one.
+        for at in [0, 2, 10, 500, 1000] {
+            assert!(!b.arrived(ms(at)), "{at} ms");
+        }
+        // Two at one instant (0.5 ms apart): a burst, from the second on.
+        assert!(b.arrived(ms(1000) + Duration::from_micros(500)));
+        // Kept for a second after it, however the next arrivals come.
+        assert!(b.arrived(ms(1300)));
+        assert!(b.arrived(ms(1990)));
+        assert!(!b.arrived(ms(2001)));
+        // An arrival noted out of order (a slower thread) still pairs with the one before.
+        assert!(b.arrived(ms(2001) - Duration::from_micros(300)));
+        assert!(b.arrived(ms(2900)));
+        assert!(!b.arrived(ms(3100)));
+        // An instant before the tracker's origin counts as its origin.
+        let early = Bursts::default();
+        assert!(!early.arrived(t0 - Duration::from_secs(5)));
+    }
 
     #[test]
     fn slots_after_the_first_hold_two_milliseconds_each_where_small_beside_the_wait() {

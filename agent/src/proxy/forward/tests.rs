@@ -235,9 +235,14 @@ fn engine(requests: usize) -> String {
     authority
 }
 
-/// Sends the cold request through `forward` and returns its `x-warmpath-stagger-ms`.
-async fn stagger_header(proxy: &Proxy) -> Option<String> {
+/// Sends a cold request, prompt `n` (64 blocks of its own: no pod holds them, whatever went
+/// before), arrived `at`, through `forward` and returns its `x-warmpath-stagger-ms`.
+async fn stagger_header(proxy: &Proxy, n: u64, at: Instant) -> Option<String> {
     let runtime = &proxy.pools[0];
+    let ctx = RequestCtx {
+        keys: (1..=64).map(|k| RouterKey(n * 1000 + k)).collect(),
+        ..RequestCtx::default()
+    };
     let head = RequestHead::new(
         http::Method::POST,
         Bytes::from_static(b"/v1/completions"),
@@ -249,10 +254,13 @@ async fn stagger_header(proxy: &Proxy) -> Option<String> {
         proxy,
         runtime,
         &Action::base("p"),
-        &cold(),
+        &ctx,
         &head,
         Bytes::from_static(b"{}"),
-        &mut attempt(proxy, runtime),
+        &mut Attempt {
+            start: at,
+            ..attempt(proxy, runtime)
+        },
         false,
     )
     .await
@@ -267,14 +275,27 @@ async fn stagger_header(proxy: &Proxy) -> Option<String> {
 
 #[tokio::test]
 async fn a_held_answer_says_how_long_it_was_held() {
-    let authority = engine(2);
+    let authority = engine(4);
     let mut proxy = clustered(&[authority], 1);
     proxy.explain = true;
-    // Slot 1: held one step, and said so.
-    assert_eq!(stagger_header(&proxy).await.as_deref(), Some("2.0"));
+    let t0 = Instant::now();
+    // Arrivals seconds apart, a steady stream: not held, no header.
+    assert_eq!(stagger_header(&proxy, 1, t0).await, None);
+    assert_eq!(
+        stagger_header(&proxy, 2, t0 + Duration::from_secs(5)).await,
+        None
+    );
+    // Half a millisecond after the one before, at one instant: a burst. Slot 1 holds it one
+    // step, and says so.
+    let burst = t0 + Duration::from_secs(5) + Duration::from_micros(500);
+    assert_eq!(
+        stagger_header(&proxy, 3, burst).await.as_deref(),
+        Some("2.0")
+    );
     assert_eq!(proxy.pools[0].staggered.status().requests, 1);
     // The first slot: not held, no header.
     proxy.stagger.set_position(0);
-    assert_eq!(stagger_header(&proxy).await, None);
+    let later = burst + Duration::from_millis(100);
+    assert_eq!(stagger_header(&proxy, 4, later).await, None);
     assert_eq!(proxy.pools[0].staggered.status().requests, 1);
 }
