@@ -26,9 +26,9 @@
 //!
 //! Only while arrivals come in bursts ([`Bursts`]): two requests reaching this agent's pool
 //! within [`SAME_INSTANT`] of each other mark one, and the agent staggers for
-//! [`BURST_MEMORY`] after. Held always, the hold cost every cold request of a steady
-//! (Poisson) stream its few milliseconds for nothing — no peer's request of the same instant
-//! to wait for — and agentic's tail at 1.0x on one seed of three.
+//! [`BURST_MEMORY`] after. Held always, every cold request of a steady (Poisson) stream
+//! waited its few milliseconds for nothing: no peer's request of the same instant to wait
+//! for (docs/benchmarks.md, "Staggered only in bursts").
 
 use std::{
     sync::atomic::{AtomicU32, AtomicU64, Ordering},
