@@ -447,6 +447,11 @@ mod tests {
             SessionSource::default(),
         );
         proxy.stagger.set_position(2);
+        // Two requests at one instant: a burst, for the second after it (a minute ahead, so
+        // that a slow test machine still reads it within that second).
+        let at = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        proxy.pools[0].staggered.arrived(at);
+        proxy.pools[0].staggered.arrived(at);
         proxy.pools[0]
             .staggered
             .note(std::time::Duration::from_millis(4));
@@ -457,7 +462,7 @@ mod tests {
         assert_eq!(s["stagger_slot"], 2);
         assert_eq!(
             s["pools"][0]["stagger"],
-            serde_json::json!({"requests": 2, "seconds": 0.008})
+            serde_json::json!({"requests": 2, "seconds": 0.008, "bursting": true})
         );
         let text = metrics(&proxy);
         for line in [

@@ -121,7 +121,7 @@ pub async fn forward(
     let mut yielded = Duration::ZERO;
     let mut staggered = Duration::ZERO;
     // Staggered only while requests come in bursts: a steady stream's would wait for nothing.
-    let burst = runtime.bursts.arrived(attempt.start);
+    let burst = runtime.staggered.arrived(attempt.start);
     for n in 0..=retries {
         let mut warmed_idle = false;
         let Some(mut decision) = rank(policy, ctx, &candidates, &pool.rotation) else {

@@ -42,10 +42,9 @@ pub struct PoolRuntime {
     pub replication: parking_lot::Mutex<Replication>,
     /// Cold requests that yielded at a full pod ([`super::cold_yield`]).
     pub cold_yields: crate::routing::cold_yield::ColdYields,
-    /// Cold requests held for this agent's slot in the cluster ([`super::forward`]).
+    /// Cold requests held for this agent's slot in the cluster, while the pool's requests
+    /// come in bursts ([`super::forward`]).
     pub staggered: crate::routing::stagger::Holds,
-    /// Whether the pool's requests arrive in bursts (staggered only then).
-    pub bursts: crate::routing::stagger::Bursts,
     /// The second admission stage under the pool's own `clusterMaxConcurrent`
     /// ([`super::admission::Admission::for_pool`]); `None`: off.
     pub admission: Option<Arc<super::admission::Admission>>,
@@ -91,7 +90,6 @@ impl Proxy {
             replication: Default::default(),
             cold_yields: Default::default(),
             staggered: Default::default(),
-            bursts: Default::default(),
             admission: None,
         });
         self.pools.last_mut().expect("a pool was just pushed")

@@ -107,12 +107,20 @@ impl Bursts {
         }
         now < self.until.load(Ordering::Relaxed)
     }
+
+    /// Whether the agent staggers at `at` (a burst in the [`BURST_MEMORY`] before it).
+    pub fn active(&self, at: Instant) -> bool {
+        let since = at.saturating_duration_since(self.origin).as_micros();
+        u64::try_from(since).unwrap_or(u64::MAX).saturating_add(1)
+            < self.until.load(Ordering::Relaxed)
+    }
 }
 
-/// A pool's staggered requests: how many were held, and for how long in all (on `/status`
-/// and `/metrics`, beside the cold yields).
+/// A pool's stagger: whether its requests come in bursts, and the requests held, how many
+/// and for how long in all (on `/status` and `/metrics`, beside the cold yields).
 #[derive(Debug, Default)]
 pub struct Holds {
+    bursts: Bursts,
     requests: AtomicU64,
     micros: AtomicU64,
 }
@@ -124,9 +132,17 @@ pub struct HoldStatus {
     pub requests: u64,
     /// Seconds held, all requests together.
     pub seconds: f64,
+    /// Whether the pool's requests come in bursts now (the agent staggers only then).
+    pub bursting: bool,
 }
 
 impl Holds {
+    /// Notes a request that arrived `at`; true while the pool's requests come in bursts
+    /// ([`Bursts::arrived`]).
+    pub fn arrived(&self, at: Instant) -> bool {
+        self.bursts.arrived(at)
+    }
+
     /// One request held for `held`.
     pub fn note(&self, held: Duration) {
         self.requests.fetch_add(1, Ordering::Relaxed);
@@ -141,6 +157,7 @@ impl Holds {
         HoldStatus {
             requests: self.requests.load(Ordering::Relaxed),
             seconds: self.micros.load(Ordering::Relaxed) as f64 / 1e6,
+            bursting: self.bursts.active(Instant::now()),
         }
     }
 }
@@ -183,6 +200,8 @@ mod tests {
         // Two at one instant (0.5 ms apart): a burst, from the second on.
         assert!(b.arrived(ms(1000) + Duration::from_micros(500)));
         // Kept for a second after it, however the next arrivals come.
+        assert!(b.active(ms(1999)));
+        assert!(!b.active(ms(2001)));
         assert!(b.arrived(ms(1300)));
         assert!(b.arrived(ms(1990)));
         assert!(!b.arrived(ms(2001)));
@@ -227,9 +246,15 @@ mod tests {
             holds.status(),
             HoldStatus {
                 requests: 2,
-                seconds: 0.008
+                seconds: 0.008,
+                bursting: false
             }
         );
+        // Two arrivals at one instant (a minute ahead: read well within the second after).
+        let at = Instant::now() + Duration::from_secs(60);
+        assert!(!holds.arrived(at));
+        assert!(holds.arrived(at));
+        assert!(holds.status().bursting);
     }
 
     #[test]

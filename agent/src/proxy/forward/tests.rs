@@ -177,7 +177,8 @@ async fn a_held_cold_request_is_ranked_again_with_what_a_peer_placed_meanwhile()
         runtime.staggered.status(),
         HoldStatus {
             requests: 1,
-            seconds: 0.002
+            seconds: 0.002,
+            bursting: false
         }
     );
     // The first slot never holds; nor does a warm pick, nor an agent whose pools hear no peer.
