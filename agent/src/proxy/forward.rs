@@ -121,7 +121,9 @@ pub async fn forward(
     let mut yielded = Duration::ZERO;
     let mut staggered = Duration::ZERO;
     // Staggered only while requests come in bursts: a steady stream's would wait for nothing.
-    let burst = runtime.staggered.arrived(attempt.start);
+    // Noted only where peers route here: a lone agent never holds, and its data path skips
+    // the pool-wide atomic.
+    let burst = policy.peers_route && runtime.staggered.arrived(attempt.start);
     for n in 0..=retries {
         let mut warmed_idle = false;
         let Some(mut decision) = rank(policy, ctx, &candidates, &pool.rotation) else {

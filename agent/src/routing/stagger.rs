@@ -102,8 +102,7 @@ impl Bursts {
     /// Notes a request that arrived `at`; true while arrivals come in bursts (this one or
     /// one in the last [`BURST_MEMORY`] came within [`SAME_INSTANT`] of the one before).
     pub fn arrived(&self, at: Instant) -> bool {
-        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        let now = micros(at.saturating_duration_since(self.origin)).saturating_add(1);
+        let now = self.tick(at);
         let before = self.last.swap(now, Ordering::Relaxed);
         if before != 0 && before.abs_diff(now) < micros(SAME_INSTANT) {
             let until = now.saturating_add(micros(BURST_MEMORY));
@@ -114,10 +113,18 @@ impl Bursts {
 
     /// Whether the agent staggers at `at` (a burst in the [`BURST_MEMORY`] before it).
     pub fn active(&self, at: Instant) -> bool {
-        let since = at.saturating_duration_since(self.origin).as_micros();
-        u64::try_from(since).unwrap_or(u64::MAX).saturating_add(1)
-            < self.until.load(Ordering::Relaxed)
+        self.tick(at) < self.until.load(Ordering::Relaxed)
     }
+
+    /// `at` on the tracker's clock: microseconds after its origin, plus one (0: none).
+    fn tick(&self, at: Instant) -> u64 {
+        micros(at.saturating_duration_since(self.origin)).saturating_add(1)
+    }
+}
+
+/// A duration in whole microseconds, saturating.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// A pool's stagger: whether its requests come in bursts, and the requests held, how many
@@ -136,7 +143,8 @@ pub struct HoldStatus {
     pub requests: u64,
     /// Seconds held, all requests together.
     pub seconds: f64,
-    /// Whether the pool's requests come in bursts now (the agent staggers only then).
+    /// Whether the pool's requests come in bursts now (the agent staggers only then; noted
+    /// only where peer agents route to the pool, so a lone agent's is always false).
     pub bursting: bool,
 }
 
@@ -150,10 +158,7 @@ impl Holds {
     /// One request held for `held`.
     pub fn note(&self, held: Duration) {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        self.micros.fetch_add(
-            u64::try_from(held.as_micros()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+        self.micros.fetch_add(micros(held), Ordering::Relaxed);
     }
 
     /// The requests held so far, and for how long in all.
