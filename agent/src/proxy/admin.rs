@@ -447,11 +447,14 @@ mod tests {
             SessionSource::default(),
         );
         proxy.stagger.set_position(2);
-        // Two requests at one instant: a burst, for the second after it (a minute ahead, so
-        // that a slow test machine still reads it within that second).
+        // Three instants of two requests each, 260 ms apart: bursts, for the second after
+        // the last (a minute ahead, so that a slow test machine still reads it within it).
         let at = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        proxy.pools[0].staggered.arrived(at);
-        proxy.pools[0].staggered.arrived(at);
+        for k in 0..3u32 {
+            let instant = at + std::time::Duration::from_millis(260) * k;
+            proxy.pools[0].staggered.arrived(instant);
+            proxy.pools[0].staggered.arrived(instant);
+        }
         proxy.pools[0]
             .staggered
             .note(std::time::Duration::from_millis(4));

@@ -24,11 +24,14 @@
 //! short with it; their p90 at 0.8x 570 -> 425 ms (the central agent's 442 in the run
 //! before, 428 in the run after; 440 with the gate below).
 //!
-//! Only while arrivals come in bursts ([`Bursts`]): two requests reaching this agent's pool
-//! within [`SAME_INSTANT`] of each other mark one, and the agent staggers for
-//! [`BURST_MEMORY`] after. Held always, every cold request of a steady (Poisson) stream
-//! waited its few milliseconds for nothing: no peer's request of the same instant to wait
-//! for (docs/benchmarks.md, "Staggered only in bursts").
+//! Only while arrivals come in bursts ([`Bursts`]): more of the requests reaching this
+//! agent's pool come within [`SAME_INSTANT`] of the one before than a steady (Poisson)
+//! stream of the same rate would bring, and the agent staggers for [`BURST_MEMORY`] after.
+//! Held always, every cold request of a steady stream waited its few milliseconds for
+//! nothing: no peer's request of the same instant to wait for (docs/benchmarks.md,
+//! "Staggered only in bursts"); gated by close pairs alone, a steady stream of tens of
+//! requests a second was taken for bursts much of the time ("Bursts judged against the
+//! rate").
 
 use std::{
     sync::atomic::{AtomicU32, AtomicU64, Ordering},
@@ -64,12 +67,8 @@ impl Slot {
     }
 }
 
-/// Two arrivals this close mark a burst (a replayed trace's instant reaches an agent within
-/// a fraction of a millisecond). A steady (Poisson) stream of r requests a second at one
-/// agent's pool has such pairs about r^2 / 1000 times a second, each worth a second of
-/// staggering: about a tenth of the time at 10 a second, over half at 30, nearly always from
-/// 100 — where the agent staggers as it did before this gate (the matrix's runs, 3-6 a second
-/// an agent: 0-5 such pairs in 126 requests).
+/// Two arrivals this close are a close pair (a replayed trace's instant reaches an agent
+/// within a fraction of a millisecond).
 pub const SAME_INSTANT: Duration = Duration::from_millis(1);
 
 /// How long a burst keeps the agent staggering: past the gap between a trace's instants
@@ -77,13 +76,33 @@ pub const SAME_INSTANT: Duration = Duration::from_millis(1);
 /// gets one request is staggered too.
 pub const BURST_MEMORY: Duration = Duration::from_secs(1);
 
+/// Arrivals the close-pair share and the mean gap remember (weight 1/N each).
+pub const BURST_WINDOW: f64 = 32.0;
+
+/// Arrivals come in bursts where the share of close pairs is above this many times what a
+/// Poisson stream of the measured rate gives (`1 - e^(-SAME_INSTANT / mean gap)`)...
+pub const BURST_FACTOR: f64 = 3.0;
+
+/// ...and above this share (about three close pairs in the last [`BURST_WINDOW`] arrivals).
+/// Of 4,000 arrivals of a Poisson stream at one agent (the unit test's), none staggered at
+/// 10, 100 or 300 requests a second and 45 (1 %) at 50, where a gate of close pairs alone
+/// staggered about 90 % of them at 50 and nearly all from 100; a trace's instants (several
+/// requests an agent in the same millisecond) from their third instant. From a mean gap
+/// under 2.5 ms (about 400 requests a second at one agent) a Poisson stream's close pairs
+/// are over a third of its arrivals and nothing is taken for bursts.
+pub const MIN_BURST_SHARE: f64 = 0.1;
+
 /// Whether a pool's requests arrive in bursts: each arrival noted, lock-free, by the data
-/// path's threads.
+/// path's threads (racing notes may lose one another's update of the means: a heuristic).
 #[derive(Debug)]
 pub struct Bursts {
     origin: Instant,
     /// The latest arrival, in microseconds after `origin` plus one (0: none yet).
     last: AtomicU64,
+    /// Decayed means over the arrivals, as f64 bits: the gap to the one before, in
+    /// microseconds (0: none yet), and the share of gaps under [`SAME_INSTANT`].
+    gap: AtomicU64,
+    close: AtomicU64,
     /// Staggering until then (same clock).
     until: AtomicU64,
 }
@@ -93,20 +112,28 @@ impl Default for Bursts {
         Self {
             origin: Instant::now(),
             last: AtomicU64::new(0),
+            gap: AtomicU64::new(0),
+            close: AtomicU64::new(0),
             until: AtomicU64::new(0),
         }
     }
 }
 
 impl Bursts {
-    /// Notes a request that arrived `at`; true while arrivals come in bursts (this one or
-    /// one in the last [`BURST_MEMORY`] came within [`SAME_INSTANT`] of the one before).
+    /// Notes a request that arrived `at`; true while arrivals come in bursts (at this one or
+    /// one in the last [`BURST_MEMORY`], more close pairs than the rate explains:
+    /// [`Bursts::bursting`]).
     pub fn arrived(&self, at: Instant) -> bool {
         let now = self.tick(at);
         let before = self.last.swap(now, Ordering::Relaxed);
-        if before != 0 && before.abs_diff(now) < micros(SAME_INSTANT) {
-            let until = now.saturating_add(micros(BURST_MEMORY));
-            self.until.fetch_max(until, Ordering::Relaxed);
+        if before != 0 {
+            let gap = before.abs_diff(now);
+            let close = f64::from(u8::from(gap < micros(SAME_INSTANT)));
+            let mean_gap = fold(&self.gap, gap as f64);
+            if bursting(fold(&self.close, close), mean_gap) {
+                let until = now.saturating_add(micros(BURST_MEMORY));
+                self.until.fetch_max(until, Ordering::Relaxed);
+            }
         }
         now < self.until.load(Ordering::Relaxed)
     }
@@ -120,6 +147,33 @@ impl Bursts {
     fn tick(&self, at: Instant) -> u64 {
         micros(at.saturating_duration_since(self.origin)).saturating_add(1)
     }
+}
+
+/// Whether a share `close` of arrivals within [`SAME_INSTANT`] of the one before, at a mean
+/// gap of `mean_gap_us` microseconds, is more than a Poisson stream of that rate brings
+/// ([`BURST_FACTOR`], [`MIN_BURST_SHARE`]).
+pub fn bursting(close: f64, mean_gap_us: f64) -> bool {
+    let poisson = if mean_gap_us > 0.0 {
+        1.0 - (-(micros(SAME_INSTANT) as f64) / mean_gap_us).exp()
+    } else {
+        1.0
+    };
+    close > MIN_BURST_SHARE && close > BURST_FACTOR * poisson
+}
+
+/// Folds `x` into the decayed mean stored as f64 bits in `bits` (0 bits: the first value);
+/// returns the new mean.
+fn fold(bits: &AtomicU64, x: f64) -> f64 {
+    let new = match bits.load(Ordering::Relaxed) {
+        0 => x,
+        b => {
+            let old = f64::from_bits(b);
+            old + (x - old) / BURST_WINDOW
+        }
+    };
+    // 0.0's bits are 0 ("none yet"): the smallest positive value stands in.
+    bits.store(new.max(f64::MIN_POSITIVE).to_bits(), Ordering::Relaxed);
+    new
 }
 
 /// A duration in whole microseconds, saturating.
@@ -197,27 +251,76 @@ pub fn position<'a>(me: &str, members: impl IntoIterator<Item = &'a str>) -> usi
 mod tests {
     use super::*;
 
+    /// Arrivals at `rate` a second after `t0`, their gaps exponential (a Poisson stream),
+    /// from a fixed seed.
+    fn poisson(t0: Instant, rate: f64, n: usize) -> Vec<Instant> {
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut t = 0.0;
+        (0..n)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let u = ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                t += -u.ln() / rate;
+                t0 + Duration::from_secs_f64(t)
+            })
+            .collect()
+    }
+
     #[test]
-    fn two_arrivals_within_a_millisecond_mark_a_burst_that_lasts_a_second() {
+    fn a_steady_stream_is_not_taken_for_bursts_at_any_rate() {
+        let t0 = Instant::now();
+        for rate in [10.0, 50.0, 100.0, 300.0] {
+            let b = Bursts::default();
+            let arrivals = poisson(t0, rate, 4000);
+            // Close pairs come (at 100 a second about one arrival in ten): a gate of close
+            // pairs alone staggered nearly always.
+            let close = arrivals
+                .windows(2)
+                .filter(|w| w[1] - w[0] < SAME_INSTANT)
+                .count();
+            assert!(rate < 50.0 || close > 40, "{rate}/s: {close} close pairs");
+            let staggered = arrivals.iter().filter(|at| b.arrived(**at)).count();
+            assert!(
+                staggered <= 4000 / 20,
+                "{rate}/s: {staggered} of 4000 staggered"
+            );
+        }
+    }
+
+    #[test]
+    fn a_traces_instants_mark_a_burst_that_lasts_a_second_after_the_last() {
         let b = Bursts::default();
         let t0 = Instant::now();
-        let ms = |n: u64| t0 + Duration::from_millis(n);
-        // A steady stream: arrivals 2 ms or more apart never mark one.
-        for at in [0, 2, 10, 500, 1000] {
-            assert!(!b.arrived(ms(at)), "{at} ms");
+        let us = |n: u64| Duration::from_micros(n);
+        // Instants 260 ms apart, three requests each within 0.2 ms (one agent's share of
+        // Mooncake's conversation trace): from the third instant on, every arrival staggers.
+        let mut last = t0;
+        for k in 0..20u64 {
+            for j in 0..3 {
+                last = t0 + us(k * 260_000 + j * 100);
+                let staggers = b.arrived(last);
+                assert!(k < 2 || staggers, "instant {k}, arrival {j}");
+            }
         }
-        // Two at one instant (0.5 ms apart): a burst, from the second on.
-        assert!(b.arrived(ms(1000) + Duration::from_micros(500)));
-        // Kept for a second after it, however the next arrivals come.
-        assert!(b.active(ms(1999)));
-        assert!(!b.active(ms(2001)));
-        assert!(b.arrived(ms(1300)));
-        assert!(b.arrived(ms(1990)));
-        assert!(!b.arrived(ms(2001)));
-        // An arrival noted out of order (a slower thread) still pairs with the one before.
-        assert!(b.arrived(ms(2001) - Duration::from_micros(300)));
-        assert!(b.arrived(ms(2900)));
-        assert!(!b.arrived(ms(3100)));
+        // Kept for a second after the last arrival.
+        assert!(b.active(last + Duration::from_millis(999)));
+        assert!(!b.active(last + Duration::from_millis(1001)));
+    }
+
+    #[test]
+    fn bursts_are_close_pairs_beyond_what_the_rate_explains() {
+        // One arrival in two close, 100 ms apart on average: a Poisson stream would have
+        // about 1 % close pairs.
+        assert!(bursting(0.5, 100_000.0));
+        // Too few close pairs to tell, however slow the stream.
+        assert!(!bursting(0.09, 100_000.0));
+        // A gap of 1 ms on average: 63 % of a Poisson stream's gaps are under a millisecond.
+        assert!(!bursting(0.9, 1_000.0));
+        assert!(bursting(0.5, 20_000.0), "5 % expected, 10x that");
+        assert!(!bursting(0.12, 20_000.0), "under 3x the 4.9 % expected");
+        assert!(!bursting(1.0, 0.0), "no gap measured");
     }
 
     #[test]
@@ -256,10 +359,14 @@ mod tests {
                 bursting: false
             }
         );
-        // Two arrivals at one instant (a minute ahead: read well within the second after).
+        // Instants of two arrivals, 260 ms apart (a minute ahead: read well within the
+        // second after the last).
         let at = Instant::now() + Duration::from_secs(60);
-        assert!(!holds.arrived(at));
-        assert!(holds.arrived(at));
+        let bursting = (0..4u32)
+            .flat_map(|k| [k, k].map(|k| at + Duration::from_millis(260) * k))
+            .map(|t| holds.arrived(t))
+            .collect::<Vec<_>>();
+        assert_eq!(bursting, [false, false, true, true, true, true, true, true]);
         assert!(holds.status().bursting);
     }
 

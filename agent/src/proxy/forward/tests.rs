@@ -286,9 +286,16 @@ async fn a_held_answer_says_how_long_it_was_held() {
         stagger_header(&proxy, 2, t0 + Duration::from_secs(5)).await,
         None
     );
-    // Half a millisecond after the one before, at one instant: a burst. Slot 1 holds it one
-    // step, and says so.
-    let burst = t0 + Duration::from_secs(5) + Duration::from_micros(500);
+    // Instants of two requests 260 ms apart (noted as the data path notes arrivals), then
+    // one half a millisecond after the last: bursts. Slot 1 holds it one step, and says so.
+    let instants = t0 + Duration::from_secs(6);
+    for k in 0..3u32 {
+        let instant = instants + Duration::from_millis(260) * k;
+        for _ in 0..2 {
+            proxy.pools[0].staggered.arrived(instant);
+        }
+    }
+    let burst = instants + Duration::from_millis(520) + Duration::from_micros(500);
     assert_eq!(
         stagger_header(&proxy, 3, burst).await.as_deref(),
         Some("2.0")
