@@ -165,12 +165,10 @@ impl Bursts {
 /// gap of `mean_gap_us` microseconds, is more than a Poisson stream of that rate brings
 /// ([`BURST_FACTOR`], [`MIN_BURST_SHARE`]).
 pub fn bursting(close: f64, mean_gap_us: f64) -> bool {
-    let poisson = if mean_gap_us > 0.0 {
-        1.0 - (-(micros(SAME_INSTANT) as f64) / mean_gap_us).exp()
-    } else {
-        1.0
-    };
-    close > MIN_BURST_SHARE && close > BURST_FACTOR * poisson
+    // Most arrivals of a steady stream stop at the floor, before the exponential.
+    close > MIN_BURST_SHARE
+        && mean_gap_us > 0.0
+        && close > -BURST_FACTOR * (-(micros(SAME_INSTANT) as f64) / mean_gap_us).exp_m1()
 }
 
 /// Folds `x`, the `n`-th value, into the mean stored as f64 bits in `bits` (weight 1/n, at
@@ -320,6 +318,8 @@ mod tests {
             "one instant is no stream to judge"
         );
         assert!(staggered[3..].iter().all(|s| *s), "{staggered:?}");
+        // An instant before the tracker's origin counts as its origin.
+        assert!(!Bursts::default().arrived(t0 - Duration::from_secs(5)));
         // Kept for a second after the last arrival.
         assert!(b.active(last + Duration::from_millis(999)));
         assert!(!b.active(last + Duration::from_millis(1001)));
