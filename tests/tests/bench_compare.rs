@@ -540,7 +540,29 @@ fn matrix_repeats_pool_each_rows_runs() {
             .map(|n| n.as_u64().unwrap())
             .sum();
         assert_eq!(agents, 8, "{r}");
+        // The tail's classes: every answer of both runs in one, the slowest tenth at least
+        // one; every row here sent receipts, so none is a miss without one.
+        let class = |c: &str, k: &str| {
+            r["tail"][c][k]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{c}: {r}"))
+        };
+        let classes = ["hit", "lost_waiting", "not_taken", "held_nowhere", "miss"];
+        assert_eq!(
+            classes.iter().map(|c| class(c, "all")).sum::<u64>(),
+            8,
+            "{r}"
+        );
+        assert!(
+            classes.iter().map(|c| class(c, "slowest")).sum::<u64>() >= 1,
+            "{r}"
+        );
+        assert_eq!(class("miss", "all"), 0, "{r}");
     }
+    assert!(
+        stdout.contains("| workload | load | row | slowest | hit | lost waiting | not taken | held nowhere | miss (no receipt) |"),
+        "{stdout}"
+    );
     // requests.jsonl: each row's four answers of each run, under that run's seed, with the
     // cached tokens the engine reported; the table's answered count is these lines'.
     let lines: Vec<serde_json::Value> = read(&out.join("requests.jsonl"))

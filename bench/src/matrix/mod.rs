@@ -16,6 +16,7 @@ pub mod interval;
 pub mod ladder;
 mod requests;
 mod table;
+pub mod tail;
 pub mod verdict;
 pub mod workloads;
 
@@ -122,6 +123,10 @@ pub struct CellRow {
     /// for a row that did not run).
     #[serde(skip)]
     pub answers: Vec<interval::RunAnswers>,
+    /// Where its slowest answers came from, by their receipts ([`tail`]; none for a row that
+    /// did not run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tail: Option<tail::Anatomy>,
 }
 
 /// One run's figures of a row (seconds, tokens/s, failed requests).
@@ -417,6 +422,11 @@ fn pool_runs(runs: Vec<CellRow>) -> CellRow {
         .filter_map(|r| r.result.as_ref())
         .map(|r| interval::answers(&r.raw.samples, r.raw.scale))
         .collect();
+    let tail = tail::Anatomy::of(
+        runs.iter()
+            .filter_map(|r| r.result.as_ref())
+            .map(|r| (r.raw.samples.as_slice(), r.raw.scale)),
+    );
     let mut result = compare::pool(runs.into_iter().filter_map(|r| r.result).collect());
     // The answers are pooled: the cell keeps its figures only.
     if let Some(r) = result.as_mut() {
@@ -428,6 +438,7 @@ fn pool_runs(runs: Vec<CellRow>) -> CellRow {
         result,
         runs: figures,
         answers,
+        tail: Some(tail),
     }
 }
 
@@ -450,6 +461,7 @@ async fn run_slot(
                 result: None,
                 runs: Vec::new(),
                 answers: Vec::new(),
+                tail: None,
             });
         }
         Slot::Run(t) => t,
@@ -484,6 +496,7 @@ async fn run_slot(
                 result: Some(row),
                 runs: Vec::new(),
                 answers: Vec::new(),
+                tail: None,
             })
         }
         Err(e) if matches!(target, Target::Peer(_)) => {
@@ -494,6 +507,7 @@ async fn run_slot(
                 result: None,
                 runs: Vec::new(),
                 answers: Vec::new(),
+                tail: None,
             })
         }
         Err(e) => Err(e),

@@ -130,7 +130,8 @@ pub fn render(args: &MatrixArgs, cells: &[Cell], verdicts: &[Vec<verdict::Verdic
         s,
         "\n(modelled time: wall-clock / time-scale; receipts as % of the answered requests' prompt tokens; \"-\": the row sent no such header; {FLOOR_ROW}: the TTFT no router can beat on the cell's plans, each request's tokens new to the fleet prefilled alone in one step)"
     );
-    let _ = writeln!(s, "\nTargets (issue #19):\n");
+    let _ = writeln!(s, "\n{}", super::tail::render(cells));
+    let _ = writeln!(s, "Targets (issue #19):\n");
     let (mut pass, mut miss, mut out_of_reach, mut noise) = (0, 0, 0, 0);
     for (c, judged) in cells.iter().zip(verdicts) {
         for v in judged {

@@ -28,6 +28,7 @@ fn row(name: &str, p50: f64, p90: f64, p99: f64, tps: f64) -> CellRow {
         }),
         runs: Vec::new(),
         answers: Vec::new(),
+        tail: None,
     }
 }
 
@@ -89,6 +90,7 @@ fn precise_is_judged_against_the_best_peer_per_figure() {
                 result: None,
                 runs: Vec::new(),
                 answers: Vec::new(),
+                tail: None,
             },
         ],
     );

@@ -1,0 +1,303 @@
+//! Where a row's slowest answers came from, by their route receipts: each answer at or above
+//! the row's p90 TTFT (its runs pooled) is put in one class, and the same classes are counted
+//! over every answer of the row, so a report says why a tail is long without reading
+//! `requests.jsonl` one request at a time.
+//!
+//! | class | receipt (share of the prompt) |
+//! |---|---|
+//! | hit | delivered from cache at least half |
+//! | lost waiting | the chosen pod held at least half at decision (captured), under half delivered: evicted while the request waited there |
+//! | not taken | some ready pod held at least half (available), the chosen one held less |
+//! | held nowhere | no ready pod held half: new to the fleet, or evicted before the request came |
+//! | miss | under half delivered, no receipt headers (a peer router: which of the three above is unknown) |
+//!
+//! Half is where a session's later turn counts as lost (docs/benchmarks.md reads chat and
+//! agentic tails this way); a captured-but-not-delivered share at low load is how a stale
+//! index or a mismatched tokenizer shows (docs/routing.md, "Route receipts").
+
+use serde::Serialize;
+
+use super::interval;
+use crate::run::report::Sample;
+
+/// Per class: answers in the slowest tenth, and answers in all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Count {
+    pub slowest: usize,
+    pub all: usize,
+}
+
+/// A row's answers by class ([`classify`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Anatomy {
+    pub hit: Count,
+    pub lost_waiting: Count,
+    pub not_taken: Count,
+    pub held_nowhere: Count,
+    pub miss: Count,
+}
+
+/// One answer's class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    Hit,
+    LostWaiting,
+    NotTaken,
+    HeldNowhere,
+    Miss,
+}
+
+/// The class of one answer by its receipt (see the module's table).
+pub fn classify(s: &Sample) -> Class {
+    // "At least half": 2 x part >= whole, in integers.
+    let half = |part: u64| part.saturating_mul(2) >= s.prompt_tokens;
+    if half(s.cached_tokens) {
+        return Class::Hit;
+    }
+    match (s.captured_tokens, s.available_tokens) {
+        (Some(captured), _) if half(captured) => Class::LostWaiting,
+        (_, Some(available)) if half(available) => Class::NotTaken,
+        (None, None) => Class::Miss,
+        _ => Class::HeldNowhere,
+    }
+}
+
+impl Anatomy {
+    /// Of one row's answers (`runs`: each run's samples and its wall seconds per modelled
+    /// second): the slowest are those at or above the pooled p90 TTFT by the table's rank
+    /// rule ([`interval::quantile`]), in modelled time. Failed requests are not answers.
+    pub fn of<'a>(runs: impl IntoIterator<Item = (&'a [Sample], f64)>) -> Self {
+        let answers: Vec<(f64, Class)> = runs
+            .into_iter()
+            .flat_map(|(samples, scale)| {
+                samples
+                    .iter()
+                    .filter(|s| s.ok)
+                    .map(move |s| (s.ttft / scale, classify(s)))
+            })
+            .collect();
+        let mut ttfts: Vec<f64> = answers.iter().map(|(t, _)| *t).collect();
+        let Some(p90) = interval::quantile(&mut ttfts, 0.9) else {
+            return Self::default();
+        };
+        let mut out = Self::default();
+        for (ttft, class) in answers {
+            let count = out.count_mut(class);
+            count.all += 1;
+            count.slowest += usize::from(ttft >= p90);
+        }
+        out
+    }
+
+    fn count_mut(&mut self, class: Class) -> &mut Count {
+        match class {
+            Class::Hit => &mut self.hit,
+            Class::LostWaiting => &mut self.lost_waiting,
+            Class::NotTaken => &mut self.not_taken,
+            Class::HeldNowhere => &mut self.held_nowhere,
+            Class::Miss => &mut self.miss,
+        }
+    }
+
+    /// Answers in the slowest tenth.
+    pub fn slowest(&self) -> usize {
+        self.counts().iter().map(|c| c.slowest).sum()
+    }
+
+    /// Every class's count, in the report's column order.
+    pub fn counts(&self) -> [Count; 5] {
+        [
+            self.hit,
+            self.lost_waiting,
+            self.not_taken,
+            self.held_nowhere,
+            self.miss,
+        ]
+    }
+}
+
+/// The report's columns after workload, load and row, in [`Anatomy::counts`] order.
+pub const COLUMNS: [&str; 5] = [
+    "hit",
+    "lost waiting",
+    "not taken",
+    "held nowhere",
+    "miss (no receipt)",
+];
+
+/// The report's section: one line per row that ran, each class as `slowest / all`.
+pub fn render(cells: &[super::Cell]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::from(
+        "Slowest tenth by route receipt (the answers at or above each row's p90 TTFT, its runs pooled; each entry: in the slowest tenth / of all answers; shares of the prompt: hit = at least half delivered from cache; lost waiting = the chosen pod held at least half at decision, under half was delivered; not taken = another ready pod held half, the chosen one less; held nowhere = no ready pod held half; miss = under half delivered, no receipt: a peer router):\n\n",
+    );
+    let _ = writeln!(
+        s,
+        "| workload | load | row | slowest | {} |\n|---|---|---|---|{}",
+        COLUMNS.join(" | "),
+        "---|".repeat(COLUMNS.len())
+    );
+    for c in cells {
+        for r in &c.rows {
+            let Some(t) = &r.tail else {
+                continue;
+            };
+            let _ = write!(
+                s,
+                "| {} | {}x | {} | {} |",
+                c.workload,
+                c.load,
+                r.name,
+                t.slowest()
+            );
+            for count in t.counts() {
+                let _ = write!(s, " {} / {} |", count.slowest, count.all);
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ttft: f64, prompt: u64, cached: u64, receipt: Option<(u64, u64)>) -> Sample {
+        Sample {
+            tenant: String::new(),
+            step: 0,
+            ok: true,
+            start: 0.0,
+            ttft,
+            e2e: ttft,
+            itl: Vec::new(),
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            output_tokens: 1,
+            available_tokens: receipt.map(|(a, _)| a),
+            captured_tokens: receipt.map(|(_, c)| c),
+            predicted_ttft_ms: None,
+            pod: None,
+            session: None,
+        }
+    }
+
+    #[test]
+    fn each_receipt_falls_in_its_class_at_exactly_half() {
+        // 1,000-token prompts; receipts (available, captured).
+        assert_eq!(classify(&sample(0.1, 1000, 500, None)), Class::Hit);
+        assert_eq!(
+            classify(&sample(0.1, 1000, 499, Some((1000, 500)))),
+            Class::LostWaiting
+        );
+        assert_eq!(
+            classify(&sample(0.1, 1000, 0, Some((500, 499)))),
+            Class::NotTaken
+        );
+        assert_eq!(
+            classify(&sample(0.1, 1000, 0, Some((499, 499)))),
+            Class::HeldNowhere
+        );
+        assert_eq!(classify(&sample(0.1, 1000, 499, None)), Class::Miss);
+        // A receipt with one header only still says what it can.
+        let mut s = sample(0.1, 1000, 0, None);
+        s.available_tokens = Some(800);
+        assert_eq!(classify(&s), Class::NotTaken);
+        s.available_tokens = None;
+        s.captured_tokens = Some(100);
+        assert_eq!(classify(&s), Class::HeldNowhere);
+    }
+
+    #[test]
+    fn the_slowest_tenth_of_two_runs_pooled_in_modelled_time() {
+        // Run A (scale 1): 10 answers at 10..100 ms; the two slowest were lost waiting and
+        // held nowhere, the rest hits. Run B (scale 2: wall = 2 x modelled): 10 answers at
+        // 20..200 ms wall = 10..100 ms modelled, its slowest a peer-style miss.
+        let mut a: Vec<Sample> = (1..=8)
+            .map(|i| sample(f64::from(i) * 0.01, 100, 90, Some((100, 100))))
+            .collect();
+        a.push(sample(0.09, 100, 0, Some((100, 100))));
+        a.push(sample(0.10, 100, 0, Some((10, 0))));
+        // (Each of B's wall times is exactly twice one of A's: the pooled values tie.)
+        let mut b: Vec<Sample> = (1..=8)
+            .map(|i| sample(2.0 * (f64::from(i) * 0.01), 100, 90, None))
+            .collect();
+        b.push(sample(2.0 * 0.09, 100, 90, None));
+        b.push(sample(2.0 * 0.10, 100, 0, None));
+        // A failed request is not an answer.
+        let mut failed = sample(10.0, 100, 0, None);
+        failed.ok = false;
+        b.push(failed);
+        let t = Anatomy::of([(a.as_slice(), 1.0), (b.as_slice(), 2.0)]);
+        // 20 answers; p90 by rank ceil(0.9 x 20) = 18: 90 ms; at or above it: both runs'
+        // 90 and 100 ms answers (4).
+        assert_eq!(t.slowest(), 4);
+        assert_eq!(
+            t.hit,
+            Count {
+                slowest: 1,
+                all: 17
+            }
+        );
+        assert_eq!(t.lost_waiting, Count { slowest: 1, all: 1 });
+        assert_eq!(t.held_nowhere, Count { slowest: 1, all: 1 });
+        assert_eq!(t.miss, Count { slowest: 1, all: 1 });
+        assert_eq!(t.not_taken, Count::default());
+    }
+
+    #[test]
+    fn the_report_has_a_line_per_row_that_ran() {
+        let row = |name: &str, tail| super::super::CellRow {
+            name: name.into(),
+            status: "ok".into(),
+            result: None,
+            runs: Vec::new(),
+            answers: Vec::new(),
+            tail,
+        };
+        let t = Anatomy {
+            hit: Count {
+                slowest: 1,
+                all: 17,
+            },
+            lost_waiting: Count { slowest: 2, all: 3 },
+            ..Anatomy::default()
+        };
+        let cell = super::super::Cell {
+            workload: "chat".into(),
+            shares: true,
+            load: 0.8,
+            rate: 10.0,
+            requests: 20,
+            working_set_tokens: 100,
+            blocks_per_engine: 8,
+            floor: crate::matrix::floor::Floor {
+                ttft_p50: 0.0,
+                ttft_p90: 0.0,
+                ttft_p99: 0.0,
+            },
+            rows: vec![row("Precise", Some(t)), row("sglang-router", None)],
+        };
+        let report = render(std::slice::from_ref(&cell));
+        let lines: Vec<&str> = report.lines().filter(|l| l.starts_with("| chat")).collect();
+        assert_eq!(
+            lines,
+            ["| chat | 0.8x | Precise | 3 | 1 / 17 | 2 / 3 | 0 / 0 | 0 / 0 | 0 / 0 |"]
+        );
+        assert!(report.contains(
+            "| workload | load | row | slowest | hit | lost waiting | not taken | held nowhere | miss (no receipt) |"
+        ));
+    }
+
+    #[test]
+    fn no_answers_no_tail() {
+        assert_eq!(Anatomy::of([]), Anatomy::default());
+        let mut failed = sample(1.0, 100, 0, None);
+        failed.ok = false;
+        assert_eq!(
+            Anatomy::of([(std::slice::from_ref(&failed), 1.0)]),
+            Anatomy::default()
+        );
+    }
+}
