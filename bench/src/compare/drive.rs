@@ -287,6 +287,7 @@ mod tests {
             captured_tokens: receipt.map(|r| r.1),
             predicted_ttft_ms: predicted_ms,
             pod: None,
+            held_ms: None,
             session: None,
         }
     }

@@ -259,6 +259,7 @@ mod tests {
             captured_tokens: None,
             predicted_ttft_ms: None,
             pod: None,
+            held_ms: None,
             session,
         };
         let a = answers(

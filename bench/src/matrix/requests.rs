@@ -1,9 +1,9 @@
 //! `<out>/requests.jsonl`: every answered request of the matrix as its client saw it, one
 //! JSON object a line — the cell (workload, load), the run and its seed, the row, and the
 //! sample (sent at, TTFT, end to end, prompt / cached / output tokens, the route receipt,
-//! the cost model's prediction and the chosen engine when the router sent them, and the
-//! chain — chat session, agent loop, RAG user — it was a turn of as `session`, and in a
-//! `mix` cell the workload of that chain as `part`; `tenant` and
+//! the cost model's prediction, the chosen engine and the time it held the request when the
+//! router sent them, and the chain — chat session, agent loop, RAG user — it was a turn of
+//! as `session`, and in a `mix` cell the workload of that chain as `part`; `tenant` and
 //! `step` are the load generator's and empty / 0 here). Times are wall seconds from the
 //! run's start. What the table's quantiles are computed from, for reading one request at a
 //! time (which were cold, when they waited); a failed request is counted in the table's

@@ -179,6 +179,7 @@ mod tests {
             captured_tokens: receipt.map(|(_, c)| c),
             predicted_ttft_ms: None,
             pod: None,
+            held_ms: None,
             session: None,
         }
     }

@@ -419,6 +419,7 @@ fn failed() -> Sample {
         captured_tokens: None,
         predicted_ttft_ms: None,
         pod: None,
+        held_ms: None,
         session: None,
     }
 }
@@ -562,10 +563,17 @@ fn read_receipt(s: &mut Sample, headers: &reqwest::header::HeaderMap) {
     let tokens = |name: &str| headers.get(name)?.to_str().ok()?.parse::<u64>().ok();
     s.available_tokens = tokens("x-warmpath-available-tokens");
     s.captured_tokens = tokens("x-warmpath-captured-tokens");
-    s.predicted_ttft_ms = headers
-        .get("x-warmpath-predicted-ttft-ms")
-        .and_then(|v| v.to_str().ok()?.parse::<f64>().ok())
-        .filter(|ms| ms.is_finite() && *ms >= 0.0);
+    let ms = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok()?.parse::<f64>().ok())
+            .filter(|ms| ms.is_finite() && *ms >= 0.0)
+    };
+    s.predicted_ttft_ms = ms("x-warmpath-predicted-ttft-ms");
+    s.held_ms = match (ms("x-warmpath-cold-yield-ms"), ms("x-warmpath-stagger-ms")) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
+    };
     s.pod = headers
         .get("x-warmpath-pod")
         .and_then(|v| v.to_str().ok())
@@ -586,5 +594,48 @@ mod tests {
         assert!(assign_tenants(3, &[], 1).iter().all(|x| x == "-"));
         assert!(parse_tenant("a=0").is_err());
         assert_eq!(parse_tenant("team-a").unwrap(), ("team-a".to_string(), 1.0));
+    }
+
+    #[test]
+    fn the_receipt_headers_fill_the_sample_and_nonsense_is_left_out() {
+        use reqwest::header::{HeaderMap, HeaderValue};
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("x-warmpath-available-tokens", "320"),
+            ("x-warmpath-captured-tokens", "160"),
+            ("x-warmpath-predicted-ttft-ms", "41.5"),
+            ("x-warmpath-cold-yield-ms", "12.5"),
+            ("x-warmpath-stagger-ms", "2.0"),
+            ("x-warmpath-pod", "127.0.0.1:8001"),
+        ] {
+            h.insert(k, HeaderValue::from_static(v));
+        }
+        let mut s = Sample::default();
+        read_receipt(&mut s, &h);
+        assert_eq!(
+            (s.available_tokens, s.captured_tokens),
+            (Some(320), Some(160))
+        );
+        assert_eq!(s.predicted_ttft_ms, Some(41.5));
+        assert_eq!(s.held_ms, Some(14.5));
+        assert_eq!(s.pod.as_deref(), Some("127.0.0.1:8001"));
+        // Held by the stagger alone; a negative or unparsable figure is no figure.
+        h.remove("x-warmpath-cold-yield-ms");
+        read_receipt(&mut s, &h);
+        assert_eq!(s.held_ms, Some(2.0));
+        h.insert("x-warmpath-stagger-ms", HeaderValue::from_static("-1"));
+        h.insert(
+            "x-warmpath-predicted-ttft-ms",
+            HeaderValue::from_static("soon"),
+        );
+        read_receipt(&mut s, &h);
+        assert_eq!((s.held_ms, s.predicted_ttft_ms), (None, None));
+        // A peer router sends none of them.
+        let mut s = Sample::default();
+        read_receipt(&mut s, &HeaderMap::new());
+        assert_eq!(
+            (s.available_tokens, s.captured_tokens, s.held_ms, s.pod),
+            (None, None, None, None)
+        );
     }
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 /// One request as the client saw it. Times in seconds. (Deserialize: `bench compare`'s pod
 /// clients send theirs back as JSON.)
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct Sample {
     pub tenant: String,
     /// Ladder step (0 without a ladder).
@@ -36,6 +36,11 @@ pub struct Sample {
     /// The engine the agent chose (`x-warmpath-pod`: its address), when sent.
     #[serde(default)]
     pub pod: Option<String>,
+    /// Milliseconds the agent held the request before sending it, when it did: a cold
+    /// request's yield to warm ones (`x-warmpath-cold-yield-ms`) plus its place in a burst's
+    /// stagger (`x-warmpath-stagger-ms`); part of its TTFT.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_ms: Option<f64>,
     /// The matrix's chain (a chat session, an agent loop, a RAG user) this request was a
     /// turn of, for reading a session's turns in order; absent outside the matrix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -326,6 +331,7 @@ mod tests {
             captured_tokens: (tenant == "a").then_some(80),
             predicted_ttft_ms: None,
             pod: None,
+            held_ms: None,
             session: None,
         }
     }
