@@ -88,7 +88,7 @@ pub struct AgentArgs {
 
     /// The longest a cold request waits at the router, while the pod it was ranked to has no
     /// KV room, for warm requests to go first (precise and approximate
-    /// only; 0: never; default: the preset's, 300 ms; docs/routing.md, "Cold requests
+    /// only; 0: never; default: the preset's, 150 ms; docs/routing.md, "Cold requests
     /// yield").
     #[arg(long, value_name = "MS")]
     pub cold_yield_ms: Option<u64>,

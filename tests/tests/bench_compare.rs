@@ -560,7 +560,7 @@ fn matrix_repeats_pool_each_rows_runs() {
         assert_eq!(class("miss", "all"), 0, "{r}");
     }
     assert!(
-        stdout.contains("| workload | load | row | slowest | hit | lost waiting | not taken | held nowhere | miss (no receipt) |"),
+        stdout.contains("| workload | load | row | slowest | hit | lost waiting | not taken | held nowhere | miss (no receipt) | router hold |"),
         "{stdout}"
     );
     // requests.jsonl: each row's four answers of each run, under that run's seed, with the

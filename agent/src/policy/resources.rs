@@ -167,7 +167,7 @@ pub struct Action {
     pub weights: BTreeMap<String, f64>,
     /// The longest a cold request waits at the router, while the pod it was ranked to has
     /// no KV room, for warm requests to go first (presets precise and
-    /// approximate; 0: never; default: the preset's, 300 ms; at most 10000).
+    /// approximate; 0: never; default: the preset's, 150 ms; at most 10000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cold_yield_ms: Option<u64>,
     /// Where prompt tokens come from.

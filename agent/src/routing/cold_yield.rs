@@ -32,8 +32,12 @@ use super::{Candidate, Decision, Policy};
 /// queues at the engine is the tail, so the bound is the trade between chat's p50 at the
 /// ladder's saturation and its p99. With every agent yielding, 500 ms put chat's p99 at the
 /// ladder's 0.8x at 1.17-1.46x the peer's (two seed sets, four agents and central) where
-/// 300 ms gave 0.93-1.22x, the p50 within 5 ms; at 1,000 ms the p99 rose by the bound.
-pub const DEFAULT_COLD_YIELD: Duration = Duration::from_millis(300);
+/// 300 ms gave 0.93-1.22x, the p50 within 5 ms; at 1,000 ms the p99 rose by the bound. At
+/// 300 ms most of chat's slowest answers at 0.8x had yielded the whole bound and then queued
+/// at the engine as long again; 150 ms took that p99 down in all six rows of three seed
+/// sets (5-23 %) while chat's p50 at 1.0x rose 1-8 ms, still at most 0.96x the peer's
+/// (docs/benchmarks.md, "The cold yield's bound").
+pub const DEFAULT_COLD_YIELD: Duration = Duration::from_millis(150);
 
 /// The most a policy may set: a request held longer than this is better refused.
 pub const MAX_COLD_YIELD: Duration = Duration::from_secs(10);

@@ -11,6 +11,9 @@
 //! | held nowhere | no ready pod held half: new to the fleet, or evicted before the request came |
 //! | miss | under half delivered, no receipt headers (a peer router: which of the three above is unknown) |
 //!
+//! Beside the classes, the answers the agent held before sending them (`router hold`: a
+//! cold request's yield to warm ones, a burst's stagger; [`Sample::held_ms`]), in any class.
+//!
 //! Half is where a session's later turn counts as lost (docs/benchmarks.md reads chat and
 //! agentic tails this way); a captured-but-not-delivered share at low load is how a stale
 //! index or a mismatched tokenizer shows (docs/routing.md, "Route receipts").
@@ -35,6 +38,8 @@ pub struct Anatomy {
     pub not_taken: Count,
     pub held_nowhere: Count,
     pub miss: Count,
+    /// Answers the agent held before sending, whatever their class.
+    pub router_hold: Count,
 }
 
 /// One answer's class.
@@ -67,24 +72,29 @@ impl Anatomy {
     /// second): the slowest are those at or above the pooled p90 TTFT by the table's rank
     /// rule ([`interval::quantile`]), in modelled time. Failed requests are not answers.
     pub fn of<'a>(runs: impl IntoIterator<Item = (&'a [Sample], f64)>) -> Self {
-        let answers: Vec<(f64, Class)> = runs
+        let answers: Vec<(f64, Class, bool)> = runs
             .into_iter()
             .flat_map(|(samples, scale)| {
-                samples
-                    .iter()
-                    .filter(|s| s.ok)
-                    .map(move |s| (s.ttft / scale, classify(s)))
+                samples.iter().filter(|s| s.ok).map(move |s| {
+                    let held = s.held_ms.is_some_and(|ms| ms > 0.0);
+                    (s.ttft / scale, classify(s), held)
+                })
             })
             .collect();
-        let mut ttfts: Vec<f64> = answers.iter().map(|(t, _)| *t).collect();
+        let mut ttfts: Vec<f64> = answers.iter().map(|(t, _, _)| *t).collect();
         let Some(p90) = interval::quantile(&mut ttfts, 0.9) else {
             return Self::default();
         };
         let mut out = Self::default();
-        for (ttft, class) in answers {
+        for (ttft, class, held) in answers {
+            let slow = usize::from(ttft >= p90);
             let count = out.count_mut(class);
             count.all += 1;
-            count.slowest += usize::from(ttft >= p90);
+            count.slowest += slow;
+            if held {
+                out.router_hold.all += 1;
+                out.router_hold.slowest += slow;
+            }
         }
         out
     }
@@ -101,35 +111,37 @@ impl Anatomy {
 
     /// Answers in the slowest tenth.
     pub fn slowest(&self) -> usize {
-        self.counts().iter().map(|c| c.slowest).sum()
+        self.counts()[..5].iter().map(|c| c.slowest).sum()
     }
 
-    /// Every class's count, in the report's column order.
-    pub fn counts(&self) -> [Count; 5] {
+    /// Every class's count, then the router's holds, in the report's column order.
+    pub fn counts(&self) -> [Count; 6] {
         [
             self.hit,
             self.lost_waiting,
             self.not_taken,
             self.held_nowhere,
             self.miss,
+            self.router_hold,
         ]
     }
 }
 
-/// The report's columns after workload, load and row, in [`Anatomy::counts`] order.
-pub const COLUMNS: [&str; 5] = [
+/// The report's columns after workload, load, row and slowest, in [`Anatomy::counts`] order.
+pub const COLUMNS: [&str; 6] = [
     "hit",
     "lost waiting",
     "not taken",
     "held nowhere",
     "miss (no receipt)",
+    "router hold",
 ];
 
 /// The report's section: one line per row that ran, each class as `slowest / all`.
 pub fn render(cells: &[super::Cell]) -> String {
     use std::fmt::Write as _;
     let mut s = String::from(
-        "Slowest tenth by route receipt (the answers at or above each row's p90 TTFT, its runs pooled; each entry: in the slowest tenth / of all answers; shares of the prompt: hit = at least half delivered from cache; lost waiting = the chosen pod held at least half at decision, under half was delivered; not taken = another ready pod held half, the chosen one less; held nowhere = no ready pod held half; miss = under half delivered, no receipt: a peer router):\n\n",
+        "Slowest tenth by route receipt (the answers at or above each row's p90 TTFT, its runs pooled; each entry: in the slowest tenth / of all answers; shares of the prompt: hit = at least half delivered from cache; lost waiting = the chosen pod held at least half at decision, under half was delivered; not taken = another ready pod held half, the chosen one less; held nowhere = no ready pod held half; miss = under half delivered, no receipt: a peer router; router hold, in any class: the agent held it before sending, a cold request's yield or a burst's stagger):\n\n",
     );
     let _ = writeln!(
         s,
@@ -220,6 +232,9 @@ mod tests {
             .collect();
         a.push(sample(0.09, 100, 0, Some((100, 100))));
         a.push(sample(0.10, 100, 0, Some((10, 0))));
+        // Two held by the agent: a fast hit and the slowest answer.
+        a[0].held_ms = Some(3.0);
+        a[9].held_ms = Some(40.0);
         // (Each of B's wall times is exactly twice one of A's: the pooled values tie.)
         let mut b: Vec<Sample> = (1..=8)
             .map(|i| sample(2.0 * (f64::from(i) * 0.01), 100, 90, None))
@@ -245,6 +260,7 @@ mod tests {
         assert_eq!(t.held_nowhere, Count { slowest: 1, all: 1 });
         assert_eq!(t.miss, Count { slowest: 1, all: 1 });
         assert_eq!(t.not_taken, Count::default());
+        assert_eq!(t.router_hold, Count { slowest: 1, all: 2 });
     }
 
     #[test]
@@ -263,6 +279,7 @@ mod tests {
                 all: 17,
             },
             lost_waiting: Count { slowest: 2, all: 3 },
+            router_hold: Count { slowest: 2, all: 5 },
             ..Anatomy::default()
         };
         let cell = super::super::Cell {
@@ -284,10 +301,10 @@ mod tests {
         let lines: Vec<&str> = report.lines().filter(|l| l.starts_with("| chat")).collect();
         assert_eq!(
             lines,
-            ["| chat | 0.8x | Precise | 3 | 1 / 17 | 2 / 3 | 0 / 0 | 0 / 0 | 0 / 0 |"]
+            ["| chat | 0.8x | Precise | 3 | 1 / 17 | 2 / 3 | 0 / 0 | 0 / 0 | 0 / 0 | 2 / 5 |"]
         );
         assert!(report.contains(
-            "| workload | load | row | slowest | hit | lost waiting | not taken | held nowhere | miss (no receipt) |"
+            "| workload | load | row | slowest | hit | lost waiting | not taken | held nowhere | miss (no receipt) | router hold |"
         ));
     }
 
