@@ -498,6 +498,26 @@ fn matrix_runs_every_cell_and_row_and_writes_one_table() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
+/// A matrix row's `tail` in `matrix.json`: every one of its `answered` in one class, at
+/// least one in the slowest tenth, and none a miss without receipt (a warmpath row sends
+/// its receipts).
+fn assert_tail_counts_every_answer(r: &serde_json::Value, answered: u64) {
+    let class = |c: &str, k: &str| {
+        r["tail"][c][k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{c}: {r}"))
+    };
+    let classes = ["hit", "lost_waiting", "not_taken", "held_nowhere", "miss"];
+    let sum = |k: &str| classes.iter().map(|c| class(c, k)).sum::<u64>();
+    assert_eq!(sum("all"), answered, "{r}");
+    assert!((1..=answered).contains(&sum("slowest")), "{r}");
+    assert_eq!(class("miss", "all"), 0, "{r}");
+    assert!(
+        class("router_hold", "slowest") <= class("router_hold", "all"),
+        "{r}"
+    );
+}
+
 #[test]
 fn matrix_repeats_pool_each_rows_runs() {
     let out = std::env::temp_dir().join(format!(
@@ -540,24 +560,7 @@ fn matrix_repeats_pool_each_rows_runs() {
             .map(|n| n.as_u64().unwrap())
             .sum();
         assert_eq!(agents, 8, "{r}");
-        // The tail's classes: every answer of both runs in one, the slowest tenth at least
-        // one; every row here sent receipts, so none is a miss without one.
-        let class = |c: &str, k: &str| {
-            r["tail"][c][k]
-                .as_u64()
-                .unwrap_or_else(|| panic!("{c}: {r}"))
-        };
-        let classes = ["hit", "lost_waiting", "not_taken", "held_nowhere", "miss"];
-        assert_eq!(
-            classes.iter().map(|c| class(c, "all")).sum::<u64>(),
-            8,
-            "{r}"
-        );
-        assert!(
-            classes.iter().map(|c| class(c, "slowest")).sum::<u64>() >= 1,
-            "{r}"
-        );
-        assert_eq!(class("miss", "all"), 0, "{r}");
+        assert_tail_counts_every_answer(r, 8);
     }
     assert!(
         stdout.contains("| workload | load | row | slowest | hit | lost waiting | not taken | held nowhere | miss (no receipt) | router hold |"),

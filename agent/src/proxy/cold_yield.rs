@@ -164,7 +164,7 @@ mod tests {
         // A scrape wakes it on the way: the pod is still full, so it waits on.
         let pod = endpoints[0].clone();
         let scrape = async {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
             pod.set_engine_load(1, 1, 0.9);
         };
         let ((decision, waited), ()) = tokio::join!(

@@ -124,7 +124,7 @@ pub struct CellRow {
     #[serde(skip)]
     pub answers: Vec<interval::RunAnswers>,
     /// Where its slowest answers came from, by their receipts ([`tail`]; none for a row that
-    /// did not run).
+    /// did not run or answered nothing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tail: Option<tail::Anatomy>,
 }
@@ -438,7 +438,8 @@ fn pool_runs(runs: Vec<CellRow>) -> CellRow {
         result,
         runs: figures,
         answers,
-        tail: Some(tail),
+        // A row that answered nothing has no tail to read.
+        tail: (tail.slowest() > 0).then_some(tail),
     }
 }
 

@@ -3,13 +3,13 @@
 //! over every answer of the row, so a report says why a tail is long without reading
 //! `requests.jsonl` one request at a time.
 //!
-//! | class | receipt (share of the prompt) |
-//! |---|---|
-//! | hit | delivered from cache at least half |
-//! | lost waiting | the chosen pod held at least half at decision (captured), under half delivered: evicted while the request waited there |
-//! | not taken | some ready pod held at least half (available), the chosen one held less |
-//! | held nowhere | no ready pod held half: new to the fleet, or evicted before the request came |
-//! | miss | under half delivered, no receipt headers (a peer router: which of the three above is unknown) |
+//! - hit: at least half the prompt delivered from cache;
+//! - lost waiting: the chosen pod held at least half at decision (captured), under half was
+//!   delivered: evicted while the request waited there;
+//! - not taken: some ready pod held at least half (available), the chosen one held less;
+//! - held nowhere: no ready pod held half: new to the fleet, or evicted before it came;
+//! - miss: under half delivered and no receipt headers (a peer router: which of the three
+//!   above is unknown), or no usage reported to judge by.
 //!
 //! Beside the classes, the answers the agent held before sending them (`router hold`: a
 //! cold request's yield to warm ones, a burst's stagger; [`Sample::held_ms`]), in any class.
@@ -54,6 +54,10 @@ pub enum Class {
 
 /// The class of one answer by its receipt (see the module's table).
 pub fn classify(s: &Sample) -> Class {
+    if s.prompt_tokens == 0 {
+        // No usage in the answer: nothing to judge a share by.
+        return Class::Miss;
+    }
     // "At least half": 2 x part >= whole, in integers.
     let half = |part: u64| part.saturating_mul(2) >= s.prompt_tokens;
     if half(s.cached_tokens) {
@@ -213,6 +217,8 @@ mod tests {
             Class::HeldNowhere
         );
         assert_eq!(classify(&sample(0.1, 1000, 499, None)), Class::Miss);
+        // An answer without usage (0 prompt tokens) is no hit, whatever its receipt.
+        assert_eq!(classify(&sample(0.1, 0, 0, Some((0, 0)))), Class::Miss);
         // A receipt with one header only still says what it can.
         let mut s = sample(0.1, 1000, 0, None);
         s.available_tokens = Some(800);
