@@ -36,8 +36,9 @@ use super::{Candidate, Decision, Policy};
 /// 300 ms most of chat's slowest answers at 0.8x had yielded the whole bound and then queued
 /// at the engine as long again; 150 ms took that p99 down in all six rows of three seed
 /// sets (5-23 %) while chat's p50 at 1.0x rose 1-8 ms: at most 0.96x vllm-router
-/// kv_aware's, but 1.14-1.21x sglang-router's on the matrix's seeds (docs/benchmarks.md,
-/// "The cold yield's bound").
+/// kv_aware's, but 1.14-1.21x sglang-router's on the matrix's seeds in one run, 1.01-1.04x
+/// the best peer's in the next (docs/benchmarks.md, "The cold yield's bound", "The matrix
+/// of record on the 150 ms bound").
 pub const DEFAULT_COLD_YIELD: Duration = Duration::from_millis(150);
 
 /// The most a policy may set: a request held longer than this is better refused.
