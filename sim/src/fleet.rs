@@ -59,6 +59,21 @@ pub enum StartError {
     Events(#[from] crate::events::PublisherError),
 }
 
+/// A response layer that names the engine at `http` ([`crate::api::ENGINE_HEADER`]).
+fn engine_header(
+    http: SocketAddr,
+) -> impl Fn(axum::response::Response) -> std::future::Ready<axum::response::Response> + Clone {
+    let value = axum::http::HeaderValue::from_str(&http.to_string())
+        .expect("a socket address is a valid header value");
+    move |mut response: axum::response::Response| {
+        response.headers_mut().insert(
+            axum::http::HeaderName::from_static(crate::api::ENGINE_HEADER),
+            value.clone(),
+        );
+        std::future::ready(response)
+    }
+}
+
 /// Starts one engine on the current runtime.
 pub async fn start_engine(
     spec: EngineSpec,
@@ -97,7 +112,7 @@ pub async fn start_engine(
         spec.faults,
         seed,
     ));
-    let app = router(served.clone());
+    let app = router(served.clone()).layer(axum::middleware::map_response(engine_header(http)));
     // Small SSE chunks must not wait for delayed ACKs (Nagle).
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         if let Err(err) = tcp.set_nodelay(true) {

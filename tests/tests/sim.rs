@@ -300,6 +300,28 @@ async fn a_fleet_runs_independent_engines() {
     );
     let endpoints: std::collections::HashSet<_> = (0..3).map(|i| fleet.events(i)).collect();
     assert_eq!(endpoints.len(), 3, "each engine publishes on its own port");
+    // Every answer names the engine that gave it (x-sim-engine: its HTTP address), streamed,
+    // whole or refused, so a client behind any router can tell which engine served it.
+    for i in 0..3 {
+        let expected = fleet.engines[i].http.to_string();
+        let stream = json!({"prompt": p, "max_tokens": 1, "stream": true});
+        let refused = json!({"prompt": p, "max_tokens": -1});
+        let whole = json!({"prompt": p, "max_tokens": 1});
+        for (body, status) in [(whole, 200), (stream, 200), (refused, 400)] {
+            let r = client
+                .post(format!("{}/v1/completions", fleet.url(i)))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), status, "engine {i}, {body}");
+            let named = r.headers().get("x-sim-engine").map(|v| v.to_str().unwrap());
+            assert_eq!(named, Some(expected.as_str()), "engine {i}, {body}");
+        }
+        let health = client.get(format!("{}/health", fleet.url(i))).send();
+        let health = health.await.unwrap();
+        assert_eq!(health.headers()["x-sim-engine"], expected.as_str());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -574,10 +574,10 @@ fn read_receipt(s: &mut Sample, headers: &reqwest::header::HeaderMap) {
         (None, None) => None,
         (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
     };
-    s.pod = headers
-        .get("x-warmpath-pod")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    // The agent's pick; behind a router without receipts, the engine's own name for itself
+    // (the simulator's header, where the router forwards it).
+    let text = |name: &str| headers.get(name)?.to_str().ok().map(str::to_owned);
+    s.pod = text("x-warmpath-pod").or_else(|| text(warmpath_sim::api::ENGINE_HEADER));
 }
 
 #[cfg(test)]
@@ -637,5 +637,17 @@ mod tests {
             (s.available_tokens, s.captured_tokens, s.held_ms, s.pod),
             (None, None, None, None)
         );
+        // Behind a peer that forwards the simulator's header, the engine names itself; the
+        // agent's pick, where there is one, comes first.
+        h.insert("x-sim-engine", HeaderValue::from_static("127.0.0.1:8002"));
+        let mut s = Sample::default();
+        read_receipt(&mut s, &h);
+        assert_eq!(s.pod.as_deref(), Some("127.0.0.1:8001"));
+        let mut s = Sample::default();
+        let mut peer = HeaderMap::new();
+        peer.insert("x-sim-engine", HeaderValue::from_static("127.0.0.1:8002"));
+        read_receipt(&mut s, &peer);
+        assert_eq!(s.pod.as_deref(), Some("127.0.0.1:8002"));
+        assert_eq!((s.available_tokens, s.held_ms), (None, None));
     }
 }
