@@ -558,7 +558,8 @@ fn read_usage(s: &mut Sample, u: &serde_json::Value) {
 }
 
 /// A warmpath agent's route receipt headers (with `--explain`) into the sample; other
-/// targets send none, and the sample has no receipt.
+/// targets send none, and the sample has no receipt. The answering engine's address comes
+/// from the receipt or, without one, from the simulator's `x-sim-engine`.
 fn read_receipt(s: &mut Sample, headers: &reqwest::header::HeaderMap) {
     let tokens = |name: &str| headers.get(name)?.to_str().ok()?.parse::<u64>().ok();
     s.available_tokens = tokens("x-warmpath-available-tokens");

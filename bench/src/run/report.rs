@@ -33,7 +33,9 @@ pub struct Sample {
     pub captured_tokens: Option<u64>,
     /// The cost model's predicted TTFT (`x-warmpath-predicted-ttft-ms`), when sent.
     pub predicted_ttft_ms: Option<f64>,
-    /// The engine the agent chose (`x-warmpath-pod`: its address), when sent.
+    /// The engine that answered, by address: the agent's pick (`x-warmpath-pod`, with
+    /// `--explain`), else the simulator's own name for itself (`x-sim-engine`) where the
+    /// router forwarded it.
     #[serde(default)]
     pub pod: Option<String>,
     /// Milliseconds the agent held the request before sending it, when it did: a cold

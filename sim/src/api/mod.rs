@@ -39,9 +39,10 @@ use crate::engine::{EngineHandle, sequence::NewRequest};
 /// Largest request body accepted.
 const MAX_BODY: usize = 16 * 1024 * 1024;
 
-/// The response header naming the engine that answered (its HTTP address, `host:port`), on
-/// every response: behind any router a client can tell which engine served it (the bench's
-/// rows without a route receipt). vLLM sends no such header; it is the simulator's own.
+/// The response header naming the engine that answered (the address it is bound to,
+/// `host:port`), on every response the router writes: behind any router a client can tell
+/// which engine served it (the bench's rows without a route receipt). vLLM sends no such
+/// header; it is the simulator's own.
 pub const ENGINE_HEADER: &str = "x-sim-engine";
 
 /// Injected faults (all off by default).
