@@ -64,6 +64,9 @@ async fn complete(
         .unwrap();
     assert_eq!(r.status(), 200, "{model}");
     let h = |k: &str| r.headers()[k].to_str().unwrap().to_string();
+    // The agent passes the engine's own headers on: the simulator that answered names
+    // itself, and it is the pod the agent says it chose.
+    assert_eq!(h("x-sim-engine"), h("x-warmpath-pod"), "{model}");
     (
         h("x-warmpath-pod"),
         h("x-warmpath-prefix-blocks").parse().unwrap(),
