@@ -561,13 +561,14 @@ fn read_usage(s: &mut Sample, u: &serde_json::Value) {
 /// targets send none, and the sample has no receipt. The answering engine's address comes
 /// from the receipt or, without one, from the simulator's `x-sim-engine`.
 fn read_receipt(s: &mut Sample, headers: &reqwest::header::HeaderMap) {
-    let tokens = |name: &str| headers.get(name)?.to_str().ok()?.parse::<u64>().ok();
+    let text = |name: &str| headers.get(name)?.to_str().ok();
+    let tokens = |name: &str| text(name)?.parse::<u64>().ok();
     s.available_tokens = tokens("x-warmpath-available-tokens");
     s.captured_tokens = tokens("x-warmpath-captured-tokens");
     let ms = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok()?.parse::<f64>().ok())
+        text(name)?
+            .parse::<f64>()
+            .ok()
             .filter(|ms| ms.is_finite() && *ms >= 0.0)
     };
     s.predicted_ttft_ms = ms("x-warmpath-predicted-ttft-ms");
@@ -577,8 +578,9 @@ fn read_receipt(s: &mut Sample, headers: &reqwest::header::HeaderMap) {
     };
     // The agent's pick; behind a router without receipts, the engine's own name for itself
     // (the simulator's header, where the router forwards it).
-    let text = |name: &str| headers.get(name)?.to_str().ok().map(str::to_owned);
-    s.pod = text("x-warmpath-pod").or_else(|| text(warmpath_sim::api::ENGINE_HEADER));
+    s.pod = text("x-warmpath-pod")
+        .or_else(|| text(warmpath_sim::api::ENGINE_HEADER))
+        .map(str::to_owned);
 }
 
 #[cfg(test)]
