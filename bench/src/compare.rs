@@ -179,6 +179,9 @@ pub struct Row {
     pub available_tokens: Option<u64>,
     pub captured_tokens: Option<u64>,
     pub delivered_tokens: u64,
+    /// Sequences the engines preempted (`vllm:num_preemptions`: KV ran out, their blocks were
+    /// freed and their prompt recomputed), summed over the fleet for the run.
+    pub preemptions: u64,
     /// Median of |predicted - measured TTFT| (modelled ms) over the requests whose answer
     /// carried the cost model's `x-warmpath-predicted-ttft-ms`; `None` without any.
     pub ttft_prediction_error_ms_p50: Option<f64>,
@@ -212,6 +215,8 @@ pub struct RawRun {
     /// The engines' prefix-cache hits and lookups (blocks).
     pub prefix_hits: u64,
     pub prefix_queries: u64,
+    /// The engines' preemptions.
+    pub preemptions: u64,
 }
 
 /// Runs the comparison. Interrupted ([`crate::run`]: Ctrl-C or SIGTERM), it ends where it

@@ -391,7 +391,7 @@ fn matrix_runs_every_cell_and_row_and_writes_one_table() {
     );
     assert!(stdout.contains("min\n"), "the estimate: {stdout}");
     assert!(
-        stdout.contains("| workload | load | req/s | row | answered/sent | TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | output tok/s | prefix hit % | available % | captured % | delivered % | pred. error p50 (ms) |"),
+        stdout.contains("| workload | load | req/s | row | answered/sent | TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | output tok/s | prefix hit % | available % | captured % | delivered % | pred. error p50 (ms) | preempted |"),
         "{stdout}"
     );
     for (workload, sent) in [("rag:1:64", 4), ("chat", 9)] {
@@ -406,10 +406,12 @@ fn matrix_runs_every_cell_and_row_and_writes_one_table() {
                     found.contains(&format!(" | {row} | {sent}/{sent} | ")),
                     "{found}"
                 );
-                // 14 columns, every one filled (receipts: the agents sent their headers).
+                // 15 columns, every one filled (receipts: the agents sent their headers), the
+                // last a count of preemptions.
                 let cols: Vec<&str> = found.trim_matches('|').split(" | ").collect();
-                assert_eq!(cols.len(), 14, "{found}");
+                assert_eq!(cols.len(), 15, "{found}");
                 assert!(cols[..13].iter().all(|c| c.trim() != "-"), "{found}");
+                assert!(cols[14].trim().parse::<u64>().is_ok(), "{found}");
             }
         }
     }
@@ -436,7 +438,7 @@ fn matrix_runs_every_cell_and_row_and_writes_one_table() {
                 .find(|l| l.starts_with(&line) && l.contains(" | Floor (any router) | - | "))
                 .unwrap_or_else(|| panic!("{workload} {load} floor: {stdout}"));
             let cols: Vec<&str> = floor.trim_matches('|').split(" | ").collect();
-            assert_eq!(cols.len(), 14, "{floor}");
+            assert_eq!(cols.len(), 15, "{floor}");
         }
     }
     for name in ["matrix.md", "matrix.json"] {

@@ -133,9 +133,13 @@ pub(super) fn finish(
     let sent: usize = plan.iter().map(|c| c.turns.len()).sum();
     let requests_per_agent = per_agent.iter().map(Vec::len).collect();
     let samples: Vec<Sample> = per_agent.into_iter().flatten().collect();
-    let (hits, queries) = engines.iter().fold((0u64, 0u64), |(h, q), e| {
+    let (hits, queries, preemptions) = engines.iter().fold((0, 0, 0), |(h, q, p), e| {
         let st = e.served.engine.stats();
-        (h + st.prefix_hits, q + st.prefix_queries)
+        (
+            h + st.prefix_hits,
+            q + st.prefix_queries,
+            p + st.preemptions,
+        )
     });
     let mut row = summarize(&samples, wall, args.time_scale);
     row.policy = target.name();
@@ -148,6 +152,8 @@ pub(super) fn finish(
     row.requests_per_agent = requests_per_agent;
     row.raw.prefix_hits = hits;
     row.raw.prefix_queries = queries;
+    row.preemptions = preemptions;
+    row.raw.preemptions = preemptions;
     row
 }
 
@@ -167,6 +173,7 @@ pub(crate) fn pool(rows: Vec<Row>) -> Option<Row> {
         raw.wall_s += r.raw.wall_s;
         raw.prefix_hits += r.raw.prefix_hits;
         raw.prefix_queries += r.raw.prefix_queries;
+        raw.preemptions += r.raw.preemptions;
         errors += r.errors;
         if per_agent.len() < r.requests_per_agent.len() {
             per_agent.resize(r.requests_per_agent.len(), 0);
@@ -183,6 +190,8 @@ pub(crate) fn pool(rows: Vec<Row>) -> Option<Row> {
     };
     row.raw.prefix_hits = raw.prefix_hits;
     row.raw.prefix_queries = raw.prefix_queries;
+    row.preemptions = raw.preemptions;
+    row.raw.preemptions = raw.preemptions;
     Some(Row {
         policy: first.policy,
         errors,
@@ -222,6 +231,7 @@ pub(super) fn summarize(samples: &[Sample], wall: f64, scale: f64) -> Row {
         available_tokens: receipt(|s| s.available_tokens),
         captured_tokens: receipt(|s| s.captured_tokens),
         delivered_tokens: samples.iter().map(|s| s.cached_tokens).sum(),
+        preemptions: 0,
         ttft_prediction_error_ms_p50: median(&errors),
         requests_per_agent: Vec::new(),
         cluster: Vec::new(),
@@ -321,7 +331,7 @@ mod tests {
     #[test]
     fn runs_pool_into_the_row_one_longer_run_would_give() {
         // Run A: 2 answers in 1 s, 30 of 100 blocks hit, 1 error; run B: 3 answers in 3 s,
-        // 10 of 300 hit, 2 errors. Each answer has 10 output tokens (at scale 1), a 100-token
+        // 10 of 300 hit, 2 errors; A's engines preempted 4 sequences, B's 1. Each answer has 10 output tokens (at scale 1), a 100-token
         // prompt with 32 cached, and ends 1 s after its first token.
         let run = |samples: &[Sample], wall, errors, per_agent: Vec<usize>, hits, queries| {
             let mut r = summarize(samples, wall, 1.0);
@@ -329,6 +339,7 @@ mod tests {
             r.errors = errors;
             r.requests_per_agent = per_agent;
             (r.raw.prefix_hits, r.raw.prefix_queries) = (hits, queries);
+            r.raw.preemptions = if hits == 30 { 4 } else { 1 };
             r
         };
         let a = run(
@@ -365,6 +376,7 @@ mod tests {
         // (the means: 0.17).
         assert!((row.output_tokens_per_s - 12.5).abs() < 1e-9);
         assert!((row.prefix_hit_ratio - 0.1).abs() < 1e-9);
+        assert_eq!(row.preemptions, 5);
         // B's one receipt and prediction (|100 - 500| ms) survive the pooling.
         assert_eq!(row.available_tokens, Some(64));
         let err = row.ttft_prediction_error_ms_p50.expect("one prediction");

@@ -75,11 +75,11 @@ pub fn render(args: &MatrixArgs, cells: &[Cell], verdicts: &[Vec<verdict::Verdic
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "| workload | load | req/s | row | answered/sent | TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | output tok/s | prefix hit % | available % | captured % | delivered % | pred. error p50 (ms) |"
+        "| workload | load | req/s | row | answered/sent | TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | output tok/s | prefix hit % | available % | captured % | delivered % | pred. error p50 (ms) | preempted |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for c in cells {
         for r in &c.rows {
@@ -89,7 +89,7 @@ pub fn render(args: &MatrixArgs, cells: &[Cell], verdicts: &[Vec<verdict::Verdic
                 c.workload, c.load, c.rate, r.name
             );
             let Some(x) = &r.result else {
-                let _ = writeln!(s, "{} | - | - | - | - | - | - | - | - | - |", r.status);
+                let _ = writeln!(s, "{} | - | - | - | - | - | - | - | - | - | - |", r.status);
                 continue;
             };
             let pct = |t: Option<u64>| {
@@ -99,7 +99,7 @@ pub fn render(args: &MatrixArgs, cells: &[Cell], verdicts: &[Vec<verdict::Verdic
             };
             let _ = writeln!(
                 s,
-                "{}/{} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {} | {} | {} | {} |",
+                "{}/{} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {} | {} | {} | {} | {} |",
                 x.requests,
                 x.requests + x.errors,
                 x.ttft_p50 * 1e3,
@@ -112,12 +112,13 @@ pub fn render(args: &MatrixArgs, cells: &[Cell], verdicts: &[Vec<verdict::Verdic
                 pct(Some(x.delivered_tokens)),
                 x.ttft_prediction_error_ms_p50
                     .map_or("-".into(), |e| format!("{e:.0}")),
+                x.preemptions,
             );
         }
         let f = &c.floor;
         let _ = writeln!(
             s,
-            "| {} | {}x | {:.1} | {FLOOR_ROW} | - | {:.0} | {:.0} | {:.0} | - | - | - | - | - | - |",
+            "| {} | {}x | {:.1} | {FLOOR_ROW} | - | {:.0} | {:.0} | {:.0} | - | - | - | - | - | - | - |",
             c.workload,
             c.load,
             c.rate,

@@ -19,6 +19,7 @@ fn row(name: &str, p50: f64, p90: f64, p99: f64, tps: f64) -> CellRow {
             available_tokens: None,
             captured_tokens: None,
             delivered_tokens: 0,
+            preemptions: 0,
             ttft_prediction_error_ms_p50: None,
             requests_per_agent: vec![10],
             cluster: Vec::new(),
