@@ -108,14 +108,13 @@ pub fn agent_flags(
     Ok(all)
 }
 
-/// A free loopback UDP port (bound, then released): gossip binds it itself.
+/// A free loopback UDP port (bound, then released): gossip binds it itself. Taken as
+/// [`super::process::free_port`] takes TCP ones, below the kernel's ephemeral range and in
+/// turn: `bind(0)` could hand two agents of one row the same port (each bound and released
+/// before the next asked), and did once — "Address already in use", a matrix lost at its
+/// 92nd row.
 fn free_udp_port() -> Result<u16, Error> {
-    let io = |source| Error::Io {
-        what: "bind UDP 127.0.0.1:0".into(),
-        source,
-    };
-    let s = std::net::UdpSocket::bind("127.0.0.1:0").map_err(io)?;
-    s.local_addr().map(|a| a.port()).map_err(io)
+    super::process::free_port_where(|port| std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok())
 }
 
 /// What one agent of a cluster row held when the run started, from its `/status`.
@@ -292,6 +291,25 @@ const P90_RATIO: f64 = 1.1;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rows_gossip_ports_are_distinct_and_outside_the_ephemeral_range() {
+        // Sixteen rows of four agents each: no port twice (each was bound and released
+        // before the next was asked for, as a row's are), none where the kernel hands out
+        // ports of its own.
+        let ports: Vec<u16> = (0..64).map(|_| free_udp_port().unwrap()).collect();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok());
+        if let Some(low) = low.filter(|l| *l > 11_000) {
+            assert!(
+                ports.iter().all(|p| *p < low),
+                "{ports:?} (range from {low})"
+            );
+        }
+    }
 
     fn view(pod: &str, owner: Option<&str>, state: &str) -> PodView {
         PodView {

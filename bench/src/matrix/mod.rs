@@ -333,63 +333,104 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
     let mut requests_out = requests::Requests::create(&args.out)?;
     let mut cells = Vec::new();
     let total = plans.len();
-    for (n, (w, load, rate, runs_of_cell)) in plans.into_iter().enumerate() {
-        let (setup, blocks, working_set) = setup(&args, &runs_of_cell);
-        let mut cell = Cell {
-            workload: w.to_string(),
-            shares: w.shares(),
-            load,
-            rate,
-            requests: runs_of_cell.iter().map(Generated::requests).sum(),
-            working_set_tokens: working_set,
-            blocks_per_engine: blocks,
-            floor: floor::of(profile, runs_of_cell.iter().map(Generated::new_work)),
-            rows: Vec::new(),
-        };
-        let repeats = runs_of_cell.len();
-        // Each slot's row of each run, in run order.
-        let mut by_slot: Vec<Vec<CellRow>> = vec![Vec::new(); slots.len()];
-        for (r, g) in runs_of_cell.into_iter().enumerate() {
-            let run_setup = Setup {
-                seed: args.seed.wrapping_add(r as u64),
-                ..setup.clone()
-            };
-            let requests = g.requests();
-            let parts = g.parts;
-            let chains = Arc::new(g.chains);
-            for (i, slot) in slots.iter().enumerate() {
-                let at = Position {
-                    cell: n,
-                    cells: total,
-                    row: i,
-                    rows: slots.len(),
-                    run: r,
-                    runs: repeats,
-                };
-                let row = run_slot(&run_setup, *slot, &chains, &logs, &cell, requests, at).await?;
-                if let Some(result) = &row.result {
-                    let of = requests::RunOf {
-                        workload: &cell.workload,
-                        load,
-                        run: r,
-                        seed: run_setup.seed,
-                        row: &row.name,
-                        parts: &parts,
-                    };
-                    requests_out.write(of, &result.raw.samples)?;
-                }
-                by_slot[i].push(row);
+    let mut stopped = None;
+    for (n, plan) in plans.into_iter().enumerate() {
+        let at = (n, total);
+        match run_cell(&args, profile, &slots, &logs, &mut requests_out, plan, at).await {
+            Ok(cell) => cells.push(cell),
+            Err(e) => {
+                stopped = Some(e);
+                break;
             }
         }
-        cell.rows = by_slot.into_iter().map(pool_runs).collect();
-        cells.push(cell);
     }
-    let verdicts = table::judge_all(&args, &cells);
-    let report = table::render(&args, &cells, &verdicts);
-    println!("\n{report}");
-    table::write(&args, &cells, &verdicts, &report)?;
+    // A run that stopped (a warmpath row failed) still reports the cells it finished, so
+    // that an hour's matrix is not lost to its last row.
+    let why = stopped.as_ref().map(|e| {
+        format!(
+            "Stopped early: {e}. The report holds the {} of {total} cells that finished.",
+            cells.len()
+        )
+    });
+    if let Some(why) = &why {
+        println!("\n{why}");
+    }
+    if !cells.is_empty() || stopped.is_none() {
+        let verdicts = table::judge_all(&args, &cells);
+        let mut report = table::render(&args, &cells, &verdicts);
+        if let Some(why) = &why {
+            report = format!("{why}\n\n{report}");
+        }
+        println!("\n{report}");
+        table::write(&args, &cells, &verdicts, &report, why.as_deref())?;
+    }
     println!("{}", bench_log.summary());
-    Ok(())
+    stopped.map_or(Ok(()), Err)
+}
+
+/// A cell's plan: its workload, load, rate and one plan per run.
+type CellPlan = (Workload, f64, f64, Vec<Generated>);
+
+/// Runs every slot of one cell (`at`: its place among the matrix's cells) on each of its
+/// runs' plans, writing each answered request to `requests_out`.
+async fn run_cell(
+    args: &MatrixArgs,
+    profile: &warmpath_sim::engine::timing::Profile,
+    slots: &[Slot],
+    logs: &Logs,
+    requests_out: &mut requests::Requests,
+    (w, load, rate, runs_of_cell): CellPlan,
+    (n, total): (usize, usize),
+) -> Result<Cell, Error> {
+    let (setup, blocks, working_set) = setup(args, &runs_of_cell);
+    let mut cell = Cell {
+        workload: w.to_string(),
+        shares: w.shares(),
+        load,
+        rate,
+        requests: runs_of_cell.iter().map(Generated::requests).sum(),
+        working_set_tokens: working_set,
+        blocks_per_engine: blocks,
+        floor: floor::of(profile, runs_of_cell.iter().map(Generated::new_work)),
+        rows: Vec::new(),
+    };
+    let repeats = runs_of_cell.len();
+    // Each slot's row of each run, in run order.
+    let mut by_slot: Vec<Vec<CellRow>> = vec![Vec::new(); slots.len()];
+    for (r, g) in runs_of_cell.into_iter().enumerate() {
+        let run_setup = Setup {
+            seed: args.seed.wrapping_add(r as u64),
+            ..setup.clone()
+        };
+        let requests = g.requests();
+        let parts = g.parts;
+        let chains = Arc::new(g.chains);
+        for (i, slot) in slots.iter().enumerate() {
+            let at = Position {
+                cell: n,
+                cells: total,
+                row: i,
+                rows: slots.len(),
+                run: r,
+                runs: repeats,
+            };
+            let row = run_slot(&run_setup, *slot, &chains, logs, &cell, requests, at).await?;
+            if let Some(result) = &row.result {
+                let of = requests::RunOf {
+                    workload: &cell.workload,
+                    load,
+                    run: r,
+                    seed: run_setup.seed,
+                    row: &row.name,
+                    parts: &parts,
+                };
+                requests_out.write(of, &result.raw.samples)?;
+            }
+            by_slot[i].push(row);
+        }
+    }
+    cell.rows = by_slot.into_iter().map(pool_runs).collect();
+    Ok(cell)
 }
 
 /// Where a row's run stands in the whole matrix (for its progress line).

@@ -193,6 +193,7 @@ pub fn write(
     cells: &[Cell],
     verdicts: &[Vec<verdict::Verdict>],
     report: &str,
+    stopped: Option<&str>,
 ) -> Result<(), Error> {
     let verdicts: Vec<_> = cells
         .iter()
@@ -220,6 +221,8 @@ pub fn write(
         },
         "cells": cells,
         "targets": verdicts,
+        // Why the run ended before its last cell (`null`: it ran them all).
+        "stopped": stopped,
     });
     let text = serde_json::to_string_pretty(&json).map_err(|e| Error::Setup(e.to_string()))?;
     for (name, body) in [("matrix.md", report), ("matrix.json", text.as_str())] {
