@@ -215,8 +215,6 @@ pub struct RawRun {
     /// The engines' prefix-cache hits and lookups (blocks).
     pub prefix_hits: u64,
     pub prefix_queries: u64,
-    /// The engines' preemptions.
-    pub preemptions: u64,
 }
 
 /// Runs the comparison. Interrupted ([`crate::run`]: Ctrl-C or SIGTERM), it ends where it

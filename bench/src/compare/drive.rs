@@ -153,7 +153,6 @@ pub(super) fn finish(
     row.raw.prefix_hits = hits;
     row.raw.prefix_queries = queries;
     row.preemptions = preemptions;
-    row.raw.preemptions = preemptions;
     row
 }
 
@@ -166,6 +165,7 @@ pub(crate) fn pool(rows: Vec<Row>) -> Option<Row> {
     let mut rows = rows.into_iter();
     let first = rows.next()?;
     let mut raw = first.raw.clone();
+    let mut preemptions = first.preemptions;
     let mut errors = first.errors;
     let mut per_agent = first.requests_per_agent.clone();
     for r in rows {
@@ -173,7 +173,7 @@ pub(crate) fn pool(rows: Vec<Row>) -> Option<Row> {
         raw.wall_s += r.raw.wall_s;
         raw.prefix_hits += r.raw.prefix_hits;
         raw.prefix_queries += r.raw.prefix_queries;
-        raw.preemptions += r.raw.preemptions;
+        preemptions += r.preemptions;
         errors += r.errors;
         if per_agent.len() < r.requests_per_agent.len() {
             per_agent.resize(r.requests_per_agent.len(), 0);
@@ -190,8 +190,7 @@ pub(crate) fn pool(rows: Vec<Row>) -> Option<Row> {
     };
     row.raw.prefix_hits = raw.prefix_hits;
     row.raw.prefix_queries = raw.prefix_queries;
-    row.preemptions = raw.preemptions;
-    row.raw.preemptions = raw.preemptions;
+    row.preemptions = preemptions;
     Some(Row {
         policy: first.policy,
         errors,
@@ -331,15 +330,16 @@ mod tests {
     #[test]
     fn runs_pool_into_the_row_one_longer_run_would_give() {
         // Run A: 2 answers in 1 s, 30 of 100 blocks hit, 1 error; run B: 3 answers in 3 s,
-        // 10 of 300 hit, 2 errors; A's engines preempted 4 sequences, B's 1. Each answer has 10 output tokens (at scale 1), a 100-token
-        // prompt with 32 cached, and ends 1 s after its first token.
+        // 10 of 300 hit, 2 errors; A's engines preempted 4 sequences, B's 1. Each answer has
+        // 10 output tokens (at scale 1), a 100-token prompt with 32 cached, and ends 1 s after
+        // its first token.
         let run = |samples: &[Sample], wall, errors, per_agent: Vec<usize>, hits, queries| {
             let mut r = summarize(samples, wall, 1.0);
             r.policy = "Precise".into();
             r.errors = errors;
             r.requests_per_agent = per_agent;
             (r.raw.prefix_hits, r.raw.prefix_queries) = (hits, queries);
-            r.raw.preemptions = if hits == 30 { 4 } else { 1 };
+            r.preemptions = if hits == 30 { 4 } else { 1 };
             r
         };
         let a = run(

@@ -352,10 +352,12 @@ pub async fn run(args: MatrixArgs) -> Result<(), Error> {
             cells.len()
         )
     });
-    if let Some(why) = &why {
-        println!("\n{why}");
-    }
-    if !cells.is_empty() || stopped.is_none() {
+    if cells.is_empty() {
+        // Nothing finished: no report, only why.
+        if let Some(why) = &why {
+            println!("\n{why}");
+        }
+    } else {
         let verdicts = table::judge_all(&args, &cells);
         let mut report = table::render(&args, &cells, &verdicts);
         if let Some(why) = &why {
