@@ -80,6 +80,9 @@ pub struct Endpoint {
     /// been idle ([`Endpoint::idle_for`]).
     last_busy_ms: AtomicU64,
     queued_prefill_blocks: AtomicU64,
+    /// When the engine started on the head of the prefill queued here, µs after a
+    /// process-wide origin plus one; 0 while nothing is queued ([`prefill`]).
+    head_since: AtomicU64,
     requests: AtomicU64,
     failures: AtomicU64,
     /// From the engine's own /metrics (scraped): requests waiting and running, KV usage.
@@ -112,8 +115,10 @@ pub struct Endpoint {
 mod idle;
 mod kv;
 mod peers;
+mod prefill;
 mod provisional;
 mod room;
+mod warm;
 
 use idle::since_origin;
 use kv::{Drain, Pinned};
@@ -122,6 +127,7 @@ use peers::PeerLoads;
 pub use peers::{LOAD_REFRESH, MAX_PEER_AGENTS, PEER_LOAD_TTL};
 use room::RoomSignal;
 pub use room::Yielding;
+pub use warm::{WARM_SHARE_MEMORY, WarmShare};
 
 /// Woken (once load sharing is on: [`share_loads`]) whenever a request starts, gets its first
 /// byte or ends at any endpoint: the proxy's load publisher waits on it.
@@ -176,55 +182,6 @@ pub struct Pool {
     exact_peers: AtomicBool,
     /// Woken when room may have freed on any member ([`Pool::room_freed`]).
     room: Arc<RoomSignal>,
-}
-
-/// A pool's warm share: the mean of its recent keyed requests' "warm at the pick" (1) or not
-/// (0), over about the last [`WARM_SHARE_MEMORY`]. Until that many were seen it is the plain
-/// mean of all of them, so a fresh agent's share is its traffic's from the first requests,
-/// not biased toward 0 by an empty start (measured: four agents of a fleet, each a quarter of
-/// chat's traffic, stayed below [`crate::routing::cold_yield::MIN_WARM_SHARE`] for a whole
-/// run of 30 requests each and never yielded, where the central agent did).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct WarmShare {
-    /// The share x 2^31 (fixed point: 0 to 2^31).
-    share: u32,
-    /// Requests seen, up to [`WARM_SHARE_MEMORY`].
-    seen: u32,
-}
-
-/// Requests the warm share remembers (weight 1/N per request once that many were seen).
-pub const WARM_SHARE_MEMORY: u32 = 64;
-
-impl WarmShare {
-    const ONE: u64 = 1 << 31;
-
-    /// Folds in one request.
-    pub fn note(self, warm: bool) -> Self {
-        let seen = (self.seen + 1).min(WARM_SHARE_MEMORY);
-        let old = u64::from(self.share);
-        let x = if warm { Self::ONE } else { 0 };
-        // old + (x - old) / seen, in integers (x and old both at most ONE).
-        let new = (old * u64::from(seen - 1) + x) / u64::from(seen);
-        Self {
-            share: new.min(Self::ONE) as u32,
-            seen,
-        }
-    }
-
-    pub fn share(self) -> f64 {
-        self.share as f64 / Self::ONE as f64
-    }
-
-    fn pack(self) -> u64 {
-        u64::from(self.seen) << 32 | u64::from(self.share)
-    }
-
-    fn unpack(w: u64) -> Self {
-        Self {
-            share: w as u32,
-            seen: (w >> 32) as u32,
-        }
-    }
 }
 
 /// Scrapes failed in a row (200 ms apart) after which an endpoint counts as not ready for
@@ -322,6 +279,7 @@ impl Pool {
             in_flight: AtomicU32::new(0),
             last_busy_ms: AtomicU64::new(since_origin(std::time::Instant::now())),
             queued_prefill_blocks: AtomicU64::new(0),
+            head_since: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             engine_waiting: AtomicU32::new(0),
@@ -405,36 +363,9 @@ impl Pool {
         self.mean_prefill_x16.store(new, Ordering::Relaxed);
     }
 
-    /// Prefill work queued at an endpoint, in blocks: what this proxy sent that has not
-    /// started answering and, in a cluster, what peers' placements left to prefill there; or
-    /// — when the engine reports more waiting requests than that explains (other routers) —
-    /// its waiting count times the mean prefill.
-    /// `with_peers`: count peers' placements' prefill (the prefix presets do; the others rank
-    /// by this agent's own view).
-    /// With exact peer loads ([`Pool::count_peers_exactly`]) the peers' part is what they
-    /// report queued there, plus the prefill of peers' cold placements too recent for their
-    /// reports ([`Endpoint::provisional_peer_load`]), and the engine's waiting count stands
-    /// in only while it saw requests no agent reported (another router's).
-    pub fn work_ahead(&self, e: &Endpoint, with_peers: bool) -> u64 {
-        let mut own = e.queued_prefill_blocks();
-        if with_peers {
-            if self.counts_peers_exactly() {
-                let now = std::time::Instant::now();
-                own = own
-                    .saturating_add(e.peer_load(now).queued_prefill_blocks)
-                    .saturating_add(e.provisional_peer_load(now).1);
-                if e.foreign_requests.load(Ordering::Relaxed) == 0 {
-                    return own;
-                }
-            } else {
-                own = own.saturating_add(e.peer_prefill_blocks(std::time::Instant::now()));
-            }
-        }
-        if !e.engine_report_fresh() {
-            return own;
-        }
-        let mean = self.mean_prefill_x16.load(Ordering::Relaxed) / 16;
-        own.max(u64::from(e.engine_waiting.load(Ordering::Relaxed)) * mean)
+    /// The pool's mean uncached prefill blocks per routed request (the moving average).
+    pub fn mean_prefill_blocks(&self) -> u64 {
+        self.mean_prefill_x16.load(Ordering::Relaxed) / 16
     }
 
     /// Requests in flight at an endpoint: what this proxy sent and has not seen end, plus
@@ -511,6 +442,21 @@ impl Endpoint {
         let live = {
             let mut loads = self.peer_loads.lock();
             let before = loads.set(agent, load, now);
+            // The head clock: more queued joins the queue; fewer is a prefill that finished.
+            match load
+                .queued_prefill_blocks
+                .cmp(&before.queued_prefill_blocks)
+            {
+                std::cmp::Ordering::Greater => self.note_queued(now),
+                std::cmp::Ordering::Less => self.note_prefilled(
+                    loads
+                        .sum(now)
+                        .queued_prefill_blocks
+                        .saturating_add(self.queued_prefill_blocks()),
+                    now,
+                ),
+                std::cmp::Ordering::Equal => {}
+            }
             (load.in_flight < before.in_flight).then(|| loads.sum(now).in_flight)
         };
         if let Some(live) = live
@@ -685,6 +631,9 @@ impl Endpoint {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.queued_prefill_blocks
             .fetch_add(prefill_blocks, Ordering::Relaxed);
+        if prefill_blocks > 0 {
+            self.note_queued(std::time::Instant::now());
+        }
         load_changed();
         if !keys.is_empty() || output_blocks > 0 {
             self.pinned.lock().hold(keys, output_blocks);
@@ -770,9 +719,19 @@ impl InFlight {
     pub fn first_byte(&mut self) {
         let blocks = std::mem::take(&mut self.prefill_blocks);
         if blocks > 0 {
-            self.endpoint
+            let e = &self.endpoint;
+            let left = e
                 .queued_prefill_blocks
-                .fetch_sub(blocks, Ordering::Relaxed);
+                .fetch_sub(blocks, Ordering::Relaxed)
+                .saturating_sub(blocks);
+            // The peers' queue only when this agent's is empty: all that matters is whether
+            // any is left.
+            let now = std::time::Instant::now();
+            let left = match left {
+                0 => e.peer_load(now).queued_prefill_blocks,
+                n => n,
+            };
+            e.note_prefilled(left, now);
             load_changed();
         }
     }

@@ -185,7 +185,10 @@ mod tests {
         assert_eq!(pool.in_flight(&e, false), 2);
         // Queued prefill: own 50 blocks and b's 100; the engine's waiting count is not read
         // while it sees no request beyond the agents'.
-        assert_eq!(pool.work_ahead(&e, true), 150);
+        assert_eq!(
+            pool.work_ahead(&e, true, f64::NAN, std::time::Instant::now()),
+            150
+        );
         // The engine runs 6 and queues 3: three more than the agents report (another
         // router's), counted until the next scrape.
         e.set_engine_load(3, 6, 0.5);
@@ -201,7 +204,10 @@ mod tests {
         );
         e.set_engine_load(0, 5, 0.5);
         assert_eq!(pool.in_flight(&e, true), 5, "own two, b's two, c's one");
-        assert_eq!(pool.work_ahead(&e, true), 50);
+        assert_eq!(
+            pool.work_ahead(&e, true, f64::NAN, std::time::Instant::now()),
+            50
+        );
         // The engine sees fewer than the agents report (an ended request, not scraped yet):
         // nobody else's.
         e.set_engine_load(0, 1, 0.5);

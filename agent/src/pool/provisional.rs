@@ -167,7 +167,10 @@ mod tests {
         e.note_cold_placement(90, 120, Instant::now() + Duration::from_secs(60));
         // Its report's 2 requests and 10 blocks, and the placement not yet in a report.
         assert_eq!(pool.in_flight(&e, true), 3);
-        assert_eq!(pool.work_ahead(&e, true), 100);
+        assert_eq!(
+            pool.work_ahead(&e, true, f64::NAN, std::time::Instant::now()),
+            100
+        );
         // A pool ranking by its own view only (least-loaded) does not count either.
         assert_eq!(pool.in_flight(&e, false), 0);
     }

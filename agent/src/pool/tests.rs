@@ -73,24 +73,33 @@ fn work_ahead_counts_engine_queues_the_proxy_did_not_fill() {
     }
     let _guard = e.start(7, &[], 0);
     assert_eq!(
-        pool.work_ahead(&e, true),
+        pool.work_ahead(&e, true, f64::NAN, std::time::Instant::now()),
         7,
         "not scraped yet: own queue only"
     );
     e.set_engine_load(5, 2, 0.5);
-    let ahead = pool.work_ahead(&e, true);
+    let ahead = pool.work_ahead(&e, true, f64::NAN, std::time::Instant::now());
     assert!(
         (45..=50).contains(&ahead),
         "5 waiting x ~10 blocks, got {ahead}"
     );
     e.set_engine_load(0, 2, 0.5);
-    assert_eq!(pool.work_ahead(&e, true), 7);
+    assert_eq!(
+        pool.work_ahead(&e, true, f64::NAN, std::time::Instant::now()),
+        7
+    );
     // Two scrapes failing in a row leave the last report's waiting count out.
     e.set_engine_load(5, 2, 0.5);
     e.note_scrape_failure();
-    assert!(pool.work_ahead(&e, true) >= 45, "one failure is tolerated");
+    assert!(
+        pool.work_ahead(&e, true, f64::NAN, std::time::Instant::now()) >= 45,
+        "one failure is tolerated"
+    );
     e.note_scrape_failure();
-    assert_eq!(pool.work_ahead(&e, true), 7);
+    assert_eq!(
+        pool.work_ahead(&e, true, f64::NAN, std::time::Instant::now()),
+        7
+    );
 }
 
 #[test]

@@ -61,6 +61,7 @@ pub fn candidates(
                     source.is_some_and(|s| index.trusted(s)),
                 ),
             };
+            let timing = BlockTiming::new(runtime.calibration.timing(e.serial), pool.block_size);
             Candidate {
                 id: EndpointId(i),
                 affinity: e.affinity,
@@ -70,14 +71,20 @@ pub fn candidates(
                 // placements and what the engine reports beyond its own. Each agent then
                 // weighs a pod's batch as one central agent would.
                 in_flight: pool.in_flight(e, prefix_preset),
-                queued_prefill_blocks: pool.work_ahead(e, prefix_preset),
+                // Less what the engine has most likely prefilled of it by now (`pool::prefill`).
+                queued_prefill_blocks: pool.work_ahead(
+                    e,
+                    prefix_preset,
+                    timing.secs_per_block,
+                    now,
+                ),
                 kv_usage: e.kv_usage(),
                 history_blocks,
                 lora: e.lora_state(ctx.lora.as_deref()),
                 // A LoRA request only goes where the adapter is served; nothing goes where
                 // membership says not to.
                 excluded: !e.routable() || ctx.lora.as_deref().is_some_and(|l| !e.serves(l)),
-                timing: BlockTiming::new(runtime.calibration.timing(e.serial), pool.block_size),
+                timing,
                 // Only the prefix presets price it (and predict with it).
                 kv: prefix_preset
                     .then(|| e.kv_room(&ctx.keys))

@@ -8,7 +8,8 @@
 //! ```
 //!
 //! The first term is prefill: an engine computes only the prompt tokens it does not hold, after
-//! the uncached prompts already waiting there. The second is the batch the prefill joins:
+//! the uncached prompts already waiting there (less what it has most likely done of the one at
+//! their head: [`crate::pool`]'s `prefill`). The second is the batch the prefill joins:
 //! chunked prefill shares each step with the running requests' decode steps, so every one of
 //! them lengthens the steps this prompt's prefill needs. The third is everything else (the
 //! network, the scheduler, the first decode step). The harm the prefill does to that batch
