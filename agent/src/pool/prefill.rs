@@ -9,7 +9,7 @@
 //! would. Measured on the no-sharing control at 0.8x (docs/benchmarks.md, "Work ahead less
 //! what the engine has done"): the picks' wait behind the prefill ahead of them, against the
 //! best pod's at the same instant, was 13-22 ms longer on average; ranked by the counters
-//! alone it would have been 9-18 ms, by the counters less the head's progress 3-10 ms.
+//! alone it would have been 10-18 ms, by the counters less the head's progress 3-11 ms.
 //!
 //! So each endpoint keeps a head clock: started when work joins an empty queue, restarted
 //! when a prefill there finishes with more queued (a first byte of this agent's, a peer's
