@@ -81,7 +81,7 @@ pub struct Endpoint {
     last_busy_ms: AtomicU64,
     queued_prefill_blocks: AtomicU64,
     /// When the engine started on the head of the prefill queued here, µs after a
-    /// process-wide origin plus one; 0 while nothing is queued ([`prefill`]).
+    /// process-wide origin plus one; 0: stopped, nothing queued ([`prefill`]).
     head_since: AtomicU64,
     requests: AtomicU64,
     failures: AtomicU64,
@@ -629,10 +629,11 @@ impl Endpoint {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.mark_busy();
         self.requests.fetch_add(1, Ordering::Relaxed);
-        self.queued_prefill_blocks
+        let before = self
+            .queued_prefill_blocks
             .fetch_add(prefill_blocks, Ordering::Relaxed);
         if prefill_blocks > 0 {
-            self.note_queued(std::time::Instant::now());
+            self.note_joined(before, std::time::Instant::now());
         }
         load_changed();
         if !keys.is_empty() || output_blocks > 0 {
@@ -724,14 +725,7 @@ impl InFlight {
                 .queued_prefill_blocks
                 .fetch_sub(blocks, Ordering::Relaxed)
                 .saturating_sub(blocks);
-            // The peers' queue only when this agent's is empty: all that matters is whether
-            // any is left.
-            let now = std::time::Instant::now();
-            let left = match left {
-                0 => e.peer_load(now).queued_prefill_blocks,
-                n => n,
-            };
-            e.note_prefilled(left, now);
+            e.note_own_prefilled(left, std::time::Instant::now());
             load_changed();
         }
     }

@@ -8,8 +8,9 @@ use std::{
 
 use super::Endpoint;
 
-/// A process-wide instant the endpoints' idle clocks count from.
-fn origin() -> Instant {
+/// A process-wide instant the endpoints' idle and prefill clocks count from (set by the
+/// first endpoint made: [`since_origin`] marks it busy).
+pub(super) fn origin() -> Instant {
     static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     *ORIGIN.get_or_init(Instant::now)
 }
