@@ -438,26 +438,25 @@ impl Endpoint {
     /// agent's own wakes them. A peer whose reports went stale ([`PEER_LOAD_TTL`]) counts no
     /// request, as in [`Pool::in_flight`].
     pub fn set_peer_load(&self, agent: &str, load: AgentLoad, now: std::time::Instant) {
-        // The peers' sum only on a fall (most reports are rises and refreshes).
         let live = {
             let mut loads = self.peer_loads.lock();
             let before = loads.set(agent, load, now);
-            // The head clock: more queued joins the queue; fewer is a prefill that finished.
-            match load
+            let queued = load
                 .queued_prefill_blocks
-                .cmp(&before.queued_prefill_blocks)
-            {
-                std::cmp::Ordering::Greater => self.note_queued(now),
-                std::cmp::Ordering::Less => self.note_prefilled(
-                    loads
-                        .sum(now)
-                        .queued_prefill_blocks
-                        .saturating_add(self.queued_prefill_blocks()),
-                    now,
-                ),
-                std::cmp::Ordering::Equal => {}
+                .cmp(&before.queued_prefill_blocks);
+            let in_flight_fell = load.in_flight < before.in_flight;
+            // The peers' sum only on a fall (most reports are rises and refreshes), once.
+            let sum = (queued.is_lt() || in_flight_fell).then(|| loads.sum(now));
+            // The head clock: more queued joins the queue; fewer is a prefill that finished.
+            if queued.is_gt() {
+                self.note_queued(now);
+            } else if let Some(sum) = sum.filter(|_| queued.is_lt()) {
+                let left = sum
+                    .queued_prefill_blocks
+                    .saturating_add(self.queued_prefill_blocks());
+                self.note_prefilled(left, now);
             }
-            (load.in_flight < before.in_flight).then(|| loads.sum(now).in_flight)
+            sum.filter(|_| in_flight_fell).map(|s| s.in_flight)
         };
         if let Some(live) = live
             && self.pinned.lock().keep_leases(live as usize, now)

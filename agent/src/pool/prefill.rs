@@ -3,10 +3,10 @@
 //! The counters say how many prompt blocks were sent to a pod and have not produced a first
 //! byte (this agent's, and with shared loads its peers' reports): all of it counts as still
 //! to do until the first byte, although the engine has been prefilling the head of that
-//! queue since the previous prefill there finished (or since work joined an empty queue). Two pods
-//! each with one cold prompt queued look the same to the counters whether that prompt is
-//! nearly done or has just arrived; a cold request choosing between them picks as a coin
-//! would. Measured on the no-sharing control at 0.8x (docs/benchmarks.md, "Work ahead less
+//! queue since the previous prefill there finished (or since work joined an empty queue).
+//! Two pods each with one cold prompt queued look the same to the counters whether that
+//! prompt is nearly done or has just arrived; a cold request choosing between them picks as
+//! a coin would. Measured on the no-sharing control at 0.8x (docs/benchmarks.md, "Work ahead less
 //! what the engine has done"): the picks' wait behind the prefill ahead of them, against the
 //! best pod's at the same instant, was 13-22 ms longer on average; ranked by the counters
 //! alone it would have been 10-18 ms, by the counters less the head's progress 3-11 ms.
@@ -16,8 +16,7 @@
 //! report of fewer blocks queued; a request that failed before its first byte counts as
 //! finished), stopped when the queue empties. A peer's report that expires (the peer gone)
 //! does not touch the clock; the next request of this agent's to an otherwise empty queue
-//! restarts it. The work ahead is the
-//! counters' blocks less the head's progress:
+//! restarts it. The work ahead is the counters' blocks less the head's progress:
 //!
 //! ```text
 //! done = min(elapsed(head clock) / secs_per_block(pod), head_blocks, queued)
