@@ -353,7 +353,12 @@ impl Pool {
     /// The share of the pool's recent keyed requests that were warm at their pick, 0-1 (0
     /// before any).
     pub fn warm_share(&self) -> f64 {
-        WarmShare::unpack(self.warm_share.load(Ordering::Relaxed)).share()
+        self.warm().share()
+    }
+
+    /// The pool's warm share with how many requests it has seen.
+    pub fn warm(&self) -> WarmShare {
+        WarmShare::unpack(self.warm_share.load(Ordering::Relaxed))
     }
 
     /// Folds a routed request's uncached prefill blocks into the moving average (1/8 weight).

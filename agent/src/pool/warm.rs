@@ -1,5 +1,6 @@
 //! A pool's warm share ([`WarmShare`]): how many of its recent keyed requests were warm at
-//! their pick, read by the cold-yield rule ([`crate::routing::cold_yield`]).
+//! their pick, read by the cold-yield rule ([`crate::routing::cold_yield`]) and the stall
+//! charge ([`crate::routing::StallShare`]).
 
 /// A pool's warm share: the mean of its recent keyed requests' "warm at the pick" (1) or not
 /// (0), over about the last [`WARM_SHARE_MEMORY`]. Until that many were seen it is the plain
@@ -36,6 +37,11 @@ impl WarmShare {
 
     pub fn share(self) -> f64 {
         self.share as f64 / Self::ONE as f64
+    }
+
+    /// Requests seen, up to [`WARM_SHARE_MEMORY`].
+    pub fn seen(self) -> u32 {
+        self.seen
     }
 
     pub(super) fn pack(self) -> u64 {

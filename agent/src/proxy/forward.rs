@@ -218,7 +218,7 @@ pub async fn forward(
             }
         };
         if tracing::enabled!(tracing::Level::TRACE) {
-            trace_ranking(&decision, &candidates, &endpoints, ctx.keys.len(), yielded);
+            trace_ranking(&decision, &candidates, &endpoints, ctx, yielded);
         }
         tracing::debug!(endpoint = %endpoint.authority, prefix_blocks = decision.prefix_blocks, score = decision.score, blocks = ctx.keys.len(), first_key = ctx.keys.first().map_or(0, |k| k.0), "routing decision");
         // The chosen pod as the cost model saw it, before this request joins its queue.
@@ -489,14 +489,15 @@ fn decision_reason(policy: Policy, prefix_blocks: usize) -> DecisionReason {
 #[cfg(test)]
 mod tests;
 
-/// Logs a ranking at trace level (docs/routing.md, "How a decision is made"): every
-/// candidate best first, its prefix blocks (`h`: from the history), requests in flight,
-/// queued prefill blocks, KV room and wait, prefill seconds per block and cost.
+/// Logs a ranking at trace level (docs/routing.md, "How a decision is made"): the prompt's
+/// blocks, the stall share it paid, then every candidate best first, its prefix blocks (`h`:
+/// from the history), requests in flight, queued prefill blocks, KV room and wait, prefill
+/// seconds per block and cost.
 fn trace_ranking(
     decision: &Decision,
     candidates: &[Candidate],
     endpoints: &[std::sync::Arc<Endpoint>],
-    blocks: usize,
+    ctx: &RequestCtx,
     yielded: Duration,
 ) {
     let rows: Vec<String> = decision
@@ -526,7 +527,8 @@ fn trace_ranking(
         })
         .collect();
     tracing::trace!(
-        blocks,
+        blocks = ctx.keys.len(),
+        stall_share = ctx.stall_share.get(),
         yielded_ms = u64::try_from(yielded.as_millis()).unwrap_or(u64::MAX),
         ranked = ?rows,
         "ranking"

@@ -19,7 +19,7 @@ use super::{
 use crate::{
     http::{Answer, Body, Refusal, RequestHead, message::full, server::Handler},
     policy::compiled::{PolicySet, RequestFacts, TenantRule},
-    routing::RequestCtx,
+    routing::{RequestCtx, StallShare},
     telemetry::Outcome,
 };
 
@@ -297,6 +297,7 @@ async fn route(
                 session: session_rule.key(&parts.headers),
                 lora,
                 survival: pool.calibration.survival(),
+                stall_share: StallShare::of(pool.pool.warm()),
             };
             (chosen, ctx, forwarded, stage)
         }

@@ -12,7 +12,7 @@
 //!              + in_flight(pod) x secs_per_running(pod) + base(pod)      (the prediction)
 //! expected     = prompt_blocks - survival(ttft(pod)) x matched_blocks(pod)
 //! cost(pod)    = (expected + queued_prefill_blocks(pod)                   (its prefill wait)
-//!              +  0.25 x expected x in_flight(pod)                        (stall)
+//!              +  0.25 x share x expected x in_flight(pod)                (stall)
 //!              +  4 x in_flight(pod)) x secs_per_block(pool) + base(pool) (spread)
 //!              +  kv_wait(pod)                                            (KV room)
 //! ```
@@ -32,7 +32,10 @@
 //! destabilise it), and a `--weight` scales its term. The stall term is the charge for the
 //! batch a prefill joins: chunked prefill shares every step with the pod's running requests,
 //! so each of them waits for the uncached blocks too — a cold prompt goes where the fewest
-//! requests would wait for it, while a warm one (few uncached blocks) keeps its affinity. The
+//! requests would wait for it, while a warm one (few uncached blocks) keeps its affinity.
+//! `share` ([`StallShare`]) charges it in proportion to the pool's recent warm share, whole
+//! from a quarter of requests warm and before any request: where nothing is warm there is no
+//! affinity to keep. The
 //! spread term keeps cold requests from piling onto one pod between scrapes (measured:
 //! docs/benchmarks.md). The `history` scorer (the pull of a prefix's home: `2 x survival(ttft) x
 //! (prompt_blocks - history_blocks(pod))` at `--weight history=2`) is off in both presets.
@@ -73,6 +76,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use cost::Timing;
 pub use history::History;
+pub use scorers::StallShare;
 use scorers::{ScoreCtx, Scorer};
 pub use session::{DEFAULT_SESSION_HEADER, SessionSource};
 
@@ -93,6 +97,8 @@ pub struct RequestCtx {
     /// How much of a prefix a pod holds at decision reaches prefill, by the request's
     /// predicted wait there and the pool's recent route receipts.
     pub survival: Survival,
+    /// How much of the stall charge applies: by the pool's recent warm share.
+    pub stall_share: StallShare,
 }
 
 /// The share of a prefix a pod holds at decision that its engine still has when it
@@ -712,7 +718,9 @@ fn near_ties_by_turn(
         return;
     };
     let one_request = (policy.weights.in_flight
-        + policy.weights.stall * sctx.expected_uncached(live[best]))
+        + policy.weights.stall
+            * sctx.request.stall_share.get()
+            * sctx.expected_uncached(live[best]))
         * scale;
     let (held, queued, waits) = (
         sctx.matched(live[best]),

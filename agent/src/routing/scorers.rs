@@ -10,6 +10,7 @@
 //! | `lora` | adapter not loaded: 64 blocks; waiting to load: 16; loaded or no adapter: 0 |
 //! | `session` | 1 unless the candidate is the session's rendezvous-hash owner |
 //! | `in_flight` | requests in flight there |
+//! | `stall` | `expected_uncached x in_flight`, times the pool's [`StallShare`]: the requests this prefill would stall |
 //! | `history` | prompt blocks this proxy did not route there recently (`prompt_blocks - history_blocks`): the pull of a prefix's home |
 //! | `kv_room` | the seconds it would wait there for free KV blocks ([`super::KvRoom`]), as blocks of prefill at the pool's median rate |
 
@@ -97,9 +98,52 @@ impl Scorer for Stall {
         "stall"
     }
     fn add_costs(&self, ctx: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        let w = w * ctx.request.stall_share.get();
         for (c, cost) in live.iter().zip(costs) {
             *cost += w * ctx.expected_uncached(c) * f64::from(c.in_flight);
         }
+    }
+}
+
+/// How much of the stall charge ([`Stall`]) a request pays: the pool's recent warm share
+/// over [`STALL_WARM_SHARE`], capped at 1; the whole charge before the pool has seen a keyed
+/// request. A fresh pool's first requests find every cache empty, so its share starts low
+/// and the charge with it, until a quarter of the requests seen were warm.
+///
+/// The charge keeps a cold prefill off a pod whose running requests it would delay, which
+/// is worth a time to first token where what waits behind it is warm work that pod serves
+/// at once (measured: with none, new agentic sessions piled onto busy pods;
+/// docs/benchmarks.md, "The stall charge"). Where nothing is warm every pod's next prompt is a whole prefill
+/// anyway, and the charge only outbids the prefill already queued: on the no-sharing
+/// control the central agent sent a prompt to a busy pod while another was idle 57-97 times
+/// in 600, for a few more requests running on the idle one, where a running request adds
+/// about 0.2 ms to a prefill; 18-44 times without the charge (docs/benchmarks.md, "The
+/// stall charge where nothing is warm").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StallShare(f64);
+
+/// The warm share from which a request pays the whole stall charge: the share from which a
+/// cold request yields to warm ones ([`super::cold_yield::MIN_WARM_SHARE`]).
+pub const STALL_WARM_SHARE: f64 = super::cold_yield::MIN_WARM_SHARE;
+
+impl Default for StallShare {
+    fn default() -> Self {
+        Self(1.0)
+    }
+}
+
+impl StallShare {
+    /// From the pool's warm share ([`crate::pool::WarmShare`]).
+    pub fn of(warm: crate::pool::WarmShare) -> Self {
+        if warm.seen() == 0 {
+            return Self::default();
+        }
+        Self((warm.share() / STALL_WARM_SHARE).clamp(0.0, 1.0))
+    }
+
+    /// The share, 0-1.
+    pub fn get(self) -> f64 {
+        self.0
     }
 }
 

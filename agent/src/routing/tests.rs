@@ -77,6 +77,73 @@ fn cold_prefills_avoid_stalling_busy_decoders_warm_ones_keep_affinity() {
 }
 
 #[test]
+fn the_stall_share_follows_the_pools_warm_share_and_is_whole_before_any() {
+    use crate::pool::WarmShare;
+    let after = |warm: &[bool]| {
+        let share = warm.iter().fold(WarmShare::default(), |s, &w| s.note(w));
+        StallShare::of(share).get()
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    assert_eq!(after(&[]), 1.0, "nothing seen: the whole charge");
+    assert_eq!(after(&[false; 10]), 0.0, "nothing warm: none of it");
+    // 1 warm in 10: 0.1 / 0.25 = 0.4 of the charge.
+    let mut one_in_ten = [false; 10];
+    one_in_ten[3] = true;
+    assert!(close(after(&one_in_ten), 0.4), "{}", after(&one_in_ten));
+    assert_eq!(
+        after(&[true, false]),
+        1.0,
+        "half warm: capped at the whole charge"
+    );
+}
+
+#[test]
+fn where_nothing_is_warm_a_cold_prefill_goes_by_the_queue_not_the_stall() {
+    let rr = AtomicUsize::new(0);
+    // As above: A six decoding, nothing queued; B one, 30 blocks queued.
+    let (busy, queued) = (cand(0, 0, 0, 6), cand(1, 0, 30, 1));
+    let cold_pool = RequestCtx {
+        stall_share: StallShare::of(
+            (0..20).fold(crate::pool::WarmShare::default(), |s, _| s.note(false)),
+        ),
+        ..ctx(100)
+    };
+    // No stall charge: A 100 + 4 x 6 = 124 blocks; B 100 + 30 + 4 = 134. At the prior's
+    // 1.6 ms a block + 20 ms: 218.4 and 234.4 ms.
+    let d = rank(
+        Policy::Precise,
+        &cold_pool,
+        &[busy.clone(), queued.clone()],
+        &rr,
+    )
+    .unwrap();
+    assert_eq!(d.ranked[0], EndpointId(0));
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    assert!(
+        close(d.costs[0], 0.2184) && close(d.costs[1], 0.2344),
+        "{:?}",
+        d.costs
+    );
+    // 1 warm in 8 pays half the charge: A 100 + 0.125 x 100 x 6 + 24 = 199 blocks (338.4 ms),
+    // B 100 + 30 + 0.125 x 100 + 4 = 146.5 (254.4 ms).
+    let one_in_eight = RequestCtx {
+        stall_share: StallShare::of(
+            (0..8).fold(crate::pool::WarmShare::default(), |s, i| s.note(i == 5)),
+        ),
+        ..ctx(100)
+    };
+    let d = rank(Policy::Precise, &one_in_eight, &[busy, queued], &rr).unwrap();
+    assert_eq!(d.ranked[0], EndpointId(1));
+    // (The share is fixed point: 1 in 8 is a hair under an eighth.)
+    let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    assert!(
+        near(d.costs[0], 0.2544) && near(d.costs[1], 0.3384),
+        "{:?}",
+        d.costs
+    );
+}
+
+#[test]
 fn an_untrusted_pod_is_scored_by_its_history_and_wins_over_a_cold_pod() {
     let rr = AtomicUsize::new(0);
     // Pod 1's index is unsure: whatever it says (90 blocks, maybe stale) is not used,
