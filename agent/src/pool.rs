@@ -356,8 +356,13 @@ impl Pool {
         self.warm().share()
     }
 
-    /// The pool's warm share with how many requests it has seen.
-    pub fn warm(&self) -> WarmShare {
+    /// The pool's warm share, 0-1, or `None` before any keyed request.
+    pub fn warm_share_seen(&self) -> Option<f64> {
+        let warm = self.warm();
+        (warm.seen() > 0).then(|| warm.share())
+    }
+
+    fn warm(&self) -> WarmShare {
         WarmShare::unpack(self.warm_share.load(Ordering::Relaxed))
     }
 

@@ -297,7 +297,7 @@ async fn route(
                 session: session_rule.key(&parts.headers),
                 lora,
                 survival: pool.calibration.survival(),
-                stall_share: StallShare::of(pool.pool.warm()),
+                stall_share: StallShare::of(pool.pool.warm_share_seen()),
             };
             (chosen, ctx, forwarded, stage)
         }

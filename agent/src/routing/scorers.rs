@@ -133,12 +133,13 @@ impl Default for StallShare {
 }
 
 impl StallShare {
-    /// From the pool's warm share ([`crate::pool::WarmShare`]).
-    pub fn of(warm: crate::pool::WarmShare) -> Self {
-        if warm.seen() == 0 {
-            return Self::default();
+    /// From the pool's warm share, 0-1 (`crate::pool::WarmShare`; `None` before the pool has
+    /// seen a keyed request).
+    pub fn of(warm_share: Option<f64>) -> Self {
+        match warm_share {
+            Some(share) if share.is_finite() => Self((share / STALL_WARM_SHARE).clamp(0.0, 1.0)),
+            _ => Self::default(),
         }
-        Self((warm.share() / STALL_WARM_SHARE).clamp(0.0, 1.0))
     }
 
     /// The share, 0-1.

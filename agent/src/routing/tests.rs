@@ -78,23 +78,22 @@ fn cold_prefills_avoid_stalling_busy_decoders_warm_ones_keep_affinity() {
 
 #[test]
 fn the_stall_share_follows_the_pools_warm_share_and_is_whole_before_any() {
-    use crate::pool::WarmShare;
-    let after = |warm: &[bool]| {
-        let share = warm.iter().fold(WarmShare::default(), |s, &w| s.note(w));
-        StallShare::of(share).get()
-    };
-    let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
-    assert_eq!(after(&[]), 1.0, "nothing seen: the whole charge");
-    assert_eq!(after(&[false; 10]), 0.0, "nothing warm: none of it");
-    // 1 warm in 10: 0.1 / 0.25 = 0.4 of the charge.
-    let mut one_in_ten = [false; 10];
-    one_in_ten[3] = true;
-    assert!(close(after(&one_in_ten), 0.4), "{}", after(&one_in_ten));
+    let share = |warm| StallShare::of(warm).get();
+    assert_eq!(share(None), 1.0, "nothing seen: the whole charge");
+    assert_eq!(share(Some(0.0)), 0.0, "nothing warm: none of it");
+    // A tenth warm: 0.1 / 0.25 = 0.4 of the charge.
+    assert!(
+        (share(Some(0.1)) - 0.4).abs() < 1e-12,
+        "{}",
+        share(Some(0.1))
+    );
+    assert_eq!(share(Some(0.25)), 1.0, "a quarter warm: the whole charge");
     assert_eq!(
-        after(&[true, false]),
+        share(Some(0.5)),
         1.0,
         "half warm: capped at the whole charge"
     );
+    assert_eq!(share(Some(f64::NAN)), 1.0, "no figure: the whole charge");
 }
 
 #[test]
@@ -102,42 +101,32 @@ fn where_nothing_is_warm_a_cold_prefill_goes_by_the_queue_not_the_stall() {
     let rr = AtomicUsize::new(0);
     // As above: A six decoding, nothing queued; B one, 30 blocks queued.
     let (busy, queued) = (cand(0, 0, 0, 6), cand(1, 0, 30, 1));
-    let cold_pool = RequestCtx {
-        stall_share: StallShare::of(
-            (0..20).fold(crate::pool::WarmShare::default(), |s, _| s.note(false)),
-        ),
+    let at = |warm| RequestCtx {
+        stall_share: StallShare::of(Some(warm)),
         ..ctx(100)
     };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
     // No stall charge: A 100 + 4 x 6 = 124 blocks; B 100 + 30 + 4 = 134. At the prior's
     // 1.6 ms a block + 20 ms: 218.4 and 234.4 ms.
     let d = rank(
         Policy::Precise,
-        &cold_pool,
+        &at(0.0),
         &[busy.clone(), queued.clone()],
         &rr,
     )
     .unwrap();
     assert_eq!(d.ranked[0], EndpointId(0));
-    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
     assert!(
         close(d.costs[0], 0.2184) && close(d.costs[1], 0.2344),
         "{:?}",
         d.costs
     );
-    // 1 warm in 8 pays half the charge: A 100 + 0.125 x 100 x 6 + 24 = 199 blocks (338.4 ms),
-    // B 100 + 30 + 0.125 x 100 + 4 = 146.5 (254.4 ms).
-    let one_in_eight = RequestCtx {
-        stall_share: StallShare::of(
-            (0..8).fold(crate::pool::WarmShare::default(), |s, i| s.note(i == 5)),
-        ),
-        ..ctx(100)
-    };
-    let d = rank(Policy::Precise, &one_in_eight, &[busy, queued], &rr).unwrap();
+    // An eighth warm pays half the charge: A 100 + 0.125 x 100 x 6 + 24 = 199 blocks
+    // (338.4 ms), B 100 + 30 + 0.125 x 100 + 4 = 146.5 (254.4 ms).
+    let d = rank(Policy::Precise, &at(0.125), &[busy, queued], &rr).unwrap();
     assert_eq!(d.ranked[0], EndpointId(1));
-    // (The share is fixed point: 1 in 8 is a hair under an eighth.)
-    let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
     assert!(
-        near(d.costs[0], 0.2544) && near(d.costs[1], 0.3384),
+        close(d.costs[0], 0.2544) && close(d.costs[1], 0.3384),
         "{:?}",
         d.costs
     );
