@@ -40,7 +40,7 @@ impl WarmShare {
     }
 
     /// Requests seen, up to [`WARM_SHARE_MEMORY`].
-    pub fn seen(self) -> u32 {
+    pub(super) fn seen(self) -> u32 {
         self.seen
     }
 

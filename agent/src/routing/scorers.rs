@@ -113,12 +113,12 @@ impl Scorer for Stall {
 /// The charge keeps a cold prefill off a pod whose running requests it would delay, which
 /// is worth a time to first token where what waits behind it is warm work that pod serves
 /// at once (measured: with none, new agentic sessions piled onto busy pods;
-/// docs/benchmarks.md, "The stall charge"). Where nothing is warm every pod's next prompt is a whole prefill
-/// anyway, and the charge only outbids the prefill already queued: on the no-sharing
-/// control the central agent sent a prompt to a busy pod while another was idle 57-97 times
-/// in 600, for a few more requests running on the idle one, where a running request adds
-/// about 0.2 ms to a prefill; 18-44 times without the charge (docs/benchmarks.md, "The
-/// stall charge where nothing is warm").
+/// docs/benchmarks.md, "The stall charge"). Where nothing is warm every pod's next prompt
+/// is a whole prefill anyway, and the charge only outbids the prefill already queued: on
+/// the no-sharing control the central agent sent a prompt to a busy pod while another was
+/// idle 57-97 times in 600, for a few more requests running on the idle one, where a
+/// running request adds about 0.2 ms to a prefill; 18-44 times without the charge
+/// (docs/benchmarks.md, "The stall charge where nothing is warm").
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StallShare(f64);
 
