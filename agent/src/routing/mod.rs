@@ -36,8 +36,9 @@
 //! `share` ([`StallShare`]) charges it in proportion to the pool's recent warm share, whole
 //! from a quarter of requests warm and before any request: where nothing is warm there is no
 //! affinity to keep. The spread term keeps cold requests from piling onto one pod between
-//! scrapes (measured: docs/benchmarks.md). The `history` scorer (the pull of a prefix's home: `2 x survival(ttft) x
-//! (prompt_blocks - history_blocks(pod))` at `--weight history=2`) is off in both presets.
+//! scrapes (measured: docs/benchmarks.md). The `history` scorer (the pull of a prefix's
+//! home: `2 x survival(ttft) x (prompt_blocks - history_blocks(pod))` at
+//! `--weight history=2`) is off in both presets.
 //!
 //! Affinity wins while the pod holding the prefix is not already busier than recomputing the
 //! prefix elsewhere would be; so it can never pile requests onto an overloaded pod. A hot
