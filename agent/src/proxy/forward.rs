@@ -528,6 +528,7 @@ fn trace_ranking(
         .collect();
     tracing::trace!(
         blocks = ctx.keys.len(),
+        head = ctx.keys.first().map(|k| format!("{:016x}", k.0)),
         stall_share = ctx.stall_share.get(),
         yielded_ms = u64::try_from(yielded.as_millis()).unwrap_or(u64::MAX),
         ranked = ?rows,

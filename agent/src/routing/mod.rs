@@ -701,10 +701,14 @@ pub fn rank(
 /// one prefill waits for the other (docs/benchmarks.md, "Off the design point": on the
 /// no-sharing control, requests sent within 5 ms of another to its pod, 3-8 a run for three
 /// agents, none for one central agent). One request's load is what the ranking charges for
-/// one more request running there (`in-flight` plus `stall`, for the pick's uncached blocks):
-/// a pod a single decoding request busier is a near-tie; one holding less of the prompt, or
-/// with more prefill queued or a longer wait for KV room than the cheapest, never is. An
-/// agent whose pool has never heard from a peer keeps the cheapest.
+/// one more request running there: `in-flight`, plus `stall` for the pick's uncached blocks
+/// where the pick holds at least half the prompt (warm: a few blocks). So a pod a single
+/// decoding request busier is a near-tie. A cold prompt's stall charge is not traded: sent
+/// by turn to a pod serving warm traffic, its prefill stalls the warm requests that follow
+/// it there, and they spill to a second copy of their prefix (docs/benchmarks.md, "Cold
+/// prompts keep the stall charge in near-ties"). A pod holding less of the prompt, or with
+/// more prefill queued or a longer wait for KV room than the cheapest, is never a near-tie.
+/// An agent whose pool has never heard from a peer keeps the cheapest.
 fn near_ties_by_turn(
     policy: &RoutePolicy,
     sctx: &ScoreCtx<'_>,
@@ -717,11 +721,13 @@ fn near_ties_by_turn(
     let Some(&best) = order.first() else {
         return;
     };
-    let one_request = (policy.weights.in_flight
-        + policy.weights.stall
-            * sctx.request.stall_share.get()
-            * sctx.expected_uncached(live[best]))
-        * scale;
+    // A cold prompt's stall charge is not traded (below); a warm one's is small.
+    let stall = if cold_yield::warm(sctx.matched(live[best]), sctx.total_blocks) {
+        policy.weights.stall * sctx.request.stall_share.get() * sctx.expected_uncached(live[best])
+    } else {
+        0.0
+    };
+    let one_request = (policy.weights.in_flight + stall) * scale;
     let (held, queued, waits) = (
         sctx.matched(live[best]),
         live[best].queued_prefill_blocks,

@@ -598,9 +598,10 @@ fn a_kv_wait_adds_its_seconds_to_the_cost_whatever_the_pods_own_fit() {
 }
 
 #[test]
-fn with_peers_near_ties_go_by_turn_and_a_prefix_or_a_queue_is_never_traded() {
-    // A cold request of 10 blocks; pods at the default timing (1e-4 s a token: 1.6 ms a
-    // block). One more request running costs 4 + 0.25 x 10 = 6.5 blocks there.
+fn with_peers_near_ties_go_by_turn_and_a_prefix_a_queue_or_a_cold_stall_is_never_traded() {
+    // Prompts of 10 blocks; pods at the default timing (1e-4 s a token: 1.6 ms a block).
+    // One more request running costs 4 blocks (in-flight) plus 0.25 x the uncached blocks
+    // (stall) there.
     let idle = cand(0, 0, 0, 0);
     let one_busier = cand(1, 0, 0, 1);
     let queued = cand(2, 0, 20, 0);
@@ -619,10 +620,18 @@ fn with_peers_near_ties_go_by_turn_and_a_prefix_or_a_queue_is_never_traded() {
     // Alone, an agent always takes the idle pod.
     let alone = RoutePolicy::from(Policy::Precise);
     assert_eq!(picks(alone, &pods), [(0, 0); 4]);
-    // With peers, the idle pod and the one a request busier (6.5 blocks dearer: within one
-    // request's load) go by turn; the pod with 20 blocks of prefill queued never does.
-    assert_eq!(picks(with_peers, &pods), [(0, 0), (1, 0), (0, 0), (1, 0)]);
-    // Exact ties (two idle pods) go by turn too, each pod in its turn.
+    // Warm: both pods hold 8 of the 10 blocks. The pod a request busier costs 4 + 0.25 x 2
+    // = 4.5 blocks more, one request's load for this prompt: the two go by turn.
+    let (warm_idle, warm_busier) = (cand(0, 8, 0, 0), cand(1, 8, 0, 1));
+    assert_eq!(
+        picks(with_peers, &[warm_idle, warm_busier]),
+        [(0, 8), (1, 8), (0, 8), (1, 8)]
+    );
+    // Cold: the pod a request busier costs 4 + 0.25 x 10 = 6.5 blocks more, but a cold
+    // prompt's window is the 4 blocks of in-flight alone (its stall is not traded), and the
+    // pod with 20 blocks of prefill queued is no tie either: always the idle pod.
+    assert_eq!(picks(with_peers, &pods), [(0, 0); 4]);
+    // Exact ties (two idle pods) go by turn, cold or warm, each pod in its turn.
     assert_eq!(
         picks(with_peers, &[idle.clone(), cand(1, 0, 0, 0)]),
         [(0, 0), (1, 0), (0, 0), (1, 0)]
@@ -633,11 +642,8 @@ fn with_peers_near_ties_go_by_turn_and_a_prefix_or_a_queue_is_never_traded() {
         picks(with_peers, &[idle.clone(), cand(1, 0, 2, 0)]),
         [(0, 0); 4]
     );
-    // Two requests running is 13 blocks dearer: beyond one request's load.
-    let two_busier = cand(1, 0, 0, 2);
-    assert_eq!(picks(with_peers, &[idle.clone(), two_busier]), [(0, 0); 4]);
-    // A pod that holds the prompt's first 4 blocks costs 6; the idle pod's 10 is within one
-    // request's load of it (4 + 0.25 x 6 = 5.5), but holds less: never taken instead.
+    // A pod that holds the prompt's first 4 blocks costs 6, and the idle pod's 10 is within
+    // the cold pick's 4 blocks of it, but holds less: never taken instead.
     let holder = cand(1, 4, 0, 0);
     assert_eq!(picks(with_peers, &[idle, holder]), [(1, 4); 4]);
 }
