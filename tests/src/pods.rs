@@ -616,7 +616,7 @@ def one(k, conn, host, port):
         print(json.dumps({"t": t, "status": r.status, "pod": r.getheader("x-warmpath-pod"), "cached": cached}), flush=True)
         return c
     except (OSError, http.client.HTTPException) as e:
-        print(json.dumps({"t": t, "error": str(e), "stage": stage}), flush=True)
+        print(json.dumps({"t": t, "error": str(e), "errno": getattr(e, "errno", None), "stage": stage}), flush=True)
         return None
 k, kept = 0, None
 while True:

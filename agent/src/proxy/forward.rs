@@ -490,9 +490,9 @@ fn decision_reason(policy: Policy, prefix_blocks: usize) -> DecisionReason {
 mod tests;
 
 /// Logs a ranking at trace level (docs/routing.md, "How a decision is made"): the prompt's
-/// blocks, the stall share it paid, then every candidate best first, its prefix blocks (`h`:
-/// from the history), requests in flight, queued prefill blocks, KV room and wait, prefill
-/// seconds per block and cost.
+/// blocks, its first block's key (`head`), the stall share it paid, then every candidate best
+/// first, its prefix blocks (`h`: from the history), requests in flight, queued prefill
+/// blocks, KV room and wait, prefill seconds per block and cost.
 fn trace_ranking(
     decision: &Decision,
     candidates: &[Candidate],

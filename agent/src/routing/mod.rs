@@ -721,7 +721,7 @@ fn near_ties_by_turn(
     let Some(&best) = order.first() else {
         return;
     };
-    // A cold prompt's stall charge is not traded (below); a warm one's is small.
+    // A cold prompt's stall charge is not traded (see above); a warm one's is small.
     let stall = if cold_yield::warm(sctx.matched(live[best]), sctx.total_blocks) {
         policy.weights.stall * sctx.request.stall_share.get() * sctx.expected_uncached(live[best])
     } else {

@@ -624,13 +624,31 @@ fn with_peers_near_ties_go_by_turn_and_a_prefix_a_queue_or_a_cold_stall_is_never
     // = 4.5 blocks more, one request's load for this prompt: the two go by turn.
     let (warm_idle, warm_busier) = (cand(0, 8, 0, 0), cand(1, 8, 0, 1));
     assert_eq!(
-        picks(with_peers, &[warm_idle, warm_busier]),
+        picks(with_peers, &[warm_idle.clone(), warm_busier]),
         [(0, 8), (1, 8), (0, 8), (1, 8)]
+    );
+    // Two requests busier is 2 x 4.5 = 9 blocks dearer: beyond one request's load.
+    assert_eq!(
+        picks(with_peers, &[warm_idle, cand(1, 8, 0, 2)]),
+        [(0, 8); 4]
     );
     // Cold: the pod a request busier costs 4 + 0.25 x 10 = 6.5 blocks more, but a cold
     // prompt's window is the 4 blocks of in-flight alone (its stall is not traded), and the
     // pod with 20 blocks of prefill queued is no tie either: always the idle pod.
     assert_eq!(picks(with_peers, &pods), [(0, 0); 4]);
+    // Where nothing is warm (stall share 0: the no-sharing control) no stall is charged: the
+    // pod a request busier is 4 blocks dearer, within the window of 4, and goes by turn.
+    let unshared = RequestCtx {
+        stall_share: StallShare::of(Some(0.0)),
+        ..ctx(10)
+    };
+    let unshared_picks: Vec<usize> = (0..4)
+        .map(|start| {
+            let d = rank(with_peers, &unshared, &pods, &AtomicUsize::new(start)).unwrap();
+            d.ranked[0].0
+        })
+        .collect();
+    assert_eq!(unshared_picks, [0, 1, 0, 1]);
     // Exact ties (two idle pods) go by turn, cold or warm, each pod in its turn.
     assert_eq!(
         picks(with_peers, &[idle.clone(), cand(1, 0, 0, 0)]),
