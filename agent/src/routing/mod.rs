@@ -721,18 +721,18 @@ fn near_ties_by_turn(
     let Some(&best) = order.first() else {
         return;
     };
-    // A cold prompt's stall charge is not traded (see above); a warm one's is small.
-    let stall = if cold_yield::warm(sctx.matched(live[best]), sctx.total_blocks) {
-        policy.weights.stall * sctx.request.stall_share.get() * sctx.expected_uncached(live[best])
-    } else {
-        0.0
-    };
-    let one_request = (policy.weights.in_flight + stall) * scale;
     let (held, queued, waits) = (
         sctx.matched(live[best]),
         live[best].queued_prefill_blocks,
         kv_wait(live[best]),
     );
+    // A cold prompt's stall charge is not traded (see above); a warm one's is small.
+    let stall = if cold_yield::warm(held, sctx.total_blocks) {
+        policy.weights.stall * sctx.request.stall_share.get() * sctx.expected_uncached(live[best])
+    } else {
+        0.0
+    };
+    let one_request = (policy.weights.in_flight + stall) * scale;
     let mut ties: SmallVec<[usize; INLINE]> = order
         .iter()
         .copied()
