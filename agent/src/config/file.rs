@@ -668,6 +668,14 @@ mod tests {
         );
         let e = error(&base.replace(
             "model: m",
+            "model: m\n  policy: {preset: session, weights: {evict: 2}}",
+        ));
+        assert!(
+            e.contains("pools[0].policy.weights.evict") && e.contains("the evict charge"),
+            "{e}"
+        );
+        let e = error(&base.replace(
+            "model: m",
             "model: m\n  policy: {preset: session, coldYieldMs: 100}",
         ));
         assert!(

@@ -364,11 +364,13 @@ impl Config {
             if matches!(
                 p.policy.kind,
                 crate::routing::Policy::LeastLoaded | crate::routing::Policy::Session
-            ) && p.policy.weights.kv_room > 0.0
+            ) && let Some((name, what)) = p.policy.weights.priced_in_seconds()
             {
                 return err(
-                    at("policy.weights.kvRoom"),
-                    "the KV room wait is priced only by presets precise and approximate (a wait in seconds; this preset ranks by requests): remove it or choose one of those".into(),
+                    at(&format!("policy.weights.{name}")),
+                    format!(
+                        "{what} is priced only by presets precise and approximate (in seconds, from each pod's KV room; this preset ranks by requests): remove it or choose one of those"
+                    ),
                 );
             }
             if p.cluster_max_concurrent > 0 && l.max_concurrent == 0 {

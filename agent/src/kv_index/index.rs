@@ -619,7 +619,8 @@ impl KvIndex {
         self.store.lookup(chain, out);
     }
 
-    /// Who holds `key` (tests and diagnostics): (source, tier, speculative).
+    /// Who holds `key`: (source, tier, speculative). Tests, diagnostics, and each pool's
+    /// recount of the resident prefixes its pods hold ([`crate::routing::resident`]).
     pub fn holders(&self, key: RouterKey) -> Vec<(SourceId, Tier, bool)> {
         self.store
             .holders_of(key)

@@ -635,12 +635,14 @@ fn refine(
     if matches!(
         policy.kind,
         routing::Policy::LeastLoaded | routing::Policy::Session
-    ) && policy.weights.kv_room > 0.0
+    ) && let Some((name, what)) = policy.weights.priced_in_seconds()
     {
         // Validation refuses it with an explicit preset; here the preset is the pool's.
         return Err((
             "Invalid",
-            "action.weights.kvRoom: the KV room wait is priced only by presets precise and approximate (a wait in seconds), and this policy's preset ranks by requests".into(),
+            format!(
+                "action.weights.{name}: {what} is priced only by presets precise and approximate (in seconds), and this policy's preset ranks by requests"
+            ),
         ));
     }
     if let Some(ms) = a.cold_yield_ms {

@@ -162,7 +162,7 @@ pub struct Action {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preset: Option<Preset>,
     /// Scorer weight overrides (>= 0): `prefix`, `queue`, `kvUsage`, `lora`, `session`,
-    /// `inFlight`, `history`, `stall`, `kvRoom` (docs/routing.md).
+    /// `inFlight`, `history`, `stall`, `kvRoom`, `evict` (docs/routing.md).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub weights: BTreeMap<String, f64>,
     /// The longest a cold request waits at the router, while the pod it was ranked to has

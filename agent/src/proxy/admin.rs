@@ -184,7 +184,8 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
             pods.push(
                 serde_json::json!({"pool": p.name, "load": e.snapshot(), "index": index,
                 "lora": e.lora_info(), "prefix_weight": u8::from(trusted),
-                "prefix_source": prefix_source, "ttft_model": p.calibration.pod_status(e.serial)}),
+                "prefix_source": prefix_source, "ttft_model": p.calibration.pod_status(e.serial),
+                "resident_blocks": e.source.map_or(0, |s| p.resident.lock().blocks(s))}),
             );
         }
         pools.push(serde_json::json!({"name": p.name, "model": p.pool.model,
@@ -197,7 +198,8 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
             "warm_share": p.pool.warm_share(),
             "cold_yields": p.cold_yields.status(),
             "stagger": p.staggered.status(),
-            "hot_prefixes_tracked": p.replication.lock().tracked()}));
+            "hot_prefixes_tracked": p.replication.lock().tracked(),
+            "resident_prefixes_tracked": p.resident.lock().tracked()}));
     }
     let first = &proxy.pools[0].pool;
     let mut v = serde_json::json!({"model": first.model, "policy": format!("{:?}", first.policy.kind),

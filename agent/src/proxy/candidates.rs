@@ -43,6 +43,17 @@ pub fn candidates(
     if !approximate {
         index.lookup(&ctx.keys, &mut matches);
     }
+    // Each pod's resident blocks, read once (the lock is not held while building).
+    let resident: SmallVec<[u64; routing::INLINE]> = if prefix_preset {
+        let mut r = runtime.resident.lock();
+        r.count(index, now);
+        endpoints
+            .iter()
+            .map(|e| e.source.map_or(0, |s| r.blocks(s)))
+            .collect()
+    } else {
+        SmallVec::new()
+    };
     endpoints
         .iter()
         .enumerate()
@@ -95,6 +106,8 @@ pub fn candidates(
                         new_blocks: (ctx.keys.len() as u64 - r.shared)
                             .saturating_add(output_blocks),
                         lifetime,
+                        resident: resident.get(i).copied().unwrap_or(0),
+                        output: output_blocks,
                     }),
                 idle_for: e.idle_for(now),
             }

@@ -185,6 +185,10 @@ pub async fn forward(
         if n == 0 {
             // Once per request: retries are the same prefill, not more of it.
             pool.note_prefill(uncached);
+            if policy.kind.prices_kv_room() {
+                let now = Instant::now();
+                runtime.resident.lock().reused(&ctx.keys, available, now);
+            }
             if !ctx.keys.is_empty() {
                 pool.note_warm(cold_yield::warm(decision.prefix_blocks, ctx.keys.len()));
             }
@@ -508,11 +512,12 @@ fn trace_ranking(
             let c = &candidates[id.0];
             let kv = c.kv.map_or_else(String::new, |k| {
                 format!(
-                    "kv={}/{}+{} w={:.3}",
+                    "kv={}/{}+{} w={:.3} r={}",
                     k.pinned,
                     k.capacity,
                     k.new_blocks,
-                    k.wait()
+                    k.wait(),
+                    k.resident
                 )
             });
             format!(

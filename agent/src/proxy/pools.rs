@@ -40,6 +40,8 @@ pub struct PoolRuntime {
     pub calibration: Arc<Calibration>,
     /// The pool's hot prefixes and their homes.
     pub replication: parking_lot::Mutex<Replication>,
+    /// The prefixes each pod keeps for reuse ([`crate::routing::resident`]).
+    pub resident: parking_lot::Mutex<crate::routing::resident::Resident>,
     /// Cold requests that yielded at a full pod ([`super::cold_yield`]).
     pub cold_yields: crate::routing::cold_yield::ColdYields,
     /// Cold requests held for this agent's slot in the cluster, while the pool's requests
@@ -88,6 +90,7 @@ impl Proxy {
             unkeyed: UnkeyedCounts::new(name),
             calibration: Arc::default(),
             replication: Default::default(),
+            resident: Default::default(),
             cold_yields: Default::default(),
             staggered: Default::default(),
             admission: None,
@@ -171,6 +174,11 @@ impl Proxy {
             let endpoints = p.pool.endpoints();
             if let Some(e) = endpoints.iter().find(|e| e.source == Some(source)) {
                 p.pool.history.record(e.history, keys, now);
+                // The prefix it reused there is resident (where the pool prices KV).
+                if p.pool.policy.kind.prices_kv_room() {
+                    let held = keys.len().saturating_sub(new_blocks);
+                    p.resident.lock().reused(keys, held, now);
+                }
                 // Its load until the peer's own report can count it (`pool::provisional`):
                 // read only where the peers report their loads.
                 if p.pool.counts_peers_exactly() {

@@ -162,6 +162,8 @@ mod tests {
                 pinned,
                 new_blocks,
                 lifetime: 1.0,
+                resident: 0,
+                output: 0,
             }),
             idle_for: std::time::Duration::ZERO,
         }

@@ -67,6 +67,7 @@ pub mod cost;
 mod history;
 pub mod idle;
 pub mod replication;
+pub mod resident;
 pub mod scorers;
 pub mod session;
 pub mod stagger;
@@ -253,6 +254,10 @@ pub struct KvRoom {
     pub new_blocks: u64,
     /// Mean seconds a request holds its blocks (the pool's answers).
     pub lifetime: f64,
+    /// Blocks of the prefixes requests reuse there ([`resident`]).
+    pub resident: u64,
+    /// Blocks of the request's expected output.
+    pub output: u64,
 }
 
 /// The longest a KV wait is predicted at, in request lifetimes: past that a pod is full
@@ -367,6 +372,7 @@ pub struct Weights {
     pub history: f64,
     pub stall: f64,
     pub kv_room: f64,
+    pub evict: f64,
 }
 
 impl Default for Weights {
@@ -386,6 +392,7 @@ impl Weights {
         history: 0.0,
         stall: 0.0,
         kv_room: 0.0,
+        evict: 0.0,
     };
 
     /// Pairs of (scorer, weight) with a non-zero weight.
@@ -400,9 +407,23 @@ impl Weights {
             (&scorers::Home, self.history),
             (&scorers::Stall, self.stall),
             (&scorers::KvRoomWait, self.kv_room),
+            (&scorers::Evict, self.evict),
         ]
         .into_iter()
         .filter(|(_, w)| *w != 0.0)
+    }
+
+    /// The first weight above 0 that only the presets ranking in seconds (precise,
+    /// approximate) price, as (its policy name, what it prices): the KV room wait and the
+    /// evict charge need each pod's KV room, which the others do not compute.
+    pub fn priced_in_seconds(&self) -> Option<(&'static str, &'static str)> {
+        if self.kv_room > 0.0 {
+            Some(("kvRoom", "the KV room wait"))
+        } else if self.evict > 0.0 {
+            Some(("evict", "the evict charge"))
+        } else {
+            None
+        }
     }
 
     /// Sets one weight by its name (`prefix`, `queue`, `kv-usage`, `lora`, `session`,
@@ -433,9 +454,10 @@ impl Weights {
             "history" => &mut self.history,
             "stall" => &mut self.stall,
             "kv-room" => &mut self.kv_room,
+            "evict" => &mut self.evict,
             other => {
                 return Err(format!(
-                    "unknown scorer `{other}`: expected prefix, queue, kv-usage, lora, session, in-flight, history, stall or kv-room"
+                    "unknown scorer `{other}`: expected prefix, queue, kv-usage, lora, session, in-flight, history, stall, kv-room or evict"
                 ));
             }
         };
@@ -488,7 +510,8 @@ impl Policy {
             // And a few blocks per request in flight there: running requests share every batch
             // step, so a pod busy decoding prefills more slowly; and the uncached blocks once
             // more (at a quarter of a block each) per request in flight there, which this
-            // prefill would stall.
+            // prefill would stall. And the blocks of reused prefixes it would evict there,
+            // each prefilled again when its prefix returns ([`resident`]).
             Policy::Precise => Weights {
                 prefix: 1.0,
                 queue: 1.0,
@@ -496,10 +519,13 @@ impl Policy {
                 in_flight: IN_FLIGHT_BLOCKS,
                 stall: STALL_WEIGHT,
                 kv_room: 1.0,
+                evict: 1.0,
                 ..Weights::ZERO
             },
             // The approximate policy's prefix signal *is* the history; its other terms are
-            // precise's, so the two differ only in what they know of the caches.
+            // precise's, so the two differ only in what they know of the caches — except
+            // the evict charge, counted from the KV index, which the engines this preset is
+            // for (no KV events) leave empty.
             Policy::Approximate => Weights {
                 prefix: 1.0,
                 queue: 1.0,

@@ -13,6 +13,7 @@
 //! | `stall` | `expected_uncached x in_flight`, times the pool's [`StallShare`]: the requests this prefill would stall |
 //! | `history` | prompt blocks this proxy did not route there recently (`prompt_blocks - history_blocks`): the pull of a prefix's home |
 //! | `kv_room` | the seconds it would wait there for free KV blocks ([`super::KvRoom`]), as blocks of prefill at the pool's median rate |
+//! | `evict` | blocks of other reused prefixes its new blocks would evict there ([`super::KvRoom::evicted`]): each is prefilled again when its prefix returns |
 
 use super::{Candidate, LoraState, RequestCtx};
 
@@ -75,6 +76,22 @@ pub struct Home;
 pub struct Stall;
 #[derive(Debug)]
 pub struct KvRoomWait;
+#[derive(Debug)]
+pub struct Evict;
+
+impl Scorer for Evict {
+    fn name(&self) -> &'static str {
+        "evict"
+    }
+    fn add_costs(&self, ctx: &ScoreCtx<'_>, live: &[&Candidate], w: f64, costs: &mut [f64]) {
+        let total = ctx.total_blocks as u64;
+        for (c, cost) in live.iter().zip(costs) {
+            if let Some(k) = c.kv {
+                *cost += w * k.evicted(ctx.matched(c) as u64, total) as f64;
+            }
+        }
+    }
+}
 
 impl Scorer for KvRoomWait {
     fn name(&self) -> &'static str {

@@ -499,6 +499,8 @@ fn kv_room_wait_is_the_missing_share_of_a_lifetime_capped() {
         pinned,
         new_blocks,
         lifetime: 0.5,
+        resident: 0,
+        output: 0,
     };
     assert_eq!(room(100, 72).wait(), 0.0, "fits");
     assert_eq!(room(181, 72).wait(), 0.0, "fits exactly");
@@ -525,6 +527,8 @@ fn a_cold_prompt_goes_where_its_blocks_fit_not_where_a_hot_document_fills_the_ca
         pinned: 250,
         new_blocks: 72,
         lifetime: 0.5,
+        resident: 0,
+        output: 0,
     };
     let roomy = KvRoom {
         pinned: 100,
@@ -587,6 +591,8 @@ fn a_kv_wait_adds_its_seconds_to_the_cost_whatever_the_pods_own_fit() {
         pinned: 100,
         new_blocks: 50,
         lifetime: 0.2,
+        resident: 0,
+        output: 0,
     });
     let d = rank(Policy::Precise, &c, &pods, &rr).unwrap();
     // In blocks, each pod: 10 uncached; at the median 0.55 ms per block, 5.5 ms. Pod 0 adds
@@ -664,4 +670,76 @@ fn with_peers_near_ties_go_by_turn_and_a_prefix_a_queue_or_a_cold_stall_is_never
     // the cold pick's 4 blocks of it, but holds less: never taken instead.
     let holder = cand(1, 4, 0, 0);
     assert_eq!(picks(with_peers, &[idle, holder]), [(1, 4); 4]);
+}
+
+#[test]
+fn evicted_counts_only_reused_blocks_a_request_pushes_out() {
+    let room = |resident, pinned| KvRoom {
+        capacity: 1069,
+        pinned,
+        new_blocks: 0,
+        lifetime: 1.0,
+        resident,
+        output: 4,
+    };
+    // Six 160-block documents kept, nothing in flight: a cold 160-block prompt and its 4
+    // output blocks find 1069 - 960 = 109 free, and push out 164 - 109 = 55 of them.
+    assert_eq!(room(960, 0).evicted(0, 160), 55);
+    // The same pod holding 157 of the prompt's blocks (its document): it adds 3 + 4.
+    assert_eq!(room(960, 0).evicted(157, 160), 0);
+    // Full of requests in flight, 155 blocks reused of which 150 are this prompt's: it adds
+    // 10 + 4, all pushed out, but only the other 5 reused blocks are charged.
+    assert_eq!(room(155, 1069).evicted(150, 160), 5);
+    // Full of reused prefixes: all it adds is pushed out of them.
+    assert_eq!(room(1069, 300).evicted(0, 160), 164);
+    // Full of requests in flight (1000 blocks), 100 reused: it lacks 95, all reused.
+    assert_eq!(room(100, 1000).evicted(0, 160), 95);
+    // ... but only 50 reused: the rest of what it lacks is one-off blocks, free to lose.
+    assert_eq!(room(50, 1000).evicted(0, 160), 50);
+    assert_eq!(
+        room(0, 1069).evicted(0, 160),
+        0,
+        "nothing reused, nothing charged"
+    );
+}
+
+#[test]
+fn a_new_prefix_goes_where_the_cache_has_room_not_where_it_evicts_reused_ones() {
+    let rr = AtomicUsize::new(0);
+    let c = ctx(160);
+    let kv = |resident, pinned| {
+        Some(KvRoom {
+            capacity: 1069,
+            pinned,
+            new_blocks: 164,
+            lifetime: 1.0,
+            resident,
+            output: 4,
+        })
+    };
+    // A cold 160-block prompt. Pod 0 is idle and keeps six documents (960 blocks); pod 1
+    // runs one request (168 blocks in flight) and keeps four (640).
+    let mut pods = [cand(0, 0, 0, 0), cand(1, 0, 0, 1)];
+    pods[0].kv = kv(960, 0);
+    pods[1].kv = kv(640, 168);
+    // In blocks: pod 0 160 prefill + 55 evicted = 215; pod 1 160 + 4 in flight + 0.25 x
+    // 160 x 1 stalled = 204, and nothing evicted (640 + 164 fit in 1069).
+    let d = rank(Policy::Precise, &c, &pods, &rr).unwrap();
+    assert_eq!(d.ranked[0], EndpointId(1));
+    let t = BlockTiming::default();
+    let cost = |blocks: f64| blocks * t.secs_per_block + t.base;
+    assert!((d.costs[0] - cost(204.0)).abs() < 1e-9, "{:?}", d.costs);
+    assert!((d.costs[1] - cost(215.0)).abs() < 1e-9, "{:?}", d.costs);
+    // The charge is the next requests' cost, not this one's TTFT: pod 0's prediction is its
+    // prefill alone.
+    let idle = d.ranked.iter().position(|&id| id == EndpointId(0)).unwrap();
+    assert!(
+        (d.predicted[idle] - cost(160.0)).abs() < 1e-9,
+        "{:?}",
+        d.predicted
+    );
+    // `--weight evict=0`: the idle pod, as before (160 against 204).
+    let mut off = RoutePolicy::from(Policy::Precise);
+    off.weights.set("evict", 0.0).unwrap();
+    assert_eq!(rank(off, &c, &pods, &rr).unwrap().ranked[0], EndpointId(0));
 }

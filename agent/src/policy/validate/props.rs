@@ -16,6 +16,7 @@ use mutations::{ROUTE_MUTATIONS, TENANT_MUTATIONS};
 
 const SCORERS: &[&str] = &[
     "prefix", "queue", "kvUsage", "lora", "session", "inFlight", "history", "stall", "kvRoom",
+    "evict",
 ];
 
 fn dns_label() -> impl Strategy<Value = String> {
@@ -162,9 +163,12 @@ fn action() -> impl Strategy<Value = Action> {
                 if preset == Some(Preset::RoundRobin) {
                     weights.clear();
                 }
-                // The KV room wait is priced only by the presets that rank in seconds.
+                // The KV room wait and the evict charge are priced only by the presets that
+                // rank in seconds.
                 if matches!(preset, Some(Preset::LeastLoaded | Preset::Session)) {
-                    weights.retain(|k, _| !matches!(k.as_str(), "kvRoom" | "kv-room" | "kv_room"));
+                    weights.retain(|k, _| {
+                        !matches!(k.as_str(), "kvRoom" | "kv-room" | "kv_room" | "evict")
+                    });
                 }
                 let tokens = tokens.map(|source| TokenSpec {
                     source,

@@ -246,13 +246,16 @@ fn weights(a: &Action, e: &mut Errors) {
         );
     }
     if matches!(a.preset, Some(Preset::LeastLoaded | Preset::Session)) {
-        let kv_room = scorer_of("kv-room");
         for (name, &value) in &a.weights {
-            if value > 0.0 && scorer_of(name) == kv_room {
+            let priced = (value > 0.0)
+                .then(|| scorer_of(name))
+                .flatten()
+                .and_then(|unit| unit.priced_in_seconds());
+            if let Some((_, what)) = priced {
                 e.push(
                     format!("spec.action.weights.{name}"),
                     value,
-                    "the KV room wait is priced only by presets precise and approximate (a wait in seconds; this preset ranks by requests): remove it or choose one of those",
+                    format!("{what} is priced only by presets precise and approximate (in seconds, from each pod's KV room; this preset ranks by requests): remove it or choose one of those"),
                 );
             }
         }

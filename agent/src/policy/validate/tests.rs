@@ -373,6 +373,14 @@ fn weights_and_tokens() {
             )],
         ),
         (
+            "{preset: session, weights: {evict: 0.5}}",
+            &[(
+                "spec.action.weights.evict",
+                "0.5",
+                "the evict charge is priced only by presets precise and approximate",
+            )],
+        ),
+        (
             "{preset: least-loaded, coldYieldMs: 250}",
             &[(
                 "spec.action.coldYieldMs",
