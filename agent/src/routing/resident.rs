@@ -188,7 +188,7 @@ impl Resident {
 }
 
 impl super::KvRoom {
-    /// Blocks of other resident prefixes (this module's) a request would evict there, holding
+    /// Blocks of other resident prefixes ([`Resident`]) a request would evict there, holding
     /// `matched` of its `total` prompt blocks: what its prompt and output add, beyond the
     /// room the pod's resident prefixes and requests in flight leave, at most those other
     /// prefixes' blocks. Each would be prefilled again when its prefix is next requested.
