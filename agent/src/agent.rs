@@ -398,6 +398,7 @@ pub async fn start(config: &Config) -> Result<Routing, Error> {
         config.admin_token.clone(),
     )));
     tasks.push(tokio::spawn(proxy::scrape_loop(proxy.clone())));
+    tasks.push(tokio::spawn(proxy::recount_loop(proxy.clone())));
     let cluster = match &config.cluster {
         Some(c) => Some(Arc::new(
             crate::cluster::join::join(c.join(Some(listen_addrs[0])), index.clone(), pods).await?,

@@ -43,10 +43,10 @@ pub fn candidates(
     if !approximate {
         index.lookup(&ctx.keys, &mut matches);
     }
-    // Each pod's resident blocks, read once (the lock is not held while building).
+    // Each pod's resident blocks as last recounted (`super::recount_loop`), read once (the
+    // lock is not held while building).
     let resident: SmallVec<[u64; routing::INLINE]> = if prefix_preset {
-        let mut r = runtime.resident.lock();
-        r.count(index, now);
+        let r = runtime.resident.lock();
         endpoints
             .iter()
             .map(|e| e.source.map_or(0, |s| r.blocks(s)))

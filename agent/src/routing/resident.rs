@@ -20,15 +20,17 @@
 //! - **Forgotten** after [`Settings::horizon`] without a request.
 //! - **Per pod**, the resident blocks are the lengths of the resident prefixes whose last
 //!   block the KV index says the pod holds on its GPU (engines evict a prefix's last blocks
-//!   first; a speculative hold, a request just routed there, counts), recounted at most
-//!   every [`REFRESH`]: the index knows the evictions, so a pod that lost a prefix stops
-//!   counting it at the next recount. Prefixes that branch are counted per branch: documents
-//!   sharing a system prompt count it once each, and a prompt repeated whole replaces its
-//!   document's entry with the longer one (an estimate, not an inventory).
+//!   first; a speculative hold, a request just routed there, counts), recounted every
+//!   [`REFRESH`] off the request path (`crate::proxy::recount_loop`): the index knows the
+//!   evictions, so a pod that lost a prefix stops counting it at the next recount. Prefixes
+//!   that branch are counted per branch: documents sharing a system prompt count it once
+//!   each, and a prompt repeated whole replaces its document's entry with the longer one (an
+//!   estimate, not an inventory).
 //!
 //! Bounded: at most [`Settings::max_entries`] prefixes (when full, the expired go, then, if
 //! still at least three quarters full, the older half); a recount reads the index once per
-//! prefix.
+//! prefix, the table held only while it is copied and while the counts are installed
+//! (`cargo bench -p warmpath-bench --bench resident`: docs/benchmarks.md).
 
 use std::{
     collections::HashMap,
@@ -37,7 +39,7 @@ use std::{
 
 use crate::kv_index::{KvIndex, RouterKey, SourceId, Tier};
 
-/// How often each pod's resident blocks are recounted from the index.
+/// How often the proxy recounts each pod's resident blocks from the index.
 pub const REFRESH: Duration = Duration::from_millis(100);
 
 /// The resident-prefix settings.
@@ -74,9 +76,25 @@ struct Entry {
 pub struct Resident {
     settings: Settings,
     entries: HashMap<RouterKey, Entry, foldhash::fast::RandomState>,
-    /// Index source -> resident blocks there, as of `counted`.
-    pods: HashMap<SourceId, u64, foldhash::fast::RandomState>,
-    counted: Option<Instant>,
+    /// Index source -> resident blocks there, as of the last recount.
+    pods: PodBlocks,
+}
+
+/// Index source -> resident blocks there.
+pub type PodBlocks = HashMap<SourceId, u64, foldhash::fast::RandomState>;
+
+/// Each pod's resident blocks for `prefixes` ([`Resident::to_count`]): the lengths of
+/// those whose last block `index` says the pod holds on its GPU. One index read per prefix.
+pub fn tally(index: &KvIndex, prefixes: &[(RouterKey, u64)]) -> PodBlocks {
+    let mut pods = PodBlocks::default();
+    for &(key, blocks) in prefixes {
+        for (source, tier, _) in index.holders(key) {
+            if tier == Tier::Gpu {
+                *pods.entry(source).or_default() += blocks;
+            }
+        }
+    }
+    pods
 }
 
 impl Default for Resident {
@@ -92,8 +110,7 @@ impl Resident {
         Self {
             settings,
             entries: HashMap::default(),
-            pods: HashMap::default(),
-            counted: None,
+            pods: PodBlocks::default(),
         }
     }
 
@@ -144,25 +161,27 @@ impl Resident {
         );
     }
 
-    /// Recounts each pod's resident blocks from `index`, unless counted within [`REFRESH`]
-    /// before `now`; prefixes not requested within the horizon are forgotten first.
+    /// Recounts each pod's resident blocks from `index` now (prefixes not requested within
+    /// the horizon forgotten first): [`Resident::to_count`], [`tally`] and
+    /// [`Resident::set_counts`] with the table held throughout. The proxy recounts in the
+    /// background instead, the table held only to copy and to install
+    /// (`crate::proxy::recount_loop`).
     pub fn count(&mut self, index: &KvIndex, now: Instant) {
-        if self
-            .counted
-            .is_some_and(|at| now.saturating_duration_since(at) < REFRESH)
-        {
-            return;
-        }
-        self.counted = Some(now);
+        let prefixes = self.to_count(now);
+        self.set_counts(tally(index, &prefixes));
+    }
+
+    /// The prefixes to recount, each its last block's key and its length: those requested
+    /// within the horizon (the others are forgotten here). A copy, so the recount itself
+    /// ([`tally`]) runs without the table.
+    pub fn to_count(&mut self, now: Instant) -> Vec<(RouterKey, u64)> {
         self.expire(now);
-        self.pods.clear();
-        for (key, e) in &self.entries {
-            for (source, tier, _) in index.holders(*key) {
-                if tier == Tier::Gpu {
-                    *self.pods.entry(source).or_default() += e.blocks;
-                }
-            }
-        }
+        self.entries.iter().map(|(k, e)| (*k, e.blocks)).collect()
+    }
+
+    /// Installs each pod's resident blocks ([`tally`]).
+    pub fn set_counts(&mut self, counts: PodBlocks) {
+        self.pods = counts;
     }
 
     fn expire(&mut self, now: Instant) {
@@ -237,7 +256,7 @@ mod tests {
         (index, ids)
     }
 
-    /// Counted now: `REFRESH` after the last count.
+    /// Counted now.
     fn counts(r: &mut Resident, index: &KvIndex, ids: &[SourceId], at: Instant) -> Vec<u64> {
         r.count(index, at);
         ids.iter().map(|&s| r.blocks(s)).collect()
@@ -252,11 +271,14 @@ mod tests {
         let first = prompt(1, 100, 0, 8);
         let held = index.speculate(ids[0], &first, t0);
         assert_eq!(counts(&mut r, &index, &ids, t0), [0, 0, 0]);
-        // Its second request reused the 100 on pod 0; a copy went to pod 2.
+        // Its second request reused the 100 on pod 0; a copy went to pod 2. Until the next
+        // recount the pods' counts stay as they were.
         r.reused(&prompt(1, 100, 1, 8), 100, t0);
         index.speculate(ids[2], &prompt(1, 100, 1, 8), t0);
-        // Recounted only once REFRESH has passed.
-        assert_eq!(counts(&mut r, &index, &ids, t0), [0, 0, 0]);
+        assert_eq!(
+            ids.iter().map(|&s| r.blocks(s)).collect::<Vec<_>>(),
+            [0, 0, 0]
+        );
         let t1 = t0 + REFRESH;
         assert_eq!(counts(&mut r, &index, &ids, t1), [100, 0, 100]);
         // A second document, 60 blocks, reused on pod 2: 160 there.

@@ -1,0 +1,68 @@
+//! The evict charge's resident prefixes end to end: a prefix a request reuses is counted on
+//! every pod that holds it, by the proxy's background recount (no request triggers it), and
+//! shown on `/status` (`pods[].resident_blocks`, `pools[].resident_prefixes_tracked`).
+#![allow(clippy::unwrap_used)] // test binary: a failed unwrap is a failed test
+
+use std::{collections::HashSet, time::Duration};
+
+use serde_json::json;
+use warmpath_e2e::{
+    agent::{proxy, urls},
+    sim::{Fleet, get_json, wait_for},
+};
+
+const WAIT: Duration = Duration::from_secs(20);
+/// Prompt tokens: 8 whole blocks of 16.
+const TOKENS: u32 = 128;
+
+/// Sends one completion of the document's tokens; returns the pod that answered.
+async fn complete(client: &reqwest::Client, base: &str) -> String {
+    let prompt: Vec<u32> = (0..TOKENS).map(|i| 300 + i).collect();
+    let body = json!({"model": "sim-llama", "prompt": prompt, "max_tokens": 2});
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let pod = r.headers()["x-warmpath-pod"].to_str().unwrap().to_string();
+    r.bytes().await.unwrap();
+    pod
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_prefix_is_counted_on_the_pods_holding_it_without_a_request() {
+    let fleet = Fleet::tiny(2, &[]).await;
+    let routing = proxy(&fleet, &["--policy", "precise"]).await;
+    let (base, admin) = urls(&routing);
+    let client = reqwest::Client::new();
+    // The first request brings the document (nothing reused); the second reuses its 8
+    // blocks wherever a pod holds them.
+    let mut served = HashSet::new();
+    served.insert(complete(&client, &base).await);
+    served.insert(complete(&client, &base).await);
+    let (c, status_url) = (&client, format!("{admin}/status"));
+    let url = &status_url;
+    // No request follows: only the background recount can count it.
+    let status = wait_for("the reused prefix counted", WAIT, || async move {
+        let s = get_json(c, url).await;
+        let counted: u64 = s["pods"]
+            .as_array()?
+            .iter()
+            .filter_map(|p| p["resident_blocks"].as_u64())
+            .sum();
+        (counted > 0).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        status["pools"][0]["resident_prefixes_tracked"].as_u64(),
+        Some(1)
+    );
+    for p in status["pods"].as_array().unwrap() {
+        let pod = p["load"]["endpoint"].as_str().unwrap();
+        // Every pod that answered one of the two holds the 8 blocks; the other none.
+        let want = if served.contains(pod) { 8 } else { 0 };
+        assert_eq!(p["resident_blocks"].as_u64(), Some(want), "{pod}");
+    }
+}
