@@ -115,7 +115,7 @@ impl Resident {
     }
 
     /// Blocks of resident prefixes on the pod whose index source is `source`, as of the last
-    /// [`Resident::count`].
+    /// recount ([`Resident::set_counts`]).
     pub fn blocks(&self, source: SourceId) -> u64 {
         self.pods.get(&source).copied().unwrap_or(0)
     }
@@ -163,9 +163,10 @@ impl Resident {
 
     /// Recounts each pod's resident blocks from `index` now (prefixes not requested within
     /// the horizon forgotten first): [`Resident::to_count`], [`tally`] and
-    /// [`Resident::set_counts`] with the table held throughout. The proxy recounts in the
-    /// background instead, the table held only to copy and to install
-    /// (`crate::proxy::recount_loop`).
+    /// [`Resident::set_counts`] with the table held throughout (tests; the proxy recounts in
+    /// the background, the table held only to copy and to install:
+    /// `crate::proxy::recount_loop`).
+    #[cfg(test)]
     pub fn count(&mut self, index: &KvIndex, now: Instant) {
         let prefixes = self.to_count(now);
         self.set_counts(tally(index, &prefixes));
