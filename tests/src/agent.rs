@@ -59,3 +59,26 @@ pub fn urls(routing: &Routing) -> (String, String) {
         format!("http://{}", routing.admin),
     )
 }
+
+/// Posts a completion of `prompt` (text or token ids) to the proxy at `base`, asserting a
+/// 200; returns the pod that answered (`x-warmpath-pod`: the proxy runs with `--explain`)
+/// and the answer.
+pub async fn complete(
+    client: &reqwest::Client,
+    base: &str,
+    prompt: serde_json::Value,
+) -> (String, serde_json::Value) {
+    let body = serde_json::json!({"model": "sim-llama", "prompt": prompt, "max_tokens": 2});
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("the proxy answers");
+    assert_eq!(r.status(), 200);
+    let pod = r.headers()["x-warmpath-pod"]
+        .to_str()
+        .expect("an ASCII pod address")
+        .to_string();
+    (pod, r.json().await.expect("a JSON answer"))
+}

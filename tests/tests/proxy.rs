@@ -20,16 +20,7 @@ fn shared_prompt(group: u32, question: u32) -> String {
 }
 
 async fn complete(client: &reqwest::Client, base: &str, prompt: &str) -> (String, u64) {
-    let body = json!({"model": "sim-llama", "prompt": prompt, "max_tokens": 2});
-    let r = client
-        .post(format!("{base}/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let pod = r.headers()["x-warmpath-pod"].to_str().unwrap().to_string();
-    let v: serde_json::Value = r.json().await.unwrap();
+    let (pod, v) = warmpath_e2e::agent::complete(client, base, json!(prompt)).await;
     (
         pod,
         v["usage"]["prompt_tokens_details"]["cached_tokens"]

@@ -7,7 +7,7 @@ use std::{collections::HashSet, time::Duration};
 
 use serde_json::json;
 use warmpath_e2e::{
-    agent::{proxy, urls},
+    agent::{self, proxy, urls},
     sim::{Fleet, get_json, wait_for},
 };
 
@@ -18,17 +18,7 @@ const TOKENS: u32 = 128;
 /// Sends one completion of the document's tokens; returns the pod that answered.
 async fn complete(client: &reqwest::Client, base: &str) -> String {
     let prompt: Vec<u32> = (0..TOKENS).map(|i| 300 + i).collect();
-    let body = json!({"model": "sim-llama", "prompt": prompt, "max_tokens": 2});
-    let r = client
-        .post(format!("{base}/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let pod = r.headers()["x-warmpath-pod"].to_str().unwrap().to_string();
-    r.bytes().await.unwrap();
-    pod
+    agent::complete(client, base, json!(prompt)).await.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -129,7 +129,7 @@ pub fn available_blocks(candidates: &[Candidate], blocks: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::{sync::atomic::AtomicUsize, time::Instant};
 
     use super::*;
@@ -141,8 +141,8 @@ mod tests {
         telemetry::{Telemetry, TelemetryConfig},
     };
 
-    /// A precise pool of two pods with their own index sources.
-    fn proxy() -> Proxy {
+    /// A precise pool of two pods (`a:1`, `b:1`) with their own index sources.
+    pub(in crate::proxy) fn proxy() -> Proxy {
         let index = Arc::new(KvIndex::new(IndexConfig::default()));
         let source = |pod: &str| {
             index.add_source(SourceInfo {

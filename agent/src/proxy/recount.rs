@@ -30,47 +30,18 @@ pub fn recount(proxy: &Proxy, now: Instant) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::{
-        kv_index::{IndexConfig, KvIndex, RouterKey, SourceInfo},
-        pool::Pool,
-        proxy::TokenSource,
-        routing::{Policy, SessionSource},
-        telemetry::{Telemetry, TelemetryConfig},
-    };
+    use crate::kv_index::RouterKey;
 
     #[test]
     fn a_recount_counts_each_pools_reused_prefixes_on_the_pods_holding_them() {
-        let index = Arc::new(KvIndex::new(IndexConfig::default()));
-        let pods: Vec<_> = ["a:1", "b:1"]
-            .iter()
-            .map(|p| {
-                index.add_source(SourceInfo {
-                    pod: (*p).into(),
-                    rank: None,
-                })
-            })
-            .collect();
-        let telemetry = Arc::new(Telemetry::new(&TelemetryConfig::default()).expect("telemetry"));
-        let mut proxy = Proxy::new(index, telemetry, Default::default());
-        let endpoints = vec![
-            ("a:1".to_string(), Some(pods[0])),
-            ("b:1".to_string(), Some(pods[1])),
-        ];
-        let pool = Pool::new("m".into(), 16, Policy::Precise, endpoints);
-        proxy.add_pool(
-            "p",
-            pool,
-            TokenSource::Approximate,
-            SessionSource::default(),
-        );
+        let proxy = crate::proxy::candidates::tests::proxy();
+        let p = &proxy.pools[0];
+        let pods: Vec<_> = p.pool.endpoints().iter().filter_map(|e| e.source).collect();
         let now = Instant::now();
         // A 12-block prefix held by pod b and reused by a request.
         let keys: Vec<RouterKey> = (1..=12).map(RouterKey).collect();
         proxy.index.speculate(pods[1], &keys, now);
-        let p = &proxy.pools[0];
         p.resident.lock().reused(&keys, 12, now);
         let blocks = || {
             let r = p.resident.lock();
