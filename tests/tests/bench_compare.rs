@@ -425,6 +425,9 @@ fn matrix_runs_every_cell_and_row_and_writes_one_table() {
             && stdout.contains(" MISS (")
             && stdout.contains(" of them below the cell's floor: out of any router's reach; ")
             && stdout.contains(
+                " beyond every row measured: the fewest cold answers and the fastest answers of any row, combined, do not meet them; "
+            )
+            && stdout.contains(
                 " with the limit inside their 95 % interval: another draw of the cell could pass them)\n"
             ),
         "{stdout}"

@@ -14,6 +14,7 @@
 pub mod floor;
 pub mod interval;
 pub mod ladder;
+pub mod reach;
 mod requests;
 mod table;
 pub mod tail;
@@ -127,6 +128,10 @@ pub struct CellRow {
     /// did not run or answered nothing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tail: Option<tail::Anatomy>,
+    /// Its answers warm and cold, its runs pooled ([`reach`]: what the rows' best could put
+    /// within a limit; empty for a row that did not run).
+    #[serde(skip)]
+    pub split: reach::Split,
 }
 
 /// One run's figures of a row (seconds, tokens/s, failed requests).
@@ -470,6 +475,11 @@ fn pool_runs(runs: Vec<CellRow>) -> CellRow {
             .filter_map(|r| r.result.as_ref())
             .map(|r| (r.raw.samples.as_slice(), r.raw.scale)),
     );
+    let split = reach::Split::of(
+        runs.iter()
+            .filter_map(|r| r.result.as_ref())
+            .map(|r| (r.raw.samples.as_slice(), r.raw.scale)),
+    );
     let mut result = compare::pool(runs.into_iter().filter_map(|r| r.result).collect());
     // The answers are pooled: the cell keeps its figures only.
     if let Some(r) = result.as_mut() {
@@ -483,6 +493,7 @@ fn pool_runs(runs: Vec<CellRow>) -> CellRow {
         answers,
         // A row that answered nothing has no tail to read.
         tail: (tail.slowest() > 0).then_some(tail),
+        split,
     }
 }
 
@@ -506,6 +517,7 @@ async fn run_slot(
                 runs: Vec::new(),
                 answers: Vec::new(),
                 tail: None,
+                split: Default::default(),
             });
         }
         Slot::Run(t) => t,
@@ -541,6 +553,7 @@ async fn run_slot(
                 runs: Vec::new(),
                 answers: Vec::new(),
                 tail: None,
+                split: Default::default(),
             })
         }
         Err(e) if matches!(target, Target::Peer(_)) => {
@@ -552,6 +565,7 @@ async fn run_slot(
                 runs: Vec::new(),
                 answers: Vec::new(),
                 tail: None,
+                split: Default::default(),
             })
         }
         Err(e) => Err(e),

@@ -133,7 +133,7 @@ pub fn render(args: &MatrixArgs, cells: &[Cell], verdicts: &[Vec<verdict::Verdic
     );
     let _ = writeln!(s, "\n{}", super::tail::render(cells));
     let _ = writeln!(s, "Targets (issue #19):\n");
-    let (mut pass, mut miss, mut out_of_reach, mut noise) = (0, 0, 0, 0);
+    let (mut pass, mut miss, mut out_of_reach, mut beyond, mut noise) = (0, 0, 0, 0, 0);
     for (c, judged) in cells.iter().zip(verdicts) {
         for v in judged {
             if v.pass {
@@ -141,6 +141,7 @@ pub fn render(args: &MatrixArgs, cells: &[Cell], verdicts: &[Vec<verdict::Verdic
             } else {
                 miss += 1;
                 out_of_reach += usize::from(v.out_of_reach);
+                beyond += usize::from(v.beyond_rows.is_some());
                 noise += usize::from(v.within_noise);
             }
             let _ = writeln!(
@@ -157,7 +158,7 @@ pub fn render(args: &MatrixArgs, cells: &[Cell], verdicts: &[Vec<verdict::Verdic
     }
     let _ = writeln!(
         s,
-        "\n{pass} PASS, {miss} MISS ({out_of_reach} of them below the cell's floor: out of any router's reach; {noise} with the limit inside their 95 % interval: another draw of the cell could pass them)"
+        "\n{pass} PASS, {miss} MISS ({out_of_reach} of them below the cell's floor: out of any router's reach; {beyond} beyond every row measured: the fewest cold answers and the fastest answers of any row, combined, do not meet them; {noise} with the limit inside their 95 % interval: another draw of the cell could pass them)"
     );
     s
 }

@@ -283,6 +283,7 @@ mod tests {
             runs: Vec::new(),
             answers: Vec::new(),
             tail,
+            split: Default::default(),
         };
         let t = Anatomy {
             hit: Count {

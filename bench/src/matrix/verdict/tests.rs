@@ -30,6 +30,7 @@ fn row(name: &str, p50: f64, p90: f64, p99: f64, tps: f64) -> CellRow {
         runs: Vec::new(),
         answers: Vec::new(),
         tail: None,
+        split: Default::default(),
     }
 }
 
@@ -92,6 +93,7 @@ fn precise_is_judged_against_the_best_peer_per_figure() {
                 runs: Vec::new(),
                 answers: Vec::new(),
                 tail: None,
+                split: Default::default(),
             },
         ],
     );
@@ -371,4 +373,67 @@ fn a_ttft_verdict_carries_its_interval_and_says_whether_the_limit_is_inside() {
         find(&v, "Precise", "throughput >= 0.98x best peer").interval,
         None
     );
+}
+
+#[test]
+fn a_limit_under_the_best_peer_says_whether_the_rows_best_combined_could_meet_it() {
+    use crate::matrix::reach::Split;
+    // The rows' quantiles (the table's) and their answers (the splits) are set apart: each
+    // verdict takes its ratio from the first and the rows' reach from the second.
+    let with_split = |mut r: CellRow, warm: &[f64], cold: &[f64]| {
+        r.split = Split::new(warm.to_vec(), cold.to_vec());
+        r
+    };
+    let judged = |peer_p90: f64, peer: (&[f64], &[f64]), precise: (&[f64], &[f64])| {
+        let peer = with_split(
+            row("vllm-router cache_aware", 0.018, peer_p90, 0.140, 1000.0),
+            peer.0,
+            peer.1,
+        );
+        let precise = with_split(
+            row("Precise", 0.016, 0.030, 0.150, 1000.0),
+            precise.0,
+            precise.1,
+        );
+        judge(&cell(true, vec![precise, peer]), true)
+    };
+    const P07: &str = "p90 <= 0.7x best peer";
+    // The peer: 1 cold answer of 10, its warm ones at 18 ms; 0.7 x its p90 (25 ms) = 17.5 ms.
+    let peer: (&[f64], &[f64]) = (&[0.018; 9], &[0.140]);
+    // Precise's 8 warm answers at 16 ms: 1 cold in 10 (the peer's) and every warm answer
+    // within 17.5 ms (Precise's) put 90 % within it: not beyond the rows, though a miss.
+    let v = judged(0.025, peer, (&[0.016; 8], &[0.140, 0.150]));
+    let p90 = find(&v, "Precise", P07);
+    assert!(!p90.pass);
+    assert_eq!(p90.beyond_rows, None);
+    assert!(!p90.detail.contains("beyond"), "{}", p90.detail);
+    // Half of them at 18 ms: 0.9 x 0.5 = 45 % within 17.5 ms, under the 90 % a p90 needs.
+    let half: &[f64] = &[0.016, 0.016, 0.016, 0.016, 0.018, 0.018, 0.018, 0.018];
+    let v = judged(0.025, peer, (half, &[0.140, 0.150]));
+    let p90 = find(&v, "Precise", P07);
+    let r = p90.beyond_rows.expect("beyond every row");
+    assert!((r.within - 0.45).abs() < 1e-12, "{r:?}");
+    assert!((r.fewest_cold - 0.1).abs() < 1e-12, "{r:?}");
+    assert_eq!((r.warm_within, r.cold_within), (0.5, 0.0));
+    assert!(
+        p90.detail
+            .contains("put 45.0 % within it, under the 90.0 % a p90 needs"),
+        "{}",
+        p90.detail
+    );
+    // Exactly 9 of 10 within (the peer: 3 cold, 2 of them within 17.5 ms, 7 warm within),
+    // 0.7 + 0.3 x 2/3 in floating point a hair under 0.9: met, not beyond.
+    let v = judged(
+        0.025,
+        (&[0.016; 7], &[0.010, 0.012, 0.140]),
+        (&[0.018; 6], &[0.140; 4]),
+    );
+    assert_eq!(find(&v, "Precise", P07).beyond_rows, None);
+    // A limit at or over the reference's own figure is never judged so: at 1.05 x 10 ms no
+    // row has an answer within it, and the miss says nothing of the rows.
+    let v = judged(0.010, peer, (half, &[0.140, 0.150]));
+    let p90 = find(&v, "Precise", "p90 <= 1.05x best peer");
+    assert!(!p90.pass);
+    assert_eq!(p90.beyond_rows, None);
+    assert!(find(&v, "Precise", P07).beyond_rows.is_some());
 }
