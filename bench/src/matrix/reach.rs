@@ -54,7 +54,8 @@ impl Split {
         out
     }
 
-    /// From TTFTs already split (tests, and rows built by hand).
+    /// From TTFTs already split (tests' rows, built by hand).
+    #[cfg(test)]
     pub fn new(mut warm: Vec<f64>, mut cold: Vec<f64>) -> Self {
         warm.sort_by(f64::total_cmp);
         cold.sort_by(f64::total_cmp);

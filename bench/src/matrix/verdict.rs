@@ -233,7 +233,7 @@ impl<'a> Judging<'a> {
             };
             let lowest = matches!(better, Better::Lower(_));
             let (mine, theirs, name, by_run) = against(me, of, figure, lowest)?;
-            let by = named(by, name);
+            let by = best_name(by, name);
             let (detail, interval) = match better {
                 Better::Lower(at) => {
                     let names: Vec<&str> = of.iter().map(|r| r.name).collect();
@@ -284,7 +284,7 @@ impl<'a> Judging<'a> {
 }
 
 /// The best reference row's name for a verdict line, where `by` asks for it.
-fn named(by: bool, name: &str) -> String {
+fn best_name(by: bool, name: &str) -> String {
     if by {
         format!(" ({name})")
     } else {
